@@ -1,0 +1,37 @@
+"""The `harness` command: one click group; each pipeline stage registers its own subcommands."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from harness import __version__
+from harness.errors import HarnessError
+
+
+class _Root(click.Group):
+    """Turns HarnessError into one line on stderr and its exit code: users never see a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except HarnessError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+
+
+@click.group(cls=_Root)
+@click.version_option(__version__, prog_name="harness")
+def main() -> None:
+    """Replay agent trajectories against LLM servers and measure what tool pauses cost."""
+
+
+def _register() -> None:
+    from harness.traces.cli import traces
+
+    main.add_command(traces)
+
+
+_register()

@@ -1,0 +1,1 @@
+"""Trajectory format: schema, validation, description, importers and the synthetic generator."""

@@ -1,0 +1,167 @@
+"""Synthetic trajectories from a profile: deterministic for a seed, vectorised over all steps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from harness.errors import InputError
+from harness.traces.profiles import Dist, Profile
+from harness.traces.schema import COLUMNS, KIND_LLM, KIND_TOOL, Provenance
+
+
+def sample(dist: Dist, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Lognormal body around the median; a fraction replaced by a Pareto tail; clipped."""
+    body = dist.median * np.exp(dist.sigma * rng.standard_normal(n))
+    if dist.tail_fraction > 0:
+        in_tail = rng.random(n) < dist.tail_fraction
+        # Pareto with scale x_m and shape alpha by inversion: x_m * U^(-1/alpha).
+        tail = dist.tail_scale * (1.0 - rng.random(n)) ** (-1.0 / dist.tail_alpha)
+        body = np.where(in_tail, tail, body)
+    return np.clip(body, dist.min, dist.max)
+
+
+def _tokens(dist: Dist, n: int, rng: np.random.Generator, minimum: int) -> np.ndarray:
+    return np.maximum(np.rint(sample(dist, n, rng)).astype(np.int64), minimum)
+
+
+def _fixed_frame(profile: Profile) -> pd.DataFrame:
+    rows = []
+    for t in profile.fixed:
+        for i, s in enumerate(t.steps):
+            rows.append({
+                "trajectory_id": t.trajectory_id, "step": i, "kind": s.kind,
+                "start_s": t.start_s, "priority": t.priority, "tenant": t.tenant,
+                "prefix_group": None,
+                "input_tokens": s.input_tokens, "output_tokens": s.output_tokens,
+                "tool_name": s.tool_name or s.tool_class if s.kind == KIND_TOOL else None,
+                "tool_class": s.tool_class, "latency_s": s.latency_s,
+                "deadline_s": s.deadline_s,
+                "outcome": s.outcome if s.kind == KIND_TOOL else None,
+                "mutating": s.mutating if s.kind == KIND_TOOL else None,
+            })
+    return _typed(pd.DataFrame(rows, columns=list(COLUMNS)))
+
+
+def _typed(df: pd.DataFrame) -> pd.DataFrame:
+    df["step"] = df["step"].astype("int32")
+    for c in ("input_tokens", "output_tokens"):
+        df[c] = df[c].astype("Int64")
+    for c in ("start_s", "latency_s", "deadline_s"):
+        df[c] = df[c].astype("float64")
+    df["mutating"] = df["mutating"].astype("boolean")
+    return df
+
+
+def generate(profile: Profile, trajectories: int, seed: int) -> pd.DataFrame:
+    """Generate `trajectories` trajectories (or the profile's fixed ones) for `seed`."""
+    if profile.fixed:
+        return _fixed_frame(profile)
+    if trajectories <= 0:
+        raise InputError("--trajectories must be > 0 (an empty workload cannot be replayed)")
+    rng = np.random.default_rng(seed)
+    n = trajectories
+    turns = rng.integers(profile.turns_min, profile.turns_max + 1, size=n)
+    n_steps = 2 * turns - 1
+    total = int(n_steps.sum())
+    traj = np.repeat(np.arange(n), n_steps)
+    first = np.concatenate(([0], np.cumsum(n_steps)[:-1]))
+    step = np.arange(total) - np.repeat(first, n_steps)
+    is_tool = (step % 2) == 1
+    is_llm = ~is_tool
+    n_tool = int(is_tool.sum())
+
+    inp = np.zeros(total, dtype=np.int64)
+    out = np.zeros(total, dtype=np.int64)
+    inp[first] = _tokens(profile.prompt_tokens, n, rng, 1)
+    out[is_llm] = _tokens(profile.output_tokens, int(is_llm.sum()), rng, 1)
+
+    classes = profile.tool_classes
+    weights = np.array([c.weight for c in classes], dtype=float)
+    cls_idx = rng.choice(len(classes), size=n_tool, p=weights / weights.sum())
+    latency = np.empty(n_tool)
+    result_tok = np.empty(n_tool, dtype=np.int64)
+    deadline = np.full(n_tool, np.nan)
+    mutating = np.zeros(n_tool, dtype=bool)
+    tool_name = np.empty(n_tool, dtype=object)
+    outcome = np.full(n_tool, "ok", dtype=object)
+    u_never, u_err = rng.random(n_tool), rng.random(n_tool)
+    for k, c in enumerate(classes):
+        m = cls_idx == k
+        cnt = int(m.sum())
+        latency[m] = sample(c.latency_s, cnt, rng)
+        result_tok[m] = _tokens(c.result_tokens or profile.result_tokens, cnt, rng, 0)
+        deadline[m] = c.deadline_s if c.deadline_s is not None else np.nan
+        mutating[m] = c.mutating
+        tool_name[m] = np.asarray(c.tool_names, dtype=object)[
+            rng.integers(0, len(c.tool_names), size=cnt)]
+        never = m & (u_never < c.never_returns)
+        err = m & ~never & (u_err < c.error)
+        outcome[never] = "abandoned"
+        latency[never] = np.nan
+        outcome[err] = "error"
+    # A tool result is the next LLM step's input.
+    tool_pos = np.flatnonzero(is_tool)
+    inp[tool_pos + 1] = result_tok
+
+    keep = np.ones(total, dtype=bool)
+    # Nothing follows a tool that never returns.
+    never_pos = tool_pos[outcome == "abandoned"]
+    if never_pos.size:
+        cut = np.full(n, np.iinfo(np.int64).max)
+        np.minimum.at(cut, traj[never_pos], step[never_pos])
+        keep &= step <= cut[traj]
+    if profile.max_context_tokens is not None:
+        ctx = pd.Series(inp + out).groupby(traj).cumsum().to_numpy()
+        over = is_llm & (ctx > profile.max_context_tokens) & (step > 0)
+        if over.any():
+            cut = np.full(n, np.iinfo(np.int64).max)
+            # Drop the first LLM step past the cap and the tool step before it.
+            np.minimum.at(cut, traj[over], step[over] - 1)
+            keep &= step < cut[traj]
+
+    starts = (np.cumsum(rng.exponential(1.0 / profile.arrival_rate_per_s, size=n))
+              if profile.arrival_rate_per_s else np.zeros(n))
+    prio = np.where(rng.random(n) < profile.interactive_fraction, "interactive", "batch")
+    tenants = np.asarray(profile.tenants, dtype=object)[rng.integers(0, len(profile.tenants), n)]
+    groups = (np.array([f"pg{g}" for g in rng.integers(0, profile.prefix_groups, n)],
+                       dtype=object) if profile.prefix_groups else np.full(n, None, dtype=object))
+    width = len(str(n - 1))
+    ids = np.array([f"{profile.name}-{i:0{width}d}" for i in range(n)], dtype=object)
+
+    tool_col = lambda values, fill: _scatter(total, tool_pos, values, fill)  # noqa: E731
+    df = pd.DataFrame({
+        "trajectory_id": ids[traj],
+        "step": step.astype(np.int32),
+        "kind": np.where(is_tool, KIND_TOOL, KIND_LLM).astype(object),
+        "start_s": np.round(starts[traj], 6),
+        "priority": prio[traj].astype(object),
+        "tenant": tenants[traj],
+        "prefix_group": groups[traj],
+        "input_tokens": pd.array(np.where(is_llm, inp, 0), dtype="Int64"),
+        "output_tokens": pd.array(np.where(is_llm, out, 0), dtype="Int64"),
+        "tool_name": tool_col(tool_name, None),
+        "tool_class": tool_col(np.array([c.name for c in classes], dtype=object)[cls_idx], None),
+        "latency_s": np.round(tool_col(latency, np.nan).astype(float), 6),
+        "deadline_s": tool_col(deadline, np.nan).astype(float),
+        "outcome": tool_col(outcome, None),
+        "mutating": pd.array(tool_col(mutating.astype(object), None), dtype="boolean"),
+    })
+    df.loc[is_tool, ["input_tokens", "output_tokens"]] = pd.NA
+    return df[keep].reset_index(drop=True)
+
+
+def _scatter(total: int, pos: np.ndarray, values: np.ndarray, fill: object) -> np.ndarray:
+    out = np.full(total, fill, dtype=object if values.dtype == object else values.dtype)
+    out[pos] = values
+    return out
+
+
+def provenance_for(profile: Profile, trajectories: int, seed: int) -> Provenance:
+    return Provenance(
+        source_format="generator",
+        source_files=[],
+        inferred={"*": "synthetic: every value drawn from the profile's distributions"},
+        notes=[profile.description] if profile.description else [],
+        extra={"profile": profile.name, "trajectories": trajectories, "seed": seed},
+    )

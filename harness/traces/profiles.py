@@ -1,0 +1,251 @@
+"""Generator profiles: tool classes as latency distributions, turn counts and context growth.
+
+A profile is a TOML file. Built-in ones live beside this module; users pass a path to their own.
+Every key is checked, and a profile with an unknown or malformed key is refused with its name.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from harness.errors import InputError
+
+
+@dataclass(frozen=True)
+class Dist:
+    """A positive random quantity: lognormal body (median, sigma), optional Pareto tail, clipped."""
+
+    median: float
+    sigma: float = 0.0
+    tail_fraction: float = 0.0
+    tail_scale: float = 1.0
+    tail_alpha: float = 1.5
+    min: float = 0.0
+    max: float = float("inf")
+
+
+@dataclass(frozen=True)
+class ToolClass:
+    name: str
+    weight: float
+    latency_s: Dist
+    never_returns: float = 0.0
+    error: float = 0.0
+    deadline_s: float | None = None
+    mutating: bool = False
+    tool_names: tuple[str, ...] = ()
+    result_tokens: Dist | None = None
+
+
+@dataclass(frozen=True)
+class FixedStep:
+    kind: str
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    tool_class: str | None = None
+    tool_name: str | None = None
+    latency_s: float | None = None
+    deadline_s: float | None = None
+    outcome: str = "ok"
+    mutating: bool = False
+
+
+@dataclass(frozen=True)
+class FixedTrajectory:
+    trajectory_id: str
+    steps: tuple[FixedStep, ...]
+    start_s: float = 0.0
+    priority: str = "interactive"
+    tenant: str = "default"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A parsed generator profile."""
+
+    name: str
+    description: str = ""
+    turns_min: int = 1
+    turns_max: int = 1
+    prompt_tokens: Dist = field(default_factory=lambda: Dist(median=512))
+    output_tokens: Dist = field(default_factory=lambda: Dist(median=64))
+    result_tokens: Dist = field(default_factory=lambda: Dist(median=128))
+    max_context_tokens: int | None = None
+    arrival_rate_per_s: float | None = None
+    interactive_fraction: float = 1.0
+    tenants: tuple[str, ...] = ("default",)
+    prefix_groups: int = 0
+    tool_classes: tuple[ToolClass, ...] = ()
+    fixed: tuple[FixedTrajectory, ...] = ()
+
+
+def _fail(where: str, msg: str) -> InputError:
+    return InputError(f"profile {where}: {msg}")
+
+
+def _take(d: dict[str, Any], where: str, allowed: set[str]) -> None:
+    unknown = set(d) - allowed
+    if unknown:
+        raise _fail(where, f"unknown key(s) {', '.join(sorted(unknown))}; "
+                           f"allowed: {', '.join(sorted(allowed))}")
+
+
+def _num(d: dict[str, Any], key: str, where: str, default: float | None = None,
+         positive: bool = False) -> float:
+    if key not in d:
+        if default is None:
+            raise _fail(where, f"missing {key!r}")
+        return default
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, int | float) or v != v or v in (float("inf"),):
+        raise _fail(where, f"{key!r} must be a finite number, got {v!r}")
+    if v < 0 or (positive and v == 0):
+        raise _fail(where, f"{key!r} must be {'> 0' if positive else '>= 0'}, got {v!r}")
+    return float(v)
+
+
+def _dist(raw: Any, where: str) -> Dist:
+    if isinstance(raw, int | float) and not isinstance(raw, bool):
+        return Dist(median=_num({"median": raw}, "median", where, positive=True))
+    if not isinstance(raw, dict):
+        raise _fail(where, "must be a number or a table with 'median'")
+    _take(raw, where, {"median", "sigma", "tail_fraction", "tail_scale", "tail_alpha", "min",
+                       "max"})
+    d = Dist(
+        median=_num(raw, "median", where, positive=True),
+        sigma=_num(raw, "sigma", where, 0.0),
+        tail_fraction=_num(raw, "tail_fraction", where, 0.0),
+        tail_scale=_num(raw, "tail_scale", where, 1.0, positive=True),
+        tail_alpha=_num(raw, "tail_alpha", where, 1.5, positive=True),
+        min=_num(raw, "min", where, 0.0),
+        max=float(raw["max"]) if "max" in raw else float("inf"),
+    )
+    if d.tail_fraction > 1:
+        raise _fail(where, "'tail_fraction' must be <= 1")
+    if d.max < d.min:
+        raise _fail(where, "'max' must be >= 'min'")
+    return d
+
+
+def _fraction(d: dict[str, Any], key: str, where: str, default: float) -> float:
+    v = _num(d, key, where, default)
+    if v > 1:
+        raise _fail(where, f"{key!r} must be a fraction in [0, 1], got {v!r}")
+    return v
+
+
+def _tool_class(raw: dict[str, Any], where: str) -> ToolClass:
+    _take(raw, where, {"name", "weight", "latency_s", "never_returns", "error", "deadline_s",
+                       "mutating", "tool_names", "result_tokens"})
+    if not isinstance(raw.get("name"), str) or not raw["name"]:
+        raise _fail(where, "'name' must be a non-empty string")
+    names = raw.get("tool_names", [raw["name"]])
+    if not isinstance(names, list) or not all(isinstance(x, str) for x in names) or not names:
+        raise _fail(where, "'tool_names' must be a non-empty list of strings")
+    if "latency_s" not in raw:
+        raise _fail(where, "missing 'latency_s'")
+    return ToolClass(
+        name=raw["name"],
+        weight=_num(raw, "weight", where, 1.0, positive=True),
+        latency_s=_dist(raw["latency_s"], f"{where}.latency_s"),
+        never_returns=_fraction(raw, "never_returns", where, 0.0),
+        error=_fraction(raw, "error", where, 0.0),
+        deadline_s=_num(raw, "deadline_s", where, positive=True) if "deadline_s" in raw else None,
+        mutating=bool(raw.get("mutating", False)),
+        tool_names=tuple(names),
+        result_tokens=(_dist(raw["result_tokens"], f"{where}.result_tokens")
+                       if "result_tokens" in raw else None),
+    )
+
+
+def _fixed(raw: dict[str, Any], where: str) -> FixedTrajectory:
+    _take(raw, where, {"id", "start_s", "priority", "tenant", "steps"})
+    steps = []
+    for k, s in enumerate(raw.get("steps", [])):
+        w = f"{where}.steps[{k}]"
+        if not isinstance(s, dict):
+            raise _fail(w, "must be a table")
+        _take(s, w, {"kind", "input_tokens", "output_tokens", "tool_class", "tool_name",
+                     "latency_s", "deadline_s", "outcome", "mutating"})
+        steps.append(FixedStep(**s))
+    if not steps:
+        raise _fail(where, "needs at least one step")
+    return FixedTrajectory(
+        trajectory_id=str(raw.get("id", where)),
+        steps=tuple(steps),
+        start_s=_num(raw, "start_s", where, 0.0),
+        priority=str(raw.get("priority", "interactive")),
+        tenant=str(raw.get("tenant", "default")),
+    )
+
+
+def parse_profile(data: dict[str, Any], where: str) -> Profile:
+    """Build a Profile from parsed TOML, refusing unknown keys and bad values by name."""
+    _take(data, where, {"name", "description", "turns", "prompt_tokens", "output_tokens",
+                        "result_tokens", "max_context_tokens", "arrival_rate_per_s",
+                        "interactive_fraction", "tenants", "prefix_groups", "tool_class",
+                        "trajectory"})
+    turns = data.get("turns", {"min": 1, "max": 1})
+    if not isinstance(turns, dict):
+        raise _fail(where, "'turns' must be a table with 'min' and 'max'")
+    _take(turns, f"{where}.turns", {"min", "max"})
+    tmin, tmax = int(_num(turns, "min", where, positive=True)), int(_num(turns, "max", where,
+                                                                          positive=True))
+    if tmax < tmin:
+        raise _fail(where, "'turns.max' must be >= 'turns.min'")
+    classes = tuple(_tool_class(c, f"{where}.tool_class[{i}]")
+                    for i, c in enumerate(data.get("tool_class", [])))
+    fixed = tuple(_fixed(t, f"{where}.trajectory[{i}]")
+                  for i, t in enumerate(data.get("trajectory", [])))
+    if not classes and not fixed:
+        raise _fail(where, "needs at least one [[tool_class]] or one [[trajectory]]")
+    tenants = data.get("tenants", ["default"])
+    if not isinstance(tenants, list) or not tenants:
+        raise _fail(where, "'tenants' must be a non-empty list")
+    return Profile(
+        name=str(data.get("name", where)),
+        description=str(data.get("description", "")),
+        turns_min=tmin,
+        turns_max=tmax,
+        prompt_tokens=_dist(data.get("prompt_tokens", 512), f"{where}.prompt_tokens"),
+        output_tokens=_dist(data.get("output_tokens", 64), f"{where}.output_tokens"),
+        result_tokens=_dist(data.get("result_tokens", 128), f"{where}.result_tokens"),
+        max_context_tokens=(int(_num(data, "max_context_tokens", where, positive=True))
+                            if "max_context_tokens" in data else None),
+        arrival_rate_per_s=(_num(data, "arrival_rate_per_s", where, positive=True)
+                            if "arrival_rate_per_s" in data else None),
+        interactive_fraction=_fraction(data, "interactive_fraction", where, 1.0),
+        tenants=tuple(str(t) for t in tenants),
+        prefix_groups=int(_num(data, "prefix_groups", where, 0.0)),
+        tool_classes=classes,
+        fixed=fixed,
+    )
+
+
+def builtin_profiles() -> list[str]:
+    root = resources.files("harness.traces").joinpath("profiles")
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".toml"))
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A built-in profile by name, or a TOML file by path."""
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise InputError(f"profile file {path} does not exist")
+        text, where = path.read_text(), str(path)
+    else:
+        res = resources.files("harness.traces").joinpath("profiles", f"{name_or_path}.toml")
+        if not res.is_file():
+            raise InputError(f"unknown profile {name_or_path!r}; built-in profiles: "
+                             f"{', '.join(builtin_profiles())}")
+        text, where = res.read_text(), f"{name_or_path}.toml"
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"profile {where}: not valid TOML: {exc}") from None
+    return parse_profile(data, where)

@@ -1,0 +1,274 @@
+"""Validation of trajectory files: every problem named by file, trajectory, step and rule.
+
+Checks are vectorised (numpy over whole columns) so a million-step file validates in about a second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from harness.errors import InputError
+from harness.traces.schema import (
+    ARROW_SCHEMA,
+    KIND_LLM,
+    KIND_TOOL,
+    OUTCOMES,
+    PRIORITIES,
+    SCHEMA_VERSION,
+    META_SCHEMA_VERSION,
+)
+
+MAX_REPORTED = 200
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One broken rule; trajectory and step are None when the problem is file- or column-wide."""
+
+    file: str
+    rule: str
+    message: str
+    trajectory: str | None = None
+    step: int | None = None
+
+    def __str__(self) -> str:
+        where = [self.file]
+        if self.trajectory is not None:
+            where.append(f"trajectory {self.trajectory!r}")
+        if self.step is not None:
+            where.append(f"step {self.step}")
+        return f"{': '.join(where)}: [{self.rule}] {self.message}"
+
+
+_INT_COLUMNS = ("step", "input_tokens", "output_tokens")
+_FLOAT_COLUMNS = ("start_s", "latency_s", "deadline_s")
+_STRING_COLUMNS = (
+    "trajectory_id",
+    "kind",
+    "priority",
+    "tenant",
+    "prefix_group",
+    "tool_name",
+    "tool_class",
+    "outcome",
+)
+_REQUIRED_NON_NULL = ("trajectory_id", "step", "kind", "start_s", "priority", "tenant")
+
+
+def _type_ok(column: str, typ: pa.DataType) -> bool:
+    if pa.types.is_dictionary(typ):
+        typ = typ.value_type
+    if pa.types.is_null(typ):
+        return True  # an all-null column: nullability is checked per row
+    if column in _INT_COLUMNS:
+        return pa.types.is_integer(typ)
+    if column in _FLOAT_COLUMNS:
+        return pa.types.is_floating(typ) or pa.types.is_integer(typ)
+    if column in _STRING_COLUMNS:
+        return pa.types.is_string(typ) or pa.types.is_large_string(typ)
+    if column == "mutating":
+        return pa.types.is_boolean(typ)
+    return True
+
+
+def _read(path: Path, problems: list[Problem]) -> pa.Table | None:
+    name = str(path)
+    if not path.exists():
+        problems.append(Problem(name, "unreadable", "file does not exist"))
+        return None
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for corrupt or non-Parquet input
+        problems.append(Problem(name, "not-parquet", f"cannot read as Parquet: {exc}"))
+        return None
+    version = (table.schema.metadata or {}).get(META_SCHEMA_VERSION)
+    if version is not None and version.decode(errors="replace") != SCHEMA_VERSION:
+        problems.append(
+            Problem(
+                name,
+                "schema-version",
+                f"schema version {version.decode(errors='replace')!r} is not the supported "
+                f"{SCHEMA_VERSION!r}",
+            )
+        )
+    return table
+
+
+def check_table(table: pa.Table, file: str) -> list[Problem]:
+    """Check an Arrow table against every rule of the trajectory format."""
+    problems: list[Problem] = []
+    present = set(table.column_names)
+    for f in ARROW_SCHEMA:
+        if f.name not in present:
+            problems.append(Problem(file, "missing-column", f"column {f.name!r} is missing"))
+        elif not _type_ok(f.name, table.schema.field(f.name).type):
+            problems.append(
+                Problem(
+                    file,
+                    "column-type",
+                    f"column {f.name!r} has type {table.schema.field(f.name).type}, "
+                    f"expected {f.type}",
+                )
+            )
+    if problems:
+        return problems
+    if table.num_rows == 0:
+        return [Problem(file, "empty-workload", "the file holds no steps")]
+    df = table.select(list(ARROW_SCHEMA.names)).to_pandas()
+    return check_frame(df, file)
+
+
+def check_frame(df: pd.DataFrame, file: str) -> list[Problem]:
+    """Row rules over a frame whose columns already have the right types."""
+    problems: list[Problem] = []
+    n = len(df)
+    if n == 0:
+        return [Problem(file, "empty-workload", "the file holds no steps")]
+    tid = df["trajectory_id"].astype(object).to_numpy()
+    step_raw = df["step"].to_numpy(dtype="float64", na_value=np.nan)
+
+    def emit(mask: np.ndarray, rule: str, message: str) -> None:
+        for i in np.flatnonzero(mask)[:MAX_REPORTED]:
+            s = step_raw[i]
+            problems.append(
+                Problem(
+                    file,
+                    rule,
+                    message,
+                    None if tid[i] is None else str(tid[i]),
+                    None if np.isnan(s) else int(s),
+                )
+            )
+
+    for col in _REQUIRED_NON_NULL:
+        emit(df[col].isna().to_numpy(), "null-value", f"{col!r} must not be null")
+    if problems:
+        return problems
+
+    kind = df["kind"].astype(object).to_numpy()
+    is_llm = kind == KIND_LLM
+    is_tool = kind == KIND_TOOL
+    emit(~(is_llm | is_tool), "bad-kind", f"kind must be {KIND_LLM!r} or {KIND_TOOL!r}")
+    emit(~df["priority"].isin(PRIORITIES).to_numpy(), "bad-priority",
+         f"priority must be one of {', '.join(PRIORITIES)}")
+    start = df["start_s"].to_numpy(dtype="float64")
+    emit(~np.isfinite(start) | (start < 0), "bad-start", "start_s must be finite and >= 0")
+    emit(step_raw < 0, "bad-step", "step must be >= 0")
+
+    for col, minimum in (("input_tokens", 0), ("output_tokens", 1)):
+        vals = df[col].to_numpy(dtype="float64", na_value=np.nan)
+        emit(is_llm & np.isnan(vals), "missing-tokens", f"LLM step needs {col!r}")
+        emit(is_llm & ~np.isnan(vals) & (vals < minimum), "bad-tokens",
+             f"{col!r} must be >= {minimum}")
+
+    lat = df["latency_s"].to_numpy(dtype="float64", na_value=np.nan)
+    lat_null = df["latency_s"].isna().to_numpy()
+    with np.errstate(invalid="ignore"):
+        emit(is_tool & ~lat_null & (~np.isfinite(lat) | (lat < 0)), "bad-latency",
+             "latency_s must be finite and >= 0 (null means the tool never returns)")
+        dl = df["deadline_s"].to_numpy(dtype="float64", na_value=np.nan)
+        dl_null = df["deadline_s"].isna().to_numpy()
+        emit(is_tool & ~dl_null & (~np.isfinite(dl) | (dl <= 0)), "bad-deadline",
+             "deadline_s must be finite and > 0 when set")
+    outcome = df["outcome"].astype(object).to_numpy()
+    emit(is_tool & ~df["outcome"].isin(OUTCOMES).to_numpy(), "bad-outcome",
+         f"outcome must be one of {', '.join(OUTCOMES)}")
+    emit(is_tool & lat_null & ~np.isin(outcome, ["abandoned", "timeout"]), "never-returns",
+         "a tool with null latency never returns: its outcome must be 'abandoned' or 'timeout'")
+    emit(is_tool & df["tool_class"].isna().to_numpy(), "missing-tool-class",
+         "tool step needs 'tool_class'")
+    emit(is_tool & df["mutating"].isna().to_numpy(), "missing-mutating",
+         "tool step needs 'mutating'")
+    if problems:
+        return problems
+    problems.extend(_check_structure(df, file, tid, step_raw.astype(np.int64), is_tool))
+    return problems
+
+
+def _check_structure(
+    df: pd.DataFrame, file: str, tid: np.ndarray, step: np.ndarray, is_tool: np.ndarray
+) -> list[Problem]:
+    problems: list[Problem] = []
+    codes, uniques = pd.factorize(tid)
+    # Rows of one trajectory must be contiguous in the file and in step order 0..n-1.
+    change = np.empty(len(codes), dtype=bool)
+    change[0] = True
+    change[1:] = codes[1:] != codes[:-1]
+    block_codes = codes[change]
+    if len(np.unique(block_codes)) != len(block_codes):
+        seen: set[int] = set()
+        for c in block_codes:
+            if c in seen:
+                problems.append(Problem(file, "split-trajectory",
+                                        "rows of this trajectory are not contiguous",
+                                        str(uniques[c])))
+                break
+            seen.add(int(c))
+    starts = np.flatnonzero(change)
+    expected = np.arange(len(codes)) - np.repeat(starts, np.diff(np.append(starts, len(codes))))
+    bad = step != expected
+    for i in np.flatnonzero(bad)[:MAX_REPORTED]:
+        j = int(np.searchsorted(starts, i, side="right") - 1)
+        block = step[starts[j]: (starts[j + 1] if j + 1 < len(starts) else len(step))]
+        dup = int(np.sum(block == step[i])) > 1
+        rule, msg = (
+            ("duplicate-step", f"step {int(step[i])} appears more than once")
+            if dup
+            else ("steps-not-contiguous",
+                  f"expected step {int(expected[i])} here (steps run 0, 1, 2, ... in order)")
+        )
+        problems.append(Problem(file, rule, msg, str(tid[i]), int(step[i])))
+        if len(problems) >= MAX_REPORTED:
+            return problems
+    if problems:
+        return problems
+    first_tool = change & is_tool
+    for i in np.flatnonzero(first_tool)[:MAX_REPORTED]:
+        problems.append(Problem(file, "starts-with-tool",
+                                "a trajectory must start with an LLM step", str(tid[i]), 0))
+    same_kind = np.zeros(len(codes), dtype=bool)
+    same_kind[1:] = ~change[1:] & (is_tool[1:] == is_tool[:-1])
+    for i in np.flatnonzero(same_kind)[:MAX_REPORTED]:
+        what = "two tool steps in a row" if is_tool[i] else "two LLM steps in a row"
+        problems.append(Problem(file, "not-alternating",
+                                f"{what}: LLM and tool steps must alternate",
+                                str(tid[i]), int(step[i])))
+    for col in ("start_s", "priority", "tenant", "prefix_group"):
+        nuniq = df.groupby(codes, sort=False)[col].nunique(dropna=False).to_numpy()
+        for c in np.flatnonzero(nuniq > 1)[:MAX_REPORTED]:
+            problems.append(Problem(file, "trajectory-level-varies",
+                                    f"{col!r} must be the same on every step of a trajectory",
+                                    str(uniques[c])))
+    return problems
+
+
+def validate_file(path: str | Path) -> list[Problem]:
+    """Every problem with a trajectory file; an empty list means the file is valid."""
+    p = Path(path)
+    problems: list[Problem] = []
+    table = _read(p, problems)
+    if table is None:
+        return problems
+    return problems + check_table(table, str(p))
+
+
+def load_trajectories(path: str | Path) -> pd.DataFrame:
+    """Read and validate a trajectory file; raise InputError listing the problems if invalid."""
+    p = Path(path)
+    problems: list[Problem] = []
+    table = _read(p, problems)
+    if table is not None:
+        problems += check_table(table, str(p))
+    if problems:
+        lines = [str(x) for x in problems[:20]]
+        if len(problems) > 20:
+            lines.append(f"... and {len(problems) - 20} more problems")
+        raise InputError("invalid trajectory file:\n" + "\n".join(lines))
+    assert table is not None
+    return table.select(list(ARROW_SCHEMA.names)).to_pandas()

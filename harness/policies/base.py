@@ -1,0 +1,78 @@
+"""The policy interface: a pause contract in, a decision out.
+
+A policy sees what a serving layer could know at a pause (the pause contract, this tool class's
+latency history in the run so far, the server's state and measured rates), never the injected
+latency itself, except a policy that declares itself an oracle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+KEEP, SWAP, RECOMPUTE = "keep", "swap", "recompute"
+ACTIONS = (KEEP, SWAP, RECOMPUTE)
+
+
+@dataclass(frozen=True)
+class ServerRates:
+    """Rates a policy may use to price its options; measured on the server as the run goes."""
+
+    prefill_tok_s: float
+    swap_bytes_per_s: float
+    kv_bytes_per_token: float
+
+    def restore_s(self, tokens: int) -> float:
+        """Seconds to swap `tokens` of KV back in."""
+        return tokens * self.kv_bytes_per_token / self.swap_bytes_per_s
+
+    def recompute_s(self, tokens: int) -> float:
+        """Seconds to re-prefill `tokens`."""
+        return tokens / self.prefill_tok_s
+
+
+@dataclass(frozen=True)
+class PauseContext:
+    """What a policy may see at a pause (the pause contract plus run-local observations)."""
+
+    run_id: str
+    trajectory_id: str
+    tool_class: str
+    deadline_ms: float | None
+    retained_tokens: int
+    resume_required: bool
+    priority: str
+    history_s: Sequence[float] = field(default_factory=tuple)
+    free_slots: int = 0
+    total_slots: int = 1
+    rates: ServerRates | None = None
+    true_latency_s: float | None = None  # filled in only for policies with sees_true_latency
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A policy's choice at a pause.
+
+    `action` is what happens at the pause. With `ttl_s` set, the KV is kept for that long and then
+    `after` (swap or recompute) is applied if the tool has not returned yet.
+    """
+
+    action: str
+    reason: str
+    predicted_wait_s: float | None = None
+    ttl_s: float | None = None
+    after: str | None = None
+
+    @property
+    def label(self) -> str:
+        return "ttl" if self.ttl_s is not None else self.action
+
+
+class PausePolicy(Protocol):
+    """A pause policy: small classes, one method; users add their own."""
+
+    name: str
+    sees_true_latency: bool
+
+    def decide(self, ctx: PauseContext) -> Decision: ...

@@ -1,0 +1,225 @@
+"""The built-in pause policies: keep, swap, recompute, ttl, threshold, min-waste, oracle."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.errors import InputError
+from harness.policies.base import (
+    KEEP,
+    RECOMPUTE,
+    SWAP,
+    Decision,
+    PauseContext,
+    PausePolicy,
+    ServerRates,
+)
+
+# Used to price actions before the run has measured anything (llama.cpp on a 2-core CPU with a
+# ~135M model: ~240 prefill tok/s, slot restore ~5 GB/s, ~23 KB of KV per token).
+FALLBACK_RATES = ServerRates(prefill_tok_s=240.0, swap_bytes_per_s=5e9, kv_bytes_per_token=23e3)
+
+
+def _rates(ctx: PauseContext) -> ServerRates:
+    return ctx.rates or FALLBACK_RATES
+
+
+def _quantile(history: Sequence[float], q: float, min_n: int, default: float) -> float:
+    if len(history) < min_n:
+        return default
+    return float(np.quantile(np.asarray(history, dtype=float), q))
+
+
+@dataclass
+class Keep:
+    """Keep (pin) the KV cache through the pause: instant resume, memory held throughout."""
+
+    name: str = "keep"
+    sees_true_latency: bool = False
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        return Decision(KEEP, "keep policy: KV stays resident through every pause")
+
+
+@dataclass
+class Swap:
+    """Swap the KV cache to host storage at the pause and restore it on resume."""
+
+    name: str = "swap"
+    sees_true_latency: bool = False
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        return Decision(SWAP, "swap policy: KV moved off the device at every pause")
+
+
+@dataclass
+class Recompute:
+    """Discard the KV cache at the pause and re-prefill the whole context on resume."""
+
+    name: str = "recompute"
+    sees_true_latency: bool = False
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        return Decision(RECOMPUTE, "recompute policy: KV discarded at every pause")
+
+
+@dataclass
+class Ttl:
+    """Keep for a time-to-live, then swap or discard (Continuum).
+
+    With a fixed `tau` every pause gets it; otherwise tau is the `quantile` of this tool class's
+    latencies observed so far in the run (`default_tau` until `min_history` samples exist).
+    """
+
+    tau: float | None = None
+    quantile: float = 0.9
+    after: str = SWAP
+    min_history: int = 5
+    default_tau: float = 2.0
+    name: str = "ttl"
+    sees_true_latency: bool = False
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        if self.tau is not None:
+            tau, why = self.tau, f"fixed tau={self.tau:g}s"
+        else:
+            tau = _quantile(ctx.history_s, self.quantile, self.min_history, self.default_tau)
+            why = (f"tau=P{100 * self.quantile:g} of {len(ctx.history_s)} observed "
+                   f"{ctx.tool_class} latencies" if len(ctx.history_s) >= self.min_history
+                   else f"default tau={self.default_tau:g}s (too little history)")
+        return Decision(KEEP, f"ttl: keep for {tau:.3g}s then {self.after} ({why})",
+                        predicted_wait_s=None, ttl_s=tau, after=self.after)
+
+
+@dataclass
+class Threshold:
+    """Rule-based choice from the predicted wait, free slots and the cost of each restore path."""
+
+    keep_max_s: float = 0.5
+    min_free_fraction: float = 0.25
+    cheap_tokens: int = 256
+    quantile: float = 0.5
+    min_history: int = 3
+    default_wait_s: float = 1.0
+    name: str = "threshold"
+    sees_true_latency: bool = False
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        rates = _rates(ctx)
+        wait = _quantile(ctx.history_s, self.quantile, self.min_history, self.default_wait_s)
+        free = ctx.free_slots / max(ctx.total_slots, 1)
+        restore = rates.restore_s(ctx.retained_tokens)
+        recompute = rates.recompute_s(ctx.retained_tokens)
+        if wait <= self.keep_max_s and free >= self.min_free_fraction:
+            return Decision(KEEP, f"short predicted wait {wait:.3g}s and {free:.0%} slots free",
+                            wait)
+        if ctx.retained_tokens <= self.cheap_tokens or recompute <= restore:
+            return Decision(RECOMPUTE, f"cheap to re-prefill: {ctx.retained_tokens} tokens in "
+                                       f"{recompute:.3g}s (restore {restore:.3g}s)", wait)
+        if wait > restore:
+            return Decision(SWAP, f"predicted wait {wait:.3g}s exceeds restore {restore:.3g}s",
+                            wait)
+        return Decision(KEEP, f"predicted wait {wait:.3g}s below restore {restore:.3g}s", wait)
+
+
+def _least_waste(wait: float, tokens: int, rates: ServerRates) -> tuple[str, str]:
+    # Memory waste in token-seconds (InferCept): preserving holds the context for the whole
+    # wait; discarding holds it while it is re-prefilled; swapping holds it for both transfers.
+    waste = {
+        KEEP: wait * tokens,
+        RECOMPUTE: rates.recompute_s(tokens) * tokens,
+        SWAP: 2 * rates.restore_s(tokens) * tokens,
+    }
+    best = min(waste, key=lambda k: (waste[k], k))
+    detail = ", ".join(f"{k}={v:.3g}" for k, v in waste.items())
+    return best, f"least memory waste (token*s: {detail})"
+
+
+@dataclass
+class MinWaste:
+    """InferCept's min-waste: the action wasting the least memory, from the mean observed wait."""
+
+    min_history: int = 3
+    default_wait_s: float = 1.0
+    name: str = "min-waste"
+    sees_true_latency: bool = False
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        h = ctx.history_s
+        wait = float(np.mean(h)) if len(h) >= self.min_history else self.default_wait_s
+        action, why = _least_waste(wait, ctx.retained_tokens, _rates(ctx))
+        return Decision(action, f"predicted wait {wait:.3g}s; {why}", wait)
+
+
+@dataclass
+class Oracle:
+    """Knows each pause's true length and picks the least-waste action: an upper bound only."""
+
+    name: str = "oracle"
+    sees_true_latency: bool = True
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        if ctx.true_latency_s is None:
+            return Decision(RECOMPUTE, "oracle: the tool never returns, free the KV at once")
+        action, why = _least_waste(ctx.true_latency_s, ctx.retained_tokens, _rates(ctx))
+        return Decision(action, f"oracle (true wait {ctx.true_latency_s:.3g}s); {why}",
+                        ctx.true_latency_s)
+
+
+def _float(args: dict[str, str], key: str, positive: bool = True) -> float:
+    try:
+        v = float(args[key])
+    except ValueError:
+        raise InputError(f"--policy-arg {key}={args[key]!r}: not a number") from None
+    if not np.isfinite(v) or (positive and v <= 0) or v < 0:
+        raise InputError(f"--policy-arg {key}={args[key]!r}: must be a finite number > 0")
+    return v
+
+
+def _build(cls: Callable[..., PausePolicy], allowed: dict[str, str],
+           args: dict[str, str], policy: str) -> PausePolicy:
+    kwargs: dict[str, object] = {}
+    for k in args:
+        if k not in allowed:
+            raise InputError(f"policy {policy!r} takes no argument {k!r}"
+                             + (f"; it takes {', '.join(sorted(allowed))}" if allowed else ""))
+        kind = allowed[k]
+        if kind == "after":
+            if args[k] not in (SWAP, RECOMPUTE):
+                raise InputError(f"--policy-arg after={args[k]!r}: must be swap or recompute")
+            kwargs[k] = args[k]
+        elif kind == "fraction":
+            v = _float(args, k)
+            if v > 1:
+                raise InputError(f"--policy-arg {k}={args[k]!r}: must be in (0, 1]")
+            kwargs[k] = v
+        elif kind == "int":
+            kwargs[k] = int(_float(args, k))
+        else:
+            kwargs[k] = _float(args, k)
+    return cls(**kwargs)
+
+
+POLICIES: dict[str, tuple[Callable[..., PausePolicy], dict[str, str]]] = {
+    "keep": (Keep, {}),
+    "swap": (Swap, {}),
+    "recompute": (Recompute, {}),
+    "ttl": (Ttl, {"tau": "float", "quantile": "fraction", "after": "after",
+                  "min_history": "int", "default_tau": "float"}),
+    "threshold": (Threshold, {"keep_max_s": "float", "min_free_fraction": "fraction",
+                              "cheap_tokens": "int", "quantile": "fraction",
+                              "default_wait_s": "float"}),
+    "min-waste": (MinWaste, {"default_wait_s": "float", "min_history": "int"}),
+    "oracle": (Oracle, {}),
+}
+
+
+def make_policy(name: str, args: dict[str, str] | None = None) -> PausePolicy:
+    """A built-in policy by name with `--policy-arg` values; InputError for anything unknown."""
+    if name not in POLICIES:
+        raise InputError(f"unknown policy {name!r}; one of {', '.join(POLICIES)}")
+    cls, allowed = POLICIES[name]
+    return _build(cls, allowed, dict(args or {}), name)

@@ -1,0 +1,255 @@
+"""Event records -> per-call, per-pause, per-trajectory and KV-interval tables (vectorised).
+
+Linking rules (records are ordered by `seq`; calls of one trajectory never overlap):
+- first_token / call_end belong to the latest call_start of the same trajectory;
+- a pause is the span after an LLM call ends: every pause event (pause_decision, tool_start,
+  swap_out, erase, tool_end, slot_wait, swap_in, recompute, kv_state) belongs to the latest
+  call_end of its trajectory, whose `seq` is the pause id;
+- a resumed call (is_resume) resumes the pause of the latest tool_end before it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from harness.records.schema import RECORDS_SCHEMA
+
+NS_PER_S = 1e9
+NS_PER_MS = 1e6
+
+EventMask = Callable[..., np.ndarray]
+
+_CALL_COLS = ["seq", "t_ns", "trajectory_id", "traffic", "step", "planned_ns", "prompt_tokens",
+              "appended_tokens", "is_resume"]
+_END_COLS = ["t_ns", "status", "output_tokens", "cached_tokens", "prompt_n", "server_ms",
+             "decode_ms"]
+
+
+@dataclass(frozen=True)
+class Frames:
+    """The tables every metric is computed from.
+
+    calls: one row per call_start (index = its seq), with first token, end and resume columns.
+    pauses: one row per pause (index = pause id), with decision, tool, swap and resume columns.
+    kv: one row per kv_state event with the interval it holds (`dt_ns`) and its pause id.
+    trajectories: one row per trajectory id (agent and bystander).
+    """
+
+    calls: pd.DataFrame
+    pauses: pd.DataFrame
+    kv: pd.DataFrame
+    trajectories: pd.DataFrame
+    t_min_ns: int
+    t_max_ns: int
+
+    @property
+    def duration_s(self) -> float:
+        return max(self.t_max_ns - self.t_min_ns, 0) / NS_PER_S
+
+
+def complete_columns(records: pd.DataFrame) -> pd.DataFrame:
+    """The records with every schema column present (missing ones null), ordered by seq."""
+    df = records
+    missing = [f for f in RECORDS_SCHEMA if f.name not in df.columns]
+    if missing:
+        extra = {}
+        for f in missing:
+            if pa.types.is_string(f.type):
+                extra[f.name] = pd.Series([None] * len(df), index=df.index, dtype=object)
+            else:
+                extra[f.name] = pd.Series(np.nan, index=df.index, dtype="float64")
+        df = df.assign(**extra)
+    if "seq" in records.columns and not df["seq"].is_monotonic_increasing:
+        df = df.sort_values("seq", kind="stable")
+    return df.reset_index(drop=True)
+
+
+def _latest(mask: np.ndarray, seq: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """For every row, the seq of the latest row at or before it in its trajectory where mask."""
+    marked = pd.Series(np.where(mask, seq, np.nan))
+    return marked.groupby(codes).ffill().to_numpy()
+
+
+def _num(s: pd.Series) -> pd.Series:
+    return pd.to_numeric(s, errors="coerce").astype("float64")
+
+
+def build_frames(records: pd.DataFrame) -> Frames:
+    """Link the events of one run into call, pause, KV and trajectory tables."""
+    df = complete_columns(records)
+    n = len(df)
+    seq = df["seq"].to_numpy(dtype="float64") if n else np.zeros(0)
+    t_ns = df["t_ns"].to_numpy(dtype="int64") if n else np.zeros(0, dtype="int64")
+    t_min = int(t_ns.min()) if n else 0
+    t_max = int(t_ns.max()) if n else 0
+    codes, _ = pd.factorize(df["trajectory_id"].astype(object), use_na_sentinel=True)
+    ev_codes, ev_names = pd.factorize(df["event"].astype(object))
+    names = {str(v): i for i, v in enumerate(ev_names)}
+
+    def is_ev(*events: str) -> np.ndarray:
+        idx = [names[e] for e in events if e in names]
+        return np.isin(ev_codes, idx) if idx else np.zeros(n, dtype=bool)
+
+    call_start, call_end = is_ev("call_start"), is_ev("call_end")
+    last_start = _latest(call_start, seq, codes)
+    pause_id = _latest(call_end, seq, codes)
+    tool_end = is_ev("tool_end")
+    last_tool_end = _latest(tool_end, seq, codes)
+    df = df.assign(_code=codes, _last_start=last_start, _pause=pause_id,
+                   _last_tool_end=last_tool_end)
+
+    calls = _calls(df, call_start, is_ev("first_token"), call_end)
+    pauses = _pauses(df, is_ev, t_max)
+    kv = _kv(df, is_ev("kv_state"), t_max)
+    if len(kv):
+        paused = kv[kv["status"] == "paused"]
+        tok_s = (paused["kv_tokens"] * paused["dt_ns"] / NS_PER_S).groupby(paused["pause_id"]).sum()
+        pauses["paused_token_s"] = tok_s.reindex(pauses.index).fillna(0.0)
+    else:
+        pauses["paused_token_s"] = 0.0
+    calls, pauses = _link_resumes(calls, pauses, df, tool_end)
+    trajectories = _trajectories(df, is_ev)
+    return Frames(calls, pauses, kv, trajectories, t_min, t_max)
+
+
+def _calls(
+    df: pd.DataFrame, start: np.ndarray, first: np.ndarray, end: np.ndarray
+) -> pd.DataFrame:
+    calls = df.loc[start, _CALL_COLS + ["_code", "_last_tool_end"]].set_index("seq", drop=False)
+    calls = calls.rename(columns={"t_ns": "start_ns", "trajectory_id": "tid"})
+    calls["bystander"] = (calls["traffic"].astype(object) == "bystander").to_numpy()
+    calls["is_resume"] = calls["is_resume"].astype(object).eq(True).to_numpy()
+    firsts = df.loc[first, ["_last_start", "t_ns"]].dropna(subset=["_last_start"])
+    ft = firsts.drop_duplicates("_last_start", keep="first").set_index("_last_start")["t_ns"]
+    ends = df.loc[end, ["_last_start"] + _END_COLS].dropna(subset=["_last_start"])
+    ends = ends.drop_duplicates("_last_start", keep="last").set_index("_last_start")
+    ends = ends.rename(columns={"t_ns": "end_ns"})
+    calls["ft_ns"] = _num(ft.reindex(calls.index))
+    calls = calls.join(ends, how="left")
+    for col in ("start_ns", "end_ns", "output_tokens", "cached_tokens", "prompt_n", "server_ms",
+                "decode_ms", "prompt_tokens", "appended_tokens", "planned_ns"):
+        calls[col] = _num(calls[col])
+    calls["ttft_ms"] = (calls["ft_ns"] - calls["start_ns"]) / NS_PER_MS
+    ok = calls["status"].astype(object) == "ok"
+    calls["ok"] = ok.to_numpy()
+    calls["e2e_ms"] = ((calls["end_ns"] - calls["start_ns"]) / NS_PER_MS).where(ok)
+    multi = ok & (calls["output_tokens"] > 1)
+    gaps = calls["output_tokens"] - 1
+    calls["tpot_ms"] = ((calls["end_ns"] - calls["ft_ns"]) / NS_PER_MS / gaps).where(multi)
+    itl = (calls["decode_ms"] / gaps).where(multi)
+    calls["itl_ms"] = itl.fillna(calls["tpot_ms"])
+    return calls
+
+
+def _first_per_pause(
+    df: pd.DataFrame, mask: np.ndarray, cols: list[str], keep: Literal["first", "last"]
+) -> pd.DataFrame:
+    sub = df.loc[mask, ["_pause"] + cols].dropna(subset=["_pause"])
+    return sub.drop_duplicates("_pause", keep=keep).set_index("_pause")
+
+
+def _sum_per_pause(df: pd.DataFrame, mask: np.ndarray, col: str) -> pd.Series:
+    sub = df.loc[mask, ["_pause", col]].dropna(subset=["_pause"])
+    return _num(sub[col]).fillna(0.0).groupby(sub["_pause"]).sum()
+
+
+def _pauses(df: pd.DataFrame, ev: EventMask, t_max: int) -> pd.DataFrame:
+    start = _first_per_pause(df, ev("tool_start"), ["trajectory_id", "_code", "step", "t_ns",
+                             "tool_class", "tool_name", "value_s", "deadline_s"], "first")
+    start = start.rename(columns={"trajectory_id": "tid", "t_ns": "start_ns",
+                                  "value_s": "planned_s"})
+    dec = _first_per_pause(df, ev("pause_decision"), ["trajectory_id", "_code", "step", "t_ns",
+                           "tool_class", "action", "reason", "retained_tokens", "value_s"], "first")
+    dec = dec.rename(columns={"trajectory_id": "tid", "value_s": "predicted_s",
+                              "t_ns": "decision_ns"})
+    index = start.index.union(dec.index)
+    pauses = pd.DataFrame(index=index)
+    for col in ("tid", "_code", "step", "tool_class"):
+        pauses[col] = start[col].reindex(index).combine_first(dec[col].reindex(index))
+    for col in ("start_ns", "tool_name", "planned_s", "deadline_s"):
+        pauses[col] = start[col].reindex(index)
+    for col in ("action", "reason", "retained_tokens", "predicted_s"):
+        pauses[col] = dec[col].reindex(index)
+    pauses["start_ns"] = _num(pauses["start_ns"]).fillna(_num(dec["decision_ns"].reindex(index)))
+    end = _first_per_pause(df, ev("tool_end"), ["t_ns", "status"], "last")
+    pauses["end_ns"] = _num(end["t_ns"].reindex(index))
+    pauses["tool_status"] = end["status"].reindex(index)
+    pauses["wait_s"] = (pauses["end_ns"].fillna(float(t_max)) - pauses["start_ns"]) / NS_PER_S
+    swap_out, swap_in = ev("swap_out"), ev("swap_in")
+    sums = {
+        "swap_out_bytes": _sum_per_pause(df, swap_out, "bytes"),
+        "swap_out_ms": _sum_per_pause(df, swap_out, "server_ms"),
+        "swap_in_bytes": _sum_per_pause(df, swap_in, "bytes"),
+        "swap_in_ms": _sum_per_pause(df, swap_in, "server_ms"),
+        "recomputed_tokens": _sum_per_pause(df, ev("recompute"), "recomputed_tokens"),
+        "slot_wait_s": _sum_per_pause(df, ev("slot_wait"), "value_s"),
+    }
+    for col, s in sums.items():
+        pauses[col] = s.reindex(index).fillna(0.0)
+    erases = df.loc[ev("erase"), "_pause"].dropna()
+    pauses["erased"] = index.isin(erases.to_numpy())
+    pauses["retained_tokens"] = _num(pauses["retained_tokens"])
+    return pauses
+
+
+def _kv(df: pd.DataFrame, mask: np.ndarray, t_max: int) -> pd.DataFrame:
+    kv = df.loc[mask, ["t_ns", "_code", "kv_tokens", "status", "_pause", "traffic"]]
+    kv = kv.rename(columns={"_pause": "pause_id"})
+    kv["kv_tokens"] = _num(kv["kv_tokens"]).fillna(0.0)
+    nxt = kv.groupby("_code")["t_ns"].shift(-1)
+    kv["dt_ns"] = (_num(nxt).fillna(float(t_max)) - _num(kv["t_ns"])).clip(lower=0.0)
+    return kv.reset_index(drop=True)
+
+
+def _link_resumes(
+    calls: pd.DataFrame, pauses: pd.DataFrame, df: pd.DataFrame, tool_end: np.ndarray
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    te = df.loc[tool_end, ["seq", "t_ns", "_pause"]]
+    te = te.set_index("seq")
+    resumed = calls["is_resume"] & calls["_last_tool_end"].notna()
+    links = calls.loc[resumed, "_last_tool_end"]
+    calls["pause_id"] = _num(te["_pause"].reindex(links).set_axis(links.index).reindex(calls.index))
+    calls["tool_end_ns"] = _num(te["t_ns"].reindex(links).set_axis(links.index)
+                                .reindex(calls.index))
+    calls["resume_ms"] = (calls["ft_ns"] - calls["tool_end_ns"]) / NS_PER_MS
+    per = pauses[["swap_in_ms", "recomputed_tokens"]].reindex(calls["pause_id"])
+    swap_in_ms = per["swap_in_ms"].fillna(0.0).to_numpy()
+    recomputed = per["recomputed_tokens"].fillna(0.0).to_numpy()
+    prompt_n = calls["prompt_n"].to_numpy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(prompt_n > 0, np.minimum(recomputed / prompt_n, 1.0), 0.0)
+    recompute_ms = np.nan_to_num(calls["server_ms"].to_numpy() * share)
+    has = calls["resume_ms"].notna().to_numpy()
+    restore = swap_in_ms + recompute_ms
+    queue = np.maximum((calls["start_ns"] - calls["tool_end_ns"]).to_numpy() / NS_PER_MS
+                       - swap_in_ms, 0.0)
+    prefill = np.maximum(calls["resume_ms"].to_numpy() - restore - queue, 0.0)
+    calls["restore_ms"] = np.where(has, restore, np.nan)
+    calls["queue_ms"] = np.where(has, queue, np.nan)
+    calls["prefill_ms"] = np.where(has, prefill, np.nan)
+    res = calls[has].drop_duplicates("pause_id", keep="last").set_index("pause_id")
+    for col, src in (("resume_ms", "resume_ms"), ("resume_cached_tokens", "cached_tokens"),
+                     ("resume_call", "seq")):
+        pauses[col] = _num(res[src].reindex(pauses.index))
+    return calls, pauses
+
+
+def _trajectories(df: pd.DataFrame, ev: EventMask) -> pd.DataFrame:
+    rows = df.loc[ev("trajectory_start", "call_start", "trajectory_end"),
+                  ["_code", "trajectory_id", "traffic", "t_ns", "event", "status"]]
+    rows = rows[rows["_code"] >= 0]
+    g = rows.groupby("_code", sort=True)
+    traj = pd.DataFrame({"tid": g["trajectory_id"].first(), "traffic": g["traffic"].first(),
+                         "start_ns": g["t_ns"].min()})
+    traj["bystander"] = (traj["traffic"].astype(object) == "bystander").to_numpy()
+    ends = rows[rows["event"].astype(object) == "trajectory_end"]
+    last = ends.drop_duplicates("_code", keep="last").set_index("_code")
+    traj["status"] = last["status"].reindex(traj.index)
+    traj["end_ns"] = _num(last["t_ns"].reindex(traj.index))
+    return traj

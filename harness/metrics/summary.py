@@ -1,0 +1,155 @@
+"""summary.json: the headline metrics of one run, a pure function of its records.
+
+`summarize(records, run, server_metrics)` is what the replay writes at the end of a run;
+`summarize_dir(results_dir)` recomputes it from a results directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.errors import InputError
+from harness.metrics import latency, occupancy, outcomes
+from harness.metrics.frames import Frames, build_frames
+from harness.records.store import RUN_JSON, read_json, read_records, read_server_metrics
+
+SUMMARY_VERSION = "1"
+
+
+def kv_bytes_per_token(run: dict[str, Any]) -> float | None:
+    """run.json model.kv_bytes_per_token as a float, or None when absent."""
+    model = run.get("model") if isinstance(run, dict) else None
+    value = model.get("kv_bytes_per_token") if isinstance(model, dict) else None
+    try:
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def summarize(
+    records: pd.DataFrame,
+    run: dict[str, Any],
+    server_metrics: pd.DataFrame | None,
+    slo: dict[str, float] | None = None,
+    *,
+    mismatch_abs_tokens: int = outcomes.MISMATCH_ABS_TOKENS,
+    mismatch_rel: float = outcomes.MISMATCH_REL,
+    n_resamples: int = 1000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """The headline metrics of one run (keys listed in the module's SUMMARY_KEYS).
+
+    Pure: reads nothing, writes nothing. `run` is run.json (any key may be missing);
+    `slo` maps SLO_KEYS to bounds. Cache mismatches are judged with a tolerance of
+    max(mismatch_abs_tokens, mismatch_rel x retained tokens).
+    """
+    bounds = outcomes.check_slo(slo)
+    frames = build_frames(records)
+    return summarize_frames(frames, run, server_metrics, bounds, mismatch_abs_tokens,
+                            mismatch_rel, n_resamples, seed)
+
+
+def summarize_frames(
+    frames: Frames,
+    run: dict[str, Any],
+    server_metrics: pd.DataFrame | None,
+    slo: dict[str, float],
+    mismatch_abs_tokens: int = outcomes.MISMATCH_ABS_TOKENS,
+    mismatch_rel: float = outcomes.MISMATCH_REL,
+    n_resamples: int = 1000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """`summarize` on already-linked frames (the report reuses them for its plots)."""
+    bpt = kv_bytes_per_token(run)
+    duration = frames.duration_s
+    calls, pauses = frames.calls, frames.pauses
+    traj = outcomes.trajectory_outcomes(frames, slo)
+    mism = outcomes.cache_mismatches(frames, mismatch_abs_tokens, mismatch_rel)
+    mem = occupancy.memory_time(frames.kv, duration, bpt)
+    lat = latency.call_latency(calls)
+    out: dict[str, Any] = {
+        "runtime": run.get("runtime"),
+        "policy": run.get("policy"),
+        "trajectories": traj,
+        "resume_latency_ms": latency.resume_latency(calls, n_resamples, seed),
+        "resume_parts_ms": latency.resume_parts(calls),
+        "ttft_ms": lat["ttft_ms"],
+        "tpot_ms": lat["tpot_ms"],
+        "itl_ms": lat["itl_ms"],
+        "e2e_ms": lat["e2e_ms"],
+        **latency.throughput(calls, duration),
+        "tokens_recomputed": int(pauses["recomputed_tokens"].sum()),
+        "bytes_moved": int(pauses["swap_out_bytes"].sum() + pauses["swap_in_bytes"].sum()),
+        "cache_mismatches": int(len(mism)),
+        "cache_mismatch_list": outcomes.mismatch_list(mism),
+        **mem,
+        "goodput_per_min": outcomes.goodput_per_min(traj["succeeded"], duration),
+        "bystander_ttft_ms": lat["bystander_ttft_ms"],
+        "by_tool_class": _by_tool_class(frames, bpt),
+        "by_pause_bucket": _by_pause_bucket(frames, bpt),
+        "server_occupancy": occupancy.server_occupancy(server_metrics),
+        "duration_s": duration,
+        "pauses": int(len(pauses)),
+        "pause_actions": {str(k): int(v) for k, v in
+                          pauses["action"].astype(object).value_counts().sort_index().items()},
+        "slo": dict(slo),
+        "kv_bytes_per_token": bpt,
+        "run_id": run.get("run_id"),
+        "summary_version": SUMMARY_VERSION,
+    }
+    return out
+
+
+def _group_stats(frames: Frames, keys: pd.Series, bpt: float | None) -> dict[str, Any]:
+    pauses = frames.pauses
+    out: dict[str, Any] = {}
+    for key, grp in pauses.groupby(keys, sort=True):
+        out[str(key)] = {
+            "pauses": int(len(grp)),
+            "resume_latency_ms": latency.pct(grp["resume_ms"]),
+            "wait_s": latency.pct(grp["wait_s"]),
+            "memory_time_token_s": float(grp["paused_token_s"].sum()),
+            "memory_time_mib_s": occupancy.to_mib(float(grp["paused_token_s"].sum()), bpt),
+        }
+    return out
+
+
+def _by_tool_class(frames: Frames, bpt: float | None) -> dict[str, Any]:
+    keys = frames.pauses["tool_class"].astype(object).fillna("unknown")
+    return _group_stats(frames, keys, bpt)
+
+
+def _by_pause_bucket(frames: Frames, bpt: float | None) -> dict[str, Any]:
+    keys = latency.bucket_of(frames.pauses["wait_s"])
+    stats = _group_stats(frames, keys, bpt)
+    empty = {"pauses": 0, "resume_latency_ms": latency.pct(np.zeros(0)),
+             "wait_s": latency.pct(np.zeros(0)), "memory_time_token_s": 0.0,
+             "memory_time_mib_s": occupancy.to_mib(0.0, bpt)}
+    return {label: stats.get(label, empty) for label, _, _ in latency.PAUSE_BUCKETS}
+
+
+def load_dir(results_dir: Path) -> tuple[pd.DataFrame, dict[str, Any], pd.DataFrame | None]:
+    """Records, run.json (empty dict when absent) and server metrics (None when none).
+
+    InputError when the directory is missing or holds no records.
+    """
+    results_dir = Path(results_dir)
+    if not results_dir.is_dir():
+        raise InputError(f"{results_dir}: not a results directory")
+    records = read_records(results_dir)
+    if records.empty:
+        raise InputError(f"{results_dir}: no records (expected records/part-*.parquet)")
+    run_path = results_dir / RUN_JSON
+    run = read_json(run_path) if run_path.is_file() else {}
+    server = read_server_metrics(results_dir)
+    return records, run, (server if len(server) else None)
+
+
+def summarize_dir(results_dir: Path | str, slo: dict[str, float] | None = None) -> dict[str, Any]:
+    """summarize() of a results directory's records, run.json and server metrics."""
+    records, run, server = load_dir(Path(results_dir))
+    return summarize(records, run, server, slo)

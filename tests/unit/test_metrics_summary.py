@@ -1,0 +1,294 @@
+"""summarize(): exact values on hand-built record tables."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from records_factory import KV_BPT, Records, default_run
+
+from harness.errors import InputError
+from harness.metrics.summary import summarize, summarize_dir
+
+approx = pytest.approx
+
+
+def keep_run() -> Records:
+    """One trajectory: call, 5 s keep of 4096 tokens, resumed call 50 ms TTFT."""
+    b = Records()
+    t = b.agent("a")
+    t.call(ttft=0.1, decode=0.4, appended=100, out=10, decode_ms=360.0)
+    t.tool(wait=5.0, action="keep", retained=4096, cls="sandbox")
+    t.call(ttft=0.05, decode=0.2, appended=20, out=5, cached=4096)
+    t.end()
+    return b
+
+
+def test_keep_run_exact_values() -> None:
+    s = summarize(keep_run().frame(), default_run(), None)
+    assert s["runtime"] == "llama.cpp" and s["policy"] == "keep"
+    assert s["trajectories"] == {"total": 1, "succeeded": 1, "cancelled": 0, "failed": 0,
+                                 "slo_violating": 0, "incomplete": 0}
+    r = s["resume_latency_ms"]
+    assert r["n"] == 1 and r["p50"] == approx(50.0) and r["p99"] == approx(50.0)
+    assert r["ci95"] == {"p50": None, "p95": None, "p99": None}
+    assert s["resume_parts_ms"]["restore"]["p50"] == approx(0.0)
+    assert s["resume_parts_ms"]["queue"]["p50"] == approx(0.0)
+    assert s["resume_parts_ms"]["prefill"]["p50"] == approx(50.0)
+    assert s["ttft_ms"]["n"] == 2 and s["ttft_ms"]["p50"] == approx(75.0)
+    assert s["e2e_ms"]["p50"] == approx(375.0)
+    # tpot: (400 ms / 9) and (200 ms / 4); itl from decode_ms 360/9 = 40 and fallback 50
+    assert s["tpot_ms"]["p50"] == approx((400 / 9 + 50) / 2)
+    assert s["itl_ms"]["p50"] == approx(45.0)
+    assert s["duration_s"] == approx(5.75)
+    assert s["request_throughput_per_s"] == approx(2 / 5.75)
+    assert s["output_token_throughput_per_s"] == approx(15 / 5.75)
+    # 4096 tokens x 36864 B/token paused 5 s = 144 MiB x 5 s
+    assert s["memory_time_mib_s"] == approx(720.0)
+    assert s["memory_time_token_s"] == approx(4096 * 5.0)
+    assert s["kv_paused_peak_tokens"] == 4096
+    assert s["kv_paused_mean_tokens"] == approx(4096 * 5 / 5.75)
+    assert s["kv_active_peak_tokens"] == 130
+    assert s["kv_active_mean_tokens"] == approx((100 * 0.5 + 130 * 0.25) / 5.75)
+    assert s["goodput_per_min"] == approx(60 / 5.75)
+    assert s["tokens_recomputed"] == 0 and s["bytes_moved"] == 0
+    assert s["cache_mismatches"] == 0 and s["cache_mismatch_list"] == []
+    assert s["bystander_ttft_ms"]["n"] == 0 and s["bystander_ttft_ms"]["p50"] is None
+    assert s["by_tool_class"]["sandbox"]["pauses"] == 1
+    assert s["by_tool_class"]["sandbox"]["memory_time_mib_s"] == approx(720.0)
+    assert s["by_tool_class"]["sandbox"]["resume_latency_ms"]["p50"] == approx(50.0)
+    assert s["by_pause_bucket"]["1-10s"]["pauses"] == 1
+    assert s["by_pause_bucket"]["<0.1s"]["pauses"] == 0
+    assert s["server_occupancy"] is None
+    assert s["pause_actions"] == {"keep": 1}
+    json.dumps(s)  # JSON-ready
+
+
+def test_swap_resume_parts_and_bytes() -> None:
+    b = Records()
+    t = b.agent("a")
+    t.call(appended=4086, out=10)
+    nbytes = 4096 * KV_BPT
+    t.tool(wait=2.0, action="swap", retained=4096, swap_bytes=nbytes, swap_out_ms=17.6,
+           swap_in_ms=17.6)
+    t.call(ttft=0.03, appended=20, cached=4096).end()
+    s = summarize(b.frame(), default_run(policy="swap"), None)
+    assert s["resume_latency_ms"]["p50"] == approx(47.6)
+    assert s["resume_parts_ms"]["restore"]["p50"] == approx(17.6)
+    assert s["resume_parts_ms"]["queue"]["p50"] == approx(0.0, abs=1e-6)
+    assert s["resume_parts_ms"]["prefill"]["p50"] == approx(30.0)
+    assert s["bytes_moved"] == 2 * nbytes == 288 * 2**20
+    assert s["memory_time_mib_s"] == 0.0
+    assert s["cache_mismatches"] == 0
+
+
+def test_recompute_restore_share_and_tokens() -> None:
+    b = Records()
+    t = b.agent("a")
+    t.call(appended=4086, out=10)
+    t.tool(wait=1.0, action="recompute", retained=4096)
+    # 4116 tokens prefilled in 205.8 ms (20,000 tok/s): 4096 of them are the recomputed context
+    t.call(ttft=0.21, appended=20, cached=0, server_ms=205.8).end()
+    s = summarize(b.frame(), default_run(policy="recompute"), None)
+    assert s["tokens_recomputed"] == 4096
+    assert s["resume_latency_ms"]["p50"] == approx(210.0)
+    assert s["resume_parts_ms"]["restore"]["p50"] == approx(204.8)
+    assert s["resume_parts_ms"]["prefill"]["p50"] == approx(5.2)
+    assert s["cache_mismatches"] == 0
+
+
+def test_queue_part_from_slot_wait() -> None:
+    b = Records()
+    t = b.agent("a")
+    t.call().tool(wait=0.5, action="keep", queue=0.25).call(ttft=0.1).end()
+    s = summarize(b.frame(), default_run(), None)
+    assert s["resume_latency_ms"]["p50"] == approx(350.0)
+    assert s["resume_parts_ms"]["queue"]["p50"] == approx(250.0)
+    assert s["resume_parts_ms"]["prefill"]["p50"] == approx(100.0)
+
+
+@pytest.mark.parametrize(
+    ("action", "cached", "kw", "mismatch"),
+    [
+        ("keep", 4000, {}, True),         # below 4096 - max(16, 2% = 81.92)
+        ("keep", 4020, {}, False),
+        ("swap", 0, {"swap_bytes": 1}, True),
+        ("recompute", 100, {}, True),     # above 16
+        ("recompute", 10, {}, False),
+        ("ttl", 4096, {"ttl_expire_after": 0.5}, True),   # erased: should reuse nothing
+        ("ttl", 0, {}, True),                              # still held: should reuse
+        ("ttl", 4096, {}, False),
+    ],
+)
+def test_cache_mismatches(action: str, cached: int, kw: dict[str, float], mismatch: bool) -> None:
+    b = Records()
+    t = b.agent("a")
+    t.call(appended=4086, out=10).tool(wait=1.0, action=action, retained=4096, **kw)
+    t.call(cached=cached).end()
+    s = summarize(b.frame(), default_run(), None)
+    assert s["cache_mismatches"] == int(mismatch)
+    if mismatch:
+        (m,) = s["cache_mismatch_list"]
+        assert m["trajectory_id"] == "a" and m["step"] == 1 and m["action"] == action
+        assert m["retained_tokens"] == 4096 and m["cached_tokens"] == cached
+
+
+def test_mismatch_tolerance_is_a_parameter() -> None:
+    b = Records()
+    t = b.agent("a")
+    t.call(appended=4086, out=10).tool(action="recompute", retained=4096).call(cached=100).end()
+    assert summarize(b.frame(), {}, None, mismatch_abs_tokens=128)["cache_mismatches"] == 0
+
+
+def test_mismatch_list_is_capped() -> None:
+    b = Records()
+    for i in range(60):
+        b.agent(f"a{i}").call().tool(action="keep", retained=500).call(cached=0).end()
+    s = summarize(b.frame(), {}, None)
+    assert s["cache_mismatches"] == 60 and len(s["cache_mismatch_list"]) == 50
+
+
+def test_zero_pauses() -> None:
+    b = Records()
+    b.agent("a").call(ttft=0.2, decode=0.8, out=1).end()
+    s = summarize(b.frame(), default_run(), None)
+    assert s["resume_latency_ms"]["n"] == 0 and s["resume_latency_ms"]["p50"] is None
+    assert s["resume_parts_ms"]["restore"]["n"] == 0
+    assert s["tpot_ms"]["n"] == 0  # one output token: no inter-token gap
+    assert s["ttft_ms"]["p50"] == approx(200.0)
+    assert s["memory_time_mib_s"] == 0.0 and s["pauses"] == 0
+    assert s["by_tool_class"] == {}
+    assert all(v["pauses"] == 0 for v in s["by_pause_bucket"].values())
+    assert s["goodput_per_min"] == approx(60.0)
+
+
+def test_all_cancelled() -> None:
+    b = Records()
+    for i in range(3):
+        t = b.agent(f"a{i}", at=float(i))
+        t.call().tool(wait=10.0, action="keep", status="abandoned").cancel()
+    s = summarize(b.frame(), default_run(), None)
+    assert s["trajectories"]["total"] == 3 and s["trajectories"]["cancelled"] == 3
+    assert s["trajectories"]["succeeded"] == 0 and s["goodput_per_min"] == 0.0
+    assert s["resume_latency_ms"]["n"] == 0
+    assert s["by_pause_bucket"][">=10s"]["pauses"] == 3
+    assert s["by_tool_class"]["remote_read"]["resume_latency_ms"]["n"] == 0
+
+
+def test_failed_and_incomplete() -> None:
+    b = Records()
+    b.agent("f").call(status="error", ttft=None).end("failed")
+    b.agent("i").call()
+    s = summarize(b.frame(), {}, None)
+    assert s["trajectories"]["failed"] == 1 and s["trajectories"]["incomplete"] == 1
+    assert s["e2e_ms"]["n"] == 1  # only the ok call
+
+
+def test_bystander_only() -> None:
+    b = Records()
+    b.bystander("bystander-0", at=0.0, ttft=0.1, decode=0.5)
+    b.bystander("bystander-1", at=1.0, ttft=0.3, decode=0.5)
+    s = summarize(b.frame(), {}, None)
+    assert s["trajectories"]["total"] == 0
+    assert s["bystander_ttft_ms"]["n"] == 2 and s["bystander_ttft_ms"]["p50"] == approx(200.0)
+    assert s["ttft_ms"]["n"] == 0
+    assert s["request_throughput_per_s"] == approx(2 / 1.8)
+    assert s["goodput_per_min"] == 0.0
+
+
+def test_empty_records_and_missing_run_keys() -> None:
+    s = summarize(Records().frame(), {}, None)
+    assert s["trajectories"]["total"] == 0 and s["duration_s"] == 0.0
+    assert s["goodput_per_min"] is None and s["request_throughput_per_s"] is None
+    assert s["runtime"] is None and s["memory_time_mib_s"] is None
+    assert s["memory_time_token_s"] == 0.0
+
+
+def test_unknown_bytes_per_token_gives_token_seconds_only() -> None:
+    s = summarize(keep_run().frame(), {"model": {"name": "m"}}, None)
+    assert s["memory_time_mib_s"] is None and s["memory_time_token_s"] == approx(20480.0)
+    assert s["by_tool_class"]["sandbox"]["memory_time_mib_s"] is None
+
+
+def test_missing_columns_are_tolerated() -> None:
+    df = keep_run().frame().drop(columns=["decode_ms", "detail", "deadline_s"])
+    s = summarize(df, default_run(), None)
+    assert s["itl_ms"]["n"] == 2 and s["memory_time_mib_s"] == approx(720.0)
+
+
+def test_shuffled_rows_are_ordered_by_seq() -> None:
+    df = keep_run().frame().sample(frac=1.0, random_state=3)
+    assert summarize(df, default_run(), None)["resume_latency_ms"]["p50"] == approx(50.0)
+
+
+def test_slo_violations_and_goodput() -> None:
+    s = summarize(keep_run().frame(), default_run(), None, slo={"resume_ms": 40})
+    assert s["trajectories"]["slo_violating"] == 1 and s["trajectories"]["succeeded"] == 0
+    assert s["goodput_per_min"] == 0.0
+    ok = summarize(keep_run().frame(), default_run(), None, slo={"ttft_ms": 100, "e2e_ms": 500,
+                                                                "trajectory_s": 6})
+    assert ok["trajectories"]["succeeded"] == 1
+    assert summarize(keep_run().frame(), {}, None, slo={"trajectory_s": 5})[
+        "trajectories"]["slo_violating"] == 1
+    with pytest.raises(InputError, match="unknown SLO"):
+        summarize(keep_run().frame(), {}, None, slo={"bogus": 1})
+
+
+def test_pause_buckets_by_actual_wait() -> None:
+    b = Records()
+    t = b.agent("a")
+    t.call()
+    for w in (0.05, 0.5, 5.0, 20.0):
+        t.tool(wait=w, action="keep", planned=1.0).call(ttft=0.01)
+    t.end()
+    s = summarize(b.frame(), default_run(), None)
+    assert [v["pauses"] for v in s["by_pause_bucket"].values()] == [1, 1, 1, 1]
+    assert list(s["by_pause_bucket"]) == ["<0.1s", "0.1-1s", "1-10s", ">=10s"]
+    assert s["by_pause_bucket"][">=10s"]["wait_s"]["p50"] == approx(20.0)
+    assert s["resume_latency_ms"]["n"] == 4 and s["resume_latency_ms"]["p50"] == approx(10.0)
+    ci = s["resume_latency_ms"]["ci95"]["p50"]
+    assert ci == [approx(10.0), approx(10.0)]
+
+
+def test_two_agents_peaks_and_means() -> None:
+    b = Records()
+    b.agent("a", at=0.0).call(appended=100, out=0, ttft=0.1, decode=0.4).tool(
+        wait=5.0, action="keep", retained=1000).call(appended=20, ttft=0.05, decode=0.2).end()
+    b.agent("b", at=1.0).call(appended=200, out=0).tool(wait=2.0, action="keep",
+                                                        retained=300).call(appended=10).end()
+    df = b.frame().sort_values("t_ns", kind="stable")
+    df["seq"] = np.arange(len(df))
+    s = summarize(df, default_run(), None)
+    assert s["kv_paused_peak_tokens"] == 1300
+    assert s["kv_active_peak_tokens"] == 210
+    assert s["kv_paused_mean_tokens"] == approx((1000 * 5 + 300 * 2) / 5.75)
+    assert s["resume_latency_ms"]["n"] == 2
+
+
+def test_server_occupancy_from_kv_gauge() -> None:
+    sm = pd.DataFrame({
+        "t_ns": [1, 2, 3, 1],
+        "source": ["metrics"] * 4,
+        "name": ["vllm:kv_cache_usage_perc"] * 3 + ["vllm:num_requests_running"],
+        "labels": [""] * 4,
+        "value": [0.1, 0.3, 0.2, 5.0],
+    })
+    s = summarize(keep_run().frame(), default_run(), sm)
+    occ = s["server_occupancy"]
+    assert list(occ) == ["vllm:kv_cache_usage_perc"]
+    assert occ["vllm:kv_cache_usage_perc"] == {"n": 3, "mean": approx(0.2), "max": 0.3,
+                                               "last": 0.2}
+    assert summarize(keep_run().frame(), {}, sm.iloc[0:0])["server_occupancy"] is None
+
+
+def test_summarize_dir(tmp_path: Path) -> None:
+    d = keep_run().write(tmp_path / "r")
+    assert summarize_dir(d)["memory_time_mib_s"] == approx(720.0)
+    with pytest.raises(InputError, match="not a results directory"):
+        summarize_dir(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="no records"):
+        summarize_dir(tmp_path / "empty")

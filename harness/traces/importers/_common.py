@@ -1,0 +1,217 @@
+"""Shared pieces of the importers: options, token counting, JSON reading, building the frame."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.errors import InputError
+from harness.traces.schema import COLUMNS, KIND_LLM, KIND_TOOL, PRIORITIES
+
+# One token per run of word characters and one per other non-space character. Crude next to a
+# real tokenizer (which splits long words and merges some punctuation) but stable, fast and the
+# same on every machine; the rule's name goes into each file's provenance.
+TOKEN_RULE = (
+    "regex word/punctuation split: one token per run of word characters (\\w+) and one per "
+    "other non-space character ([^\\w\\s]); no chat-template overhead"
+)
+_TOKEN_RE = re.compile(r"\w+|[^\w\s]")
+
+# Options every importer accepts, with their defaults.
+COMMON_OPTIONS: dict[str, str] = {
+    "priority": "interactive",
+    "tenant": "default",
+}
+
+
+def count_tokens(text: str) -> int:
+    """Tokens in `text` by TOKEN_RULE."""
+    return len(_TOKEN_RE.findall(text))
+
+
+def take_options(
+    options: Mapping[str, str], fmt: str, allowed: Mapping[str, str]
+) -> dict[str, str]:
+    """Options merged over defaults (COMMON_OPTIONS and `allowed`); unknown keys are refused."""
+    defaults = {**COMMON_OPTIONS, **allowed}
+    unknown = sorted(set(options) - set(defaults))
+    if unknown:
+        raise InputError(
+            f"{fmt} import: unknown option(s) {', '.join(unknown)}; "
+            f"allowed: {', '.join(sorted(defaults))}"
+        )
+    merged = {**defaults, **options}
+    if merged["priority"] not in PRIORITIES:
+        raise InputError(
+            f"{fmt} import: option priority must be one of {', '.join(PRIORITIES)}, "
+            f"got {merged['priority']!r}"
+        )
+    return merged
+
+
+def opt_int(opts: Mapping[str, str], key: str, fmt: str, minimum: int | None = None) -> int:
+    """An integer option, refused by name when it is not one."""
+    try:
+        value = int(opts[key])
+    except ValueError:
+        raise InputError(f"{fmt} import: option {key} must be an integer, "
+                         f"got {opts[key]!r}") from None
+    if minimum is not None and value < minimum:
+        raise InputError(f"{fmt} import: option {key} must be >= {minimum}, got {value}")
+    return value
+
+
+def opt_float(opts: Mapping[str, str], key: str, fmt: str) -> float | None:
+    """A finite positive float option; an empty string means unset (None)."""
+    if opts[key] == "":
+        return None
+    try:
+        value = float(opts[key])
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise InputError(f"{fmt} import: option {key} must be a number > 0, got {opts[key]!r}")
+    return value
+
+
+def arrival_offsets(n: int, rate_per_s: float | None, seed: int) -> np.ndarray:
+    """Start offsets: all 0 without a rate, else a Poisson process (seeded) starting at 0."""
+    if rate_per_s is None or n == 0:
+        return np.zeros(n)
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate_per_s, size=n)
+    gaps[0] = 0.0
+    return np.round(np.cumsum(gaps), 6)
+
+
+def read_json(path: Path) -> Any:
+    """Parse a JSON (or gzipped JSON) file; a bad file is an InputError naming it and the spot."""
+    try:
+        if path.name.endswith(".gz"):
+            with gzip.open(path, "rt", encoding="utf-8") as fh:
+                return json.load(fh)
+        with path.open(encoding="utf-8") as fh:
+            return json.load(fh)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: not valid JSON at line {exc.lineno} column {exc.colno}: "
+                         f"{exc.msg}") from None
+    except (OSError, UnicodeDecodeError, EOFError) as exc:
+        raise InputError(f"{path}: cannot read: {exc}") from None
+
+
+def summarize(what: str, items: Sequence[str], limit: int = 5) -> str:
+    """'N what (first: a; b; c)' for a warning line."""
+    shown = "; ".join(items[:limit])
+    more = f"; ... {len(items) - limit} more" if len(items) > limit else ""
+    return f"{len(items)} {what} (first: {shown}{more})"
+
+
+def is_count(value: Any) -> bool:
+    """A non-negative integer that is not a bool (JSON true would pass isinstance int)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def is_seconds(value: Any) -> bool:
+    """A finite non-negative number of seconds."""
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value) and value >= 0)
+
+
+@dataclass
+class LLM:
+    """An LLM step: tokens appended before the call and tokens it generates."""
+
+    input_tokens: int
+    output_tokens: int
+
+
+@dataclass
+class Tool:
+    """A tool step (one pause); latency None means it never returns."""
+
+    tool_name: str
+    tool_class: str
+    latency_s: float | None
+    outcome: str = "ok"
+    mutating: bool = False
+    deadline_s: float | None = None
+
+
+@dataclass
+class Trajectory:
+    """One trajectory's steps (alternating, starting with an LLM step) and its level fields."""
+
+    trajectory_id: str
+    steps: list[LLM | Tool] = field(default_factory=list)
+    start_s: float = 0.0
+    priority: str = "interactive"
+    tenant: str = "default"
+    prefix_group: str | None = None
+
+
+def drop_trailing_tools(steps: list[LLM | Tool]) -> int:
+    """Remove tool steps after the last LLM step (results nobody consumed); how many went."""
+    dropped = 0
+    while steps and isinstance(steps[-1], Tool):
+        steps.pop()
+        dropped += 1
+    return dropped
+
+
+def build_frame(trajectories: Iterable[Trajectory]) -> pd.DataFrame:
+    """The canonical step frame, with the same dtypes the generator produces."""
+    cols: dict[str, list[Any]] = {c: [] for c in COLUMNS}
+    for t in trajectories:
+        for i, s in enumerate(t.steps):
+            cols["trajectory_id"].append(t.trajectory_id)
+            cols["step"].append(i)
+            cols["start_s"].append(t.start_s)
+            cols["priority"].append(t.priority)
+            cols["tenant"].append(t.tenant)
+            cols["prefix_group"].append(t.prefix_group)
+            if isinstance(s, LLM):
+                cols["kind"].append(KIND_LLM)
+                cols["input_tokens"].append(s.input_tokens)
+                cols["output_tokens"].append(s.output_tokens)
+                for c in ("tool_name", "tool_class", "outcome", "mutating"):
+                    cols[c].append(None)
+                cols["latency_s"].append(math.nan)
+                cols["deadline_s"].append(math.nan)
+            else:
+                cols["kind"].append(KIND_TOOL)
+                cols["input_tokens"].append(None)
+                cols["output_tokens"].append(None)
+                cols["tool_name"].append(s.tool_name)
+                cols["tool_class"].append(s.tool_class)
+                cols["outcome"].append(s.outcome)
+                cols["mutating"].append(s.mutating)
+                cols["latency_s"].append(math.nan if s.latency_s is None else s.latency_s)
+                cols["deadline_s"].append(math.nan if s.deadline_s is None else s.deadline_s)
+    obj = {c: np.asarray(cols[c], dtype=object) for c in
+           ("trajectory_id", "kind", "priority", "tenant", "prefix_group", "tool_name",
+            "tool_class", "outcome")}
+    return pd.DataFrame({
+        "trajectory_id": obj["trajectory_id"],
+        "step": np.asarray(cols["step"], dtype=np.int32),
+        "kind": obj["kind"],
+        "start_s": np.asarray(cols["start_s"], dtype=np.float64),
+        "priority": obj["priority"],
+        "tenant": obj["tenant"],
+        "prefix_group": obj["prefix_group"],
+        "input_tokens": pd.array(cols["input_tokens"], dtype="Int64"),
+        "output_tokens": pd.array(cols["output_tokens"], dtype="Int64"),
+        "tool_name": obj["tool_name"],
+        "tool_class": obj["tool_class"],
+        "latency_s": np.asarray(cols["latency_s"], dtype=np.float64),
+        "deadline_s": np.asarray(cols["deadline_s"], dtype=np.float64),
+        "outcome": obj["outcome"],
+        "mutating": pd.array(cols["mutating"], dtype="boolean"),
+    }, columns=list(COLUMNS))

@@ -1,0 +1,184 @@
+"""Mooncake request traces (JSONL): `timestamp` (ms), `input_length`, `output_length`, `hash_ids`.
+
+The file has no session ids. Sessions are inferred from the prefix block hashes (one id per 512
+tokens): a request continues an earlier one when its hash_ids start with all of that request's
+*full* blocks (`input_length // 512` ids; a last, partial block changes once the reply and the next
+message are appended, so it cannot match). Of the candidates, the longest such prefix wins, then
+the most recent request; each request is continued at most once (its session moves on). A match
+must cover at least `min_blocks` blocks (default 2): in the conversation trace every request
+starts with the same system-prompt block, so a one-block match says nothing about the session.
+Each request is an LLM step; the gap between a session's turns is a `human` tool step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from harness.errors import InputError
+from harness.traces.importers import Imported
+from harness.traces.importers._common import (
+    LLM,
+    Tool,
+    Trajectory,
+    build_frame,
+    is_count,
+    opt_int,
+    summarize,
+    take_options,
+)
+from harness.traces.schema import Provenance
+
+FORMAT = "mooncake"
+BLOCK_TOKENS = 512
+OPTIONS = {"min_blocks": "2"}
+
+
+Row = tuple[float, int, int, tuple[int, ...], int]  # timestamp ms, in, out, hash_ids, line
+
+
+def _read(path: Path) -> list[Row]:
+    rows: list[Row] = []
+    try:
+        fh = path.open(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc}") from None
+    with fh:
+        for n, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}: line {n}"
+            try:
+                rec: Any = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{where}: not valid JSON: {exc.msg}") from None
+            if not isinstance(rec, dict):
+                raise InputError(f"{where}: expected a JSON object")
+            ts = rec.get("timestamp")
+            if (not isinstance(ts, int | float) or isinstance(ts, bool) or not math.isfinite(ts)
+                    or ts < 0):
+                raise InputError(f"{where}: 'timestamp' must be milliseconds >= 0, got {ts!r}")
+            for key in ("input_length", "output_length"):
+                if not is_count(rec.get(key)):
+                    raise InputError(f"{where}: {key!r} must be an integer >= 0, "
+                                     f"got {rec.get(key)!r}")
+            hashes = rec.get("hash_ids")
+            if not isinstance(hashes, list) or not all(is_count(h) for h in hashes):
+                raise InputError(f"{where}: 'hash_ids' must be a list of integers >= 0")
+            rows.append((float(ts), rec["input_length"], rec["output_length"], tuple(hashes),
+                         n))
+    return rows
+
+
+def import_path(path: Path, options: dict[str, str]) -> Imported:
+    """Import one Mooncake JSONL file; sessions inferred from shared hash prefixes."""
+    opts = take_options(options, FORMAT, OPTIONS)
+    min_blocks = opt_int(opts, "min_blocks", FORMAT, minimum=1)
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory; pass one .jsonl file")
+    rows = _read(path)
+    if not rows:
+        raise InputError(f"{path}: no requests")
+    unsorted = any(rows[i][0] > rows[i + 1][0] for i in range(len(rows) - 1))
+    order = sorted(range(len(rows)), key=lambda i: rows[i][0]) if unsorted else range(len(rows))
+
+    # Open session tips by the id of their key's last full block: (key length, key, session).
+    tips: dict[int, list[tuple[int, tuple[int, ...], int]]] = defaultdict(list)
+    sessions: list[list[int]] = []  # row indices per session
+    for i in order:
+        _, inp, _, h, _ = rows[i]
+        found: tuple[int, int] | None = None  # (position in tips list, session)
+        for k in range(len(h), min_blocks - 1, -1):
+            cands = tips.get(h[k - 1])
+            if not cands:
+                continue
+            for pos in range(len(cands) - 1, -1, -1):  # most recent first
+                klen, key, sess = cands[pos]
+                if klen == k and h[:k] == key:
+                    found = (pos, sess)
+                    break
+            if found is not None:
+                cands.pop(found[0])
+                break
+        if found is None:
+            sessions.append([i])
+            sess = len(sessions) - 1
+        else:
+            sess = found[1]
+            sessions[sess].append(i)
+        full = min(inp // BLOCK_TOKENS, len(h))
+        if full >= min_blocks:
+            tips[h[full - 1]].append((full, h[:full], sess))
+
+    clamped: list[tuple[int, int]] = []
+    zero_out: list[str] = []
+    gaps: list[float] = []
+    width = len(str(len(sessions) - 1))
+    trajs = []
+    for s, members in enumerate(sessions):
+        steps: list[LLM | Tool] = []
+        prev: Row | None = None
+        for i in members:
+            ts, inp, out, _, line = rows[i]
+            if prev is not None:
+                gap = (ts - prev[0]) / 1000.0
+                gaps.append(gap)
+                steps.append(Tool("user_turn", "human", round(gap, 6)))
+                grown = inp - prev[1] - prev[2]
+                if grown < 0:
+                    clamped.append((line, grown))
+                    grown = 0
+                inp = grown
+            if out < 1:
+                zero_out.append(f"line {line}")
+            steps.append(LLM(inp, max(out, 1)))
+            prev = rows[i]
+        trajs.append(Trajectory(f"{path.stem}-{s:0{width}d}", steps,
+                                start_s=round(rows[members[0]][0] / 1000.0, 6),
+                                priority=opts["priority"], tenant=opts["tenant"]))
+    multi = sum(1 for m in sessions if len(m) > 1)
+    warnings = []
+    if clamped:
+        warnings.append(summarize("continuing turns shorter than the previous input + output: "
+                                  "input tokens clamped to 0",
+                                  [f"line {n}: {g}" for n, g in sorted(clamped)]))
+    if zero_out:
+        warnings.append(summarize("requests with output_length 0 raised to 1", zero_out))
+    prov = Provenance(
+        source_format=FORMAT,
+        source_files=[str(path)],
+        inferred={
+            "trajectory_id": f"sessions inferred from hash_ids: a request continues the most "
+                             f"recent request whose full {BLOCK_TOKENS}-token blocks "
+                             "(input_length // 512 ids) begin its hash_ids, longest match "
+                             f"first, at least {min_blocks} blocks, each request continued "
+                             "at most once",
+            "input_tokens": "first turn: input_length; later turns: input_length - previous "
+                            "input_length - previous output_length, clamped at 0",
+            "output_tokens": "output_length (at least 1)",
+            "latency_s": "next turn's timestamp - previous turn's timestamp (all that is "
+                         "known): user think time plus the previous reply's generation time",
+            "tool_class": "'human': the pause between turns is the user's, not a tool's",
+            "tool_name": "'user_turn'",
+            "outcome": "'ok'",
+            "mutating": "false",
+            "deadline_s": "null",
+            "start_s": "first request's timestamp / 1000 (recorded)",
+            "priority": f"option priority ({opts['priority']!r})",
+            "tenant": f"option tenant ({opts['tenant']!r})",
+        },
+        notes=[
+            "tool steps here are user think time between conversation turns, NOT tool time; "
+            "they also include the previous reply's generation time, and the conversation "
+            "trace's timestamps are bucketed at about 3 s",
+            f"{len(rows)} requests became {len(sessions)} sessions, {multi} of them multi-turn",
+        ] + (["rows were not in timestamp order: sorted (stable)"] if unsorted else []),
+        extra={"requests": len(rows), "sessions": len(sessions), "multi_turn_sessions": multi,
+               "continuations": len(rows) - len(sessions), "inputs_clamped": len(clamped),
+               "outputs_clamped": len(zero_out), "min_blocks": min_blocks,
+               "block_tokens": BLOCK_TOKENS},
+    )
+    return Imported(build_frame(trajs), prov, warnings)

@@ -1,0 +1,25 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+# Public traces live beside the repository (never inside it): ../shared/traces.
+SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+
+
+@pytest.fixture(scope="session")
+def shared_traces() -> Path:
+    """The public traces folder; skips the test where it is absent (a fresh clone)."""
+    if not SHARED_TRACES.is_dir():
+        pytest.skip(f"public traces not found at {SHARED_TRACES} (they live outside the repo)")
+    return SHARED_TRACES
+
+
+@pytest.fixture
+def cli_runner() -> CliRunner:
+    """A click runner for `harness` commands."""
+    return CliRunner()

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from harness.errors import InputError
@@ -18,10 +19,10 @@ from harness.traces.schema import (
     ARROW_SCHEMA,
     KIND_LLM,
     KIND_TOOL,
+    META_SCHEMA_VERSION,
     OUTCOMES,
     PRIORITIES,
     SCHEMA_VERSION,
-    META_SCHEMA_VERSION,
 )
 
 MAX_REPORTED = 200
@@ -120,8 +121,40 @@ def check_table(table: pa.Table, file: str) -> list[Problem]:
         return problems
     if table.num_rows == 0:
         return [Problem(file, "empty-workload", "the file holds no steps")]
+    nan_problems = _check_nan(table, file)
+    if nan_problems:
+        return nan_problems
     df = table.select(list(ARROW_SCHEMA.names)).to_pandas()
     return check_frame(df, file)
+
+
+_NAN_RULES = (
+    ("start_s", "bad-start", "start_s must be finite and >= 0"),
+    ("latency_s", "bad-latency",
+     "latency_s must be finite and >= 0 (null means the tool never returns)"),
+    ("deadline_s", "bad-deadline", "deadline_s must be finite and > 0 when set"),
+)
+
+
+def _check_nan(table: pa.Table, file: str) -> list[Problem]:
+    """NaN is not null: pandas would read a NaN latency as null ("never returns"), so look first."""
+    problems: list[Problem] = []
+    for col, rule, message in _NAN_RULES:
+        column = table.column(col)
+        if not pa.types.is_floating(column.type):
+            continue
+        mask = pc.fill_null(pc.is_nan(column), False).to_numpy(zero_copy_only=False)
+        idx = np.flatnonzero(mask)[:MAX_REPORTED]
+        if not idx.size:
+            continue
+        tids = table.column("trajectory_id").take(idx).to_pylist()
+        steps = table.column("step").take(idx).to_pylist()
+        problems.extend(
+            Problem(file, rule, message, None if t is None else str(t),
+                    None if st is None else int(st))
+            for t, st in zip(tids, steps, strict=True)
+        )
+    return problems
 
 
 def check_frame(df: pd.DataFrame, file: str) -> list[Problem]:

@@ -104,7 +104,13 @@ def _read(path: Path, problems: list[Problem]) -> pa.Table | None:
 def check_table(table: pa.Table, file: str) -> list[Problem]:
     """Check an Arrow table against every rule of the trajectory format."""
     problems: list[Problem] = []
-    present = set(table.column_names)
+    names = table.column_names
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(Problem(file, "duplicate-column",
+                                f"column {name!r} appears more than once"))
+    if problems:
+        return problems
+    present = set(names)
     for f in ARROW_SCHEMA:
         if f.name not in present:
             problems.append(Problem(file, "missing-column", f"column {f.name!r} is missing"))

@@ -27,7 +27,13 @@ from harness.traces.schema import (
     to_table,
     write_trajectories,
 )
-from harness.traces.validate import Problem, check_frame, load_trajectories, validate_file
+from harness.traces.validate import (
+    Problem,
+    check_frame,
+    check_table,
+    load_trajectories,
+    validate_file,
+)
 
 NAN, INF = math.nan, math.inf
 
@@ -132,6 +138,14 @@ def test_missing_column(tmp_path: Path, column: str) -> None:
 def test_wrong_type(tmp_path: Path, column: str, values: list[Any], typ: pa.DataType) -> None:
     table = with_column(to_table(base()), column, values, typ)
     expect(write_table(tmp_path, table), "column-type", message=f"column {column!r} has type")
+
+
+def test_duplicate_column(tmp_path: Path) -> None:
+    table = to_table(base())
+    table = table.append_column("step", table.column("step"))
+    assert [p.rule for p in check_table(table, "t")] == ["duplicate-column"]
+    # Parquet files with a repeated column are refused when read.
+    expect(write_table(tmp_path, table), "not-parquet", message="cannot read as Parquet")
 
 
 def test_empty_workload(tmp_path: Path) -> None:

@@ -29,9 +29,11 @@ def main() -> None:
 
 
 def _register() -> None:
+    from harness.model.cli import model
     from harness.traces.cli import traces
 
     main.add_command(traces)
+    main.add_command(model)
 
 
 _register()

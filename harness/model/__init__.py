@@ -1,0 +1,1 @@
+"""The analytical model: KV geometry, calibration files and first-order pause costs."""

@@ -1,0 +1,1 @@
+"""Runtime adapters (installed as harness.adapters): one module per runtime behind one Protocol."""

@@ -1,0 +1,1 @@
+"""Install and start real runtime servers on this machine."""

@@ -1,0 +1,1 @@
+"""Planning: trajectories + injection profile + seed -> a pure, timed plan for the executor."""

@@ -1,0 +1,105 @@
+"""Injection profiles: slow, failing and never-returning tools, client disconnects, bystanders.
+
+A profile is a small TOML file (built-ins beside this module, or a user's path):
+
+    [tools]
+    slow_fraction = 0.1        # this share of tool calls is slowed ...
+    slow_factor = 10.0         # ... by this factor
+    never_return_fraction = 0.0
+    error_fraction = 0.0
+    default_deadline_s = 30.0  # for tool steps without a deadline
+    [client]
+    disconnect_fraction = 0.0  # LLM calls whose client hangs up after the first token
+    [bystander]
+    rate_per_s = 0.0           # plain single-turn requests, Poisson arrivals
+    prompt_tokens = 200
+    output_tokens = 16
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from harness.errors import InputError
+
+
+@dataclass(frozen=True)
+class Injection:
+    """A parsed injection profile (all fractions in [0, 1])."""
+
+    name: str = "none"
+    slow_fraction: float = 0.0
+    slow_factor: float = 1.0
+    never_return_fraction: float = 0.0
+    error_fraction: float = 0.0
+    default_deadline_s: float = 30.0
+    disconnect_fraction: float = 0.0
+    bystander_rate_per_s: float = 0.0
+    bystander_prompt_tokens: int = 200
+    bystander_output_tokens: int = 16
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+_KEYS = {
+    "tools": {"slow_fraction": "fraction", "slow_factor": "positive",
+              "never_return_fraction": "fraction", "error_fraction": "fraction",
+              "default_deadline_s": "positive"},
+    "client": {"disconnect_fraction": "fraction"},
+    "bystander": {"rate_per_s": "nonneg", "prompt_tokens": "count", "output_tokens": "count"},
+}
+
+
+def parse_injection(data: dict[str, Any], where: str) -> Injection:
+    """Validate parsed TOML; every unknown section or key is refused by name."""
+    values: dict[str, Any] = {"name": str(data.pop("name", where))}
+    for section, body in data.items():
+        if section not in _KEYS or not isinstance(body, dict):
+            raise InputError(f"injection {where}: unknown section [{section}]; "
+                             f"sections: {', '.join(_KEYS)}")
+        for key, v in body.items():
+            kind = _KEYS[section].get(key)
+            if kind is None:
+                raise InputError(f"injection {where}: unknown key {section}.{key}")
+            if isinstance(v, bool) or not isinstance(v, int | float) or v != v:
+                raise InputError(f"injection {where}: {section}.{key} must be a number")
+            bad = ((kind == "fraction" and not 0 <= v <= 1)
+                   or (kind == "positive" and not 0 < v < float("inf"))
+                   or (kind == "nonneg" and not 0 <= v < float("inf"))
+                   or (kind == "count" and (v < 1 or int(v) != v)))
+            if bad:
+                raise InputError(f"injection {where}: {section}.{key}={v!r} is out of range")
+            name = f"bystander_{key}" if section == "bystander" else key
+            values[name] = int(v) if kind == "count" else float(v)
+    return Injection(**values)
+
+
+def load_injection(name_or_path: str | None) -> Injection:
+    """A built-in profile by name ('none', 'slow-tools', 'abandoned-tools', 'chaos') or a file."""
+    if name_or_path in (None, "", "none"):
+        return Injection()
+    assert name_or_path is not None
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise InputError(f"injection file {path} does not exist")
+        text, where = path.read_text(), str(path)
+    else:
+        res = resources.files("harness.plan").joinpath("injections", f"{name_or_path}.toml")
+        if not res.is_file():
+            names = sorted(p.name[:-5] for p in resources.files("harness.plan")
+                           .joinpath("injections").iterdir() if p.name.endswith(".toml"))
+            raise InputError(f"unknown injection profile {name_or_path!r}; built-in: "
+                             f"none, {', '.join(names)}")
+        text, where = res.read_text(), f"{name_or_path}.toml"
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"injection {where}: not valid TOML: {exc}") from None
+    data.setdefault("name", Path(where).stem)
+    return parse_injection(data, where)

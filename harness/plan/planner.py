@@ -1,0 +1,202 @@
+"""The plan: pure data computed from trajectories, an injection profile, arrivals and a seed.
+
+Everything random is drawn here from `seed` (tool slow-downs, never-returning tools, errors,
+client disconnects, Poisson arrivals, bystanders), so the executor only follows orders and two runs
+of one plan send the same requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from harness.errors import InputError
+from harness.plan.injection import Injection
+from harness.plan.tokens import stable_seed, token_ids
+from harness.traces.schema import KIND_LLM
+
+SHARED_PREFIX_TOKENS = 128
+
+
+@dataclass(frozen=True)
+class CallStep:
+    """An LLM call: append `append_tokens` ids, then generate exactly `output_tokens`."""
+
+    step: int
+    append_tokens: int
+    append_seed: int
+    output_tokens: int
+    disconnect: bool = False
+    shared_prefix: int = 0
+    prefix_seed: int = 0
+
+    def append_ids(self, vocab_size: int) -> list[int]:
+        """The ids this call appends; a shared system prompt first when the trajectory has one."""
+        k = min(self.shared_prefix, self.append_tokens)
+        return (token_ids(self.prefix_seed, k, vocab_size)
+                + token_ids(self.append_seed, self.append_tokens - k, vocab_size))
+
+
+@dataclass(frozen=True)
+class ToolStep:
+    """A tool call: its result arrives after `latency_s` (None: never) unless `deadline_s` fires."""
+
+    step: int
+    tool_name: str
+    tool_class: str
+    latency_s: float | None
+    deadline_s: float
+    outcome: str
+    mutating: bool
+    resume_required: bool
+    injected: str | None = None
+
+
+Step = CallStep | ToolStep
+
+
+@dataclass(frozen=True)
+class TrajectoryPlan:
+    trajectory_id: str
+    arrival_s: float
+    priority: str
+    tenant: str
+    steps: tuple[Step, ...]
+
+
+@dataclass(frozen=True)
+class BystanderPlan:
+    """A plain single-turn request from non-agent traffic."""
+
+    request_id: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class Arrivals:
+    """closed: `concurrency` agents take trajectories in order; poisson: `rate` per second;
+    trace: each trajectory's start_s. Times (arrivals, tool latencies, deadlines) are multiplied
+    by `time_scale`."""
+
+    mode: Literal["closed", "poisson", "trace"] = "closed"
+    concurrency: int = 4
+    rate: float = 1.0
+    time_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("closed", "poisson", "trace"):
+            raise InputError(f"unknown arrival mode {self.mode!r}")
+        if self.concurrency < 1:
+            raise InputError("--concurrency must be >= 1")
+        if not (self.rate > 0 and np.isfinite(self.rate)):
+            raise InputError("--rate must be a finite number > 0")
+        if not (self.time_scale > 0 and np.isfinite(self.time_scale)):
+            raise InputError("--time-scale must be a finite number > 0")
+
+
+@dataclass(frozen=True)
+class Plan:
+    trajectories: tuple[TrajectoryPlan, ...]
+    bystanders: tuple[BystanderPlan, ...]
+    arrivals: Arrivals
+    seed: int
+    injection: Injection
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def duration_hint_s(self) -> float:
+        """Latest planned arrival (open loop); bystanders stop when the agents are done."""
+        return max((t.arrival_s for t in self.trajectories), default=0.0)
+
+
+def make_plan(steps: pd.DataFrame, injection: Injection, arrivals: Arrivals,
+              seed: int) -> Plan:
+    """Build the plan for a validated trajectory frame. Pure and deterministic for `seed`."""
+    if steps.empty:
+        raise InputError("empty workload: the trace holds no steps")
+    rng = np.random.default_rng(seed)
+    scale = arrivals.time_scale
+    steps = steps.reset_index(drop=True)
+    n = len(steps)
+    u_slow, u_never, u_err, u_disc = (rng.random(n) for _ in range(4))
+    cols = {c: steps[c].astype(object).where(steps[c].notna(), None).tolist()
+            for c in steps.columns}
+    tids = cols["trajectory_id"]
+    bounds = [i for i in range(n) if i == 0 or tids[i] != tids[i - 1]] + [n]
+    poisson = np.cumsum(rng.exponential(1.0 / arrivals.rate, size=len(bounds) - 1))
+    plans: list[TrajectoryPlan] = []
+    for k in range(len(bounds) - 1):
+        lo, hi = bounds[k], bounds[k + 1]
+        tid = str(tids[lo])
+        base = stable_seed("trajectory", tid)
+        pgroup = cols["prefix_group"][lo]
+        shared = SHARED_PREFIX_TOKENS if isinstance(pgroup, str) and pgroup else 0
+        pseed = stable_seed("prefix", pgroup) if shared else 0
+        out: list[Step] = []
+        for i in range(lo, hi):
+            r = {c: v[i] for c, v in cols.items()}
+            if r["kind"] == KIND_LLM:
+                out.append(CallStep(
+                    step=int(r["step"]), append_tokens=int(r["input_tokens"]),
+                    append_seed=stable_seed(base, r["step"]),
+                    output_tokens=int(r["output_tokens"]),
+                    disconnect=bool(u_disc[i] < injection.disconnect_fraction),
+                    shared_prefix=shared if i == lo else 0, prefix_seed=pseed))
+            else:
+                out.append(_tool_step(r, i + 1 < hi, injection, scale,
+                                      float(u_slow[i]), float(u_never[i]), float(u_err[i])))
+        if arrivals.mode == "trace":
+            arrival = float(cols["start_s"][lo]) * scale
+        elif arrivals.mode == "poisson":
+            arrival = float(poisson[k]) * scale
+        else:
+            arrival = 0.0
+        plans.append(TrajectoryPlan(tid, arrival, str(cols["priority"][lo]),
+                                    str(cols["tenant"][lo]), tuple(out)))
+    horizon = max((p.arrival_s for p in plans), default=0.0)
+    return Plan(tuple(plans), _bystanders(injection, horizon, rng, scale), arrivals, seed,
+                injection)
+
+
+def _tool_step(r: dict[str, object], has_next: bool, inj: Injection, scale: float,
+               u_slow: float, u_never: float, u_err: float) -> ToolStep:
+    raw_latency = r["latency_s"]
+    latency = None if raw_latency is None else float(str(raw_latency))
+    outcome = str(r["outcome"])
+    injected = None
+    if latency is not None and u_never < inj.never_return_fraction:
+        latency, outcome, injected = None, "abandoned", "never-return"
+    elif latency is not None and u_slow < inj.slow_fraction:
+        latency, injected = latency * inj.slow_factor, "slow"
+    if latency is not None and outcome == "ok" and u_err < inj.error_fraction:
+        outcome, injected = "error", (injected + "+error" if injected else "error")
+    raw_deadline = r["deadline_s"]
+    deadline = (inj.default_deadline_s if raw_deadline is None
+                else float(str(raw_deadline)))
+    return ToolStep(
+        step=int(str(r["step"])), tool_name=str(r["tool_name"] or r["tool_class"]),
+        tool_class=str(r["tool_class"]),
+        latency_s=None if latency is None else latency * scale,
+        deadline_s=deadline * scale, outcome=outcome, mutating=bool(r["mutating"]),
+        resume_required=has_next, injected=injected)
+
+
+def _bystanders(inj: Injection, horizon_s: float, rng: np.random.Generator,
+                scale: float) -> tuple[BystanderPlan, ...]:
+    if inj.bystander_rate_per_s <= 0:
+        return ()
+    # Enough arrivals to outlast the agents; the executor stops issuing them when agents finish.
+    span = max(horizon_s, 600.0 * scale)
+    count = int(inj.bystander_rate_per_s * span / scale) + 1
+    times = np.cumsum(rng.exponential(1.0 / inj.bystander_rate_per_s, size=count)) * scale
+    return tuple(
+        BystanderPlan(f"bystander-{i}", float(t), inj.bystander_prompt_tokens,
+                      inj.bystander_output_tokens, stable_seed("bystander", i))
+        for i, t in enumerate(times)
+    )

@@ -1,0 +1,343 @@
+"""The executor: drives one adapter through a plan, applying the pause policy at every tool call.
+
+Lifecycle per trajectory: prefill -> decode -> tool_wait -> restoring -> decode -> ... ->
+completed | cancelled | failed, each transition recorded. Server-side state the run creates (slot
+contents, dump files) is released when a trajectory ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from harness.adapters.base import Adapter, CompletionRequest, Unsupported
+from harness.plan.planner import CallStep, Plan, ToolStep, TrajectoryPlan
+from harness.plan.tokens import token_ids
+from harness.policies.base import KEEP, RECOMPUTE, SWAP, PauseContext, PausePolicy, ServerRates
+from harness.replay.clock import NS, Clock
+from harness.replay.recorder import Recorder, SlotPool
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+MIN_PREFILL_SAMPLE = 64  # prompts shorter than this time overheads, not prefill
+
+
+@dataclass
+class _State:
+    """What one trajectory holds on the server right now."""
+
+    tid: str
+    context: list[int] = field(default_factory=list)
+    slot: int | None = None
+    dump: str | None = None
+    salt: str | None = None
+    kept_tokens: int = 0
+
+
+@dataclass
+class RunCounters:
+    completed: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    unsupported: int = 0
+    cleanup_errors: list[str] = field(default_factory=list)
+
+
+class Executor:
+    """Replays a plan through an adapter. Clock, adapter (and its HTTP session) are injected."""
+
+    def __init__(self, adapter: Adapter, clock: Clock, recorder: Recorder, policy: PausePolicy,
+                 plan: Plan, run_id: str, vocab_size: int, slots: int | None,
+                 ctx_per_slot: int | None, rates: ServerRates) -> None:
+        self.adapter = adapter
+        self.clock = clock
+        self.rec = recorder
+        self.policy = policy
+        self.plan = plan
+        self.run_id = run_id
+        self.vocab = vocab_size
+        self.ctx_per_slot = ctx_per_slot
+        self.rates = rates
+        caps = adapter.capabilities
+        self.pool = SlotPool(slots) if caps.harness_slots and slots else None
+        self.history: dict[str, list[float]] = defaultdict(list)
+        self.counters = RunCounters()
+        self._agents_done = asyncio.Event()
+        self._bystander_tasks: set[asyncio.Task[None]] = set()
+
+    # ---- the run -------------------------------------------------------------------------
+    async def run(self) -> RunCounters:
+        """Run every trajectory (and bystanders) to its end; returns the outcome counters."""
+        bystanders = asyncio.create_task(self._bystanders())
+        try:
+            if self.plan.arrivals.mode == "closed":
+                queue: asyncio.Queue[TrajectoryPlan] = asyncio.Queue()
+                for t in self.plan.trajectories:
+                    queue.put_nowait(t)
+                n = min(self.plan.arrivals.concurrency, len(self.plan.trajectories))
+                await asyncio.gather(*(self._agent(queue) for _ in range(n)))
+            else:
+                await asyncio.gather(*(self._open_loop(t) for t in self.plan.trajectories))
+        finally:
+            self._agents_done.set()
+            bystanders.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await bystanders
+            # Requests already sent finish (and free their slots) before the run ends.
+            await asyncio.gather(*self._bystander_tasks, return_exceptions=True)
+            self.rec.flush()
+        return self.counters
+
+    async def _agent(self, queue: asyncio.Queue[TrajectoryPlan]) -> None:
+        while not queue.empty():
+            traj = queue.get_nowait()
+            await self.trajectory(traj, self.clock.now_ns())
+
+    async def _open_loop(self, traj: TrajectoryPlan) -> None:
+        due = int(traj.arrival_s * NS)
+        await self.clock.sleep_until(due)
+        await self.trajectory(traj, due)
+
+    # ---- one trajectory ------------------------------------------------------------------
+    async def trajectory(self, traj: TrajectoryPlan, planned_ns: int) -> str:
+        """Run one trajectory; returns completed | cancelled | failed."""
+        st = _State(traj.trajectory_id)
+        self.rec.emit("trajectory_start", trajectory_id=st.tid, traffic="agent",
+                      planned_ns=planned_ns, detail=traj.priority)
+        status, reason = "completed", None
+        due = planned_ns
+        try:
+            for i, step in enumerate(traj.steps):
+                if isinstance(step, CallStep):
+                    status, reason = await self._call(st, step, due, is_resume=i > 0)
+                else:
+                    status, reason, due = await self._tool(st, traj, step)
+                if status != "completed":
+                    break
+        except asyncio.CancelledError:
+            status, reason = "cancelled", "run-interrupted"
+            raise
+        except Exception as exc:  # a server that breaks the protocol fails this trajectory only
+            status, reason = "failed", f"{type(exc).__name__}: {exc}"[:300]
+        finally:
+            if status == "cancelled":
+                self.rec.emit("cancel", trajectory_id=st.tid, traffic="agent", reason=reason)
+            await self._release(st, "trajectory-end")
+            self.rec.emit("trajectory_end", trajectory_id=st.tid, traffic="agent", status=status,
+                          reason=reason)
+            setattr(self.counters, status, getattr(self.counters, status) + 1)
+        return status
+
+    async def _call(self, st: _State, call: CallStep, due_ns: int,
+                    is_resume: bool) -> tuple[str, str | None]:
+        appended = call.append_ids(self.vocab)
+        prompt = st.context + appended
+        if self.ctx_per_slot and len(prompt) + call.output_tokens > self.ctx_per_slot:
+            self.rec.emit("call_end", trajectory_id=st.tid, traffic="agent", step=call.step,
+                          status="error", detail=f"context overflow: {len(prompt)} + "
+                          f"{call.output_tokens} tokens exceed {self.ctx_per_slot} per slot")
+            return "failed", "context-overflow"
+        await self._restore(st, call.step)
+        self.rec.emit("call_start", trajectory_id=st.tid, traffic="agent", step=call.step,
+                      slot=st.slot, planned_ns=due_ns, prompt_tokens=len(prompt),
+                      appended_tokens=len(appended), is_resume=is_resume)
+        res = await self.adapter.complete(
+            CompletionRequest(prompt, call.output_tokens, st.slot,
+                              abort_after_first_token=call.disconnect, cache_salt=st.salt),
+            lambda: self.rec.emit("first_token", trajectory_id=st.tid, traffic="agent",
+                                  step=call.step, slot=st.slot))
+        self.rec.emit("call_end", trajectory_id=st.tid, traffic="agent", step=call.step,
+                      slot=st.slot, status=res.status, output_tokens=len(res.tokens),
+                      cached_tokens=res.cached_tokens, prompt_n=res.prompt_n,
+                      server_ms=res.prompt_ms, decode_ms=res.decode_ms, detail=res.error)
+        self._learn_prefill(res.prompt_n, res.prompt_ms)
+        if res.status == "aborted":
+            return "cancelled", "client-disconnect"
+        if res.status != "ok":
+            return "failed", f"server error: {res.error}"
+        st.context = prompt + res.tokens
+        self.rec.emit("kv_state", trajectory_id=st.tid, traffic="agent",
+                      kv_tokens=len(st.context), status="active")
+        return "completed", None
+
+    async def _tool(self, st: _State, traj: TrajectoryPlan,
+                    tool: ToolStep) -> tuple[str, str | None, int]:
+        ctx = PauseContext(
+            run_id=self.run_id, trajectory_id=st.tid, tool_class=tool.tool_class,
+            deadline_ms=tool.deadline_s * 1000.0, retained_tokens=len(st.context),
+            resume_required=tool.resume_required, priority=traj.priority,
+            history_s=tuple(self.history[tool.tool_class]),
+            free_slots=self.pool.free if self.pool else 0,
+            total_slots=self.pool.total if self.pool else 1, rates=self.rates,
+            true_latency_s=tool.latency_s if self.policy.sees_true_latency else None)
+        d = self.policy.decide(ctx)
+        supported = d.action in self.adapter.capabilities.pause_actions and (
+            d.after is None or d.after in self.adapter.capabilities.pause_actions)
+        self.rec.emit("pause_decision", trajectory_id=st.tid, traffic="agent", step=tool.step,
+                      tool_class=tool.tool_class, action=d.label, reason=d.reason,
+                      retained_tokens=len(st.context), value_s=d.predicted_wait_s, slot=st.slot,
+                      status="ok" if supported else "unsupported",
+                      detail=f"ttl_s={d.ttl_s} after={d.after}" if d.ttl_s is not None else None)
+        t0 = self.rec.emit("tool_start", trajectory_id=st.tid, traffic="agent", step=tool.step,
+                           tool_class=tool.tool_class, tool_name=tool.tool_name,
+                           value_s=tool.latency_s, deadline_s=tool.deadline_s)
+        if not supported:
+            self.counters.unsupported += 1
+        elif d.action != KEEP:
+            await self._evict(st, d.action, tool.step, "policy")
+        else:
+            st.kept_tokens = len(st.context)
+            self.rec.emit("kv_state", trajectory_id=st.tid, traffic="agent",
+                          kv_tokens=len(st.context), status="paused")
+        returns = tool.latency_s is not None and tool.latency_s <= tool.deadline_s
+        end_ns = t0 + int((tool.latency_s if returns and tool.latency_s is not None
+                           else tool.deadline_s) * NS)
+        if supported and d.ttl_s is not None and d.after and t0 + d.ttl_s * NS < end_ns:
+            await self.clock.sleep_until(t0 + int(d.ttl_s * NS))
+            if st.slot is not None:
+                await self._evict(st, d.after, tool.step, "ttl-expired")
+        await self.clock.sleep_until(end_ns)
+        if not returns:
+            status = "abandoned" if tool.latency_s is None else "timeout"
+            self.rec.emit("tool_end", t_ns=end_ns, trajectory_id=st.tid, traffic="agent",
+                          step=tool.step, tool_class=tool.tool_class, status=status)
+            return "cancelled", f"tool {status}: deadline {tool.deadline_s:g}s", end_ns
+        assert tool.latency_s is not None
+        self.history[tool.tool_class].append(tool.latency_s)
+        self.rec.emit("tool_end", t_ns=end_ns, trajectory_id=st.tid, traffic="agent",
+                      step=tool.step, tool_class=tool.tool_class, status=tool.outcome)
+        return "completed", None, end_ns
+
+    # ---- KV actions ----------------------------------------------------------------------
+    async def _acquire(self, st: _State, step: int, traffic: str = "agent") -> None:
+        if self.pool is None or st.slot is not None:
+            return
+        t0 = self.clock.now_ns()
+        contended = self.pool.free == 0
+        st.slot = await self.pool.acquire()
+        if contended:
+            self.rec.emit("slot_wait", trajectory_id=st.tid, traffic=traffic, step=step,
+                          slot=st.slot, value_s=(self.clock.now_ns() - t0) / NS)
+
+    async def _restore(self, st: _State, step: int) -> None:
+        had_slot = st.slot is not None
+        await self._acquire(st, step)
+        if st.dump is not None and st.slot is not None:
+            io = await self.adapter.restore_slot(st.slot, st.dump)
+            self.rec.emit("swap_in", trajectory_id=st.tid, traffic="agent", step=step,
+                          slot=st.slot, bytes=io.bytes, server_ms=io.ms,
+                          retained_tokens=io.tokens)
+            if io.ms > 0 and io.bytes > 0:
+                self.rates = ServerRates(self.rates.prefill_tok_s,
+                                         0.7 * self.rates.swap_bytes_per_s
+                                         + 0.3 * io.bytes / (io.ms / 1000.0),
+                                         self.rates.kv_bytes_per_token)
+            await self._delete_dump(st)
+        elif not had_slot and st.context and self.pool is not None:
+            self.rec.emit("recompute", trajectory_id=st.tid, traffic="agent", step=step,
+                          recomputed_tokens=len(st.context))
+
+    async def _evict(self, st: _State, action: str, step: int, reason: str) -> None:
+        """Swap out or discard this trajectory's KV and give its slot back."""
+        if self.pool is None:
+            if action == RECOMPUTE:
+                # Without slot control a fresh cache salt forbids reuse of the old prefix.
+                st.salt = f"{self.run_id}-{st.tid}-{step}"
+                self.rec.emit("erase", trajectory_id=st.tid, traffic="agent", step=step,
+                              reason=f"{reason}: fresh cache salt")
+                self.rec.emit("recompute", trajectory_id=st.tid, traffic="agent", step=step,
+                              recomputed_tokens=len(st.context))
+            return
+        if st.slot is None:
+            return
+        if action == SWAP:
+            name = _UNSAFE.sub("_", f"{self.run_id}-{st.tid}-{step}.bin")
+            try:
+                io = await self.adapter.save_slot(st.slot, name)
+            except Unsupported as exc:
+                self.counters.unsupported += 1
+                self.rec.emit("swap_out", trajectory_id=st.tid, traffic="agent", step=step,
+                              slot=st.slot, status="unsupported", detail=str(exc)[:300])
+                return
+            st.dump = name
+            self.rec.emit("swap_out", trajectory_id=st.tid, traffic="agent", step=step,
+                          slot=st.slot, bytes=io.bytes, server_ms=io.ms,
+                          retained_tokens=io.tokens, reason=reason)
+        await self.adapter.erase_slot(st.slot)
+        self.rec.emit("erase", trajectory_id=st.tid, traffic="agent", step=step, slot=st.slot,
+                      reason=reason)
+        await self.pool.release(st.slot)
+        st.slot = None
+        self.rec.emit("kv_state", trajectory_id=st.tid, traffic="agent", kv_tokens=0,
+                      status="released")
+
+    async def _delete_dump(self, st: _State) -> None:
+        if st.dump is None:
+            return
+        name, st.dump = st.dump, None
+        if self.adapter.capabilities.local_dump_files and not await self.adapter.delete_dump(
+                name):
+            self.counters.cleanup_errors.append(f"dump file {name} still exists")
+
+    async def _release(self, st: _State, reason: str) -> None:
+        """Erase the slot and delete any dump file: runs on every trajectory end."""
+        try:
+            if st.slot is not None and self.pool is not None:
+                slot, st.slot = st.slot, None
+                try:
+                    await self.adapter.erase_slot(slot)
+                    self.rec.emit("erase", trajectory_id=st.tid, traffic="agent", slot=slot,
+                                  reason=reason)
+                finally:
+                    await self.pool.release(slot)
+            await self._delete_dump(st)
+        except Exception as exc:
+            self.counters.cleanup_errors.append(f"{st.tid}: {type(exc).__name__}: {exc}")
+        self.rec.emit("kv_state", trajectory_id=st.tid, traffic="agent", kv_tokens=0,
+                      status="released")
+
+    def _learn_prefill(self, prompt_n: int | None, prompt_ms: float | None) -> None:
+        if prompt_n and prompt_ms and prompt_n >= MIN_PREFILL_SAMPLE and prompt_ms > 0:
+            measured = prompt_n / (prompt_ms / 1000.0)
+            self.rates = ServerRates(0.7 * self.rates.prefill_tok_s + 0.3 * measured,
+                                     self.rates.swap_bytes_per_s, self.rates.kv_bytes_per_token)
+
+    # ---- bystander traffic ---------------------------------------------------------------
+    async def _bystanders(self) -> None:
+        for b in self.plan.bystanders:
+            await self.clock.sleep_until(int(b.arrival_s * NS))
+            if self._agents_done.is_set():
+                return
+            task = asyncio.create_task(self._bystander(
+                b.request_id, b.prompt_tokens, b.output_tokens, b.seed, int(b.arrival_s * NS)))
+            self._bystander_tasks.add(task)
+            task.add_done_callback(self._bystander_tasks.discard)
+
+    async def _bystander(self, rid: str, n_prompt: int, n_out: int, seed: int,
+                         due: int) -> None:
+        st = _State(rid)
+        prompt = token_ids(seed, n_prompt, self.vocab)
+        try:
+            await self._acquire(st, 0, "bystander")
+            self.rec.emit("call_start", trajectory_id=rid, traffic="bystander", step=0,
+                          slot=st.slot, planned_ns=due, prompt_tokens=n_prompt,
+                          appended_tokens=n_prompt, is_resume=False)
+            res = await self.adapter.complete(
+                CompletionRequest(prompt, n_out, st.slot),
+                lambda: self.rec.emit("first_token", trajectory_id=rid, traffic="bystander",
+                                      step=0, slot=st.slot))
+            self.rec.emit("call_end", trajectory_id=rid, traffic="bystander", step=0,
+                          slot=st.slot, status=res.status, output_tokens=len(res.tokens),
+                          cached_tokens=res.cached_tokens, prompt_n=res.prompt_n,
+                          server_ms=res.prompt_ms, decode_ms=res.decode_ms, detail=res.error)
+        finally:
+            if st.slot is not None and self.pool is not None:
+                slot, st.slot = st.slot, None
+                try:
+                    await self.adapter.erase_slot(slot)
+                except Exception as exc:
+                    self.counters.cleanup_errors.append(f"{rid}: {exc}")
+                finally:
+                    await self.pool.release(slot)

@@ -1,0 +1,104 @@
+"""An in-memory adapter whose time passes only on the injected clock: exact executor tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from harness.adapters.base import (
+    Capabilities,
+    CompletionRequest,
+    CompletionResult,
+    ServerInfo,
+    SlotIO,
+    Unsupported,
+)
+from harness.replay.clock import NS, Clock
+
+BYTES_PER_TOKEN = 100
+
+
+@dataclass
+class MemoryAdapter:
+    clock: Clock
+    slots: int = 2
+    ctx: int = 4096
+    prefill_s_per_token: float = 0.001
+    decode_s_per_token: float = 0.01
+    save_s: float = 0.002
+    restore_s: float = 0.003
+    swap_supported: bool = True
+    fail_calls: set[int] = field(default_factory=set)  # call indexes answered with an error
+    runtime: str = "memory"
+    cache: dict[int, list[int]] = field(default_factory=dict)
+    files: dict[str, list[int]] = field(default_factory=dict)
+    calls: list[CompletionRequest] = field(default_factory=list)
+    erased: list[int] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        actions = {"keep", "recompute"} | ({"swap"} if self.swap_supported else set())
+        self.capabilities = Capabilities(harness_slots=True, pause_actions=frozenset(actions),
+                                         local_dump_files=True)
+
+    async def _sleep(self, s: float) -> None:
+        await self.clock.sleep_until(self.clock.now_ns() + round(s * NS))
+
+    async def server_info(self) -> ServerInfo:
+        return ServerInfo(self.runtime, "mem-1", "mem-model", 1000, self.slots, self.ctx)
+
+    async def complete(self, req: CompletionRequest,
+                       on_first_token: Callable[[], None]) -> CompletionResult:
+        index = len(self.calls)
+        self.calls.append(req)
+        if index in self.fail_calls:
+            return CompletionResult(status="error", error="injected failure")
+        slot = req.slot if req.slot is not None else 0
+        old = self.cache.get(slot, [])
+        cached = 0
+        for a, b in zip(old, req.prompt, strict=False):
+            if a != b:
+                break
+            cached += 1
+        cached = min(cached, len(req.prompt) - 1)
+        new = len(req.prompt) - cached
+        await self._sleep(new * self.prefill_s_per_token + self.decode_s_per_token)
+        on_first_token()
+        tokens = [500 + i for i in range(req.max_tokens)]
+        if req.abort_after_first_token:
+            self.cache[slot] = req.prompt + tokens[:1]
+            return CompletionResult(status="aborted", tokens=tokens[:1])
+        await self._sleep((req.max_tokens - 1) * self.decode_s_per_token)
+        self.cache[slot] = req.prompt + tokens
+        return CompletionResult(status="ok", tokens=tokens, cached_tokens=cached, prompt_n=new,
+                                prompt_ms=new * self.prefill_s_per_token * 1000,
+                                decode_ms=req.max_tokens * self.decode_s_per_token * 1000)
+
+    async def save_slot(self, slot: int, name: str) -> SlotIO:
+        if not self.swap_supported:
+            raise Unsupported("no slot save")
+        await self._sleep(self.save_s)
+        toks = self.cache.get(slot, [])
+        self.files[name] = list(toks)
+        return SlotIO(len(toks) * BYTES_PER_TOKEN, self.save_s * 1000, len(toks))
+
+    async def restore_slot(self, slot: int, name: str) -> SlotIO:
+        await self._sleep(self.restore_s)
+        toks = self.files[name]
+        self.cache[slot] = list(toks)
+        return SlotIO(len(toks) * BYTES_PER_TOKEN, self.restore_s * 1000, len(toks))
+
+    async def erase_slot(self, slot: int) -> None:
+        self.erased.append(slot)
+        self.cache.pop(slot, None)
+
+    async def delete_dump(self, name: str) -> bool:
+        self.deleted.append(name)
+        self.files.pop(name, None)
+        return True
+
+    async def scrape(self) -> list[tuple[str, str, str, float]]:
+        return [("metrics", "fake:busy", "", 0.0)]
+
+    async def slots_idle(self) -> bool | None:
+        return True

@@ -1,0 +1,213 @@
+"""Executor behaviour on a virtual clock with an in-memory adapter: exact times, no sleeping."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from harness.plan.injection import Injection
+from harness.plan.planner import Arrivals, CallStep, Plan, ToolStep, TrajectoryPlan
+from harness.plan.tokens import stable_seed
+from harness.policies import Decision, PauseContext, make_policy
+from harness.policies.base import ServerRates
+from harness.records.store import read_json, read_records
+from harness.replay.clock import NS, VirtualClock
+from harness.replay.runner import replay
+from tests.fakes.memory_adapter import MemoryAdapter
+
+RATES = ServerRates(prefill_tok_s=1000.0, swap_bytes_per_s=1e9, kv_bytes_per_token=100.0)
+
+
+def traj(tid: str, latency: float | None = 2.0, deadline: float = 10.0, disconnect: bool = False,
+         arrival: float = 0.0) -> TrajectoryPlan:
+    return TrajectoryPlan(tid, arrival, "interactive", "t", (
+        CallStep(0, 100, stable_seed(tid, 0), 5),
+        ToolStep(1, "search", "remote_read", latency, deadline,
+                 "ok" if latency is not None else "abandoned", False, True),
+        CallStep(2, 10, stable_seed(tid, 2), 5, disconnect=disconnect),
+    ))
+
+
+def plan_of(*trajs: TrajectoryPlan, concurrency: int = 4, mode: str = "closed") -> Plan:
+    return Plan(tuple(trajs), (), Arrivals(mode=mode, concurrency=concurrency), 0, Injection())
+
+
+def run_plan(tmp_path: Path, plan: Plan, policy: Any, **adapter_kw: Any
+             ) -> tuple[pd.DataFrame, dict[str, Any], MemoryAdapter]:
+    async def go() -> tuple[dict[str, Any], MemoryAdapter]:
+        clock = VirtualClock()
+        adapter = MemoryAdapter(clock, **adapter_kw)
+        run: dict[str, Any] = {"run_id": "run1", "policy": getattr(policy, "name", "x")}
+        await replay(adapter, clock, plan, policy, tmp_path / "out", run, RATES, 0.5)
+        return run, adapter
+
+    run, adapter = asyncio.run(go())
+    return read_records(tmp_path / "out"), run, adapter
+
+
+def resume_ms(rec: pd.DataFrame) -> list[float]:
+    out = []
+    for tid, g in rec[rec.traffic == "agent"].groupby("trajectory_id"):
+        ends = g[g.event == "tool_end"]
+        firsts = g[(g.event == "first_token") & (g.step > 0)]
+        for (_, e), (_, f) in zip(ends.iterrows(), firsts.iterrows(), strict=False):
+            out.append((f.t_ns - e.t_ns) / 1e6)
+    return out
+
+
+@pytest.mark.parametrize(("policy", "expected_ms", "recomputed", "swapped"), [
+    ("keep", 20.0, 0, 0),
+    ("recompute", 125.0, 105, 0),
+    ("swap", 23.0, 0, 2 * 105 * 100),
+])
+def test_resume_latency_per_policy_is_exact(tmp_path: Path, policy: str, expected_ms: float,
+                                            recomputed: int, swapped: int) -> None:
+    rec, run, adapter = run_plan(tmp_path, plan_of(traj("a")), make_policy(policy))
+    assert resume_ms(rec) == [pytest.approx(expected_ms, abs=1e-6)]
+    assert int(rec.recomputed_tokens.fillna(0).sum()) == recomputed
+    assert int(rec.loc[rec.event.isin(["swap_out", "swap_in"]), "bytes"].sum()) == swapped
+    resumed = rec[(rec.event == "call_end") & (rec.step == 2)].iloc[0]
+    assert resumed.cached_tokens == (0 if policy == "recompute" else 105)
+    assert run["outcome"] == {"completed": 1, "cancelled": 0, "failed": 0,
+                              "unsupported_actions": 0}
+    assert adapter.files == {} and adapter.cache == {}  # every server-side state released
+
+
+def test_tool_wait_is_timed_from_the_plan(tmp_path: Path) -> None:
+    rec, _, _ = run_plan(tmp_path, plan_of(traj("a", latency=2.0)), make_policy("keep"))
+    start = rec[rec.event == "tool_start"].t_ns.iloc[0]
+    end = rec[rec.event == "tool_end"].t_ns.iloc[0]
+    assert start == round(0.15 * NS) and end - start == 2 * NS
+
+
+@pytest.mark.parametrize(("tau", "expect_swap", "expected_ms"), [("1", True, 23.0),
+                                                                  ("3", False, 20.0)])
+def test_ttl_swaps_only_after_tau(tmp_path: Path, tau: str, expect_swap: bool,
+                                  expected_ms: float) -> None:
+    rec, _, _ = run_plan(tmp_path, plan_of(traj("a")),
+                         make_policy("ttl", {"tau": tau, "after": "swap"}))
+    swaps = rec[rec.event == "swap_out"]
+    assert (len(swaps) == 1) is expect_swap
+    if expect_swap:
+        t0 = rec[rec.event == "tool_start"].t_ns.iloc[0]
+        assert swaps.t_ns.iloc[0] - t0 == pytest.approx(1 * NS + 0.002 * NS, abs=10)
+        assert swaps.reason.iloc[0] == "ttl-expired"
+    assert resume_ms(rec) == [pytest.approx(expected_ms, abs=1e-6)]
+    assert rec[rec.event == "pause_decision"].action.iloc[0] == "ttl"
+
+
+def test_never_returning_tool_cancels_at_deadline_and_releases(tmp_path: Path) -> None:
+    rec, run, adapter = run_plan(tmp_path, plan_of(traj("a", latency=None, deadline=5.0)),
+                                 make_policy("swap"))
+    end = rec[rec.event == "tool_end"].iloc[0]
+    start = rec[rec.event == "tool_start"].iloc[0]
+    assert end.status == "abandoned" and end.t_ns - start.t_ns == 5 * NS
+    assert rec[rec.event == "trajectory_end"].status.tolist() == ["cancelled"]
+    assert rec[rec.event == "cancel"].reason.iloc[0].startswith("tool abandoned")
+    assert adapter.files == {} and adapter.deleted  # the dump was deleted
+    assert run["cleanup"]["errors"] == []
+    assert len(adapter.calls) == 1  # the call after the tool never ran
+
+
+def test_tool_slower_than_deadline_times_out(tmp_path: Path) -> None:
+    rec, run, _ = run_plan(tmp_path, plan_of(traj("a", latency=8.0, deadline=5.0)),
+                           make_policy("keep"))
+    assert rec[rec.event == "tool_end"].status.tolist() == ["timeout"]
+    assert run["outcome"]["cancelled"] == 1
+
+
+def test_kept_slots_block_admission(tmp_path: Path) -> None:
+    plan = plan_of(traj("a"), traj("b"), traj("c"), concurrency=3)
+    rec, run, _ = run_plan(tmp_path, plan, make_policy("keep"), slots=2)
+    waits = rec[rec.event == "slot_wait"]
+    assert waits.trajectory_id.tolist() == ["c"]
+    # c starts only when a or b ends and frees its slot
+    first_end = rec[rec.event == "trajectory_end"].t_ns.min()
+    c_start = rec[(rec.event == "call_start") & (rec.trajectory_id == "c")].t_ns.min()
+    assert c_start >= first_end
+    assert run["outcome"]["completed"] == 3
+
+
+def test_swap_frees_slots_for_others(tmp_path: Path) -> None:
+    plan = plan_of(traj("a"), traj("b"), traj("c"), concurrency=3)
+    rec, _, _ = run_plan(tmp_path, plan, make_policy("swap"), slots=2)
+    c_start = rec[(rec.event == "call_start") & (rec.trajectory_id == "c")].t_ns.min()
+    first_end = rec[rec.event == "trajectory_end"].t_ns.min()
+    assert c_start < first_end  # admitted during a's or b's pause
+
+
+def test_server_error_fails_trajectory_and_releases_slot(tmp_path: Path) -> None:
+    rec, run, adapter = run_plan(tmp_path, plan_of(traj("a")), make_policy("keep"),
+                                 fail_calls={1})
+    assert rec[rec.event == "trajectory_end"].status.tolist() == ["failed"]
+    assert run["outcome"]["failed"] == 1 and adapter.cache == {}
+
+
+def test_client_disconnect_cancels(tmp_path: Path) -> None:
+    rec, run, _ = run_plan(tmp_path, plan_of(traj("a", disconnect=True)), make_policy("keep"))
+    assert rec[(rec.event == "call_end") & (rec.step == 2)].status.tolist() == ["aborted"]
+    assert rec[rec.event == "cancel"].reason.tolist() == ["client-disconnect"]
+    assert run["outcome"]["cancelled"] == 1
+
+
+def test_unsupported_swap_is_recorded_not_faked(tmp_path: Path) -> None:
+    rec, run, _ = run_plan(tmp_path, plan_of(traj("a")), make_policy("swap"),
+                           swap_supported=False)
+    d = rec[rec.event == "pause_decision"].iloc[0]
+    assert d.action == "swap" and d.status == "unsupported"
+    assert rec[rec.event.isin(["swap_out", "swap_in"])].empty
+    assert run["outcome"]["unsupported_actions"] == 1
+
+
+class Spy:
+    name = "spy"
+
+    def __init__(self, oracle: bool) -> None:
+        self.sees_true_latency = oracle
+        self.seen: list[PauseContext] = []
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        self.seen.append(ctx)
+        return Decision("keep", "spy")
+
+
+@pytest.mark.parametrize("oracle", [False, True])
+def test_only_oracles_see_the_true_latency(tmp_path: Path, oracle: bool) -> None:
+    spy = Spy(oracle)
+    run_plan(tmp_path, plan_of(traj("a", latency=2.0)), spy)
+    ctx = spy.seen[0]
+    assert ctx.true_latency_s == (2.0 if oracle else None)
+    assert ctx.retained_tokens == 105 and ctx.deadline_ms == 10_000
+    assert ctx.free_slots == 1 and ctx.total_slots == 2
+
+
+def test_history_grows_per_tool_class(tmp_path: Path) -> None:
+    spy = Spy(False)
+    run_plan(tmp_path, plan_of(traj("a", latency=1.0), traj("b", latency=3.0, arrival=5.0),
+                               mode="trace"), spy)
+    assert [tuple(c.history_s) for c in spy.seen] == [(), (1.0,)]
+
+
+def test_interrupted_run_releases_and_keeps_records(tmp_path: Path) -> None:
+    async def go() -> MemoryAdapter:
+        clock = VirtualClock()
+        adapter = MemoryAdapter(clock)
+        run: dict[str, Any] = {"run_id": "run1", "policy": "swap"}
+        task = asyncio.create_task(replay(adapter, clock, plan_of(traj("a", latency=100.0)),
+                                          make_policy("swap"), tmp_path / "out", run, RATES))
+        while clock.now_ns() < 10 * NS:
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return adapter
+
+    adapter = asyncio.run(go())
+    rec = read_records(tmp_path / "out")
+    assert rec[rec.event == "trajectory_end"].status.tolist() == ["cancelled"]
+    assert adapter.files == {} and adapter.cache == {}
+    assert read_json(tmp_path / "out" / "run.json")["status"] == "interrupted"

@@ -122,7 +122,8 @@ def _dist(raw: Any, where: str) -> Dist:
         tail_scale=_num(raw, "tail_scale", where, 1.0, positive=True),
         tail_alpha=_num(raw, "tail_alpha", where, 1.5, positive=True),
         min=_num(raw, "min", where, 0.0),
-        max=float(raw["max"]) if "max" in raw else float("inf"),
+        max=(_num(raw, "max", where) if raw.get("max", float("inf")) != float("inf")
+             else float("inf")),
     )
     if d.tail_fraction > 1:
         raise _fail(where, "'tail_fraction' must be <= 1")
@@ -162,6 +163,22 @@ def _tool_class(raw: dict[str, Any], where: str) -> ToolClass:
     )
 
 
+def _check_fixed_step(s: dict[str, Any], where: str) -> None:
+    """Types and ranges of a fixed step's keys, so a bad value is named, not a traceback."""
+    if s.get("kind") not in ("llm", "tool"):
+        raise _fail(where, f"'kind' must be 'llm' or 'tool', got {s.get('kind')!r}")
+    for key in ("input_tokens", "output_tokens", "latency_s", "deadline_s"):
+        if key in s:
+            v = _num(s, key, where)
+            if key.endswith("tokens") and not isinstance(s[key], int):
+                raise _fail(where, f"{key!r} must be an integer, got {v!r}")
+    for key in ("tool_class", "tool_name", "outcome"):
+        if key in s and not isinstance(s[key], str):
+            raise _fail(where, f"{key!r} must be a string, got {s[key]!r}")
+    if "mutating" in s and not isinstance(s["mutating"], bool):
+        raise _fail(where, f"'mutating' must be true or false, got {s['mutating']!r}")
+
+
 def _fixed(raw: dict[str, Any], where: str) -> FixedTrajectory:
     _take(raw, where, {"id", "start_s", "priority", "tenant", "steps"})
     steps = []
@@ -171,6 +188,7 @@ def _fixed(raw: dict[str, Any], where: str) -> FixedTrajectory:
             raise _fail(w, "must be a table")
         _take(s, w, {"kind", "input_tokens", "output_tokens", "tool_class", "tool_name",
                      "latency_s", "deadline_s", "outcome", "mutating"})
+        _check_fixed_step(s, w)
         steps.append(FixedStep(**s))
     if not steps:
         raise _fail(where, "needs at least one step")

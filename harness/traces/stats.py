@@ -10,7 +10,9 @@ import pandas as pd
 from harness.traces.schema import KIND_LLM, KIND_TOOL
 
 
-def quantiles(values: np.ndarray | pd.Series, qs: tuple[float, ...] = (50, 95, 99)) -> dict[str, Any]:
+def quantiles(
+    values: np.ndarray | pd.Series, qs: tuple[float, ...] = (50, 95, 99)
+) -> dict[str, Any]:
     """{'n', 'p50', 'p95', 'p99'} with linear interpolation; None for the quantiles of no data."""
     arr = np.asarray(values, dtype="float64")
     arr = arr[np.isfinite(arr)]

@@ -1,0 +1,110 @@
+"""describe(): exact values on a small hand-built workload, and `traces describe` output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from harness.cli import main
+from harness.traces.schema import COLUMNS, Provenance, write_trajectories
+from harness.traces.stats import describe, quantiles, retained_tokens_at_pauses
+
+
+def _llm(tid: str, step: int, inp: int, out: int) -> dict[str, Any]:
+    return dict(trajectory_id=tid, step=step, kind="llm", input_tokens=inp, output_tokens=out)
+
+
+def _tool(tid: str, step: int, cls: str, lat: float | None, outcome: str) -> dict[str, Any]:
+    return dict(trajectory_id=tid, step=step, kind="tool", tool_name=cls, tool_class=cls,
+                latency_s=lat, outcome=outcome, mutating=False)
+
+
+def frame() -> pd.DataFrame:
+    """a: two pauses (0.5 s ok, 1.5 s error); b: one that never returns; c: no pause."""
+    rows = [
+        _llm("a", 0, 100, 10), _tool("a", 1, "remote_read", 0.5, "ok"), _llm("a", 2, 20, 5),
+        _tool("a", 3, "local_read", 1.5, "error"), _llm("a", 4, 30, 7),
+        _llm("b", 0, 50, 5), _tool("b", 1, "remote_read", None, "abandoned"),
+        _llm("c", 0, 10, 2),
+    ]
+    df = pd.DataFrame(rows, columns=list(COLUMNS))
+    df["start_s"], df["priority"], df["tenant"] = 0.0, "interactive", "t"
+    df["step"] = df["step"].astype("int32")
+    for c in ("input_tokens", "output_tokens"):
+        df[c] = df[c].astype("Int64")
+    for c in ("latency_s", "deadline_s"):
+        df[c] = df[c].astype("float64")
+    df["mutating"] = df["mutating"].astype("boolean")
+    return df
+
+
+def test_describe_exact_values() -> None:
+    d = describe(frame())
+    assert (d["trajectories"], d["steps"], d["llm_calls"], d["tool_calls"]) == (3, 8, 5, 3)
+    assert d["abandoned"] == 1 and d["abandoned_fraction"] == pytest.approx(1 / 3)
+    assert d["tool_calls_by_class"] == {"local_read": 1, "remote_read": 2}
+    assert d["tool_latency_s"] == pytest.approx({"n": 2, "p50": 1.0, "p95": 1.45, "p99": 1.49})
+    by = d["tool_latency_s_by_class"]
+    assert by["remote_read"]["calls"] == 2 and by["remote_read"]["never_return"] == 1
+    assert by["remote_read"]["errors"] == 0
+    assert by["remote_read"]["latency_s"] == {"n": 1, "p50": 0.5, "p95": 0.5, "p99": 0.5}
+    assert (by["local_read"]["calls"], by["local_read"]["errors"]) == (1, 1)
+    # Retained tokens at the pauses: 100+10 = 110, 110+20+5 = 135, 50+5 = 55.
+    assert d["retained_tokens"] == pytest.approx(
+        {"n": 3, "p50": 110.0, "p95": 132.5, "p99": 134.5, "max": 135})
+    assert d["turns_per_trajectory"] == pytest.approx({"n": 3, "p50": 1.0, "p95": 2.8,
+                                                       "p99": 2.96})
+    assert (d["input_tokens_total"], d["output_tokens_total"]) == (210, 29)
+
+
+def test_retained_tokens_at_pauses() -> None:
+    assert list(retained_tokens_at_pauses(frame())) == [110, 135, 55]
+
+
+def test_quantiles_of_nothing() -> None:
+    assert quantiles([]) == {"n": 0, "p50": None, "p95": None, "p99": None}
+    assert quantiles([float("nan"), 2.0]) == {"n": 1, "p50": 2.0, "p95": 2.0, "p99": 2.0}
+
+
+def test_describe_without_pauses() -> None:
+    df = frame()
+    d = describe(df[df["trajectory_id"] == "c"])
+    assert (d["tool_calls"], d["abandoned"], d["abandoned_fraction"]) == (0, 0, 0.0)
+    assert d["retained_tokens"]["max"] is None and d["tool_latency_s"]["p50"] is None
+
+
+def _written(tmp_path: Path) -> Path:
+    return write_trajectories(frame(), tmp_path / "w.parquet", Provenance("test"))
+
+
+def test_cli_describe_json(tmp_path: Path) -> None:
+    r = CliRunner().invoke(main, ["traces", "describe", "--json", str(_written(tmp_path))])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    for key in ("trajectories", "llm_calls", "tool_calls", "abandoned", "tool_latency_s",
+                "retained_tokens"):
+        assert key in d
+    assert {"p50", "p95", "p99"} <= set(d["tool_latency_s"])
+    assert {"p50", "p95", "p99", "max"} <= set(d["retained_tokens"])
+    assert (d["trajectories"], d["llm_calls"], d["tool_calls"], d["abandoned"]) == (3, 5, 3, 1)
+    assert d["retained_tokens"]["max"] == 135
+
+
+def test_cli_describe_text(tmp_path: Path) -> None:
+    r = CliRunner().invoke(main, ["traces", "describe", str(_written(tmp_path))])
+    assert r.exit_code == 0, r.output
+    assert "trajectories 3, steps 8, LLM calls 5, tool calls 3" in r.output
+    assert "abandoned (never return): 1 (33.33% of tool calls)" in r.output
+    assert "max 135" in r.output
+
+
+def test_cli_describe_invalid_file(tmp_path: Path) -> None:
+    p = tmp_path / "x.parquet"
+    p.write_text("nope")
+    r = CliRunner().invoke(main, ["traces", "describe", str(p)])
+    assert r.exit_code == 2 and "[not-parquet]" in r.output and "Traceback" not in r.output

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
@@ -67,8 +68,8 @@ def test_retained_tokens_at_pauses() -> None:
 
 
 def test_quantiles_of_nothing() -> None:
-    assert quantiles([]) == {"n": 0, "p50": None, "p95": None, "p99": None}
-    assert quantiles([float("nan"), 2.0]) == {"n": 1, "p50": 2.0, "p95": 2.0, "p99": 2.0}
+    assert quantiles(np.array([])) == {"n": 0, "p50": None, "p95": None, "p99": None}
+    assert quantiles(np.array([np.nan, 2.0])) == {"n": 1, "p50": 2.0, "p95": 2.0, "p99": 2.0}
 
 
 def test_describe_without_pauses() -> None:

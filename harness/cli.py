@@ -30,9 +30,12 @@ def main() -> None:
 
 def _register() -> None:
     from harness.model.cli import model
+    from harness.report.cli import compare, export_cmd, history_cmd, report
     from harness.traces.cli import traces
 
     main.add_command(traces)
+    for command in (report, compare, history_cmd, export_cmd):
+        main.add_command(command)
     main.add_command(model)
 
 

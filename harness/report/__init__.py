@@ -1,0 +1,1 @@
+"""Reports: pure functions of results directories (HTML, comparison verdicts, history, export)."""

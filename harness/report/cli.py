@@ -1,0 +1,100 @@
+"""`harness report | compare | history | export`: reports over results directories."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from harness.errors import InputError
+from harness.metrics.outcomes import SLO_KEYS
+from harness.report.compare import DEFAULT_THRESHOLD, compare_dirs, format_text
+from harness.report.export import FORMATS, export
+from harness.report.history import history
+from harness.report.render import render_report
+
+_DIRS = click.argument("dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
+_SLO = click.option("--slo", "slo_items", multiple=True, metavar="KEY=VALUE",
+                    help=f"SLO bound, repeatable; keys: {', '.join(SLO_KEYS)}.")
+
+
+def parse_slo(items: tuple[str, ...]) -> dict[str, float]:
+    """('ttft_ms=500', ...) -> {'ttft_ms': 500.0}; InputError on a malformed item."""
+    out: dict[str, float] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise InputError(f"--slo {item!r}: expected KEY=VALUE")
+        try:
+            out[key.strip()] = float(value)
+        except ValueError:
+            raise InputError(f"--slo {item!r}: {value!r} is not a number") from None
+    return out
+
+
+@click.command("report")
+@_DIRS
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="HTML file (default: DIR/report.html for one directory).")
+@_SLO
+def report(dirs: tuple[Path, ...], out: Path | None, slo_items: tuple[str, ...]) -> None:
+    """Render one self-contained HTML report of DIRS (side by side) and refresh summary.json."""
+    if out is None:
+        if len(dirs) > 1:
+            raise InputError("several directories: say where the report goes with --out")
+        out = dirs[0] / "report.html"
+    doc = render_report(list(dirs), parse_slo(slo_items))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(doc, encoding="utf-8")
+    click.echo(f"wrote {out} ({len(doc):,} bytes)")
+
+
+@click.command("compare")
+@click.argument("base", type=click.Path(path_type=Path))
+@click.argument("new", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--fail-on-regression", is_flag=True, help="Exit 1 when a metric regressed.")
+@click.option("--threshold", type=float, default=DEFAULT_THRESHOLD, show_default=True,
+              help="Ratio NEW/BASE beyond which a significant change counts.")
+@_SLO
+def compare(base: Path, new: Path, as_json: bool, fail_on_regression: bool, threshold: float,
+            slo_items: tuple[str, ...]) -> None:
+    """Compare NEW against BASE (results directories) with a noise-aware verdict."""
+    if threshold <= 1.0:
+        raise InputError(f"--threshold must be above 1, got {threshold}")
+    result = compare_dirs(base, new, threshold, parse_slo(slo_items))
+    if as_json:
+        keys = ("name", "unit", "base", "new", "ratio", "ci95", "verdict")
+        doc = {"metrics": [{k: m[k] for k in keys} for m in result["metrics"]],
+               "regressed": result["regressed"]}
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        click.echo(format_text(result))
+    if fail_on_regression and result["regressed"]:
+        sys.exit(1)
+
+
+@click.command("history")
+@_DIRS
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="HTML file.")
+@click.option("--threshold", type=float, default=DEFAULT_THRESHOLD, show_default=True)
+@_SLO
+def history_cmd(dirs: tuple[Path, ...], out: Path, threshold: float,
+                slo_items: tuple[str, ...]) -> None:
+    """Trend of headline metrics over commits (run.json git_commit, started_at), steps marked."""
+    doc = history(list(dirs), threshold, parse_slo(slo_items))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(doc, encoding="utf-8")
+    click.echo(f"wrote {out} ({len(doc):,} bytes)")
+
+
+@click.command("export")
+@_DIRS
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default=FORMATS[0],
+              show_default=True)
+@_SLO
+def export_cmd(dirs: tuple[Path, ...], fmt: str, slo_items: tuple[str, ...]) -> None:
+    """Print headline metrics as a github-action-benchmark customSmallerIsBetter JSON list."""
+    click.echo(json.dumps(export(list(dirs), fmt, parse_slo(slo_items)), indent=2))

@@ -1,0 +1,158 @@
+"""Compare two runs metric by metric with a noise-aware verdict (asv-style).
+
+For latency distributions the verdict needs both: the bootstrap 95% CI of the ratio of quantiles
+NEW/BASE excludes 1 (significant), and the ratio is beyond the threshold in the bad (regressed) or
+good (improved) direction. Scalar metrics without samples are judged by the threshold alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.metrics.bootstrap import ratio_ci, sorted_finite
+from harness.metrics.latency import resume_samples
+from harness.report.data import RunData, load_run
+from harness.report.fmt import fmt
+
+REGRESSED, IMPROVED, SAME, NA = "regressed", "improved", "same", "n/a"
+DEFAULT_THRESHOLD = 1.10
+
+
+def _success_rate(s: dict[str, Any]) -> float | None:
+    tr = s.get("trajectories") or {}
+    return tr["succeeded"] / tr["total"] if tr.get("total") else None
+
+
+def _memory_time(s: dict[str, Any]) -> float | None:
+    mib = s.get("memory_time_mib_s")
+    return float(mib) if mib is not None else s.get("memory_time_token_s")
+
+
+def _q(key: str, q: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda s: (s.get(key) or {}).get(q)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A headline metric: where its value is, its samples (if any), and its good direction."""
+
+    name: str
+    unit: str
+    value: Callable[[dict[str, Any]], Any]
+    sample: str | None = None  # "resume" | "ttft" | "e2e"
+    q: float | None = None
+    bigger_is_better: bool = False
+
+
+HEADLINE: tuple[Metric, ...] = (
+    Metric("resume_latency_ms.p50", "ms", _q("resume_latency_ms", "p50"), "resume", 50),
+    Metric("resume_latency_ms.p95", "ms", _q("resume_latency_ms", "p95"), "resume", 95),
+    Metric("resume_latency_ms.p99", "ms", _q("resume_latency_ms", "p99"), "resume", 99),
+    Metric("ttft_ms.p50", "ms", _q("ttft_ms", "p50"), "ttft", 50),
+    Metric("ttft_ms.p95", "ms", _q("ttft_ms", "p95"), "ttft", 95),
+    Metric("e2e_ms.p50", "ms", _q("e2e_ms", "p50"), "e2e", 50),
+    Metric("success_rate", "fraction", _success_rate, bigger_is_better=True),
+    Metric("goodput_per_min", "trajectories/min", lambda s: s.get("goodput_per_min"),
+           bigger_is_better=True),
+    Metric("memory_time_mib_s", "MiB·s", _memory_time),
+    Metric("bytes_moved", "bytes", lambda s: s.get("bytes_moved")),
+    Metric("tokens_recomputed", "tokens", lambda s: s.get("tokens_recomputed")),
+)
+
+
+def run_samples(run: RunData) -> dict[str, np.ndarray]:
+    """The per-call samples behind the distribution metrics (agent traffic)."""
+    calls = run.frames.calls
+    agent = calls[~calls["bystander"]]
+    return {"resume": resume_samples(calls), "ttft": agent["ttft_ms"].dropna().to_numpy(),
+            "e2e": agent["e2e_ms"].dropna().to_numpy()}
+
+
+def scalar_verdict(
+    base: float | None, new: float | None, threshold: float, bigger_is_better: bool = False
+) -> tuple[float | None, str]:
+    """(NEW/BASE, verdict) by the threshold alone; a zero base compares by sign of the change."""
+    if base is None or new is None:
+        return None, NA
+    if base == 0:
+        if new == 0:
+            return None, SAME
+        worse = (new < 0) if bigger_is_better else (new > 0)
+        return None, REGRESSED if worse else IMPROVED
+    ratio = float(new) / float(base)
+    bad, good = (ratio < 1 / threshold, ratio > threshold) if bigger_is_better else \
+        (ratio > threshold, ratio < 1 / threshold)
+    return ratio, REGRESSED if bad else IMPROVED if good else SAME
+
+
+def quantile_verdict(
+    base: np.ndarray, new: np.ndarray, q: float, threshold: float, seed: int = 0,
+    n_resamples: int = 1000,
+) -> tuple[float | None, tuple[float, float] | None, str]:
+    """(ratio of percentiles NEW/BASE, its bootstrap 95% CI, verdict); smaller is better."""
+    xb, xn = sorted_finite(base), sorted_finite(new)
+    if xb.size == 0 or xn.size == 0:
+        return None, None, NA
+    qb, qn = float(np.percentile(xb, q)), float(np.percentile(xn, q))
+    ci = ratio_ci(xb, xn, q, n_resamples=n_resamples, seed=seed)
+    if ci is None:  # too few samples (or a zero base): threshold only
+        ratio, verdict = scalar_verdict(qb, qn, threshold)
+        return ratio, None, verdict
+    ratio = qn / qb
+    if ci[0] > 1.0 and ratio > threshold:
+        return ratio, ci, REGRESSED
+    if ci[1] < 1.0 and ratio < 1.0 / threshold:
+        return ratio, ci, IMPROVED
+    return ratio, ci, SAME
+
+
+def compare_runs(
+    base: RunData, new: RunData, threshold: float = DEFAULT_THRESHOLD, seed: int = 0
+) -> dict[str, Any]:
+    """{'metrics': [{name, unit, base, new, ratio, ci95, verdict}], 'regressed', 'improved'}."""
+    sb, sn = run_samples(base), run_samples(new)
+    rows = []
+    for m in HEADLINE:
+        vb, vn = m.value(base.summary), m.value(new.summary)
+        ci: tuple[float, float] | None = None
+        if m.sample is not None and m.q is not None:
+            ratio, ci, verdict = quantile_verdict(sb[m.sample], sn[m.sample], m.q, threshold,
+                                                  seed)
+        else:
+            ratio, verdict = scalar_verdict(vb, vn, threshold, m.bigger_is_better)
+        rows.append({"name": m.name, "unit": m.unit, "base": vb, "new": vn, "ratio": ratio,
+                     "ci95": list(ci) if ci else None, "verdict": verdict})
+    return {
+        "base": str(base.path), "new": str(new.path), "threshold": threshold,
+        "metrics": rows,
+        "regressed": any(r["verdict"] == REGRESSED for r in rows),
+        "improved": any(r["verdict"] == IMPROVED for r in rows),
+    }
+
+
+def compare_dirs(
+    base: Path, new: Path, threshold: float = DEFAULT_THRESHOLD,
+    slo: dict[str, float] | None = None, seed: int = 0,
+) -> dict[str, Any]:
+    """compare_runs() of two results directories (InputError if either is unusable)."""
+    return compare_runs(load_run(base, slo), load_run(new, slo), threshold, seed)
+
+
+def format_text(result: dict[str, Any]) -> str:
+    """A fixed-width table of the comparison and a final verdict line."""
+    lines = [f"base: {result['base']}", f"new:  {result['new']}",
+             f"{'metric':<24} {'base':>12} {'new':>12} {'ratio':>8}  {'95% CI':<15} verdict"]
+    for r in result["metrics"]:
+        ci = f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]" if r["ci95"] else ""
+        ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
+        lines.append(f"{r['name']:<24} {fmt(r['base']):>12} {fmt(r['new']):>12} {ratio:>8}  "
+                     f"{ci:<15} {r['verdict']}")
+    bad = [r["name"] for r in result["metrics"] if r["verdict"] == REGRESSED]
+    lines.append(f"REGRESSED: {', '.join(bad)}" if bad else
+                 f"no regression beyond x{result['threshold']:g}")
+    return "\n".join(lines)

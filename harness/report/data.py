@@ -1,0 +1,73 @@
+"""Load a results directory once: records linked into frames, its summary, optional extras."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.errors import InputError
+from harness.metrics.frames import Frames, build_frames
+from harness.metrics.outcomes import check_slo
+from harness.metrics.summary import load_dir, summarize_frames
+from harness.records.store import SUMMARY_JSON, read_json, write_json
+
+PREDICTION_JSON = "prediction.json"
+
+
+@dataclass
+class RunData:
+    """One results directory, read and summarised."""
+
+    path: Path
+    run: dict[str, Any]
+    frames: Frames
+    summary: dict[str, Any]
+    prediction: dict[str, Any] | None = None
+    label: str = field(default="")
+
+    @property
+    def simulated(self) -> bool:
+        return str(self.run.get("runtime", "")).lower() == "simulator"
+
+
+def load_run(
+    path: Path | str, slo: dict[str, float] | None = None, write_summary: bool = False
+) -> RunData:
+    """Read a results directory; with write_summary, (re)write its summary.json."""
+    path = Path(path)
+    records, run, server = load_dir(path)
+    frames = build_frames(records)
+    summary = summarize_frames(frames, run, server, check_slo(slo))
+    if write_summary:
+        write_json(path / SUMMARY_JSON, summary)
+    prediction = None
+    pred_path = path / PREDICTION_JSON
+    if pred_path.is_file():
+        try:
+            prediction = read_json(pred_path)
+        except ValueError as exc:
+            raise InputError(f"{pred_path}: not valid JSON ({exc})") from None
+    return RunData(path, run, frames, summary, prediction, base_label(run, path))
+
+
+def base_label(run: dict[str, Any], path: Path) -> str:
+    """'runtime/policy' from run.json, or the directory name when neither is known."""
+    runtime, policy = run.get("runtime"), run.get("policy")
+    if runtime is None and policy is None:
+        return path.name
+    return f"{runtime or '?'}/{policy or '?'}"
+
+
+def load_runs(
+    paths: list[Path], slo: dict[str, float] | None = None, write_summary: bool = False
+) -> list[RunData]:
+    """Several directories, labels made unique by appending the directory name."""
+    runs = [load_run(p, slo, write_summary) for p in paths]
+    counts: dict[str, int] = {}
+    for r in runs:
+        counts[r.label] = counts.get(r.label, 0) + 1
+    for r in runs:
+        if counts[r.label] > 1:
+            r.label = f"{r.label} ({r.path.name})"
+    return runs

@@ -1,0 +1,254 @@
+"""One self-contained HTML report of one or more results directories (inline PNGs, no JS).
+
+`render_runs(runs)` is a pure function of loaded runs; `render_report(paths)` loads them (and
+rewrites each directory's summary.json) first.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+from typing import Any
+
+from harness.metrics.latency import PAUSE_BUCKETS, resume_samples
+from harness.report import plots
+from harness.report.data import RunData, load_runs
+from harness.report.fmt import fmt, fmt_bytes, table
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#222;
+ margin:24px auto;max-width:1320px;padding:0 16px}
+h1{font-size:22px;margin-bottom:4px} h2{font-size:17px;margin-top:32px;
+ border-bottom:2px solid #e5e5e5;padding-bottom:4px} h3{font-size:14px;margin:12px 0 4px}
+table{border-collapse:collapse;margin:8px 0 4px;font-size:13px}
+th,td{border:1px solid #ddd;padding:4px 8px;text-align:right;vertical-align:top}
+th{background:#f4f6f8;font-weight:600} .t{text-align:left}
+tr:nth-child(even) td{background:#fafbfc}
+.ci{color:#888;font-size:11px;display:block}
+.note{color:#666;font-size:12px;margin:2px 0 8px}
+.badge{background:#fff3cd;border:1px solid #e0c36a;border-radius:3px;padding:0 5px;
+ font-size:11px;margin-left:4px}
+.grid{display:flex;flex-wrap:wrap;gap:16px}
+.grid>div{flex:1 1 560px;min-width:0}
+img{max-width:100%;height:auto;border:1px solid #eee}
+.banner{background:#fff3cd;border:1px solid #e0c36a;padding:6px 10px;border-radius:4px}
+"""
+
+
+def render_report(
+    paths: list[Path], slo: dict[str, float] | None = None, write_summary: bool = True
+) -> str:
+    """Load the results directories, rewrite their summary.json, and render the HTML."""
+    return render_runs(load_runs(paths, slo, write_summary))
+
+
+def render_runs(runs: list[RunData]) -> str:
+    """The HTML document for these runs (side by side when several)."""
+    title = "Tool-pause replay report" if len(runs) == 1 else "Tool-pause replay comparison"
+    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+             f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
+             f"<h1>{html.escape(title)}</h1>",
+             "<p class='note'>" + html.escape(", ".join(str(r.path) for r in runs)) + "</p>"]
+    if any(r.simulated for r in runs):
+        parts.append("<p class='banner'>Runs marked <span class='badge'>simulated</span> come "
+                     "from the simulator, not a live server.</p>")
+    parts += [headline(runs), cdf_section(runs), bucket_grid(runs), parts_section(runs),
+              occupancy_section(runs), timeline_section(runs), tools_section(runs),
+              by_class_section(runs), prediction_section(runs), metadata_section(runs)]
+    parts.append("</body></html>")
+    return "\n".join(p for p in parts if p)
+
+
+def _label(r: RunData) -> str:
+    badge = " <span class='badge'>simulated</span>" if r.simulated else ""
+    return html.escape(r.label) + badge
+
+
+def _q_ci(q: dict[str, Any] | None, key: str) -> str:
+    if not q or not q.get("n"):
+        return "-"
+    ci = (q.get("ci95") or {}).get(key)
+    extra = f"<span class='ci'>[{fmt(ci[0])}, {fmt(ci[1])}]</span>" if ci else ""
+    return fmt(q.get(key)) + extra
+
+
+def headline(runs: list[RunData]) -> str:
+    """The headline table: one row per run."""
+    heads = ["run", "trajectories", "success", "goodput /min", "resume P50 ms",
+             "resume P95 ms", "resume P99 ms", "TTFT P50 ms", "paused KV MiB·s", "bytes moved",
+             "tokens recomputed", "cache mismatches"]
+    rows = []
+    for r in runs:
+        s = r.summary
+        tr = s["trajectories"]
+        rate = f"{100 * tr['succeeded'] / tr['total']:.1f}%" if tr["total"] else "-"
+        bad = f" ({tr['cancelled']} cancelled, {tr['failed']} failed, " \
+              f"{tr['slo_violating']} over SLO)" if tr["total"] else ""
+        mem = s["memory_time_mib_s"]
+        mem_cell = fmt(mem) if mem is not None else fmt(s["memory_time_token_s"]) + " tok·s"
+        res = s["resume_latency_ms"]
+        rows.append([_label(r), f"{tr['succeeded']}/{tr['total']}",
+                     rate + f"<span class='ci'>{html.escape(bad)}</span>",
+                     fmt(s["goodput_per_min"]), _q_ci(res, "p50"), _q_ci(res, "p95"),
+                     _q_ci(res, "p99"), fmt(s["ttft_ms"]["p50"]), mem_cell,
+                     fmt_bytes(s["bytes_moved"]), fmt(s["tokens_recomputed"]),
+                     fmt(s["cache_mismatches"])])
+    note = ("<p class='note'>Resume latency: tool result available to the first token of the "
+            "next call (tool wait excluded); brackets: bootstrap 95% CI. Memory-time: device KV "
+            "held by paused trajectories. Success: completed within deadlines and SLOs.</p>")
+    return "<h2 id='headline'>Headline</h2>" + table(heads, rows) + note
+
+
+def cdf_section(runs: list[RunData]) -> str:
+    img = plots.resume_cdf([(r.label, resume_samples(r.frames.calls)) for r in runs])
+    body = _img(img, "resume latency CDF") if img else "<p class='note'>No resumed calls.</p>"
+    return "<h2 id='cdf'>Resume latency CDF</h2>" + body
+
+
+def bucket_grid(runs: list[RunData]) -> str:
+    """Run x pause-length bucket grid of P95 resume latency (pauses counted)."""
+    heads = ["run \\ actual tool wait"] + [b[0] for b in PAUSE_BUCKETS]
+    rows = []
+    for r in runs:
+        cells = [_label(r)]
+        for b, _, _ in PAUSE_BUCKETS:
+            g = r.summary["by_pause_bucket"].get(b, {})
+            q = g.get("resume_latency_ms") or {}
+            n = int(g.get("pauses", 0))
+            cells.append(f"{fmt(q.get('p95'))}<span class='ci'>{n} pause{'s' * (n != 1)}, "
+                         f"{fmt(g.get('memory_time_mib_s'))} MiB·s</span>" if g.get("pauses")
+                         else "-")
+        rows.append(cells)
+    return ("<h2 id='grid'>Policy x pause length: P95 resume latency (ms)</h2>"
+            + table(heads, rows))
+
+
+def parts_section(runs: list[RunData]) -> str:
+    heads = ["run", "restore P50", "restore P95", "queue P50", "queue P95", "prefill P50",
+             "prefill P95", "TTFT P95", "TPOT P50", "ITL P50", "E2E P50", "bystander TTFT P50",
+             "bystander TTFT P95"]
+    rows = []
+    for r in runs:
+        s = r.summary
+        p = s["resume_parts_ms"]
+        rows.append([_label(r)] + [fmt(p[k][q]) for k in ("restore", "queue", "prefill")
+                                   for q in ("p50", "p95")]
+                    + [fmt(s["ttft_ms"]["p95"]), fmt(s["tpot_ms"]["p50"]),
+                       fmt(s["itl_ms"]["p50"]), fmt(s["e2e_ms"]["p50"]),
+                       fmt(s["bystander_ttft_ms"]["p50"]), fmt(s["bystander_ttft_ms"]["p95"])])
+    return ("<h2 id='parts'>Resume latency parts and call latency (ms)</h2>" + table(heads, rows)
+            + "<p class='note'>restore = swap-in or re-prefill of the retained context; queue = "
+              "wait before the call was sent; prefill = the rest up to the first token.</p>")
+
+
+def occupancy_section(runs: list[RunData]) -> str:
+    cells = []
+    for r in runs:
+        s = r.summary
+        img = plots.occupancy(r.frames, s.get("kv_bytes_per_token"))
+        stats = (f"<p class='note'>paused: peak {fmt(s['kv_paused_peak_tokens'])} tokens, mean "
+                 f"{fmt(s['kv_paused_mean_tokens'])}; active: peak "
+                 f"{fmt(s['kv_active_peak_tokens'])}, mean {fmt(s['kv_active_mean_tokens'])}; "
+                 f"memory-time {fmt(s['memory_time_mib_s'])} MiB·s "
+                 f"({fmt(s['memory_time_token_s'])} token·s)</p>")
+        occ = s.get("server_occupancy")
+        if occ:
+            stats += table(["server gauge", "samples", "mean", "max", "last"],
+                           [[html.escape(k), fmt(v["n"]), fmt(v["mean"]), fmt(v["max"]),
+                             fmt(v["last"])] for k, v in occ.items()])
+        body = _img(img, "KV occupancy") if img else "<p class='note'>No kv_state events.</p>"
+        cells.append(f"<div><h3>{_label(r)}</h3>{body}{stats}</div>")
+    return ("<h2 id='occupancy'>KV occupancy and memory-time</h2><div class='grid'>"
+            + "".join(cells) + "</div>")
+
+
+def timeline_section(runs: list[RunData]) -> str:
+    cells = []
+    for r in runs:
+        img = plots.timeline(r.frames)
+        n = int((~r.frames.trajectories["bystander"]).sum())
+        shown = min(n, plots.TIMELINE_CAP)
+        body = _img(img, "trajectory timeline") if img else \
+            "<p class='note'>No agent trajectories.</p>"
+        cells.append(f"<div><h3>{_label(r)}</h3><p class='note'>first {shown} of {n} "
+                     f"trajectories by arrival</p>{body}</div>")
+    return "<h2 id='timeline'>Per-trajectory timeline</h2>" + "".join(cells)
+
+
+def tools_section(runs: list[RunData]) -> str:
+    img = plots.tool_latency([(r.label, r.frames.pauses) for r in runs])
+    body = _img(img, "tool latency by class") if img else "<p class='note'>No tool calls.</p>"
+    return "<h2 id='tools'>Tool latency by class</h2>" + body
+
+
+def by_class_section(runs: list[RunData]) -> str:
+    heads = ["run", "tool class", "pauses", "wait P50 s", "wait P95 s", "resume P50 ms",
+             "resume P95 ms", "paused KV MiB·s"]
+    rows = []
+    for r in runs:
+        for cls, g in r.summary["by_tool_class"].items():
+            rows.append([_label(r), html.escape(cls), fmt(g["pauses"]), fmt(g["wait_s"]["p50"]),
+                         fmt(g["wait_s"]["p95"]), fmt(g["resume_latency_ms"]["p50"]),
+                         fmt(g["resume_latency_ms"]["p95"]), fmt(g["memory_time_mib_s"])])
+    if not rows:
+        return ""
+    return "<h2 id='by-class'>By tool class</h2>" + table(heads, rows, 2)
+
+
+def _measured(summary: dict[str, Any], key: str) -> Any:
+    if key.startswith("resume_ms_"):
+        return (summary.get("resume_latency_ms") or {}).get(key[len("resume_ms_"):])
+    if key in summary and not isinstance(summary[key], dict):
+        return summary[key]
+    m = re.fullmatch(r"(.+)_(p\d+)", key)
+    if m and isinstance(summary.get(m.group(1)), dict):
+        return summary[m.group(1)].get(m.group(2))
+    return None
+
+
+def prediction_section(runs: list[RunData]) -> str:
+    """Predicted (prediction.json) vs measured, where a directory has a prediction."""
+    rows = []
+    for r in runs:
+        if not r.prediction:
+            continue
+        pred = r.prediction.get(str(r.summary.get("policy")))
+        if not isinstance(pred, dict):
+            continue
+        for key, value in pred.items():
+            got = _measured(r.summary, key)
+            ratio = got / value if isinstance(got, int | float) and isinstance(
+                value, int | float) and value else None
+            rows.append([_label(r), html.escape(key), fmt(value), fmt(got), fmt(ratio)])
+    if not rows:
+        return ""
+    return ("<h2 id='prediction'>Predicted vs measured</h2>"
+            + table(["run", "metric", "predicted", "measured", "measured / predicted"], rows, 2))
+
+
+META_KEYS = ("run_id", "runtime", "server_version", "model", "policy", "policy_args", "trace",
+             "seed", "harness_version", "git_commit", "started_at", "slots", "ctx_per_slot",
+             "server_flags", "injection", "arrivals")
+
+
+def _meta_value(value: Any) -> str:
+    if isinstance(value, dict):
+        return "<br>".join(f"{html.escape(str(k))}: {_meta_value(v)}" for k, v in value.items())
+    if isinstance(value, list):
+        return html.escape(" ".join(str(v) for v in value))
+    return html.escape(str(value)) if value is not None else "-"
+
+
+def metadata_section(runs: list[RunData]) -> str:
+    keys = [k for k in META_KEYS if any(k in r.run for r in runs)]
+    rows = [[html.escape(k)] + [_meta_value(r.run.get(k)) for r in runs] for k in keys]
+    rows.append(["duration (s)"] + [fmt(r.summary["duration_s"]) for r in runs])
+    rows.append(["records dir"] + [html.escape(str(r.path)) for r in runs])
+    heads = ["run.json"] + [_label(r) for r in runs]
+    return ("<h2 id='metadata'>Run metadata</h2><div style='overflow-x:auto'>"
+            + table(heads, rows, text_cols=len(heads)) + "</div>")
+
+
+def _img(uri: str | None, alt: str) -> str:
+    return f"<img src='{uri}' alt='{html.escape(alt)}'>" if uri else ""

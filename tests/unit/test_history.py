@@ -1,0 +1,48 @@
+"""History: runs ordered by started_at, steps detected between consecutive runs, HTML trend."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from report_fixtures import write_run
+
+from harness.cli import main
+from harness.report.data import load_run
+from harness.report.history import detect_steps, history, order_runs
+
+
+@pytest.fixture(scope="module")
+def commits(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    root = tmp_path_factory.mktemp("hist")
+    slow = {"c1": 1.0, "c2": 1.0, "c3": 1.7, "c4": 1.0}
+    # written out of order: history must sort by started_at
+    return [write_run(root / c, "keep", n_traj=10, tools=3, seed=5, slow=slow[c],
+                      run={"git_commit": c + "0" * 38,
+                           "started_at": f"2025-01-0{c[1]}T00:00:00Z"})
+            for c in ("c3", "c1", "c4", "c2")]
+
+
+def test_order_and_steps(commits: list[Path]) -> None:
+    runs = order_runs([load_run(p) for p in commits])
+    assert [r.path.name for r in runs] == ["c1", "c2", "c3", "c4"]
+    steps = detect_steps(runs)
+    resume = [s for s in steps if s["metric"] == "resume_latency_ms.p50"]
+    assert [(s["to"][:2], s["verdict"]) for s in resume] == [("c3", "regressed"),
+                                                             ("c4", "improved")]
+    assert all(s["from"][:2] != "c1" for s in steps)  # c1 -> c2 is the same run again
+
+
+def test_history_html_and_cli(commits: list[Path], tmp_path: Path) -> None:
+    doc = history(commits)
+    assert "id='steps'" in doc and "id='trends'" in doc and "regressed" in doc
+    assert "https://" not in doc and "http://" not in doc
+    srcs = re.findall(r"src='([^']*)'", doc)
+    assert len(srcs) == 11 and all(s.startswith("data:image/png;base64,") for s in srcs)
+    out = tmp_path / "h.html"
+    res = CliRunner().invoke(main, ["history", *map(str, commits), "--out", str(out)])
+    assert res.exit_code == 0 and out.read_text().startswith("<!DOCTYPE html>")
+    res = CliRunner().invoke(main, ["history", str(tmp_path / "x"), "--out", str(out)])
+    assert res.exit_code == 2

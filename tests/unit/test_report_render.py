@@ -1,0 +1,99 @@
+"""The HTML report: sections, inline images only, summary.json rewritten, CLI, and a real render."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from report_fixtures import write_run
+
+from harness.cli import main
+from harness.records.store import SUMMARY_JSON
+from harness.report.render import render_report
+
+SECTIONS = ("headline", "cdf", "grid", "parts", "occupancy", "timeline", "tools", "by-class",
+            "metadata")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    root = tmp_path_factory.mktemp("rep")
+    keep = write_run(root / "keep", "keep", n_traj=8, tools=3)
+    swap = write_run(root / "swap", "swap", n_traj=8, tools=3)
+    sim = write_run(root / "sim", "recompute", n_traj=8, tools=3, run={"runtime": "simulator"})
+    (swap / "prediction.json").write_text(json.dumps(
+        {"swap": {"resume_ms_p50": 40.0, "resume_ms_p95": 50.0, "bytes_moved": 1000}}))
+    return [keep, swap, sim]
+
+
+def check_self_contained(doc: str) -> None:
+    assert "http://" not in doc and "https://" not in doc
+    assert "<script" not in doc.lower()
+    srcs = re.findall(r"src='([^']*)'", doc)
+    assert srcs and all(s.startswith("data:image/png;base64,") for s in srcs)
+
+
+def test_single_run_report(runs: list[Path]) -> None:
+    summary = runs[0] / SUMMARY_JSON
+    summary.unlink(missing_ok=True)
+    doc = render_report([runs[0]])
+    for sec in SECTIONS:
+        assert f"id='{sec}'" in doc
+    check_self_contained(doc)
+    assert len(re.findall(r"<img ", doc)) == 4  # CDF, occupancy, timeline, tool latency
+    assert json.loads(summary.read_text())["policy"] == "keep"
+    assert "llama.cpp/keep" in doc and "simulated" not in doc and "id='prediction'" not in doc
+
+
+def test_comparison_report_labels_simulator_and_prediction(runs: list[Path]) -> None:
+    doc = render_report(runs)
+    check_self_contained(doc)
+    assert "Tool-pause replay comparison" in doc
+    for label in ("llama.cpp/keep", "llama.cpp/swap", "simulator/recompute"):
+        assert label in doc
+    assert "class='badge'>simulated" in doc
+    assert "id='prediction'" in doc and "resume_ms_p95" in doc
+
+
+def test_cli_report(runs: list[Path], tmp_path: Path) -> None:
+    res = CliRunner().invoke(main, ["report", str(runs[0]), "--slo", "resume_ms=1"])
+    assert res.exit_code == 0, res.output
+    assert (runs[0] / "report.html").is_file()
+    slo = json.loads((runs[0] / SUMMARY_JSON).read_text())
+    assert slo["slo"] == {"resume_ms": 1.0} and slo["trajectories"]["succeeded"] == 0
+    out = tmp_path / "cmp.html"
+    res = CliRunner().invoke(main, ["report", *map(str, runs[:2]), "--out", str(out)])
+    assert res.exit_code == 0 and out.is_file()
+    res = CliRunner().invoke(main, ["report", *map(str, runs[:2])])
+    assert res.exit_code == 2 and "--out" in res.output
+    res = CliRunner().invoke(main, ["report", str(tmp_path / "missing")])
+    assert res.exit_code == 2 and res.output.startswith("error: ")
+    res = CliRunner().invoke(main, ["report", str(runs[0]), "--slo", "bogus=3"])
+    assert res.exit_code == 2 and "unknown SLO" in res.output
+    res = CliRunner().invoke(main, ["report", str(runs[0]), "--slo", "ttft_ms"])
+    assert res.exit_code == 2 and "KEY=VALUE" in res.output
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium not installed")
+def test_chromium_renders_report(runs: list[Path], tmp_path: Path) -> None:
+    html_path = tmp_path / "report.html"
+    html_path.write_text(render_report(runs[:2]))
+    shot = tmp_path / "shot.png"
+    cmd = ["chromium", "--headless", "--no-sandbox", "--disable-gpu",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           "--no-first-run", f"--user-data-dir={tempfile.mkdtemp()}", f"--screenshot={shot}",
+           "--window-size=1400,4000", html_path.as_uri()]
+    subprocess.run(cmd, capture_output=True, timeout=90, check=False)
+    assert shot.is_file() and shot.stat().st_size > 50_000
+    from PIL import Image
+
+    with Image.open(shot) as im:
+        assert im.size == (1400, 4000)
+        colors = im.convert("RGB").resize((140, 400)).getcolors(maxcolors=100_000)
+        assert colors is not None and len(colors) > 50  # tables and plots, not a blank page

@@ -218,6 +218,35 @@ def test_cli_malformed_input_is_one_line(tmp_path: Path, cli_runner: CliRunner) 
     assert r.exit_code == 2 and "unknown option(s) bogus" in r.output
 
 
+@pytest.mark.parametrize("fmt, rel", [
+    ("infercept", "infercept/merged_exp_uniform.json"),
+    ("mini-swe-agent", "mini-swe-agent/pr816_deepseek_chat_dev"),
+    ("mooncake", "mooncake/synthetic_trace.jsonl"),
+    ("openai-chat", "tau-bench/gpt-4o-airline.json"),
+])
+def test_cli_import_every_real_format(tmp_path: Path, cli_runner: CliRunner, fmt: str,
+                                      rel: str) -> None:
+    src = traces(rel.split("/")[0]) / rel.split("/", 1)[1]
+    out = tmp_path / "o.parquet"
+    r = cli_runner.invoke(main, ["traces", "import", fmt, str(src), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    r = cli_runner.invoke(main, ["traces", "validate", str(out)])
+    assert r.exit_code == 0, r.output
+    prov = read_provenance(out)
+    assert prov is not None and prov.source_format == fmt and prov.inferred
+
+
+@pytest.mark.parametrize("fmt, name", [("mooncake", "t.jsonl"), ("openai-chat", "c.jsonl"),
+                                       ("infercept", "w.json"),
+                                       ("mini-swe-agent", "x.traj.json.gz")])
+def test_binary_garbage_is_an_input_error(tmp_path: Path, fmt: str, name: str) -> None:
+    p = tmp_path / name
+    p.write_bytes(b"\xff\xfe\x00garbage\x9c" * 50)
+    with pytest.raises(InputError) as exc:
+        import_trace(fmt, p, {})
+    assert str(p) in str(exc.value)
+
+
 # ---------------------------------------------------------------- common
 
 

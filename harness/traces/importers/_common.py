@@ -107,6 +107,24 @@ def read_json(path: Path) -> Any:
         raise InputError(f"{path}: cannot read: {exc}") from None
 
 
+def read_jsonl(path: Path) -> list[tuple[int, Any]]:
+    """(line number, parsed value) of each non-blank line; a bad line is named by number."""
+    out: list[tuple[int, Any]] = []
+    n = 0
+    try:
+        with path.open(encoding="utf-8") as fh:
+            for n, line in enumerate(fh, start=1):
+                if line.strip():
+                    out.append((n, json.loads(line)))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: line {n}: not valid JSON: {exc.msg}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not UTF-8 text (after line {n})") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc}") from None
+    return out
+
+
 def summarize(what: str, items: Sequence[str], limit: int = 5) -> str:
     """'N what (first: a; b; c)' for a warning line."""
     shown = "; ".join(items[:limit])

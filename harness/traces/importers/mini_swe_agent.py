@@ -3,6 +3,8 @@
 Each assistant message is an LLM call (`extra.response.usage`, `extra.timestamp` when the
 response arrived); the tool messages after it are the commands it ran (`extra.timestamp` when
 each finished, `extra.returncode`). Tool latency = tool timestamp - assistant timestamp.
+The trajectory id is the instance id from the file name; importing a directory prefixes the
+sub-folder (`run/instance`), since one instance is often run more than once.
 """
 
 from __future__ import annotations

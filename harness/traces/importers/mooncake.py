@@ -12,11 +12,9 @@ Each request is an LLM step; the gap between a session's turns is a `human` tool
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 from harness.errors import InputError
 from harness.traces.importers import Imported
@@ -27,6 +25,7 @@ from harness.traces.importers._common import (
     build_frame,
     is_count,
     opt_int,
+    read_jsonl,
     summarize,
     take_options,
 )
@@ -42,34 +41,23 @@ Row = tuple[float, int, int, tuple[int, ...], int]  # timestamp ms, in, out, has
 
 def _read(path: Path) -> list[Row]:
     rows: list[Row] = []
-    try:
-        fh = path.open(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc}") from None
-    with fh:
-        for n, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}: line {n}"
-            try:
-                rec: Any = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{where}: not valid JSON: {exc.msg}") from None
-            if not isinstance(rec, dict):
-                raise InputError(f"{where}: expected a JSON object")
-            ts = rec.get("timestamp")
-            if (not isinstance(ts, int | float) or isinstance(ts, bool) or not math.isfinite(ts)
-                    or ts < 0):
-                raise InputError(f"{where}: 'timestamp' must be milliseconds >= 0, got {ts!r}")
-            for key in ("input_length", "output_length"):
-                if not is_count(rec.get(key)):
-                    raise InputError(f"{where}: {key!r} must be an integer >= 0, "
-                                     f"got {rec.get(key)!r}")
-            hashes = rec.get("hash_ids")
-            if not isinstance(hashes, list) or not all(is_count(h) for h in hashes):
-                raise InputError(f"{where}: 'hash_ids' must be a list of integers >= 0")
-            rows.append((float(ts), rec["input_length"], rec["output_length"], tuple(hashes),
-                         n))
+    for n, rec in read_jsonl(path):
+        where = f"{path}: line {n}"
+        if not isinstance(rec, dict):
+            raise InputError(f"{where}: expected a JSON object")
+        ts = rec.get("timestamp")
+        if (not isinstance(ts, int | float) or isinstance(ts, bool) or not math.isfinite(ts)
+                or ts < 0):
+            raise InputError(f"{where}: 'timestamp' must be milliseconds >= 0, got {ts!r}")
+        for key in ("input_length", "output_length"):
+            if not is_count(rec.get(key)):
+                raise InputError(f"{where}: {key!r} must be an integer >= 0, "
+                                 f"got {rec.get(key)!r}")
+        hashes = rec.get("hash_ids")
+        if not isinstance(hashes, list) or not all(is_count(h) for h in hashes):
+            raise InputError(f"{where}: 'hash_ids' must be a list of integers >= 0")
+        rows.append((float(ts), rec["input_length"], rec["output_length"], tuple(hashes),
+                     n))
     return rows
 
 

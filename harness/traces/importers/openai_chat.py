@@ -33,6 +33,7 @@ from harness.traces.importers._common import (
     opt_float,
     opt_int,
     read_json,
+    read_jsonl,
     take_options,
 )
 from harness.traces.profiles import Profile, ToolClass, load_profile
@@ -112,7 +113,7 @@ def _conversation(msgs: list[Any], where: str, default_class: str,
             if not calls:
                 raise InputError(f"{w}: tool result without a tool call before it")
             tcid = m.get("tool_call_id")
-            if tcid and all(c[0] for c in calls) and tcid not in {c[0] for c in calls}:
+            if tcid and all(c[0] for c in calls) and str(tcid) not in {c[0] for c in calls}:
                 raise InputError(f"{w}: tool_call_id {tcid!r} matches no call of the "
                                  "assistant message before it")
             results.append(text)
@@ -150,14 +151,7 @@ def _conversation(msgs: list[Any], where: str, default_class: str,
 def _conversations(src: Path) -> list[tuple[Any, Any]]:
     """(record, messages) per conversation in the file."""
     if src.suffix == ".jsonl":
-        data: Any = []
-        with src.open(encoding="utf-8") as fh:
-            for n, line in enumerate(fh, start=1):
-                if line.strip():
-                    try:
-                        data.append(json.loads(line))
-                    except json.JSONDecodeError as exc:
-                        raise InputError(f"{src}: line {n}: not valid JSON: {exc.msg}") from None
+        data: Any = [rec for _, rec in read_jsonl(src)]
     else:
         data = read_json(src)
         if isinstance(data, dict) or (isinstance(data, list) and data

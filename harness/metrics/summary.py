@@ -19,6 +19,17 @@ from harness.records.store import RUN_JSON, read_json, read_records, read_server
 
 SUMMARY_VERSION = "1"
 
+# The keys of summary.json, in order: the stable core first, then breakdowns and provenance.
+SUMMARY_KEYS: tuple[str, ...] = (
+    "runtime", "policy", "trajectories", "resume_latency_ms", "resume_parts_ms", "ttft_ms",
+    "tpot_ms", "itl_ms", "e2e_ms", "request_throughput_per_s", "output_token_throughput_per_s",
+    "tokens_recomputed", "bytes_moved", "cache_mismatches", "cache_mismatch_list",
+    "memory_time_token_s", "memory_time_mib_s", "kv_paused_peak_tokens", "kv_paused_mean_tokens",
+    "kv_active_peak_tokens", "kv_active_mean_tokens", "goodput_per_min", "bystander_ttft_ms",
+    "by_tool_class", "by_pause_bucket", "server_occupancy", "duration_s", "pauses",
+    "pause_actions", "slo", "kv_bytes_per_token", "run_id", "summary_version",
+)
+
 
 def kv_bytes_per_token(run: dict[str, Any]) -> float | None:
     """run.json model.kv_bytes_per_token as a float, or None when absent."""

@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from harness.report.compare import DEFAULT_THRESHOLD, HEADLINE, IMPROVED, REGRESSED, compare_runs
 from harness.report.data import RunData, base_label, load_run
 from harness.report.fmt import fmt, table
-from harness.report.plots import color, style_axes, to_data_uri
+from harness.report.plots import color, compact, style_axes, to_data_uri
 from harness.report.render import CSS
 
 
@@ -53,12 +54,15 @@ def commit(r: RunData) -> str:
 
 
 def _metric_plot(runs: list[RunData], steps: list[dict[str, Any]], metric_index: int) -> str:
+    """One metric over commits (x = commit in chronological order), one line per series."""
     m = HEADLINE[metric_index]
     fig = Figure(figsize=(6.4, 3.0))
     ax = fig.add_subplot()
+    commits = list(dict.fromkeys(commit(r) for r in runs))
+    x = {c: i for i, c in enumerate(commits)}
     labels = list(dict.fromkeys(r.label for r in runs))
     for j, label in enumerate(labels):
-        pts = [(i, m.value(r.summary)) for i, r in enumerate(runs) if r.label == label]
+        pts = [(x[commit(r)], m.value(r.summary)) for r in runs if r.label == label]
         pts = [(i, v) for i, v in pts if v is not None]
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=4, lw=1.5,
@@ -67,11 +71,12 @@ def _metric_plot(runs: list[RunData], steps: list[dict[str, Any]], metric_index:
         if s["metric"] != m.name or s["new"] is None:
             continue
         bad = s["verdict"] == REGRESSED
-        ax.scatter([s["index"]], [s["new"]], marker="^" if bad else "v", s=110, zorder=3,
+        ax.scatter([x[s["to"]]], [s["new"]], marker="^" if bad else "v", s=110, zorder=3,
                    color="#d62728" if bad else "#2ca02c", edgecolor="black", lw=0.6)
     ax.set_title(f"{m.name} ({m.unit})", fontsize=10)
-    ax.set_xticks(range(len(runs)))
-    ax.set_xticklabels([commit(r) for r in runs], rotation=45, ha="right", fontsize=7)
+    ax.yaxis.set_major_formatter(FuncFormatter(compact))
+    ax.set_xticks(range(len(commits)))
+    ax.set_xticklabels(commits, rotation=45, ha="right", fontsize=7)
     style_axes(ax)
     if len(labels) > 1:
         ax.legend(fontsize=7, frameon=False)

@@ -42,6 +42,15 @@ def style_axes(ax: Axes) -> None:
     ax.spines["right"].set_visible(False)
 
 
+def compact(value: float, _pos: object = None) -> str:
+    """Tick label: 0.25, 12, 3.5k, 2.1M, 4G (no offset or scientific notation)."""
+    for div, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e4, "k")):
+        if abs(value) >= div:
+            scale = div if suffix != "k" else 1e3
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.4g}"
+
+
 def _plain_log(axis: Axis) -> None:
     """Log-scale ticks as plain numbers (0.5, 1, 20) instead of powers of ten."""
     axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
@@ -60,14 +69,17 @@ def resume_cdf(samples: list[tuple[str, np.ndarray]]) -> str | None:
     for i, (label, xs) in enumerate(drawn):
         probs = np.linspace(0.0, 1.0, min(xs.size, MAX_POINTS))
         values = np.quantile(xs, probs)
-        ax.step(np.maximum(values, 1e-3), probs, where="post", color=color(i), lw=1.8,
+        ax.step(values, probs, where="post", color=color(i), lw=1.8,
                 label=f"{label} (n={xs.size:,})")
     for p in (0.5, 0.95, 0.99):
         ax.axhline(p, color="#999", lw=0.7, ls=":")
         ax.text(1.0, p, f" P{p * 100:g}", transform=ax.get_yaxis_transform(), va="center",
                 fontsize=8, color="#666")
-    ax.set_xscale("log")
-    _plain_log(ax.xaxis)
+    lo = min(float(x[0]) for _, x in drawn)
+    hi = max(float(x[-1]) for _, x in drawn)
+    if lo > 0 and hi / lo >= 20:  # log axis only where the data spans decades
+        ax.set_xscale("log")
+        _plain_log(ax.xaxis)
     ax.set_xlabel("resume latency (ms): tool result available -> first token")
     ax.set_ylabel("fraction of resumed calls")
     ax.set_ylim(0, 1.01)
@@ -111,6 +123,7 @@ def occupancy(frames: Frames, kv_bytes_per_token: float | None) -> str | None:
                        0.0)
     ax2.plot(grid, before + partial, color="#e6550d", lw=1.6)
     ax2.set_ylim(bottom=0.0, top=max(float(cum[-1]) * 1.05, 1.0))
+    ax2.yaxis.set_major_formatter(FuncFormatter(compact))
     ax2.set_ylabel(f"paused {unit}·s\n(cumulative)")
     ax2.set_xlabel("run time (s)")
     style_axes(ax2)

@@ -75,7 +75,7 @@ def _q_ci(q: dict[str, Any] | None, key: str) -> str:
 
 def headline(runs: list[RunData]) -> str:
     """The headline table: one row per run."""
-    heads = ["run", "trajectories", "success", "goodput /min", "resume P50 ms",
+    heads = ["run", "succeeded / total", "success", "goodput /min", "resume P50 ms",
              "resume P95 ms", "resume P99 ms", "TTFT P50 ms", "paused KV MiB·s", "bytes moved",
              "tokens recomputed", "cache mismatches"]
     rows = []

@@ -11,7 +11,7 @@ import pytest
 from records_factory import KV_BPT, Records, default_run
 
 from harness.errors import InputError
-from harness.metrics.summary import summarize, summarize_dir
+from harness.metrics.summary import SUMMARY_KEYS, summarize, summarize_dir
 
 approx = pytest.approx
 
@@ -64,7 +64,8 @@ def test_keep_run_exact_values() -> None:
     assert s["by_pause_bucket"]["<0.1s"]["pauses"] == 0
     assert s["server_occupancy"] is None
     assert s["pause_actions"] == {"keep": 1}
-    json.dumps(s)  # JSON-ready
+    assert tuple(s) == SUMMARY_KEYS
+    json.dumps(s, allow_nan=False)  # JSON-ready, no NaN
 
 
 def test_swap_resume_parts_and_bytes() -> None:
@@ -292,3 +293,12 @@ def test_summarize_dir(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputError, match="no records"):
         summarize_dir(tmp_path / "empty")
+
+
+def test_edge_summaries_are_strict_json() -> None:
+    cancelled = Records()
+    cancelled.agent("a").call().tool(wait=3.0, status="abandoned").cancel()
+    bystanders = Records()
+    bystanders.bystander("bystander-0", at=0.0, ttft=0.1, decode=0.5)
+    for recs in (Records(), cancelled, bystanders, keep_run()):
+        json.dumps(summarize(recs.frame(), {}, None), allow_nan=False)

@@ -97,3 +97,17 @@ def test_chromium_renders_report(runs: list[Path], tmp_path: Path) -> None:
         assert im.size == (1400, 4000)
         colors = im.convert("RGB").resize((140, 400)).getcolors(maxcolors=100_000)
         assert colors is not None and len(colors) > 50  # tables and plots, not a blank page
+
+
+def test_report_of_edge_runs(tmp_path: Path) -> None:
+    from records_factory import Records, default_run
+
+    no_pause = Records()
+    no_pause.agent("a").call().end()
+    only_by = Records()
+    only_by.bystander("bystander-0", at=0.0, ttft=0.1, decode=0.5)
+    dirs = [no_pause.write(tmp_path / "np", default_run()),
+            only_by.write(tmp_path / "by", {"runtime": "vllm"})]
+    doc = render_report(dirs)
+    check_self_contained(doc)
+    assert "No resumed calls." in doc and "No agent trajectories." in doc

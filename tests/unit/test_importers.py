@@ -512,6 +512,10 @@ def test_mooncake_sessions(tmp_path: Path) -> None:
     ({"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": ["a"]},
      "line 2: 'hash_ids' must be a list of integers"),
     ([1], "line 2: expected a JSON object"),
+    ({"timestamp": 1, "input_length": 10**30, "output_length": 1, "hash_ids": []},
+     "line 2: 'input_length' must be an integer >= 0"),
+    ({"timestamp": 10**400, "input_length": 1, "output_length": 1, "hash_ids": []},
+     "line 2: 'timestamp' must be milliseconds >= 0"),
 ])
 def test_mooncake_malformed(tmp_path: Path, bad: Any, where: str) -> None:
     good = {"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0]}

@@ -132,15 +132,22 @@ def summarize(what: str, items: Sequence[str], limit: int = 5) -> str:
     return f"{len(items)} {what} (first: {shown}{more})"
 
 
+MAX_COUNT = 2**53  # far above any real token count; keeps sums inside int64
+
+
 def is_count(value: Any) -> bool:
-    """A non-negative integer that is not a bool (JSON true would pass isinstance int)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    """A non-negative integer below MAX_COUNT that is not a bool (JSON true is an int)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_COUNT
 
 
 def is_seconds(value: Any) -> bool:
     """A finite non-negative number of seconds."""
-    return (isinstance(value, int | float) and not isinstance(value, bool)
-            and math.isfinite(value) and value >= 0)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value)) and value >= 0
+    except OverflowError:  # an integer too large for a float
+        return False
 
 
 @dataclass

@@ -12,7 +12,6 @@ Each request is an LLM step; the gap between a session's turns is a `human` tool
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from harness.traces.importers._common import (
     Trajectory,
     build_frame,
     is_count,
+    is_seconds,
     opt_int,
     read_jsonl,
     summarize,
@@ -46,8 +46,7 @@ def _read(path: Path) -> list[Row]:
         if not isinstance(rec, dict):
             raise InputError(f"{where}: expected a JSON object")
         ts = rec.get("timestamp")
-        if (not isinstance(ts, int | float) or isinstance(ts, bool) or not math.isfinite(ts)
-                or ts < 0):
+        if not is_seconds(ts):
             raise InputError(f"{where}: 'timestamp' must be milliseconds >= 0, got {ts!r}")
         for key in ("input_length", "output_length"):
             if not is_count(rec.get(key)):
@@ -56,8 +55,8 @@ def _read(path: Path) -> list[Row]:
         hashes = rec.get("hash_ids")
         if not isinstance(hashes, list) or not all(is_count(h) for h in hashes):
             raise InputError(f"{where}: 'hash_ids' must be a list of integers >= 0")
-        rows.append((float(ts), rec["input_length"], rec["output_length"], tuple(hashes),
-                     n))
+        rows.append((float(rec["timestamp"]), rec["input_length"], rec["output_length"],
+                     tuple(hashes), n))
     return rows
 
 

@@ -106,7 +106,7 @@ def build_frames(records: pd.DataFrame) -> Frames:
 
     calls = _calls(df, call_start, is_ev("first_token"), call_end)
     pauses = _pauses(df, is_ev, t_max)
-    kv = _kv(df, is_ev("kv_state"), t_max)
+    kv = _kv(df, is_ev("kv_state"), call_start, t_max)
     if len(kv):
         paused = kv[kv["status"] == "paused"]
         tok_s = (paused["kv_tokens"] * paused["dt_ns"] / NS_PER_S).groupby(paused["pause_id"]).sum()
@@ -198,10 +198,27 @@ def _pauses(df: pd.DataFrame, ev: EventMask, t_max: int) -> pd.DataFrame:
     return pauses
 
 
-def _kv(df: pd.DataFrame, mask: np.ndarray, t_max: int) -> pd.DataFrame:
-    kv = df.loc[mask, ["t_ns", "_code", "kv_tokens", "status", "_pause", "traffic"]]
-    kv = kv.rename(columns={"_pause": "pause_id"})
-    kv["kv_tokens"] = _num(kv["kv_tokens"]).fillna(0.0)
+def _kv(df: pd.DataFrame, state: np.ndarray, call_start: np.ndarray, t_max: int) -> pd.DataFrame:
+    """KV intervals: each kv_state holds until the trajectory's next one (or the run's end).
+
+    An agent call_start ends a pause: from it the trajectory's last known tokens count as
+    active, whether or not the engine emitted a kv_state there (the tokens held do not change).
+    """
+    rows = df.loc[state | call_start, ["t_ns", "_code", "kv_tokens", "status", "_pause",
+                                       "traffic"]]
+    is_state = state[state | call_start]
+    agent = rows["traffic"].astype(object).to_numpy() != "bystander"
+    tokens = _num(rows["kv_tokens"]).where(is_state)
+    prev = tokens.groupby(rows["_code"].to_numpy()).ffill()
+    keep = is_state | (agent & prev.notna().to_numpy())
+    kv = pd.DataFrame({
+        "t_ns": rows["t_ns"].to_numpy(),
+        "_code": rows["_code"].to_numpy(),
+        "kv_tokens": np.where(is_state, tokens.fillna(0.0), prev.fillna(0.0)),
+        "status": np.where(is_state, rows["status"].astype(object), "active"),
+        "pause_id": rows["_pause"].to_numpy(),
+        "traffic": rows["traffic"].astype(object).to_numpy(),
+    })[keep]
     nxt = kv.groupby("_code")["t_ns"].shift(-1)
     kv["dt_ns"] = (_num(nxt).fillna(float(t_max)) - _num(kv["t_ns"])).clip(lower=0.0)
     return kv.reset_index(drop=True)

@@ -302,3 +302,35 @@ def test_edge_summaries_are_strict_json() -> None:
     bystanders.bystander("bystander-0", at=0.0, ttft=0.1, decode=0.5)
     for recs in (Records(), cancelled, bystanders, keep_run()):
         json.dumps(summarize(recs.frame(), {}, None), allow_nan=False)
+
+
+def test_engine_order_pause_ends_at_resumed_call_start() -> None:
+    """kv_state only after call_end (as the replay engine writes it): the pause still ends at
+    the resumed call_start, and the final erase (no step) belongs to no pause."""
+    b = Records()
+    add = b.add
+    add(0.0, "trajectory_start", "a", planned_ns=0)
+    add(0.0, "call_start", "a", step=0, prompt_tokens=100, appended_tokens=100, is_resume=False)
+    add(0.11, "first_token", "a", step=0)
+    add(0.15, "call_end", "a", step=0, status="ok", output_tokens=5, cached_tokens=0,
+        prompt_n=100, server_ms=100.0)
+    add(0.15, "kv_state", "a", kv_tokens=105, status="active")
+    add(0.15, "pause_decision", "a", step=1, action="keep", retained_tokens=105, value_s=2.0)
+    add(0.15, "tool_start", "a", step=1, tool_class="remote_read", value_s=2.0)
+    add(0.15, "kv_state", "a", kv_tokens=105, status="paused")
+    add(2.15, "tool_end", "a", step=1, status="ok")
+    add(2.15, "call_start", "a", step=2, prompt_tokens=115, appended_tokens=10, is_resume=True)
+    add(2.17, "first_token", "a", step=2)
+    add(2.21, "call_end", "a", step=2, status="ok", output_tokens=5, cached_tokens=105,
+        prompt_n=10, server_ms=10.0)
+    add(2.21, "kv_state", "a", kv_tokens=120, status="active")
+    add(2.21, "erase", "a")
+    add(2.21, "kv_state", "a", kv_tokens=0, status="released")
+    add(2.21, "trajectory_end", "a", status="completed")
+    s = summarize(b.frame(), {"model": {"kv_bytes_per_token": 100}}, None)
+    assert s["memory_time_token_s"] == approx(210.0)
+    assert s["memory_time_mib_s"] == approx(210.0 * 100 / 2**20)
+    assert s["resume_latency_ms"]["p50"] == approx(20.0)
+    assert s["resume_parts_ms"]["prefill"]["p50"] == approx(20.0)
+    assert s["cache_mismatches"] == 0 and s["kv_paused_peak_tokens"] == 105
+    assert s["kv_active_mean_tokens"] == approx(105 * 0.06 / 2.21)

@@ -29,7 +29,10 @@ def main() -> None:
 
 
 def _register() -> None:
+    from harness.replay.bench import bench_cmd
+    from harness.replay.cli import run_cmd
     from harness.model.cli import model
+    from harness.simulate.cli import simulate_cmd
     from harness.report.cli import compare, export_cmd, history_cmd, report
     from harness.traces.cli import traces
 
@@ -37,6 +40,9 @@ def _register() -> None:
     for command in (report, compare, history_cmd, export_cmd):
         main.add_command(command)
     main.add_command(model)
+    main.add_command(simulate_cmd)
+    main.add_command(run_cmd)
+    main.add_command(bench_cmd)
 
 
 _register()

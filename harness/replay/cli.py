@@ -8,9 +8,11 @@ import os
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
 
@@ -63,15 +65,12 @@ def model_geometry(model: Path | None) -> dict[str, Any] | None:
     """KV geometry from the GGUF's metadata, when the model file is on this machine."""
     if model is None:
         return None
+    from harness.model.geometry import from_gguf
+
     try:
-        from harness.model.geometry import geometry_from_gguf
-    except ImportError:
-        return None
-    try:
-        g = geometry_from_gguf(model)
+        return from_gguf(model).to_dict()
     except Exception as exc:  # geometry is metadata: a model we cannot parse still replays
         return {"error": f"{type(exc).__name__}: {exc}"[:200]}
-    return g.as_dict() if hasattr(g, "as_dict") else dict(vars(g))
 
 
 def pin_harness_cpu() -> str | None:
@@ -81,6 +80,67 @@ def pin_harness_cpu() -> str | None:
         return None
     os.sched_setaffinity(0, {cpus[0]})
     return ",".join(str(c) for c in cpus[1:])
+
+
+@dataclass
+class RunOptions:
+    """Everything one replay run needs; `harness run` and `harness bench` both build these."""
+
+    trace: Path
+    policy: str
+    out: Path
+    runtime: str = "llamacpp"
+    url: str | None = None
+    policy_args: dict[str, str] = field(default_factory=dict)
+    inject: str = "none"
+    arrivals: Arrivals = field(default_factory=Arrivals)
+    seed: int = 0
+    slots: int = 4
+    ctx_per_slot: int = 4096
+    threads: int = 1
+    model: Path | None = None
+    scrape_interval_s: float = 0.2
+
+
+def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo) -> dict[str, Any]:
+    """Validate inputs, plan, replay (starting a local server unless `url`); returns run.json."""
+    pol = make_policy(o.policy, o.policy_args)
+    steps = load_trajectories(o.trace)
+    injection = load_injection(o.inject)
+    plan = make_plan(steps, injection, o.arrivals, o.seed)
+    a = o.arrivals
+    run: dict[str, Any] = {
+        "run_id": f"{o.policy}-{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}",
+        "policy": o.policy, "policy_args": dict(o.policy_args),
+        "policy_sees_true_latency": pol.sees_true_latency,
+        "trace": {"path": str(o.trace), "sha256": file_sha256(o.trace),
+                  "trajectories": len(plan.trajectories), "steps": int(len(steps))},
+        "seed": o.seed, "injection": injection.as_dict(),
+        "arrivals": {"mode": a.mode, "concurrency": a.concurrency, "rate": a.rate,
+                     "time_scale": a.time_scale},
+        "harness_version": __version__, "git_commit": git_commit(),
+        "started_at": datetime.now(UTC).isoformat(),
+    }
+    o.out.mkdir(parents=True, exist_ok=True)
+    if o.url:
+        echo("note: remote server: the harness cannot delete slot dump files on its disk; "
+             "swap dumps are left to the server's --slot-save-path")
+        run.update({"server_url": o.url, "server_flags": None})
+        asyncio.run(_run_remote(o.url, plan, pol, o.out, run, o.scrape_interval_s))
+    else:
+        _run_local(plan, pol, o.out, run, o.scrape_interval_s, o.slots, o.ctx_per_slot,
+                   o.threads, o.model)
+    return run
+
+
+def arrivals_from_flags(concurrency: int | None, rate: float | None, trace_timing: bool,
+                        time_scale: float) -> Arrivals:
+    if sum(x is not None and x is not False for x in (concurrency, rate, trace_timing)) > 1:
+        raise InputError("choose one of --concurrency, --rate, --trace-timing")
+    mode: Literal["closed", "poisson", "trace"] = (
+        "poisson" if rate is not None else "trace" if trace_timing else "closed")
+    return Arrivals(mode=mode, concurrency=concurrency or 4, rate=rate or 1.0,
+                    time_scale=time_scale)
 
 
 @click.command("run")
@@ -110,36 +170,13 @@ def run_cmd(runtime: str, url: str | None, trace_path: Path, policy: str,
             slots: int, ctx_per_slot: int, threads: int, model_path: Path | None,
             scrape_interval: float) -> None:
     """Replay TRACE against a runtime under POLICY and write a results directory."""
-    if sum(x is not None and x is not False for x in (concurrency, rate, trace_timing)) > 1:
-        raise InputError("choose one of --concurrency, --rate, --trace-timing")
-    mode = "poisson" if rate is not None else "trace" if trace_timing else "closed"
-    arrivals = Arrivals(mode=mode, concurrency=concurrency or 4, rate=rate or 1.0,
-                        time_scale=time_scale)
-    pol = make_policy(policy, parse_kv(policy_args, "--policy-arg"))
-    steps = load_trajectories(trace_path)
-    injection = load_injection(inject)
-    plan = make_plan(steps, injection, arrivals, seed)
-    run: dict[str, Any] = {
-        "run_id": f"{policy}-{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}",
-        "policy": policy, "policy_args": parse_kv(policy_args, "--policy-arg"),
-        "policy_sees_true_latency": pol.sees_true_latency,
-        "trace": {"path": str(trace_path), "sha256": file_sha256(trace_path),
-                  "trajectories": len(plan.trajectories), "steps": int(len(steps))},
-        "seed": seed, "injection": injection.as_dict(),
-        "arrivals": {"mode": mode, "concurrency": arrivals.concurrency, "rate": arrivals.rate,
-                     "time_scale": time_scale},
-        "harness_version": __version__, "git_commit": git_commit(),
-        "started_at": datetime.now(UTC).isoformat(),
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    if url:
-        click.echo("note: remote server: the harness cannot delete slot dump files on its "
-                   "disk; swap dumps are left to the server's --slot-save-path", err=True)
-        run.update({"server_url": url, "server_flags": None})
-        asyncio.run(_run_remote(url, plan, pol, out, run, scrape_interval))
-    else:
-        _run_local(plan, pol, out, run, scrape_interval, slots, ctx_per_slot, threads,
-                   model_path)
+    opts = RunOptions(
+        trace=trace_path, policy=policy, out=out, runtime=runtime, url=url,
+        policy_args=parse_kv(policy_args, "--policy-arg"), inject=inject,
+        arrivals=arrivals_from_flags(concurrency, rate, trace_timing, time_scale), seed=seed,
+        slots=slots, ctx_per_slot=ctx_per_slot, threads=threads, model=model_path,
+        scrape_interval_s=scrape_interval)
+    run = execute_run(opts, lambda m: click.echo(m, err=True))
     _print_result(out, run)
 
 

@@ -39,6 +39,9 @@ class FakeState:
     requests: list[dict[str, Any]] = field(default_factory=list)
 
 
+STATE: web.AppKey[FakeState] = web.AppKey("state", FakeState)
+
+
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = 0
     for x, y in zip(a, b, strict=False):
@@ -49,10 +52,10 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def make_app(cfg: FakeConfig, dump_dir: Path) -> web.Application:
-    """The fake server's aiohttp application; its FakeState is app['state']."""
+    """The fake server's aiohttp application; its FakeState is app[STATE]."""
     state = FakeState(cfg, dump_dir)
     app = web.Application()
-    app["state"] = state
+    app[STATE] = state
 
     async def health(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -70,14 +73,14 @@ def make_app(cfg: FakeConfig, dump_dir: Path) -> web.Application:
         state.requests.append(body)
         index = state.completions
         state.completions += 1
-        if cfg.fail_completion_after is not None and index >= cfg.fail_completion_after:
-            return web.json_response({"error": {"code": 500, "message": "injected"}},
-                                     status=500)
         slot = int(body.get("id_slot", 0))
         prompt = [int(t) for t in body["prompt"]]
         if len(prompt) + int(body["n_predict"]) > cfg.n_ctx:
             return web.json_response({"error": {"type": "exceed_context_size_error"}},
                                      status=400)
+        if cfg.fail_completion_after is not None and index >= cfg.fail_completion_after:
+            return web.json_response({"error": {"code": 500, "message": "injected"}},
+                                     status=500)
         cached = _common_prefix(state.cache.get(slot, []), prompt)
         cached = min(cached, len(prompt) - 1)  # the last prompt token is always evaluated
         state.processing.add(slot)

@@ -1,0 +1,51 @@
+# Two commands matter: `make bench` and `make test`. Each installs what it needs first.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+RUNTIME ?= llamacpp
+URL ?=
+BENCH_ARGS ?=
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help setup llama bench test lint perf clean
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+setup: $(STAMP) ## Install Python dependencies into .venv (idempotent)
+
+llama: ## Build llama-server once (cached) and fetch the default model
+	@bash adapters/launchers/install_llamacpp.sh >/dev/null
+	@bash adapters/launchers/fetch_model.sh >/dev/null
+
+bench: setup ## Replay the shipped trace under keep, swap, recompute against a local llama-server
+ifeq ($(URL),)
+	@$(MAKE) --no-print-directory llama
+	$(BIN)/harness bench --runtime $(RUNTIME) $(BENCH_ARGS)
+else
+	$(BIN)/harness bench --runtime $(RUNTIME) --url $(URL) $(BENCH_ARGS)
+endif
+
+test: setup llama lint ## Lint, then unit, conformance and live tests (real llama-server)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+lint: setup ## ruff and mypy on the core
+	$(BIN)/ruff check harness adapters tests benchmarks
+	$(BIN)/mypy
+
+perf: setup ## Performance benchmarks with their targets
+	@set -e; for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b; done
+
+clean: ## Remove the virtualenv, caches and results (not the cached llama-server build)
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build *.egg-info
+	find reports -mindepth 1 -maxdepth 1 ! -name README.md ! -name baseline -exec rm -rf {} +

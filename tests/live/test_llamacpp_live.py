@@ -1,0 +1,154 @@
+"""Every pause policy replayed against a real llama-server.
+
+Asserts with the server's own numbers (timings.cache_n) that each policy really happened, and that
+the run left nothing behind: no dump files, every slot idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from harness.adapters.launchers.llamacpp_server import LocalLlamaServer
+from harness.adapters.llamacpp import LlamaCppAdapter, client_session
+from harness.cli import main
+from harness.plan.injection import Injection
+from harness.plan.planner import Arrivals, CallStep, Plan, ToolStep, TrajectoryPlan
+from harness.plan.tokens import stable_seed
+from harness.policies import make_policy
+from harness.policies.builtin import FALLBACK_RATES
+from harness.records.store import read_json, read_records
+from harness.replay.clock import RealClock
+from harness.replay.runner import dumps_for_run, replay
+from harness.traces.schema import Provenance, write_trajectories
+
+pytestmark = pytest.mark.live
+
+# keep/swap must reuse the whole context except the last generated token (never evaluated).
+REUSE_SLACK = 2
+
+
+def _traj(tid: str, latency: float | None, deadline: float = 5.0) -> TrajectoryPlan:
+    return TrajectoryPlan(tid, 0.0, "interactive", "live", (
+        CallStep(0, 96, stable_seed(tid, 0), 4),
+        ToolStep(1, "search", "remote_read", latency, deadline,
+                 "ok" if latency is not None else "abandoned", False, True),
+        CallStep(2, 16, stable_seed(tid, 2), 4),
+        ToolStep(3, "cat", "local_read", 0.1, deadline, "ok", False, True),
+        CallStep(4, 8, stable_seed(tid, 4), 4),
+    ))
+
+
+def _plan() -> Plan:
+    trajs = (_traj("live-a", 0.3), _traj("live-b", 0.2), _traj("live-gone", None, 1.0))
+    return Plan(trajs, (), Arrivals(mode="closed", concurrency=3), 0, Injection())
+
+
+def _replay(server: LocalLlamaServer, policy: str, args: dict[str, str], out: Path
+            ) -> tuple[pd.DataFrame, dict[str, Any]]:
+    run: dict[str, Any] = {"run_id": f"live-{policy}", "policy": policy}
+
+    async def go() -> None:
+        async with client_session() as session:
+            adapter = LlamaCppAdapter(session, server.url, dump_dir=server.dump_dir)
+            await replay(adapter, RealClock(), _plan(), make_policy(policy, args), out, run,
+                         FALLBACK_RATES, 0.1, dumps_for_run(server.dump_dir, run["run_id"]))
+
+    asyncio.run(go())
+    return read_records(out), run
+
+
+def _resumed(rec: pd.DataFrame) -> pd.DataFrame:
+    """Resumed calls joined with the decision taken at the pause before them."""
+    ends = rec[(rec.event == "call_end") & (rec.step > 0)][
+        ["trajectory_id", "step", "cached_tokens", "prompt_n", "status"]]
+    dec = rec[rec.event == "pause_decision"][["trajectory_id", "step", "action",
+                                               "retained_tokens"]].copy()
+    dec["step"] = dec["step"] + 1
+    return ends.merge(dec, on=["trajectory_id", "step"])
+
+
+def _evictions(rec: pd.DataFrame) -> set[tuple[str, int]]:
+    ev = rec[rec.event.isin(["swap_out", "erase"]) & rec.step.notna()]
+    return {(t, int(s) + 1) for t, s in zip(ev.trajectory_id, ev.step, strict=True)}
+
+
+@pytest.mark.parametrize(("policy", "args"), [
+    ("keep", {}), ("swap", {}), ("recompute", {}),
+    ("ttl", {"tau": "0.05", "after": "swap"}), ("threshold", {}), ("min-waste", {}),
+    ("oracle", {}),
+])
+def test_policy_runs_for_real(llama_server: LocalLlamaServer, tmp_path: Path, policy: str,
+                              args: dict[str, str]) -> None:
+    rec, run = _replay(llama_server, policy, args, tmp_path / policy)
+    assert run["outcome"]["completed"] == 2 and run["outcome"]["cancelled"] == 1
+    assert run["outcome"]["failed"] == 0
+    resumed = _resumed(rec)
+    assert len(resumed) == 4 and (resumed.status == "ok").all()
+    swapped_in = {(t, int(s)) for t, s in
+                  zip(rec[rec.event == "swap_in"].trajectory_id,
+                      rec[rec.event == "swap_in"].step, strict=True)}
+    evicted = _evictions(rec)
+    for r in resumed.itertuples():
+        key = (r.trajectory_id, int(r.step))
+        if key in evicted and key not in swapped_in:  # recomputed: nothing reused
+            assert r.cached_tokens <= 1, r
+            assert r.prompt_n >= r.retained_tokens
+        else:  # kept or restored from a dump: the whole context reused
+            assert r.cached_tokens >= r.retained_tokens - REUSE_SLACK, r
+    expect = {"keep": (0, 0), "swap": (4, 4), "recompute": (4, 0), "ttl": (4, 4)}
+    if policy in expect:
+        n_evict, n_swap = expect[policy]
+        assert len(evicted & set(zip(resumed.trajectory_id, resumed.step, strict=True))) == \
+            n_evict
+        assert len(swapped_in) == n_swap
+    if policy == "swap":
+        out = rec[rec.event == "swap_out"]
+        per_token = out.bytes / out.retained_tokens
+        assert (per_token > 20_000).all() and (per_token < 26_000).all()  # ~23 KB/token
+    # the abandoned tool cancelled its trajectory at the deadline
+    gone = rec[rec.trajectory_id == "live-gone"]
+    assert gone[gone.event == "trajectory_end"].status.tolist() == ["cancelled"]
+    assert run["cleanup"] == {"slots_idle": True, "dump_files_left": [], "errors": []}
+    assert llama_server.leftover_dumps() == []
+    summary = read_json(tmp_path / policy / "summary.json")
+    assert summary["cache_mismatches"] == 0
+    assert summary["resume_latency_ms"]["n"] == 4
+
+
+def test_run_command_against_a_running_server(llama_server: LocalLlamaServer,
+                                              tmp_path: Path) -> None:
+    trace = tmp_path / "t.parquet"
+    rows = [
+        {"step": 0, "kind": "llm", "input_tokens": 64, "output_tokens": 4},
+        {"step": 1, "kind": "tool", "tool_class": "local_read", "tool_name": "cat",
+         "latency_s": 0.1, "deadline_s": 5.0, "outcome": "ok", "mutating": False},
+        {"step": 2, "kind": "llm", "input_tokens": 8, "output_tokens": 4},
+    ]
+    df = pd.DataFrame([{"trajectory_id": "cli", "start_s": 0.0, "priority": "interactive",
+                        "tenant": "t", "prefix_group": None, "tool_name": None,
+                        "tool_class": None, "latency_s": None, "deadline_s": None,
+                        "outcome": None, "mutating": None, "input_tokens": None,
+                        "output_tokens": None, **r} for r in rows])
+    for c in ("input_tokens", "output_tokens"):
+        df[c] = df[c].astype("Int64")
+    df["step"] = df["step"].astype("int32")
+    df["mutating"] = df["mutating"].astype("boolean")
+    write_trajectories(df, trace, Provenance("test"))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["run", "--url", llama_server.url, "--trace", str(trace),
+                                    "--policy", "keep", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    run = json.loads((out / "run.json").read_text())
+    assert run["runtime"] == "llamacpp" and run["status"] == "finished"
+    assert run["outcome"]["completed"] == 1
+    rec = read_records(out)
+    assert rec[(rec.event == "call_end") & (rec.step == 2)].cached_tokens.iloc[0] >= 66
+    sm = (out / "server_metrics")
+    assert any(sm.glob("part-*.parquet"))

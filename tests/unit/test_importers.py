@@ -591,8 +591,13 @@ def test_openai_chat_seed_and_profile(tmp_path: Path) -> None:
     pd.testing.assert_frame_equal(a, b)
     assert not a["latency_s"].equals(c["latency_s"])
     assert list(a["trajectory_id"].unique()) == ["c-0", "c-1"]
-    with pytest.raises(InputError, match="profile 'flaky-tools' has no tool class 'human'"):
-        import_trace("openai-chat", p, {"profile": "flaky-tools"})
+    flaky = import_trace("openai-chat", p, {"profile": "flaky-tools"})
+    lat = flaky.provenance.inferred["latency_s"]
+    assert "'human': 'mixed-tools:human'" in lat and "'mutating': 'flaky-tools:remote_read'" in lat
+    with pytest.raises(InputError, match="nor human_profile 'flaky-tools' has a 'human'"):
+        import_trace("openai-chat", p, {"profile": "flaky-tools", "human_profile": "flaky-tools"})
+    with pytest.raises(InputError, match="has no tool class 'mutating' nor 'nope'"):
+        import_trace("openai-chat", p, {"profile": "flaky-tools", "latency_class": "nope"})
     only_tools = [m for m in CONV[:6]]
     imp = import_trace("openai-chat", _chat(tmp_path, [only_tools], "t.json"),
                        {"profile": "flaky-tools"})

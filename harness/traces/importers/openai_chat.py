@@ -46,6 +46,7 @@ OPTIONS = {
     "latency_class": "remote_read",  # profile class used when the profile lacks the step's class
     "default_class": "remote_read",  # class of a tool whose name matches no rule below
     "arrival_rate": "",
+    "human_profile": "mixed-tools",  # times user replies when `profile` has no 'human' class
 }
 # Tool class from the first word of the tool's name (snake_case or camelCase), as data.
 NAME_CLASSES: dict[str, str] = {
@@ -177,15 +178,22 @@ def _traj_id(rec: Any, i: int, stem: str) -> str:
     return f"{stem}-{i}"
 
 
-def _class_dist(profile: Profile, name: str, fallback: str) -> ToolClass:
+def _class_dist(profile: Profile, name: str, fallback: str,
+                human_profile: str) -> tuple[str, ToolClass]:
+    """(where it came from, the class) whose latency times steps of class `name`."""
     by_name = {c.name: c for c in profile.tool_classes}
     if name in by_name:
-        return by_name[name]
-    if name != HUMAN and fallback in by_name:
-        return by_name[fallback]
-    raise InputError(f"{FORMAT} import: profile {profile.name!r} has no tool class {name!r}"
-                     + ("" if name == HUMAN else f" nor {fallback!r}")
-                     + f"; its classes: {', '.join(sorted(by_name)) or 'none'}")
+        return f"{profile.name}:{name}", by_name[name]
+    if name == HUMAN:
+        other = {c.name: c for c in load_profile(human_profile).tool_classes}
+        if HUMAN in other:
+            return f"{human_profile}:{HUMAN}", other[HUMAN]
+        raise InputError(f"{FORMAT} import: neither profile {profile.name!r} nor "
+                         f"human_profile {human_profile!r} has a {HUMAN!r} tool class")
+    if fallback in by_name:
+        return f"{profile.name}:{fallback}", by_name[fallback]
+    raise InputError(f"{FORMAT} import: profile {profile.name!r} has no tool class {name!r} "
+                     f"nor {fallback!r}; its classes: {', '.join(sorted(by_name)) or 'none'}")
 
 
 def import_path(path: Path, options: dict[str, str]) -> Imported:
@@ -220,7 +228,9 @@ def import_path(path: Path, options: dict[str, str]) -> Imported:
     rng = np.random.default_rng(seed)
     pauses = [s for _, steps in parsed for s in steps if isinstance(s, _Pause)]
     wanted = sorted({c for p in pauses for c in p.classes})
-    dists = {c: _class_dist(profile, c, opts["latency_class"]) for c in wanted}
+    sources = {c: _class_dist(profile, c, opts["latency_class"], opts["human_profile"])
+               for c in wanted}
+    dists = {c: tc for c, (_, tc) in sources.items()}
     draws = {c: iter(sample(dists[c].latency_s, sum(p.classes.count(c) for p in pauses), rng))
              for c in wanted}
     trajs = []
@@ -247,7 +257,7 @@ def import_path(path: Path, options: dict[str, str]) -> Imported:
                         "raised to 1")
     if stats["empty"]:
         warnings.append(f"{stats['empty']} conversations without an assistant message skipped")
-    used = {c: dists[c].name for c in wanted}
+    used = {c: where for c, (where, _) in sources.items()}
     prov = Provenance(
         source_format=FORMAT,
         source_files=[str(f) for f in files],
@@ -255,10 +265,10 @@ def import_path(path: Path, options: dict[str, str]) -> Imported:
             "input_tokens": f"messages since the previous call, counted by {TOKEN_RULE}",
             "output_tokens": "assistant content plus each tool call's name and arguments, "
                              "same rule (at least 1)",
-            "latency_s": f"synthetic: drawn from profile {profile.name!r} (seed {seed}) per "
-                         f"class {used}; parallel calls take the slowest draw; the "
+            "latency_s": f"synthetic: drawn (seed {seed}) per step class from "
+                         f"profile:class {used}; parallel calls take the slowest draw; the "
                          "profile's never-return and error rates are not applied",
-            "deadline_s": f"synthetic: the profile class's deadline_s ({profile.name!r})",
+            "deadline_s": "synthetic: deadline_s of the profile class the latency came from",
             "tool_class": "first word of the tool name via NAME_CLASSES, else "
                           f"{opts['default_class']!r}; a user reply is {HUMAN!r}; merged calls "
                           "show 'mutating' if any call is, then 'remote_read'",

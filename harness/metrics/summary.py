@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from harness.errors import InputError
 from harness.metrics import latency, occupancy, outcomes
@@ -151,12 +152,18 @@ def load_dir(results_dir: Path) -> tuple[pd.DataFrame, dict[str, Any], pd.DataFr
     results_dir = Path(results_dir)
     if not results_dir.is_dir():
         raise InputError(f"{results_dir}: not a results directory")
-    records = read_records(results_dir)
+    try:
+        records = read_records(results_dir)
+        server = read_server_metrics(results_dir)
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise InputError(f"{results_dir}: unreadable records ({exc})") from None
     if records.empty:
         raise InputError(f"{results_dir}: no records (expected records/part-*.parquet)")
     run_path = results_dir / RUN_JSON
-    run = read_json(run_path) if run_path.is_file() else {}
-    server = read_server_metrics(results_dir)
+    try:
+        run = read_json(run_path) if run_path.is_file() else {}
+    except ValueError as exc:
+        raise InputError(f"{run_path}: not valid JSON ({exc})") from None
     return records, run, (server if len(server) else None)
 
 

@@ -131,3 +131,15 @@ def test_cli_bad_input_exits_2(dirs: dict[str, Path], tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["compare", str(dirs["base"]), str(dirs["base"]),
                                     "--threshold", "0.9"])
     assert res.exit_code == 2
+
+
+def test_cli_unreadable_inputs_exit_2(dirs: dict[str, Path], tmp_path: Path) -> None:
+    bad = tmp_path / "bad"
+    (bad / "records").mkdir(parents=True)
+    (bad / "records" / "part-00000.parquet").write_bytes(b"not parquet")
+    res = CliRunner().invoke(main, ["compare", str(dirs["base"]), str(bad)])
+    assert res.exit_code == 2 and "unreadable records" in res.output
+    broken = write_run(tmp_path / "broken", "keep", n_traj=2)
+    (broken / "run.json").write_text("{")
+    res = CliRunner().invoke(main, ["compare", str(dirs["base"]), str(broken)])
+    assert res.exit_code == 2 and "not valid JSON" in res.output

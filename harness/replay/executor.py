@@ -140,6 +140,11 @@ class Executor:
                           f"{call.output_tokens} tokens exceed {self.ctx_per_slot} per slot")
             return "failed", "context-overflow"
         await self._restore(st, call.step)
+        if st.context:
+            # The resumed call holds its context on the device from here (kept, restored, or
+            # being re-prefilled).
+            self.rec.emit("kv_state", trajectory_id=st.tid, traffic="agent",
+                          kv_tokens=len(st.context), status="active")
         self.rec.emit("call_start", trajectory_id=st.tid, traffic="agent", step=call.step,
                       slot=st.slot, planned_ns=due_ns, prompt_tokens=len(prompt),
                       appended_tokens=len(appended), is_resume=is_resume)

@@ -152,3 +152,41 @@ def test_run_command_against_a_running_server(llama_server: LocalLlamaServer,
     assert rec[(rec.event == "call_end") & (rec.step == 2)].cached_tokens.iloc[0] >= 66
     sm = (out / "server_metrics")
     assert any(sm.glob("part-*.parquet"))
+
+
+def test_killed_run_leaves_readable_results(llama_server: LocalLlamaServer,
+                                            tmp_path: Path) -> None:
+    """SIGKILL mid-run: whatever was measured until then is on disk and readable."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    trace = tmp_path / "t.parquet"
+    assert CliRunner().invoke(main, ["traces", "gen", "--profile", "bench-small",
+                                     "--trajectories", "6", "--seed", "1",
+                                     "--out", str(trace)]).exit_code == 0
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", "--url", llama_server.url,
+                             "--trace", str(trace), "--policy", "swap", "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any((out / "records").glob("part-*.parquet")):
+        time.sleep(0.2)
+    time.sleep(1.5)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    rec = read_records(out)
+    assert len(rec) > 0 and {"trajectory_start", "call_start"} <= set(rec.event)
+    assert json.loads((out / "run.json").read_text())["status"] == "running"
+    # The harness was killed, so it could not clean up: the server is reset for the next test.
+    async def reset() -> None:
+        async with client_session() as session:
+            adapter = LlamaCppAdapter(session, llama_server.url, dump_dir=llama_server.dump_dir)
+            for slot in range(2):
+                await adapter.erase_slot(slot)
+    time.sleep(2)
+    asyncio.run(reset())
+    for leftover in llama_server.dump_dir.iterdir():
+        leftover.unlink()

@@ -97,7 +97,7 @@ def render(doc: dict[str, Any]) -> str:
 @click.option("--ttl-s", help="Fixed TTL for the ttl policy (default: its default tau).")
 @click.option("--ttl-after", help="What ttl does past tau: swap (default) or recompute.")
 @click.option("--free-fraction", help="Fraction of slots free, as threshold sees it (1).")
-@click.option("--default-deadline-s", help="Deadline of never-returning tools without one (600).")
+@click.option("--default-deadline-s", help="Deadline of tools without one (30, as the replay).")
 @click.option("--per-pause/--no-per-pause", default=None,
               help=f"List every pause (default: when at most {PER_PAUSE_AUTO}).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")

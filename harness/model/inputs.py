@@ -38,7 +38,7 @@ CONFIG_KEYS = {
     "predicted_wait_s": float, "ttl_s": float, "ttl_after": str, "free_fraction": float,
     "default_deadline_s": float,
 }
-DEFAULT_DEADLINE_S = 600.0
+DEFAULT_DEADLINE_S = 30.0  # as the replay plan (harness.plan.injection)
 
 
 @dataclass(frozen=True)

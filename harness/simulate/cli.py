@@ -1,0 +1,91 @@
+"""`harness simulate`: run a trace through the discrete-event server model under one policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from harness.errors import InputError
+from harness.model.calibration import read_calibration
+from harness.simulate.run import DEFAULT_DEADLINE_S, Arrivals, check_capacity, run_simulation
+
+
+def _kv(pairs: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for p in pairs:
+        if "=" not in p:
+            raise InputError(f"--policy-arg {p!r}: expected KEY=VALUE")
+        k, v = p.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def _int(flag: str, raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise InputError(f"{flag} {raw!r}: not an integer") from None
+
+
+def _float(flag: str, raw: str | None) -> float | None:
+    if raw is None:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise InputError(f"{flag} {raw!r}: not a number") from None
+
+
+@click.command("simulate")
+@click.option("--trace", "trace", required=True, type=click.Path(path_type=Path))
+@click.option("--policy", required=True, help="keep, swap, recompute, ttl, threshold, ...")
+@click.option("--policy-arg", "policy_args", multiple=True, metavar="KEY=VALUE")
+@click.option("--capacity-tokens", help="KV capacity as a token pool.")
+@click.option("--slots", help="KV capacity as llama.cpp slots (with --ctx-per-slot).")
+@click.option("--ctx-per-slot", help="Context tokens per slot.")
+@click.option("--calibration", required=True, type=click.Path(path_type=Path),
+              help="Measured rates (harness calibrate).")
+@click.option("--concurrency", help="Closed loop: N agents (default 4).")
+@click.option("--rate", help="Open loop: Poisson arrivals per second.")
+@click.option("--trace-timing", is_flag=True, help="Open loop: the trace's start_s.")
+@click.option("--seed", default="0", show_default=True)
+@click.option("--history-window", default="1000", show_default=True,
+              help="Latencies per tool class a policy sees (0: all, as the replay).")
+@click.option("--default-deadline-s", default=str(DEFAULT_DEADLINE_S), show_default=True,
+              help="Deadline of tool steps without one.")
+@click.option("--no-summary", is_flag=True, help="Skip summary.json.")
+@click.option("--out", required=True, type=click.Path(path_type=Path))
+def simulate_cmd(trace: Path, policy: str, policy_args: tuple[str, ...],
+                 capacity_tokens: str | None, slots: str | None, ctx_per_slot: str | None,
+                 calibration: Path, concurrency: str | None, rate: str | None,
+                 trace_timing: bool, seed: str, history_window: str, default_deadline_s: str,
+                 no_summary: bool, out: Path) -> None:
+    """Simulate TRACE on a modelled server; writes the results directory a replay writes."""
+    if sum(x is not None and x is not False for x in (concurrency, rate, trace_timing)) > 1:
+        raise InputError("choose one of --concurrency, --rate, --trace-timing")
+    cap = check_capacity(_int("--capacity-tokens", capacity_tokens), _int("--slots", slots),
+                         _int("--ctx-per-slot", ctx_per_slot))
+    conc = _int("--concurrency", concurrency)
+    r = _float("--rate", rate)
+    if conc is not None and conc < 1:
+        raise InputError("--concurrency must be >= 1")
+    if r is not None and not (r > 0 and r < float("inf")):
+        raise InputError("--rate must be a finite number > 0")
+    mode = "poisson" if r is not None else "trace" if trace_timing else "closed"
+    arrivals = Arrivals(mode, conc or 4, r or 1.0)
+    cal = read_calibration(calibration)
+    run = run_simulation(trace, policy, _kv(policy_args), cap, cal, calibration, arrivals,
+                         _int("--seed", seed) or 0, out,
+                         _int("--history-window", history_window) or 0,
+                         _float("--default-deadline-s", default_deadline_s) or 0.0,
+                         write_summary=not no_summary)
+    o, s = run["outcome"], run["simulator"]
+    click.echo(f"{policy}: {o['completed']} completed, {o['cancelled']} cancelled, "
+               f"{o['failed']} failed; {s['pauses']} pauses, {s['preemptions']} preemptions; "
+               f"{run['duration_s']:.1f} s simulated in {s['wall_s']['total']:.2f} s -> {out}")
+    if not no_summary and not run.get("summary_written"):
+        click.echo("note: harness.metrics.summary is not available: summary.json not written",
+                   err=True)

@@ -1,0 +1,117 @@
+"""The simulated server's parameters, run counters, tool-class history and pause contexts."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+
+from harness.policies.base import PauseContext, ServerRates
+
+
+@dataclass(frozen=True)
+class ServerModel:
+    """Calibrated rates the simulated server runs at."""
+
+    prefill_tok_s: float
+    decode_tok_s: float
+    swap_out_bytes_per_s: float
+    swap_in_bytes_per_s: float
+    kv_bytes_per_token: float
+    prefill_points: tuple[tuple[int, float], ...] = ()
+
+    def policy_rates(self) -> ServerRates:
+        """The rates a policy prices with (restore at swap-in bandwidth), as the replay's."""
+        return ServerRates(self.prefill_tok_s, self.swap_in_bytes_per_s, self.kv_bytes_per_token)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """KV capacity: `tokens` (a token pool) or `slots` x `ctx_per_slot` (llama.cpp's slots)."""
+
+    tokens: int | None = None
+    slots: int | None = None
+    ctx_per_slot: int | None = None
+
+    @property
+    def slot_mode(self) -> bool:
+        return self.slots is not None
+
+    @property
+    def units(self) -> int:
+        """Slots in slot mode, tokens otherwise."""
+        return int(self.slots if self.slots is not None else self.tokens or 0)
+
+    @property
+    def context_limit(self) -> int:
+        """The longest context one trajectory may hold."""
+        return int((self.ctx_per_slot if self.slots is not None else self.tokens) or 0)
+
+
+@dataclass
+class Counters:
+    """What the event loop counted."""
+
+    completed: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    pauses: int = 0
+    preemptions: int = 0
+    events: int = 0
+    sim_time_s: float = 0.0
+
+
+class History:
+    """One tool class's observed latencies: the last `window` (0: all) as an ordered array view.
+
+    The view is a numpy array over a buffer the loop keeps appending to: a policy reads it
+    during `decide` (len, quantiles, mean), it must not keep it.
+    """
+
+    __slots__ = ("buf", "k", "window")
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.buf = np.empty(2 * window if window else 256)
+        self.k = 0
+
+    def add(self, x: float) -> None:
+        if self.k == self.buf.size:
+            if self.window:
+                self.buf[: self.window] = self.buf[self.k - self.window:]
+                self.k = self.window
+            else:
+                self.buf = np.concatenate([self.buf, np.empty(self.buf.size)])
+        self.buf[self.k] = x
+        self.k += 1
+
+    def view(self) -> Sequence[float]:
+        lo = self.k - self.window if self.window and self.k > self.window else 0
+        return cast(Sequence[float], self.buf[lo: self.k])
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(PauseContext))
+
+
+def context_factory() -> Callable[..., PauseContext]:
+    """Build PauseContexts from positional field values, skipping the frozen-dataclass __init__.
+
+    The result equals `PauseContext(*values)` field for field (tests check it); the shortcut is
+    used only while PauseContext is a plain frozen dataclass without __slots__ or __post_init__.
+    """
+    plain = (not hasattr(PauseContext, "__slots__")
+             and not hasattr(PauseContext, "__post_init__"))
+    if not plain:
+        return PauseContext
+    new = object.__new__
+    names = _FIELDS
+
+    def make(*values: Any) -> PauseContext:
+        ctx = new(PauseContext)
+        ctx.__dict__.update(zip(names, values, strict=False))
+        return cast(PauseContext, ctx)
+
+    return make

@@ -84,8 +84,9 @@ def cache_mismatches(
 ) -> pd.DataFrame:
     """Resumed calls whose server-reported cached tokens contradict the pause decision.
 
-    keep / swap (and ttl that was not erased) should reuse the retained tokens:
-    cached >= retained - tol; recompute (and ttl erased) should reuse nothing: cached <= tol;
+    keep / swap (and ttl that was kept, or swapped out when it expired) should reuse the
+    retained tokens: cached >= retained - tol; recompute (and ttl erased without a swap-out)
+    should reuse nothing: cached <= tol;
     tol = max(abs_tokens, rel x retained). Calls without a cached count are not judged.
     """
     p = frames.pauses
@@ -94,9 +95,9 @@ def cache_mismatches(
     retained = judged["retained_tokens"].fillna(0.0)
     cached = judged["resume_cached_tokens"]
     tol = np.maximum(float(abs_tokens), rel * retained)
-    erased = judged["erased"].astype(bool)
-    expect_reuse = action.isin(["keep", "swap"]) | ((action == "ttl") & ~erased)
-    expect_none = (action == "recompute") | ((action == "ttl") & erased)
+    discarded = judged["erased"].astype(bool) & (judged["swap_in_bytes"] <= 0)
+    expect_reuse = action.isin(["keep", "swap"]) | ((action == "ttl") & ~discarded)
+    expect_none = (action == "recompute") | ((action == "ttl") & discarded)
     bad = (expect_reuse & (cached < retained - tol)) | (expect_none & (cached > tol))
     out = judged[bad]
     return pd.DataFrame({

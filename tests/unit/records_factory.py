@@ -121,10 +121,12 @@ class Trajectory:
              retained: int | None = None, status: str = "ok", swap_bytes: int = 0,
              swap_out_ms: float = 0.0, swap_in_ms: float = 0.0, recompute: bool = False,
              queue: float = 0.0, ttl_expire_after: float | None = None,
-             planned: float | None = None, name: str = "tool") -> Trajectory:
+             ttl_after: str = "recompute", planned: float | None = None,
+             name: str = "tool") -> Trajectory:
         """A tool step: decision, tool_start, KV moves, tool_end after `wait` s, resume prep.
 
-        keep/ttl hold `retained` tokens paused (ttl erases them after ttl_expire_after s);
+        keep/ttl hold `retained` tokens paused (ttl erases them after ttl_expire_after s, after
+        swapping them out first when ttl_after is "swap");
         swap swaps out then in (swap_in_ms delays the next call); recompute erases and records
         a recompute of the retained tokens; queue adds a slot wait before the next call.
         """
@@ -146,6 +148,9 @@ class Trajectory:
             self._add("kv_state", kv_tokens=0, status="released")
         if action == "ttl" and ttl_expire_after is not None and ttl_expire_after < wait:
             self.t = t0 + ttl_expire_after
+            if ttl_after == "swap":
+                self._add("swap_out", step=st, slot=0, bytes=swap_bytes,
+                          server_ms=swap_out_ms, retained_tokens=retained)
             self._add("erase", step=st, slot=0, reason="ttl-expired")
             self._add("kv_state", kv_tokens=0, status="released")
         self.t = t0 + wait
@@ -154,7 +159,9 @@ class Trajectory:
         if queue:
             self.t += queue
             self._add("slot_wait", step=st, value_s=queue)
-        if action == "swap":
+        ttl_swapped = (action == "ttl" and ttl_after == "swap" and ttl_expire_after is not None
+                       and ttl_expire_after < wait)
+        if action == "swap" or ttl_swapped:
             self.t += swap_in_ms / 1000.0
             self._add("swap_in", step=st, slot=0, bytes=swap_bytes, server_ms=swap_in_ms,
                       retained_tokens=retained)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -120,11 +121,14 @@ def test_queue_part_from_slot_wait() -> None:
         ("recompute", 100, {}, True),     # above 16
         ("recompute", 10, {}, False),
         ("ttl", 4096, {"ttl_expire_after": 0.5}, True),   # erased: should reuse nothing
+        ("ttl", 4096, {"ttl_expire_after": 0.5, "ttl_after": "swap", "swap_bytes": 1},
+         False),                                           # swapped out, restored: reuse
+        ("ttl", 0, {"ttl_expire_after": 0.5, "ttl_after": "swap", "swap_bytes": 1}, True),
         ("ttl", 0, {}, True),                              # still held: should reuse
         ("ttl", 4096, {}, False),
     ],
 )
-def test_cache_mismatches(action: str, cached: int, kw: dict[str, float], mismatch: bool) -> None:
+def test_cache_mismatches(action: str, cached: int, kw: dict[str, Any], mismatch: bool) -> None:
     b = Records()
     t = b.agent("a")
     t.call(appended=4086, out=10).tool(wait=1.0, action=action, retained=4096, **kw)

@@ -29,11 +29,11 @@ def main() -> None:
 
 
 def _register() -> None:
+    from harness.model.cli import model
     from harness.replay.bench import bench_cmd
     from harness.replay.cli import run_cmd
-    from harness.model.cli import model
-    from harness.simulate.cli import simulate_cmd
     from harness.report.cli import compare, export_cmd, history_cmd, report
+    from harness.simulate.cli import simulate_cmd
     from harness.traces.cli import traces
 
     main.add_command(traces)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from importlib import resources
 from pathlib import Path
 from typing import Any
 

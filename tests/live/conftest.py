@@ -6,7 +6,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from harness.adapters.launchers.llamacpp_server import (
     LlamaServerConfig,
     LocalLlamaServer,

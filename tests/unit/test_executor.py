@@ -51,7 +51,7 @@ def run_plan(tmp_path: Path, plan: Plan, policy: Any, **adapter_kw: Any
 
 def resume_ms(rec: pd.DataFrame) -> list[float]:
     out = []
-    for tid, g in rec[rec.traffic == "agent"].groupby("trajectory_id"):
+    for _, g in rec[rec.traffic == "agent"].groupby("trajectory_id"):
         ends = g[g.event == "tool_end"]
         firsts = g[(g.event == "first_token") & (g.step > 0)]
         for (_, e), (_, f) in zip(ends.iterrows(), firsts.iterrows(), strict=False):

@@ -7,10 +7,11 @@ memory-bound until the batch's compute fills a step; prefills share what the dec
 Progress is one virtual clock per phase, so a batch change costs O(log n), not a pass over it.
 
 Memory: a call reserves its whole context (prompt + output) when admitted (no growth, so no
-preemption of running calls); admission is FIFO; a paused trajectory that keeps its KV keeps its
-reservation (its slot, in slot mode). In a token pool, when the server is idle and the head of the
-queue does not fit, queued trajectories behind it that still hold KV are preempted (dropped,
-recomputed when admitted), latest first: that is the only preemption. Swaps use one FIFO link
+preemption of running calls); a paused trajectory that keeps its KV keeps its reservation (its
+slot, in slot mode). Admission is first come first served, except that in a token pool a resumed
+trajectory still holding KV grows before anything new is admitted. When the server is idle and
+the first of those cannot grow, the latest one behind it is preempted (dropped, recomputed when
+admitted): that is the only preemption. Swaps use one FIFO link
 per direction (host tier unbounded) and do not stall compute. Policies decide through
 harness.policies with the context the replay builds; only an oracle sees the true latency.
 """
@@ -83,7 +84,8 @@ def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolic
     ext: list[tuple[float, int, int, int, int]] = []
     hp: list[tuple[float, int, int]] = []
     hd: list[tuple[float, int, int]] = []
-    queue: deque[int] = deque()
+    queue: deque[int] = deque()  # waiting for admission
+    resume_q: deque[int] = deque()  # token pool: waiting to grow KV they hold
     push, pop = heapq.heappush, heapq.heappop
     c = Counters()
     seq = 0
@@ -109,13 +111,16 @@ def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolic
         if slot[ti] >= 0:  # slot mode, KV kept: the slot is still ours
             start_call(ti, t)
             return
-        queue.append(ti)
+        (resume_q if held[ti] else queue).append(ti)
         try_admit(t)
 
     def try_admit(t: float) -> None:
+        # Trajectories that still hold KV (token pool) grow first, as a running batch would;
+        # new, swapped and dropped ones are admitted after them, first come first served.
         nonlocal free_tok
-        while queue:
-            ti = queue[0]
+        while resume_q or queue:
+            q = resume_q if resume_q else queue
+            ti = q[0]
             if slot_mode:
                 if not free_slots:
                     return
@@ -124,19 +129,21 @@ def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolic
                 need = ctx[pos[ti]]
                 grow = need - held[ti]
                 if grow > free_tok:
-                    if not preempt(t):
-                        return
-                    continue
+                    if q is resume_q and preempt(t):
+                        continue
+                    return
                 free_tok -= grow
                 held[ti] = need
-            queue.popleft()
+            q.popleft()
             admit(ti, t)
 
     def preempt(t: float) -> bool:
-        if n_p or n_d or inflight or len(queue) < 2:
+        # Idle server, nothing in transfer, and the first resuming trajectory cannot grow:
+        # drop the KV of the latest one behind it (it recomputes when admitted).
+        if n_p or n_d or inflight or len(resume_q) < 2:
             return False
-        head = queue[0]
-        for ti in reversed(queue):
+        head = resume_q[0]
+        for ti in reversed(resume_q):
             if held[ti] and ti != head:
                 c.preemptions += 1
                 release(ti, t, REASON["preempted"], pos[ti] - first[ti])

@@ -26,9 +26,10 @@ from harness.traces.validate import load_trajectories
 DEFAULT_DEADLINE_S = 30.0  # as the replay plan's default injection
 SERVER_MODEL_DOC = (
     "processor-sharing fluid: decode per sequence min(decode_tok_s, prefill_tok_s / running), "
-    "prefill shares the rest; KV reserved for prompt + output at admission; FIFO admission; "
-    "swap over one FIFO link per direction; preemption (drop, recompute later) only of queued "
-    "trajectories when the server is idle and the head of the queue does not fit (token pool)")
+    "prefill shares the rest; KV reserved for prompt + output at admission; FCFS admission, "
+    "resumed trajectories holding KV grow first (token pool); swap over one FIFO link per "
+    "direction; preemption (drop, recompute later) only of a resumed trajectory waiting to grow "
+    "while the server is idle and the first one cannot grow (token pool)")
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 The event loop appends each event as 8 numbers to one flat list:
 `(t_s, event, trajectory, step, slot, a, b, c)`; what a/b/c mean depends on the event (see
-`_decode`). Every string the loop needs (decision reasons, erase and cancel reasons) is
+`PAYLOAD`). Every string the loop needs (decision reasons, erase and cancel reasons) is
 interned once into `texts` and passed as its index. Everything static (tool class and name,
 token counts, latencies) is looked up from the workload by (trajectory, step) when a part is
 written, vectorised over the part, so a row costs the loop one `list.extend` of a tuple.
@@ -34,7 +34,20 @@ ACTIONS = ("keep", "swap", "recompute", "ttl")
 KV_STATUSES = ("active", "paused", "released")
 END_STATUSES = ("completed", "cancelled", "failed")
 WIDTH = 8
+MAX_PENDING = 2
 NS = 1_000_000_000
+# What a, b, c of a compact row hold, per event (codes index the tuples above, texts `texts`).
+PAYLOAD = {
+    "trajectory_start": "a=planned arrival s",
+    "call_start": "a=planned s (when the call was due)",
+    "call_end": "a=prompt_n (NaN: context overflow error), b=prefill ms, c=decode ms",
+    "pause_decision": "a=action code + 8 x detail text, b=predicted wait s, c=reason text",
+    "swap_out": "a=retained tokens, b=transfer ms, c=reason text",
+    "swap_in": "a=retained tokens, b=transfer ms",
+    "erase": "a=reason text", "cancel": "a=reason text", "recompute": "a=tokens",
+    "kv_state": "a=kv tokens, b=status code", "slot_wait": "a=seconds waited",
+    "tool_end": "a=status code (OUTCOMES)", "trajectory_end": "a=status code, b=reason text",
+}
 _STRING_COLUMNS = [f.name for f in RECORDS_SCHEMA if pa.types.is_string(f.type)]
 
 
@@ -73,10 +86,6 @@ class RecordSink:
             self.texts.append(s)
         return i
 
-    def maybe_flush(self) -> None:
-        if len(self.rows) >= self.flush_at:
-            self.flush()
-
     def flush(self) -> None:
         """Hand the buffered rows to the writer thread (they become the next part)."""
         if not self.rows:
@@ -88,8 +97,10 @@ class RecordSink:
         self.n_rows += n
         part, self._part = self._part, self._part + 1
         texts = pa.array(list(self.texts), type=pa.string())
-        self._pending = [f for f in self._pending if not f.done()] + [
-            self._pool.submit(self._write, rows, seq0, part, texts)]
+        self._pending = [f for f in self._pending if not f.done()]
+        while len(self._pending) >= MAX_PENDING:  # bound the memory of parts not yet written
+            self._pending.pop(0).result()
+        self._pending.append(self._pool.submit(self._write, rows, seq0, part, texts))
 
     def close(self) -> None:
         """Flush, wait for every part, and re-raise any write error."""
@@ -199,18 +210,3 @@ class RecordSink:
             col([(tool_start, w.deadline[g_tool])], pa.float64()),
             detail,
         ]
-
-
-def decode_payload_doc() -> dict[str, Any]:
-    """What a, b, c hold per event (for readers of the code and the tests)."""
-    return {
-        "trajectory_start": "a=planned arrival s",
-        "call_start": "a=planned s (when the call was due)",
-        "call_end": "a=prompt_n (NaN: context overflow error), b=prefill ms, c=decode ms",
-        "pause_decision": "a=action code + 8 x detail text, b=predicted wait s, c=reason text",
-        "swap_out": "a=retained tokens, b=transfer ms, c=reason text",
-        "swap_in": "a=retained tokens, b=transfer ms",
-        "erase": "a=reason text", "cancel": "a=reason text", "recompute": "a=tokens",
-        "kv_state": "a=kv tokens, b=status code", "slot_wait": "a=seconds waited",
-        "tool_end": "a=status code (OUTCOMES)", "trajectory_end": "a=status code, b=reason text",
-    }

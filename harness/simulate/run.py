@@ -130,10 +130,12 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     sink = RecordSink(out / RECORDS_DIR, run_id, w, calibration.kv_bytes_per_token,
                       capacity.context_limit)
     t1 = time.perf_counter()
-    counters: Counters = simulate(w, server, capacity, policy, arrival_s, arrivals.concurrency,
-                                  sink, run_id, history_window)
-    t_loop = time.perf_counter() - t1
-    sink.close()
+    try:
+        counters: Counters = simulate(w, server, capacity, policy, arrival_s,
+                                      arrivals.concurrency, sink, run_id, history_window)
+    finally:
+        t_loop = time.perf_counter() - t1
+        sink.close()  # whatever was simulated is on disk, even when the loop failed
     t_total = time.perf_counter() - t0
     run.update({
         "status": "finished", "duration_s": counters.sim_time_s,

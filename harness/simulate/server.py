@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -64,11 +64,12 @@ class Counters:
     sim_time_s: float = 0.0
 
 
-class History:
-    """One tool class's observed latencies: the last `window` (0: all) as an ordered array view.
+class History(Sequence[float]):
+    """One tool class's observed latencies, the last `window` of them (0: all), oldest first.
 
-    The view is a numpy array over a buffer the loop keeps appending to: a policy reads it
-    during `decide` (len, quantiles, mean), it must not keep it.
+    The policy gets this object itself as `history_s` (no copy per pause): it reads as a
+    sequence and as a numpy array (`np.asarray`, `np.quantile`, `np.mean`) of what has been
+    observed up to the moment of `decide`. A policy must not keep it: it goes on growing.
     """
 
     __slots__ = ("buf", "k", "window")
@@ -88,9 +89,26 @@ class History:
         self.buf[self.k] = x
         self.k += 1
 
-    def view(self) -> Sequence[float]:
+    def view(self) -> np.ndarray:
+        """The observed latencies as an array view (valid until the next `add`)."""
         lo = self.k - self.window if self.window and self.k > self.window else 0
-        return cast(Sequence[float], self.buf[lo: self.k])
+        return self.buf[lo: self.k]
+
+    def __len__(self) -> int:
+        return min(self.k, self.window) if self.window else self.k
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.view()[i]
+
+    def __iter__(self) -> Iterator[float]:
+        return iter(self.view().tolist())
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        v = self.view()
+        return v.astype(dtype) if dtype is not None and v.dtype != dtype else v
+
+    def __repr__(self) -> str:
+        return f"History({self.view().tolist()!r})"
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(PauseContext))

@@ -359,3 +359,19 @@ def test_agrees_with_the_analytical_model_on_the_seed_lab(tmp_path: Path) -> Non
     assert ev(swap, "swap_in")["server_ms"].tolist() == [17.578125, 17.578125]
     rc, _ = sim(tmp_path, seed, "recompute", Capacity(tokens=100_000), cal=cal, name="rc")
     assert ev(rc, "recompute")["recomputed_tokens"].tolist() == [4096, 4096]
+
+
+def test_history_window_reads_as_sequence_and_array() -> None:
+    from harness.simulate import records
+    from harness.simulate.server import History
+
+    assert set(records.EVENTS) == set(EVENTS)
+    h = History(3)
+    for x in range(1, 8):
+        h.add(float(x))
+    assert (len(h), tuple(h), h[-1]) == (3, (5.0, 6.0, 7.0), 7.0)
+    assert float(np.quantile(np.asarray(h, dtype=float), 0.5)) == 6.0
+    everything = History(0)
+    for x in range(300):
+        everything.add(float(x))
+    assert len(everything) == 300 and float(np.mean(everything)) == 149.5

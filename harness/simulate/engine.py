@@ -13,7 +13,9 @@ trajectory still holding KV grows before anything new is admitted. When the serv
 the first of those cannot grow, the latest one behind it is preempted (dropped, recomputed when
 admitted): that is the only preemption. Swaps use one FIFO link
 per direction (host tier unbounded) and do not stall compute. Policies decide through
-harness.policies with the context the replay builds; only an oracle sees the true latency.
+harness.policies with the context the replay builds (free/total slots in slot mode, free/total
+tokens in a token pool; the class's latency history, its last `history_window` observations);
+only an oracle sees the true latency.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ def main() -> None:
 def _register() -> None:
     from harness.model.cli import model
     from harness.replay.bench import bench_cmd
+    from harness.replay.calibrate import calibrate_cmd
     from harness.replay.cli import run_cmd
     from harness.report.cli import compare, export_cmd, history_cmd, report
     from harness.simulate.cli import simulate_cmd
@@ -43,6 +44,7 @@ def _register() -> None:
     main.add_command(simulate_cmd)
     main.add_command(run_cmd)
     main.add_command(bench_cmd)
+    main.add_command(calibrate_cmd)
 
 
 _register()

@@ -129,6 +129,10 @@ class LocalLlamaServer:
         except OSError:
             return "(no log)"
 
+    def build_label(self) -> str:
+        """The llama.cpp build, from the cache directory the install script chose."""
+        return self.binary.parent.name if self.binary.parent.name.startswith("b") else "unknown"
+
     def leftover_dumps(self) -> list[str]:
         return sorted(p.name for p in self.dump_dir.iterdir()) if self.dump_dir.exists() else []
 

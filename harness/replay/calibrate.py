@@ -1,0 +1,147 @@
+"""`harness calibrate`: measure a live server's rates for the model, the simulator and policies.
+
+Prefill tokens/s at several context lengths (cold slot, one token generated), decode tokens/s,
+and slot save / restore bandwidth from the server's own timings. Each point is the median of
+`repeats` measurements. The slot used is erased and every dump file deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from harness.adapters.base import CompletionRequest
+from harness.adapters.llamacpp import LlamaCppAdapter, client_session
+from harness.errors import ServerError
+from harness.model.calibration import Calibration, write_calibration
+from harness.plan.tokens import stable_seed, token_ids
+
+CONTEXTS = (128, 512, 1024, 2048)
+SWAP_CONTEXT = 1024
+
+
+@dataclass
+class Measured:
+    prefill_points: list[tuple[int, float]]
+    decode_tok_s: float
+    swap_out_bytes_per_s: float
+    swap_in_bytes_per_s: float
+    dump_bytes_per_token: float
+    server_version: str
+    model: str
+
+
+async def _prefill(ad: LlamaCppAdapter, n: int, vocab: int, seed: int) -> tuple[float, float]:
+    await ad.erase_slot(0)
+    res = await ad.complete(CompletionRequest(token_ids(seed, n, vocab), 1, slot=0),
+                            lambda: None)
+    if res.status != "ok" or not res.prompt_n or not res.prompt_ms:
+        raise ServerError(f"calibration prefill of {n} tokens failed: {res.error}")
+    return res.prompt_n / (res.prompt_ms / 1000.0), res.prompt_ms
+
+
+async def measure(ad: LlamaCppAdapter, contexts: tuple[int, ...] = CONTEXTS,
+                  repeats: int = 3, decode_tokens: int = 32) -> Measured:
+    """Measure one llama-server through its adapter (slot 0 is used and erased)."""
+    info = await ad.server_info()
+    limit = (info.ctx_per_slot or 4096) - decode_tokens - 8
+    points = []
+    try:
+        for n in (c for c in contexts if c <= limit):
+            rates = [(await _prefill(ad, n, info.vocab_size, stable_seed("cal", n, r)))[0]
+                     for r in range(repeats)]
+            points.append((n, statistics.median(rates)))
+        decode = []
+        for r in range(repeats):
+            await ad.erase_slot(0)
+            res = await ad.complete(CompletionRequest(
+                token_ids(stable_seed("cal-decode", r), 64, info.vocab_size), decode_tokens,
+                slot=0), lambda: None)
+            if res.status != "ok" or not res.decode_ms:
+                raise ServerError(f"calibration decode failed: {res.error}")
+            decode.append(len(res.tokens) / (res.decode_ms / 1000.0))
+        swap_n = min(SWAP_CONTEXT, limit)
+        outs, ins, per_token = [], [], []
+        for r in range(repeats):
+            await _prefill(ad, swap_n, info.vocab_size, stable_seed("cal-swap", r))
+            name = f"calibration-{r}.bin"
+            try:
+                saved = await ad.save_slot(0, name)
+                await ad.erase_slot(0)
+                restored = await ad.restore_slot(0, name)
+            finally:
+                await ad.delete_dump(name)
+            if saved.ms <= 0 or restored.ms <= 0 or saved.tokens <= 0:
+                raise ServerError("the server reported no save/restore timings")
+            outs.append(saved.bytes / (saved.ms / 1000.0))
+            ins.append(restored.bytes / (restored.ms / 1000.0))
+            per_token.append(saved.bytes / saved.tokens)
+    finally:
+        await ad.erase_slot(0)
+    return Measured(points, statistics.median(decode), statistics.median(outs),
+                    statistics.median(ins), statistics.median(per_token),
+                    info.server_version, info.model)
+
+
+def to_calibration(m: Measured, kv_bytes_per_token: float | None,
+                   server_version: str | None = None) -> Calibration:
+    """A Calibration from measurements; the headline prefill rate is at the largest context."""
+    return Calibration(
+        runtime="llamacpp", server_version=server_version or m.server_version, model=m.model,
+        kv_bytes_per_token=kv_bytes_per_token or m.dump_bytes_per_token,
+        prefill_tok_s=m.prefill_points[-1][1], decode_tok_s=m.decode_tok_s,
+        swap_out_bytes_per_s=m.swap_out_bytes_per_s, swap_in_bytes_per_s=m.swap_in_bytes_per_s,
+        measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        prefill_points=tuple(m.prefill_points))
+
+
+async def _measure_url(url: str, dump_dir: Path | None, repeats: int) -> Measured:
+    async with client_session() as session:
+        return await measure(LlamaCppAdapter(session, url, dump_dir=dump_dir), repeats=repeats)
+
+
+@click.command("calibrate")
+@click.option("--runtime", type=click.Choice(["llamacpp"]), default="llamacpp",
+              show_default=True)
+@click.option("--url", help="A running llama-server started with --slot-save-path "
+                            "(default: start a local one).")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="JSON to write.")
+@click.option("--repeats", type=int, default=3, show_default=True)
+@click.option("--model", "model_path", type=click.Path(path_type=Path))
+def calibrate_cmd(runtime: str, url: str | None, out: Path, repeats: int,
+                  model_path: Path | None) -> None:
+    """Measure prefill and decode rates and slot save/restore bandwidth on a live server."""
+    from harness.replay.cli import model_geometry
+
+    geometry: dict[str, Any] | None = None
+    if url:
+        measured = asyncio.run(_measure_url(url, None, repeats))
+        version = None
+    else:
+        from harness.adapters.launchers.llamacpp_server import (
+            LlamaServerConfig,
+            LocalLlamaServer,
+            default_model,
+        )
+
+        model = model_path or default_model()
+        geometry = model_geometry(model)
+        with LocalLlamaServer(LlamaServerConfig(model=model, slots=1),
+                              out.with_suffix(".server.log")) as server:
+            measured = asyncio.run(_measure_url(server.url, server.dump_dir, repeats))
+            version = server.build_label()
+    bpt = float(geometry["kv_bytes_per_token"]) if geometry and \
+        "kv_bytes_per_token" in geometry else None
+    cal = to_calibration(measured, bpt, version)
+    write_calibration(out, cal)
+    pts = ", ".join(f"{n}: {r:,.0f}" for n, r in cal.prefill_points)
+    click.echo(f"prefill tok/s by context ({pts}); decode {cal.decode_tok_s:,.1f} tok/s; "
+               f"slot save {cal.swap_out_bytes_per_s / 2**30:.2f} GiB/s, restore "
+               f"{cal.swap_in_bytes_per_s / 2**30:.2f} GiB/s; KV {cal.kv_bytes_per_token:,.0f} "
+               f"B/token (dumps: {measured.dump_bytes_per_token:,.0f} B/token)\nwrote {out}")

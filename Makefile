@@ -10,7 +10,7 @@ BENCH_ARGS ?=
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup llama bench test lint perf clean
+.PHONY: help setup llama browser bench test lint perf clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -36,7 +36,12 @@ else
 	$(BIN)/harness bench --runtime $(RUNTIME) --url $(URL) $(BENCH_ARGS)
 endif
 
-test: setup llama lint ## Lint, then unit, conformance and live tests (real llama-server)
+browser: ## Debian's headless Chromium for the report-rendering test (skipped without it)
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	  && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
+	  >/dev/null 2>&1 || echo "note: chromium not installed; the report-rendering test will skip"; }
+
+test: setup llama browser lint ## Lint, then unit, conformance and live tests (real llama-server)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: setup ## ruff and mypy on the core

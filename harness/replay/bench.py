@@ -14,8 +14,8 @@ from typing import Any
 import click
 
 from harness.errors import InputError
-from harness.policies import POLICIES
-from harness.records.store import SUMMARY_JSON, read_json
+from harness.policies import POLICIES, make_policy
+from harness.records.store import SUMMARY_JSON, read_json, write_json
 from harness.replay.cli import RUNTIMES, RunOptions, arrivals_from_flags, execute_run, parse_kv
 
 DEFAULT_POLICIES = ("keep", "swap", "recompute")
@@ -28,6 +28,31 @@ def shipped_trace(name: str = "bench-small") -> Path:
     if not path.exists():
         raise InputError(f"shipped trace {path} not found; pass --trace FILE")
     return path
+
+
+def predict(trace: Path, policy: str, calibration: Path) -> dict[str, Any]:
+    """The analytical model's figures for one policy over the trace's pauses, keyed so the
+    report can set them beside the measured ones: the restore part of resume latency (swap-in
+    or re-prefill; queueing and the appended tokens' prefill are not modelled), bytes moved,
+    tokens recomputed."""
+    from harness.model.analytical import Rates, evaluate
+    from harness.model.calibration import read_calibration
+    from harness.model.inputs import pauses_from_trace
+    from harness.plan.injection import Injection
+
+    cal = read_calibration(calibration)
+    pauses = pauses_from_trace(trace, Injection().default_deadline_s)
+    rates = Rates(prefill_tok_s=cal.prefill_tok_s, swap_out_bytes_per_s=cal.swap_out_bytes_per_s,
+                  swap_in_bytes_per_s=cal.swap_in_bytes_per_s,
+                  prefill_points=cal.prefill_points, source="calibration")
+    totals = evaluate({policy: make_policy(policy)}, pauses, cal.kv_bytes_per_token,
+                      rates)[policy].totals()
+    resume = totals["resume_ms"]
+    return {policy: {"restore_ms_p50": resume["p50"], "restore_ms_p95": resume["p95"],
+                     "restore_ms_p99": resume["p99"],
+                     "bytes_moved": totals["bytes_moved"]["total"],
+                     "tokens_recomputed": totals["tokens_recomputed"]["total"],
+                     "source": f"harness model, calibration {calibration}"}}
 
 
 def _ms(q: dict[str, Any] | None, key: str) -> str:
@@ -68,11 +93,15 @@ def headline_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--slots", type=int, default=4, show_default=True)
 @click.option("--ctx-per-slot", type=int, default=4096, show_default=True)
+@click.option("--calibration", type=click.Path(path_type=Path),
+              help="Rates from `harness calibrate`: policies price actions with them, and each "
+                   "policy's directory gets the analytical prediction (prediction.json).")
 @click.option("--out", type=click.Path(path_type=Path),
               help="Results root (default: reports/bench-<UTC time>).")
 def bench_cmd(runtime: str, url: str | None, trace_path: Path | None, policies: str,
               policy_args: tuple[str, ...], inject: str, concurrency: int, time_scale: float,
-              seed: int, slots: int, ctx_per_slot: int, out: Path | None) -> None:
+              seed: int, slots: int, ctx_per_slot: int, calibration: Path | None,
+              out: Path | None) -> None:
     """Replay one trace under several policies and compare them in one report."""
     names = [p.strip() for p in policies.split(",") if p.strip()]
     unknown = [p for p in names if p not in POLICIES]
@@ -93,8 +122,11 @@ def bench_cmd(runtime: str, url: str | None, trace_path: Path | None, policies: 
             policy_args=parse_kv(policy_args, "--policy-arg") if policy in ("ttl", "threshold",
                                                                            "min-waste") else {},
             inject=inject, arrivals=arrivals, seed=seed, slots=slots,
-            ctx_per_slot=ctx_per_slot), lambda m: click.echo(m, err=True))
+            ctx_per_slot=ctx_per_slot, calibration=calibration),
+            lambda m: click.echo(m, err=True))
         dirs.append(d)
+        if calibration is not None:
+            write_json(d / "prediction.json", predict(trace, policy, calibration))
         summary = read_json(d / SUMMARY_JSON) if (d / SUMMARY_JSON).exists() else {}
         rows.append((policy, summary))
         o = run.get("outcome", {})

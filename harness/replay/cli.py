@@ -18,6 +18,7 @@ import click
 
 from harness import __version__
 from harness.errors import InputError
+from harness.model.calibration import read_calibration
 from harness.plan.injection import load_injection
 from harness.plan.planner import Arrivals, make_plan
 from harness.policies import POLICIES, ServerRates, make_policy
@@ -26,7 +27,7 @@ from harness.replay.clock import RealClock
 from harness.replay.runner import dumps_for_run, replay
 from harness.traces.validate import load_trajectories
 
-RUNTIMES = ("llamacpp",)
+RUNTIMES = ("llamacpp", "vllm")
 
 
 def parse_kv(pairs: tuple[str, ...], flag: str) -> dict[str, str]:
@@ -100,6 +101,7 @@ class RunOptions:
     threads: int = 1
     model: Path | None = None
     scrape_interval_s: float = 0.2
+    calibration: Path | None = None
 
 
 def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo) -> dict[str, Any]:
@@ -121,15 +123,21 @@ def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo) -> dict
         "harness_version": __version__, "git_commit": git_commit(),
         "started_at": datetime.now(UTC).isoformat(),
     }
+    cal = read_calibration(o.calibration) if o.calibration else None
+    if o.calibration and cal:
+        run["calibration"] = {"path": str(o.calibration), **cal.to_dict()}
     o.out.mkdir(parents=True, exist_ok=True)
-    if o.url:
+    if o.runtime == "vllm":
+        _run_vllm(o, plan, run, echo)
+    elif o.url:
         echo("note: remote server: the harness cannot delete slot dump files on its disk; "
              "swap dumps are left to the server's --slot-save-path")
         run.update({"server_url": o.url, "server_flags": None})
-        asyncio.run(_run_remote(o.url, plan, pol, o.out, run, o.scrape_interval_s))
+        rates = cal.rates() if cal else FALLBACK_RATES
+        asyncio.run(_run_remote(o.url, plan, pol, o.out, run, o.scrape_interval_s, rates))
     else:
         _run_local(plan, pol, o.out, run, o.scrape_interval_s, o.slots, o.ctx_per_slot,
-                   o.threads, o.model)
+                   o.threads, o.model, cal.rates() if cal else None)
     return run
 
 
@@ -164,33 +172,36 @@ def arrivals_from_flags(concurrency: int | None, rate: float | None, trace_timin
 @click.option("--model", "model_path", type=click.Path(path_type=Path),
               help="Local server: GGUF model (default: SmolLM2-135M-Instruct).")
 @click.option("--scrape-interval", type=float, default=0.2, show_default=True)
+@click.option("--calibration", type=click.Path(path_type=Path),
+              help="Rates from `harness calibrate` for the policies to price actions with.")
 def run_cmd(runtime: str, url: str | None, trace_path: Path, policy: str,
             policy_args: tuple[str, ...], inject: str, concurrency: int | None,
             rate: float | None, trace_timing: bool, time_scale: float, seed: int, out: Path,
             slots: int, ctx_per_slot: int, threads: int, model_path: Path | None,
-            scrape_interval: float) -> None:
+            scrape_interval: float, calibration: Path | None) -> None:
     """Replay TRACE against a runtime under POLICY and write a results directory."""
     opts = RunOptions(
         trace=trace_path, policy=policy, out=out, runtime=runtime, url=url,
         policy_args=parse_kv(policy_args, "--policy-arg"), inject=inject,
         arrivals=arrivals_from_flags(concurrency, rate, trace_timing, time_scale), seed=seed,
         slots=slots, ctx_per_slot=ctx_per_slot, threads=threads, model=model_path,
-        scrape_interval_s=scrape_interval)
+        scrape_interval_s=scrape_interval, calibration=calibration)
     run = execute_run(opts, lambda m: click.echo(m, err=True))
     _print_result(out, run)
 
 
 async def _run_remote(url: str, plan: Any, pol: Any, out: Path, run: dict[str, Any],
-                      scrape_interval: float) -> None:
+                      scrape_interval: float, rates: ServerRates) -> None:
     from harness.adapters.llamacpp import LlamaCppAdapter, client_session
 
     async with client_session() as session:
         adapter = LlamaCppAdapter(session, url)
-        await replay(adapter, RealClock(), plan, pol, out, run, FALLBACK_RATES, scrape_interval)
+        await replay(adapter, RealClock(), plan, pol, out, run, rates, scrape_interval)
 
 
 def _run_local(plan: Any, pol: Any, out: Path, run: dict[str, Any], scrape_interval: float,
-               slots: int, ctx_per_slot: int, threads: int, model_path: Path | None) -> None:
+               slots: int, ctx_per_slot: int, threads: int, model_path: Path | None,
+               measured: ServerRates | None) -> None:
     from harness.adapters.launchers.llamacpp_server import (
         LlamaServerConfig,
         LocalLlamaServer,
@@ -205,7 +216,8 @@ def _run_local(plan: Any, pol: Any, out: Path, run: dict[str, Any], scrape_inter
     geometry = model_geometry(model)
     kv_bpt = float(geometry["kv_bytes_per_token"]) if geometry and \
         "kv_bytes_per_token" in geometry else FALLBACK_RATES.kv_bytes_per_token
-    rates = ServerRates(FALLBACK_RATES.prefill_tok_s, FALLBACK_RATES.swap_bytes_per_s, kv_bpt)
+    rates = measured or ServerRates(FALLBACK_RATES.prefill_tok_s,
+                                    FALLBACK_RATES.swap_bytes_per_s, kv_bpt)
     t0 = time.monotonic()
     with LocalLlamaServer(cfg, out / "server.log") as server:
         run.update({
@@ -224,6 +236,55 @@ def _run_local(plan: Any, pol: Any, out: Path, run: dict[str, Any], scrape_inter
                              leftover_dumps=dumps_for_run(server.dump_dir, run["run_id"]))
 
         asyncio.run(go())
+
+
+def _run_vllm(o: RunOptions, plan: Any, run: dict[str, Any],
+              echo: Callable[[str], None]) -> None:
+    """vLLM: the policy is a server configuration (see vllm_server.SERVER_POLICIES)."""
+    from harness.adapters.launchers.vllm_server import (
+        LocalVllmServer,
+        VllmServerConfig,
+        model_vocab,
+        server_policy,
+        tiny_model,
+        vllm_python,
+    )
+    from harness.adapters.vllm import VllmAdapter, client_session
+    from harness.model.geometry import from_hf_config
+
+    sp = server_policy(o.policy)
+    pol = make_policy(sp.harness_policy, o.policy_args if sp.harness_policy == o.policy else {})
+    run.update({"server_policy": sp.label, "harness_policy": sp.harness_policy,
+                "kv_connector": sp.connector})
+
+    async def go(url: str, vocab: int | None, rates: ServerRates) -> None:
+        async with client_session() as session:
+            adapter = VllmAdapter(session, url, salt=run["run_id"], vocab_size=vocab)
+            run["server_extra"] = (await adapter.server_info()).extra
+            await replay(adapter, RealClock(), plan, pol, o.out, run, rates, o.scrape_interval_s)
+
+    if o.url:
+        if sp.connector:
+            echo(f"note: remote vLLM: {o.policy} needs the server started with a KV connector "
+                 f"({sp.connector}); the harness keeps per pause")
+            run["server_policy"] = f"{sp.label} -- if the server at {o.url} runs a connector"
+        run.update({"server_url": o.url, "server_flags": None})
+        asyncio.run(go(o.url, None, FALLBACK_RATES))
+        return
+    python = vllm_python()
+    model = o.model or tiny_model(python)
+    try:
+        geometry: dict[str, Any] = from_hf_config(model / "config.json").to_dict()
+    except InputError as exc:
+        geometry = {"error": str(exc)[:200]}
+    kv_bpt = float(geometry.get("kv_bytes_per_token", FALLBACK_RATES.kv_bytes_per_token))
+    rates = ServerRates(FALLBACK_RATES.prefill_tok_s, FALLBACK_RATES.swap_bytes_per_s, kv_bpt)
+    cfg = VllmServerConfig(model=model, max_model_len=o.ctx_per_slot, connector=sp.connector)
+    with LocalVllmServer(cfg, o.out / "server.log", python=python) as server:
+        run.update({"model": {"name": model.name, "path": str(model), "geometry": geometry},
+                    "server_flags": server.flags, "server_env": server.env,
+                    "server_python": str(python), "server_start_s": server.start_s})
+        asyncio.run(go(server.url, model_vocab(model), rates))
 
 
 def _print_result(out: Path, run: dict[str, Any]) -> None:

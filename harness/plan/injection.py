@@ -18,13 +18,12 @@ A profile is a small TOML file (built-ins beside this module, or a user's path):
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from harness.errors import InputError
+from harness.tomlfiles import load_toml
 
 
 @dataclass(frozen=True)
@@ -84,22 +83,7 @@ def load_injection(name_or_path: str | None) -> Injection:
     if name_or_path in (None, "", "none"):
         return Injection()
     assert name_or_path is not None
-    path = Path(name_or_path)
-    if path.suffix == ".toml" or path.exists():
-        if not path.is_file():
-            raise InputError(f"injection file {path} does not exist")
-        text, where = path.read_text(), str(path)
-    else:
-        res = resources.files("harness.plan").joinpath("injections", f"{name_or_path}.toml")
-        if not res.is_file():
-            names = sorted(p.name[:-5] for p in resources.files("harness.plan")
-                           .joinpath("injections").iterdir() if p.name.endswith(".toml"))
-            raise InputError(f"unknown injection profile {name_or_path!r}; built-in: "
-                             f"none, {', '.join(names)}")
-        text, where = res.read_text(), f"{name_or_path}.toml"
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"injection {where}: not valid TOML: {exc}") from None
+    data, where = load_toml(name_or_path, "harness.plan", "injections", "injection profile",
+                            also_builtin=("none",))
     data.setdefault("name", Path(where).stem)
     return parse_injection(data, where)

@@ -6,13 +6,11 @@ Every key is checked, and a profile with an unknown or malformed key is refused 
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from harness.errors import InputError
+from harness.tomlfiles import builtin_names, load_toml
 
 
 @dataclass(frozen=True)
@@ -245,25 +243,10 @@ def parse_profile(data: dict[str, Any], where: str) -> Profile:
 
 
 def builtin_profiles() -> list[str]:
-    root = resources.files("harness.traces").joinpath("profiles")
-    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".toml"))
+    return builtin_names("harness.traces", "profiles")
 
 
 def load_profile(name_or_path: str) -> Profile:
     """A built-in profile by name, or a TOML file by path."""
-    path = Path(name_or_path)
-    if path.suffix == ".toml" or path.exists():
-        if not path.is_file():
-            raise InputError(f"profile file {path} does not exist")
-        text, where = path.read_text(), str(path)
-    else:
-        res = resources.files("harness.traces").joinpath("profiles", f"{name_or_path}.toml")
-        if not res.is_file():
-            raise InputError(f"unknown profile {name_or_path!r}; built-in profiles: "
-                             f"{', '.join(builtin_profiles())}")
-        text, where = res.read_text(), f"{name_or_path}.toml"
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"profile {where}: not valid TOML: {exc}") from None
+    data, where = load_toml(name_or_path, "harness.traces", "profiles", "profile")
     return parse_profile(data, where)

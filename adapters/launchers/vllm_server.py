@@ -3,7 +3,7 @@
 The server runs the vLLM virtualenv's python (never the harness's), listens on 127.0.0.1 only, in
 its own process group (vLLM forks an engine-core process), and is stopped (SIGTERM to the group,
 then SIGKILL) however the run ends. A KV connector's disk store lives in a private 0700 directory
-that is removed at stop.
+that is removed at stop, with the server's private TMPDIR.
 
 A pause policy is a server configuration on vLLM (`SERVER_POLICIES`): the client cannot pin,
 save or restore a request's KV blocks.
@@ -117,6 +117,10 @@ class LocalVllmServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.startup_timeout_s = startup_timeout_s
         self.start_s: float | None = None
+        # The server's TMPDIR (vLLM leaves files there) and the connector's store: private,
+        # removed at stop.
+        self.tmp_dir = Path(tempfile.mkdtemp(prefix="harness-vllm-"))
+        os.chmod(self.tmp_dir, 0o700)
         self.store_dir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         c = config
@@ -132,15 +136,16 @@ class LocalVllmServer:
         if c.max_num_seqs is not None:
             self.flags += ["--max-num-seqs", str(c.max_num_seqs)]
         if c.connector is not None:
-            self.store_dir = Path(tempfile.mkdtemp(prefix="harness-kvstore-"))
-            os.chmod(self.store_dir, 0o700)
+            self.store_dir = self.tmp_dir / "kv-store"
+            self.store_dir.mkdir(mode=0o700)
             self.flags += ["--kv-transfer-config", json.dumps({
                 "kv_connector": c.connector, "kv_role": "kv_both",
                 "kv_connector_extra_config": {"shared_storage_path": str(self.store_dir)}})]
         self.flags += c.extra_args
         self.env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                     "VLLM_CPU_KVCACHE_SPACE": str(c.kv_cache_gib), "VLLM_SERVER_DEV_MODE": "1",
-                    "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+                    "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+                    "TMPDIR": str(self.tmp_dir)}
 
     def command(self) -> list[str]:
         cmd = [str(self.python), "-m", "vllm.entrypoints.openai.api_server", *self.flags]
@@ -221,8 +226,7 @@ class LocalVllmServer:
                 proc.wait(timeout=10)
         if getattr(self, "_log", None) is not None:
             self._log.close()
-        if self.store_dir is not None:
-            shutil.rmtree(self.store_dir, ignore_errors=True)
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

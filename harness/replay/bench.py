@@ -13,10 +13,11 @@ from typing import Any
 
 import click
 
+from harness.adapters.runtimes import RUNTIMES
 from harness.errors import InputError
 from harness.policies import POLICIES, make_policy
 from harness.records.store import SUMMARY_JSON, read_json, write_json
-from harness.replay.cli import RUNTIMES, RunOptions, arrivals_from_flags, execute_run, parse_kv
+from harness.replay.cli import RunOptions, arrivals_from_flags, execute_run, parse_kv
 
 DEFAULT_POLICIES = ("keep", "swap", "recompute")
 
@@ -80,7 +81,8 @@ def headline_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
 
 
 @click.command("bench")
-@click.option("--runtime", type=click.Choice(RUNTIMES), default="llamacpp", show_default=True)
+@click.option("--runtime", type=click.Choice(list(RUNTIMES)), default="llamacpp",
+              show_default=True)
 @click.option("--url", help="A running server (default: start a local llama-server per policy).")
 @click.option("--trace", "trace_path", type=click.Path(path_type=Path),
               help="Trajectory file (default: the shipped traces/bench-small.parquet).")

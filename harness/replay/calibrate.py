@@ -117,7 +117,7 @@ async def _measure_url(url: str, dump_dir: Path | None, repeats: int) -> Measure
 def calibrate_cmd(runtime: str, url: str | None, out: Path, repeats: int,
                   model_path: Path | None) -> None:
     """Measure prefill and decode rates and slot save/restore bandwidth on a live server."""
-    from harness.replay.cli import model_geometry
+    from harness.adapters.launchers.llamacpp_run import model_geometry
 
     geometry: dict[str, Any] | None = None
     if url:

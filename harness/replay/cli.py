@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import os
 import subprocess
-import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -17,18 +13,16 @@ from typing import Any, Literal
 import click
 
 from harness import __version__
+from harness.adapters.runtimes import RUNTIMES, runtime_entry
 from harness.errors import InputError
 from harness.model.calibration import read_calibration
 from harness.plan.injection import load_injection
 from harness.plan.planner import Arrivals, make_plan
-from harness.policies import POLICIES, ServerRates, make_policy
-from harness.policies.builtin import FALLBACK_RATES
-from harness.replay.clock import RealClock
-from harness.replay.runner import dumps_for_run, replay
+from harness.policies import POLICIES, make_policy
+from harness.replay.options import RunContext, RunOptions
 from harness.traces.validate import load_trajectories
 
-RUNTIMES = ("llamacpp", "vllm")
-
+__all__ = ["RunOptions", "execute_run", "arrivals_from_flags", "parse_kv", "run_cmd"]
 
 def parse_kv(pairs: tuple[str, ...], flag: str) -> dict[str, str]:
     out: dict[str, str] = {}
@@ -62,48 +56,6 @@ def git_commit() -> str | None:
     return out.stdout.strip() + ("-dirty" if dirty else "")
 
 
-def model_geometry(model: Path | None) -> dict[str, Any] | None:
-    """KV geometry from the GGUF's metadata, when the model file is on this machine."""
-    if model is None:
-        return None
-    from harness.model.geometry import from_gguf
-
-    try:
-        return from_gguf(model).to_dict()
-    except Exception as exc:  # geometry is metadata: a model we cannot parse still replays
-        return {"error": f"{type(exc).__name__}: {exc}"[:200]}
-
-
-def pin_harness_cpu() -> str | None:
-    """Keep the harness off the server's core on a 2+ core machine; returns the server's CPUs."""
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if len(cpus) < 2:
-        return None
-    os.sched_setaffinity(0, {cpus[0]})
-    return ",".join(str(c) for c in cpus[1:])
-
-
-@dataclass
-class RunOptions:
-    """Everything one replay run needs; `harness run` and `harness bench` both build these."""
-
-    trace: Path
-    policy: str
-    out: Path
-    runtime: str = "llamacpp"
-    url: str | None = None
-    policy_args: dict[str, str] = field(default_factory=dict)
-    inject: str = "none"
-    arrivals: Arrivals = field(default_factory=Arrivals)
-    seed: int = 0
-    slots: int = 4
-    ctx_per_slot: int = 4096
-    threads: int = 1
-    model: Path | None = None
-    scrape_interval_s: float = 0.2
-    calibration: Path | None = None
-
-
 def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo) -> dict[str, Any]:
     """Validate inputs, plan, replay (starting a local server unless `url`); returns run.json."""
     pol = make_policy(o.policy, o.policy_args)
@@ -127,17 +79,7 @@ def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo) -> dict
     if o.calibration and cal:
         run["calibration"] = {"path": str(o.calibration), **cal.to_dict()}
     o.out.mkdir(parents=True, exist_ok=True)
-    if o.runtime == "vllm":
-        _run_vllm(o, plan, run, echo)
-    elif o.url:
-        echo("note: remote server: the harness cannot delete slot dump files on its disk; "
-             "swap dumps are left to the server's --slot-save-path")
-        run.update({"server_url": o.url, "server_flags": None})
-        rates = cal.rates() if cal else FALLBACK_RATES
-        asyncio.run(_run_remote(o.url, plan, pol, o.out, run, o.scrape_interval_s, rates))
-    else:
-        _run_local(plan, pol, o.out, run, o.scrape_interval_s, o.slots, o.ctx_per_slot,
-                   o.threads, o.model, cal.rates() if cal else None)
+    runtime_entry(o.runtime)(RunContext(o, plan, pol, run, echo, cal.rates() if cal else None))
     return run
 
 
@@ -152,7 +94,8 @@ def arrivals_from_flags(concurrency: int | None, rate: float | None, trace_timin
 
 
 @click.command("run")
-@click.option("--runtime", type=click.Choice(RUNTIMES), default="llamacpp", show_default=True)
+@click.option("--runtime", type=click.Choice(list(RUNTIMES)), default="llamacpp",
+              show_default=True)
 @click.option("--url", help="A running server; without it a local one is started and stopped.")
 @click.option("--trace", "trace_path", required=True, type=click.Path(path_type=Path))
 @click.option("--policy", required=True, type=click.Choice(list(POLICIES)))
@@ -188,103 +131,6 @@ def run_cmd(runtime: str, url: str | None, trace_path: Path, policy: str,
         scrape_interval_s=scrape_interval, calibration=calibration)
     run = execute_run(opts, lambda m: click.echo(m, err=True))
     _print_result(out, run)
-
-
-async def _run_remote(url: str, plan: Any, pol: Any, out: Path, run: dict[str, Any],
-                      scrape_interval: float, rates: ServerRates) -> None:
-    from harness.adapters.llamacpp import LlamaCppAdapter, client_session
-
-    async with client_session() as session:
-        adapter = LlamaCppAdapter(session, url)
-        await replay(adapter, RealClock(), plan, pol, out, run, rates, scrape_interval)
-
-
-def _run_local(plan: Any, pol: Any, out: Path, run: dict[str, Any], scrape_interval: float,
-               slots: int, ctx_per_slot: int, threads: int, model_path: Path | None,
-               measured: ServerRates | None) -> None:
-    from harness.adapters.launchers.llamacpp_server import (
-        LlamaServerConfig,
-        LocalLlamaServer,
-        default_model,
-    )
-    from harness.adapters.llamacpp import LlamaCppAdapter, client_session
-
-    model = model_path or default_model()
-    server_cpus = pin_harness_cpu()
-    cfg = LlamaServerConfig(model=model, slots=slots, ctx_per_slot=ctx_per_slot,
-                            threads=threads, server_cpus=server_cpus)
-    geometry = model_geometry(model)
-    kv_bpt = float(geometry["kv_bytes_per_token"]) if geometry and \
-        "kv_bytes_per_token" in geometry else FALLBACK_RATES.kv_bytes_per_token
-    rates = measured or ServerRates(FALLBACK_RATES.prefill_tok_s,
-                                    FALLBACK_RATES.swap_bytes_per_s, kv_bpt)
-    t0 = time.monotonic()
-    with LocalLlamaServer(cfg, out / "server.log") as server:
-        run.update({
-            "model": {"name": model.name, "path": str(model), "geometry": geometry,
-                      "kv_bytes_per_token": kv_bpt if geometry else None},
-            "server_flags": server.flags, "server_binary": str(server.binary),
-            "cpu_pinning": {"server": server_cpus, "harness": sorted(os.sched_getaffinity(0))}
-            if server_cpus else None,
-            "server_start_s": round(time.monotonic() - t0, 3),
-        })
-
-        async def go() -> None:
-            async with client_session() as session:
-                adapter = LlamaCppAdapter(session, server.url, dump_dir=server.dump_dir)
-                await replay(adapter, RealClock(), plan, pol, out, run, rates, scrape_interval,
-                             leftover_dumps=dumps_for_run(server.dump_dir, run["run_id"]))
-
-        asyncio.run(go())
-
-
-def _run_vllm(o: RunOptions, plan: Any, run: dict[str, Any],
-              echo: Callable[[str], None]) -> None:
-    """vLLM: the policy is a server configuration (see vllm_server.SERVER_POLICIES)."""
-    from harness.adapters.launchers.vllm_server import (
-        LocalVllmServer,
-        VllmServerConfig,
-        model_vocab,
-        server_policy,
-        tiny_model,
-        vllm_python,
-    )
-    from harness.adapters.vllm import VllmAdapter, client_session
-    from harness.model.geometry import from_hf_config
-
-    sp = server_policy(o.policy)
-    pol = make_policy(sp.harness_policy, o.policy_args if sp.harness_policy == o.policy else {})
-    run.update({"server_policy": sp.label, "harness_policy": sp.harness_policy,
-                "kv_connector": sp.connector})
-
-    async def go(url: str, vocab: int | None, rates: ServerRates) -> None:
-        async with client_session() as session:
-            adapter = VllmAdapter(session, url, salt=run["run_id"], vocab_size=vocab)
-            run["server_extra"] = (await adapter.server_info()).extra
-            await replay(adapter, RealClock(), plan, pol, o.out, run, rates, o.scrape_interval_s)
-
-    if o.url:
-        if sp.connector:
-            echo(f"note: remote vLLM: {o.policy} needs the server started with a KV connector "
-                 f"({sp.connector}); the harness keeps per pause")
-            run["server_policy"] = f"{sp.label} -- if the server at {o.url} runs a connector"
-        run.update({"server_url": o.url, "server_flags": None})
-        asyncio.run(go(o.url, None, FALLBACK_RATES))
-        return
-    python = vllm_python()
-    model = o.model or tiny_model(python)
-    try:
-        geometry: dict[str, Any] = from_hf_config(model / "config.json").to_dict()
-    except InputError as exc:
-        geometry = {"error": str(exc)[:200]}
-    kv_bpt = float(geometry.get("kv_bytes_per_token", FALLBACK_RATES.kv_bytes_per_token))
-    rates = ServerRates(FALLBACK_RATES.prefill_tok_s, FALLBACK_RATES.swap_bytes_per_s, kv_bpt)
-    cfg = VllmServerConfig(model=model, max_model_len=o.ctx_per_slot, connector=sp.connector)
-    with LocalVllmServer(cfg, o.out / "server.log", python=python) as server:
-        run.update({"model": {"name": model.name, "path": str(model), "geometry": geometry},
-                    "server_flags": server.flags, "server_env": server.env,
-                    "server_python": str(python), "server_start_s": server.start_s})
-        asyncio.run(go(server.url, model_vocab(model), rates))
 
 
 def _print_result(out: Path, run: dict[str, Any]) -> None:

@@ -1,0 +1,96 @@
+"""Record conformance transcripts from real servers started here (127.0.0.1 only).
+
+    .venv/bin/python -m tests.conformance.record llamacpp vllm
+
+llama.cpp: the cached llama-server build and default GGUF model (install_llamacpp.sh,
+fetch_model.sh); vLLM: the cached CPU vLLM and the tiny model (install_vllm.sh,
+make_tiny_model.py). Each server is stopped when its transcript is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from aiohttp.test_utils import TestServer
+
+from tests.conformance.transcript import ACTIONS, recording_proxy, run_plan
+
+TRANSCRIPTS = Path(__file__).resolve().parent / "transcripts"
+
+
+async def _record(runtime: str, upstream: str, setup: dict[str, Any], work: Path) -> dict[str, Any]:
+    exchanges: list[dict[str, Any]] = []
+    proxy = TestServer(recording_proxy(upstream, exchanges), host="127.0.0.1")
+    await proxy.start_server()
+    try:
+        outcome = await run_plan(runtime, str(proxy.make_url("")).rstrip("/"), work / "run")
+    finally:
+        await proxy.close()
+    run = outcome["run"]
+    assert run["status"] == "finished" and run["outcome"]["completed"] == 2, run
+    return {"runtime": runtime, "server_version": run["server_version"], "setup": setup,
+            "actions": ACTIONS[runtime], "exchanges": exchanges,
+            "results": outcome["results"], "events": outcome["events"]}
+
+
+def record_llamacpp(work: Path) -> dict[str, Any]:
+    """A transcript of the plan against a real llama-server (2 slots, 1024 tokens each)."""
+    from harness.adapters.launchers.llamacpp_server import (
+        LlamaServerConfig,
+        LocalLlamaServer,
+        default_model,
+    )
+
+    model = default_model()
+    cfg = LlamaServerConfig(model=model, slots=2, ctx_per_slot=1024)
+    with LocalLlamaServer(cfg, work / "llama.log") as server:
+        return asyncio.run(_record("llamacpp", server.url, {
+            "model": model.name, "slots": 2, "ctx_per_slot": 1024}, work))
+
+
+def record_vllm(work: Path) -> dict[str, Any]:
+    """A transcript of the plan against a real CPU vLLM server with the tiny model."""
+    from harness.adapters.launchers.vllm_server import (
+        LocalVllmServer,
+        VllmServerConfig,
+        tiny_model,
+        vllm_python,
+    )
+
+    python = vllm_python()
+    model = tiny_model(python)
+    with LocalVllmServer(VllmServerConfig(model=model), work / "vllm.log", python=python) as s:
+        return asyncio.run(_record("vllm", s.url, {"model": "tiny-llama (make_tiny_model.py)",
+                                                   "block_size": 32}, work))
+
+
+def _dumps(rec: dict[str, Any]) -> str:
+    """JSON with one line per key, and one line per item of a list (a diff-friendly file)."""
+    lines = []
+    for k, v in rec.items():
+        if isinstance(v, list) and v and isinstance(v[0], dict | list):
+            items = ",\n  ".join(json.dumps(x, separators=(",", ":")) for x in v)
+            lines.append(f" {json.dumps(k)}: [\n  {items}\n ]")
+        else:
+            lines.append(f" {json.dumps(k)}: {json.dumps(v)}")
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def main(argv: list[str]) -> int:
+    TRANSCRIPTS.mkdir(exist_ok=True)
+    for runtime in argv or ["llamacpp", "vllm"]:
+        with tempfile.TemporaryDirectory() as tmp:
+            rec = {"llamacpp": record_llamacpp, "vllm": record_vllm}[runtime](Path(tmp))
+        path = TRANSCRIPTS / f"{runtime}.json"
+        path.write_text(_dumps(rec))
+        print(f"{path}: {len(rec['exchanges'])} exchanges, {path.stat().st_size} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,290 @@
+"""Adapter conformance: record a real server's HTTP exchanges for a fixed plan, replay them.
+
+Recording puts a proxy between the adapter and a real server; every exchange (request body,
+status, response body, streamed bodies whole) is stored, trimmed of fields no adapter reads
+(generation settings, echoed prompts, chat templates, most metrics). The transcript also holds
+what the adapter returned for every call and the executor's event sequence. Replaying serves the
+stored responses from an aiohttp server, and a conforming adapter must return the same results and
+drive the executor through the same events. Trimming is checked by construction: the recorded
+results come from the untrimmed bodies, the replayed ones from the trimmed bodies.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pandas as pd
+from aiohttp import web
+from harness.adapters.base import CompletionRequest
+
+from harness.plan.injection import Injection
+from harness.plan.planner import Arrivals, CallStep, Plan, ToolStep, TrajectoryPlan
+from harness.plan.tokens import stable_seed
+from harness.policies.base import Decision, PauseContext
+
+RUN_ID = "conformance"
+METRICS_KEPT = ("llamacpp:prompt_tokens_total", "llamacpp:requests_processing",
+                "vllm:num_requests_running", "vllm:num_requests_waiting",
+                "vllm:cache_config_info", "vllm:kv_cache_usage_perc",
+                "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
+                "vllm:num_preemptions_total")
+_LLAMA_CHUNK = ("tokens", "stop", "tokens_cached", "error", "id_slot")
+_LLAMA_TIMINGS = ("cache_n", "prompt_n", "prompt_ms", "predicted_n", "predicted_ms")
+_CACHE_LABELS = ("block_size", "enable_prefix_caching", "num_gpu_blocks")
+# The replay app's recorded exchanges not yet answered, by request.
+PENDING: web.AppKey[dict[str, list[dict[str, Any]]]] = web.AppKey("pending", dict)
+
+
+class ScriptedPolicy:
+    """Takes the given actions at successive pauses (the plan runs one trajectory at a time)."""
+
+    name = "scripted"
+    sees_true_latency = False
+
+    def __init__(self, actions: list[str]) -> None:
+        self.actions = list(actions)
+        self.n = 0
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        action = self.actions[self.n % len(self.actions)]
+        self.n += 1
+        return Decision(action, f"scripted pause {self.n}")
+
+
+def plan() -> Plan:
+    """Two short trajectories, one at a time, 50 ms tools: three pauses in all."""
+    def traj(tid: str, appends: list[int]) -> TrajectoryPlan:
+        steps: list[CallStep | ToolStep] = []
+        for i, n in enumerate(appends):
+            if i:
+                steps.append(ToolStep(2 * i - 1, "tool", "local_read", 0.05, 5.0, "ok", False,
+                                      True))
+            steps.append(CallStep(2 * i, n, stable_seed(tid, 2 * i), 3))
+        return TrajectoryPlan(tid, 0.0, "interactive", "conformance", tuple(steps))
+
+    return Plan((traj("conf-a", [48, 8, 4]), traj("conf-b", [40, 8])), (),
+                Arrivals(mode="closed", concurrency=1), 0, Injection())
+
+
+class Recording:
+    """Wraps an adapter and keeps what each call returned, in order."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.runtime = inner.runtime
+        self.capabilities = inner.capabilities
+        self.results: list[list[Any]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def complete(self, req: CompletionRequest, on_first_token: Callable[[], None]) -> Any:
+        res = await self.inner.complete(req, on_first_token)
+        self.results.append(["complete", asdict(res)])
+        return res
+
+    async def save_slot(self, slot: int, name: str) -> Any:
+        io = await self.inner.save_slot(slot, name)
+        self.results.append(["save_slot", asdict(io)])
+        return io
+
+    async def restore_slot(self, slot: int, name: str) -> Any:
+        io = await self.inner.restore_slot(slot, name)
+        self.results.append(["restore_slot", asdict(io)])
+        return io
+
+
+def events(rec: pd.DataFrame) -> list[list[Any]]:
+    """(event, trajectory, step, action, cached_tokens) of the agent records, in order."""
+    def clean(v: Any) -> Any:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return None
+        return int(v) if isinstance(v, float) and v.is_integer() else v
+
+    agent = rec[rec.traffic == "agent"]
+    return [[clean(x) for x in row] for row in agent[
+        ["event", "trajectory_id", "step", "action", "cached_tokens"]].itertuples(index=False)]
+
+
+# ---- trimming ---------------------------------------------------------------------------
+def _trim_metrics(text: str) -> str:
+    keep = []
+    for line in text.splitlines():
+        if line.startswith("# HELP"):
+            continue
+        words = line.split()
+        name = words[2] if line.startswith("#") and len(words) > 2 else line.split("{")[0].split(
+            " ")[0]
+        if name.removesuffix("_total") in {m.removesuffix("_total") for m in METRICS_KEPT}:
+            if name == "vllm:cache_config_info" and not line.startswith("#"):
+                labels = ",".join(f'{k}="{v}"' for k, v in _labels(line).items()
+                                  if k in _CACHE_LABELS)
+                line = f"vllm:cache_config_info{{{labels}}} 1.0"
+            keep.append(line)
+    return "\n".join(keep) + "\n"
+
+
+def _labels(line: str) -> dict[str, str]:
+    inner = line[line.index("{") + 1:line.rindex("}")]
+    out = {}
+    for part in inner.split('",'):
+        k, _, v = part.partition("=")
+        out[k.strip()] = v.strip().strip('"')
+    return out
+
+
+def _trim_stream(text: str, trim: Callable[[dict[str, Any]], dict[str, Any]]) -> str:
+    out = []
+    for line in text.splitlines():
+        if line.startswith("data:") and line[5:].strip() != "[DONE]":
+            line = "data: " + json.dumps(trim(json.loads(line[5:])), separators=(",", ":"))
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def _llama_chunk(c: dict[str, Any]) -> dict[str, Any]:
+    out = {k: c[k] for k in _LLAMA_CHUNK if k in c}
+    if "timings" in c:
+        out["timings"] = {k: c["timings"][k] for k in _LLAMA_TIMINGS if k in c["timings"]}
+    return out
+
+
+def _vllm_chunk(c: dict[str, Any]) -> dict[str, Any]:
+    if "error" in c:
+        return c
+    out: dict[str, Any] = {"choices": [{k: ch[k] for k in ("index", "token_ids", "finish_reason")
+                                        if k in ch} for ch in c.get("choices") or []]}
+    for k in ("usage", "metrics"):
+        if c.get(k):
+            out[k] = c[k]
+    return out
+
+
+def trim(path: str, content_type: str, body: str) -> str:
+    """The body without fields no adapter reads (see the module docstring)."""
+    route = path.split("?")[0]
+    if route == "/metrics":
+        return _trim_metrics(body)
+    if "event-stream" in content_type:
+        return _trim_stream(body, _vllm_chunk if route == "/v1/completions" else _llama_chunk)
+    if "json" not in content_type:
+        return body
+    data = json.loads(body)
+    if route == "/props":
+        gen = data.get("default_generation_settings") or {}
+        data = {k: data[k] for k in ("total_slots", "build_info", "model_alias") if k in data}
+        data["model_path"] = "model.gguf"
+        if "model_alias" in data:  # a path on the recording machine: its file name suffices
+            data["model_alias"] = str(data["model_alias"]).rsplit("/", 1)[-1]
+        data["default_generation_settings"] = {"n_ctx": gen.get("n_ctx")}
+    elif route == "/v1/models":
+        data = {"data": [{k: m[k] for k in ("id", "max_model_len", "meta") if k in m}
+                         for m in data.get("data", [])[:1]]}
+        for m in data["data"]:
+            m["id"] = str(m.get("id", "")).rsplit("/", 1)[-1]
+            if isinstance(m.get("meta"), dict):
+                m["meta"] = {"n_vocab": m["meta"].get("n_vocab")}
+    elif route == "/slots":
+        data = [{k: s[k] for k in ("id", "n_ctx", "is_processing", "n_prompt_tokens", "n_past")
+                 if k in s} for s in data]
+    elif route == "/server_info":
+        cfg = data["vllm_config"]
+        data = {"vllm_config": {"kv_transfer_config": cfg.get("kv_transfer_config"),
+                                "scheduler_config": {"max_num_seqs": (cfg.get(
+                                    "scheduler_config") or {}).get("max_num_seqs")}}}
+    return json.dumps(data, separators=(",", ":"))
+
+
+# ---- proxy and replay ---------------------------------------------------------------------
+def _key(method: str, path: str, body: Any) -> str:
+    return json.dumps([method, path, body], sort_keys=True)
+
+
+def recording_proxy(upstream: str, exchanges: list[dict[str, Any]]) -> web.Application:
+    """A proxy to `upstream` that appends every exchange (trimmed) to `exchanges`."""
+    app = web.Application()
+
+    async def forward(request: web.Request) -> web.Response:
+        raw = await request.read()
+        body = json.loads(raw) if raw else None
+        async with aiohttp.ClientSession() as s, s.request(
+                request.method, upstream + request.path_qs, json=body) as up:
+            text = await up.text()
+            ctype = up.headers.get("Content-Type", "text/plain").split(";")[0]
+            exchanges.append({"method": request.method, "path": request.path_qs,
+                              "request": body, "status": up.status, "content_type": ctype,
+                              "body": trim(request.path_qs, ctype, text)})
+            return web.Response(status=up.status, text=text, content_type=ctype)
+
+    app.router.add_route("*", "/{tail:.*}", forward)
+    return app
+
+
+def replay_app(exchanges: list[dict[str, Any]], unmatched: list[str]) -> web.Application:
+    """Answers each request with the first unused recorded exchange of the same request; a
+    repeated poll (GET /metrics, /slots) past the recorded ones gets the last recorded answer."""
+    pending: dict[str, list[dict[str, Any]]] = {}
+    last: dict[str, dict[str, Any]] = {}
+    for ex in exchanges:
+        pending.setdefault(_key(ex["method"], ex["path"], ex["request"]), []).append(ex)
+        if ex["method"] == "GET":
+            last[ex["path"]] = ex
+    app = web.Application()
+
+    async def answer(request: web.Request) -> web.Response:
+        raw = await request.read()
+        body = json.loads(raw) if raw else None
+        queue = pending.get(_key(request.method, request.path_qs, body))
+        if queue:
+            ex = queue.pop(0)
+        elif request.method == "GET" and request.path_qs in last:
+            ex = last[request.path_qs]
+        else:
+            unmatched.append(f"{request.method} {request.path_qs} {raw[:200]!r}")
+            return web.Response(status=599, text="no recorded exchange")
+        return web.Response(status=ex["status"], text=ex["body"],
+                            content_type=ex["content_type"])
+
+    app.router.add_route("*", "/{tail:.*}", answer)
+    app[PENDING] = pending
+    return app
+
+
+# ---- one run ------------------------------------------------------------------------------
+ACTIONS = {"llamacpp": ["keep", "swap", "recompute"], "vllm": ["keep", "recompute", "keep"]}
+VLLM_VOCAB = 2048  # the tiny model's (make_tiny_model.py)
+
+
+def make_adapter(runtime: str, session: aiohttp.ClientSession, url: str) -> Any:
+    """The adapter under test, configured the same way when recording and replaying."""
+    if runtime == "llamacpp":
+        from harness.adapters.llamacpp import LlamaCppAdapter
+
+        return LlamaCppAdapter(session, url)
+    from harness.adapters.vllm import VllmAdapter
+
+    return VllmAdapter(session, url, salt=RUN_ID, vocab_size=VLLM_VOCAB)
+
+
+async def run_plan(runtime: str, url: str, out: Path) -> dict[str, Any]:
+    """Replay the fixed plan through `runtime`'s adapter at `url` (real clock, no scraping
+    after the first sample); returns the adapter's results, the events and run.json."""
+    from harness.adapters.llamacpp import client_session
+
+    from harness.policies.builtin import FALLBACK_RATES
+    from harness.records.store import read_records
+    from harness.replay.clock import RealClock
+    from harness.replay.runner import replay
+
+    run: dict[str, Any] = {"run_id": RUN_ID, "policy": "scripted"}
+    async with client_session() as session:
+        adapter = Recording(make_adapter(runtime, session, url))
+        await replay(adapter, RealClock(), plan(), ScriptedPolicy(ACTIONS[runtime]), out, run,
+                     FALLBACK_RATES, scrape_interval_s=3600.0)
+    return {"results": adapter.results, "events": events(read_records(out)), "run": run}

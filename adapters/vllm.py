@@ -126,8 +126,12 @@ class VllmAdapter:
                        on_first_token: Callable[[], None]) -> CompletionResult:
         if req.slot is not None:
             raise Unsupported("vLLM has no client-chosen slots")
+        try:
+            model = await self._model_name()
+        except (aiohttp.ClientError, TimeoutError, KeyError, IndexError, ValueError) as exc:
+            return CompletionResult(status="error", error=f"{type(exc).__name__}: {exc}"[:300])
         body: dict[str, Any] = {
-            "model": await self._model_name(),
+            "model": model,
             "prompt": req.prompt,
             "max_tokens": req.max_tokens,
             "ignore_eos": True,

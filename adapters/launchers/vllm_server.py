@@ -123,6 +123,7 @@ class LocalVllmServer:
         os.chmod(self.tmp_dir, 0o700)
         self.store_dir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._pgid: int | None = None  # set at stop: the group that must be gone
         c = config
         self.flags = [
             "--model", str(c.model), "--served-model-name", SERVED_NAME,
@@ -204,8 +205,6 @@ class LocalVllmServer:
         except ProcessLookupError:
             return False
         return True
-
-    _pgid: int | None = None
 
     def stop(self) -> None:
         """SIGTERM the server's process group, SIGKILL what is left after 20 s; remove files."""

@@ -119,7 +119,6 @@ def test_injected_failure_and_dead_server() -> None:
     async def dead() -> None:
         async with client_session() as session:
             ad = VllmAdapter(session, "http://127.0.0.1:9", vocab_size=2048)
-            ad._model = "tiny"
             r = await ad.complete(CompletionRequest([300] * 4, 1), lambda: None)
             assert r.status == "error" and "Connect" in (r.error or "")
 

@@ -14,6 +14,7 @@ from harness.replay.options import RunContext
 RUNTIMES: dict[str, str] = {
     "llamacpp": "harness.adapters.launchers.llamacpp_run",
     "vllm": "harness.adapters.launchers.vllm_run",
+    "sglang": "harness.adapters.launchers.sglang_run",
 }
 
 

@@ -1,0 +1,222 @@
+"""Start and stop a local SGLang server (CPU engine, installed by install_sglang.sh) for a run.
+
+The server runs the SGLang virtualenv's python (never the harness's) with SGLang's CPU engine
+(SGLANG_USE_CPU_ENGINE=1) and the harness's `sgl_kernel` CPU stand-in on its PYTHONPATH. It
+listens on 127.0.0.1 only, in its own process group (SGLang forks a scheduler and a detokenizer),
+with a private TMPDIR, and is stopped (SIGTERM to the group, then SIGKILL) however the run ends.
+
+A pause policy is mostly a server configuration on SGLang (`SERVER_POLICIES`): the client cannot
+pin, save or restore a request's KV. This CPU setup is not supported upstream; SGLang and torch
+are pinned in install_sglang.sh to the releases it was verified with.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from harness.adapters.launchers.llamacpp_server import LAUNCHERS, _script_output, free_port
+
+from harness.errors import ServerError
+
+SERVED_NAME = "tiny"
+STAND_IN = LAUNCHERS / "sgl_kernel_cpu"  # holds the `sgl_kernel` stand-in package
+HICACHE_UNSUPPORTED = (
+    "SGLang 0.5.23's HiCache (--enable-hierarchical-cache) does not run on its CPU engine: the "
+    "host KV pool is registered with cudaHostRegister (torch.cuda.cudart() fails with 'Found no "
+    "NVIDIA driver'), and its transfers use sgl_kernel.kvcacheio CUDA/XPU kernels")
+
+
+@dataclass(frozen=True)
+class ServerPolicy:
+    """How one harness policy name is realised on SGLang."""
+
+    harness_policy: str  # what the executor runs per pause
+    label: str  # what run.json says was measured
+
+
+SERVER_POLICIES: dict[str, ServerPolicy] = {
+    "keep": ServerPolicy(
+        "keep", "keep: radix cache on; a paused request's KV stays in the radix tree as "
+        "evictable cached tokens (not pinned: memory pressure may evict them)"),
+    "recompute": ServerPolicy(
+        "recompute", "recompute: a fresh extra_key (SGLang's cache salt) on every resumed call, "
+        "so no cached prefix matches and the whole context is prefilled again (radix cache on)"),
+    "swap": ServerPolicy(
+        "swap", f"swap: not run -- {HICACHE_UNSUPPORTED}; every swap decision is recorded as "
+        "unsupported and the KV stays in the radix cache (radix cache on)"),
+}
+
+
+def server_policy(policy: str) -> ServerPolicy:
+    """The SGLang realisation of `policy` on a local CPU server; per-pause policies (ttl,
+    threshold, ...) run on the harness with keep and recompute (swap decisions are recorded as
+    unsupported)."""
+    return SERVER_POLICIES.get(policy) or ServerPolicy(
+        policy, f"{policy}: decided per pause by the harness; keep and recompute (fresh "
+        "extra_key) execute, swap decisions are recorded as unsupported (radix cache on)")
+
+
+def sglang_python() -> Path:
+    """The SGLang virtualenv's python: $HARNESS_SGLANG_PYTHON, or installed once and cached."""
+    return _script_output("install_sglang.sh", "HARNESS_SGLANG_PYTHON")
+
+
+def tiny_model(python: Path) -> Path:
+    """The local random-weight model: $HARNESS_SGLANG_MODEL, or made once by the shared
+    make_tiny_model.py (run with SGLang's python; the same recipe as the vLLM side's)."""
+    if os.environ.get("HARNESS_SGLANG_MODEL"):
+        p = Path(os.environ["HARNESS_SGLANG_MODEL"])
+        if not p.is_dir():
+            raise ServerError(f"HARNESS_SGLANG_MODEL={p} is not a model folder")
+        return p
+    proc = subprocess.run([str(python), str(LAUNCHERS / "make_tiny_model.py")],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        raise ServerError(f"make_tiny_model.py failed (exit {proc.returncode}):\n{tail}")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+@dataclass
+class SglangServerConfig:
+    model: Path
+    context_length: int = 4096
+    max_total_tokens: int = 65536  # the KV pool in tokens (SGLang's default fills the memory)
+    disable_radix_cache: bool = False  # every request prefilled in full, KV freed at finish
+    max_running_requests: int | None = None
+    extra_args: list[str] = field(default_factory=list)
+    server_cpus: str | None = None  # taskset list for the server, e.g. "1"
+
+
+class LocalSglangServer:
+    """Context manager: a running SGLang server; `url`, `flags`, `env`, `start_s` describe it."""
+
+    def __init__(self, config: SglangServerConfig, log_path: Path, python: Path | None = None,
+                 startup_timeout_s: float = 300.0) -> None:
+        self.config = config
+        self.python = python or sglang_python()
+        self.log_path = log_path
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.startup_timeout_s = startup_timeout_s
+        self.start_s: float | None = None
+        self.tmp_dir = Path(tempfile.mkdtemp(prefix="harness-sglang-"))
+        os.chmod(self.tmp_dir, 0o700)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pgid: int | None = None
+        c = config
+        self.flags = [
+            "--model-path", str(c.model), "--served-model-name", SERVED_NAME,
+            "--host", "127.0.0.1", "--port", str(self.port), "--device", "cpu",
+            "--attention-backend", "torch_native", "--disable-cuda-graph",
+            # without it the CPU engine's decode crawls
+            "--disable-overlap-schedule",
+            "--enable-metrics", "--enable-cache-report",
+            "--context-length", str(c.context_length),
+            "--max-total-tokens", str(c.max_total_tokens)]
+        if c.disable_radix_cache:
+            self.flags.append("--disable-radix-cache")
+        if c.max_running_requests is not None:
+            self.flags += ["--max-running-requests", str(c.max_running_requests)]
+        self.flags += c.extra_args
+        path = os.environ.get("PYTHONPATH")
+        self.env = {"SGLANG_USE_CPU_ENGINE": "1",
+                    "PYTHONPATH": str(STAND_IN) + (os.pathsep + path if path else ""),
+                    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "DO_NOT_TRACK": "1",
+                    "TMPDIR": str(self.tmp_dir)}
+
+    def command(self) -> list[str]:
+        cmd = [str(self.python), "-m", "sglang.launch_server", *self.flags]
+        if self.config.server_cpus and shutil.which("taskset"):
+            cmd = ["taskset", "-c", self.config.server_cpus, *cmd]
+        return cmd
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def __enter__(self) -> LocalSglangServer:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        t0 = time.monotonic()
+        self._proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, env={**os.environ, **self.env},
+                                      start_new_session=True)
+        self._pgid = self._proc.pid  # start_new_session: the group id is the leader's pid
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        self.start_s = round(time.monotonic() - t0, 3)
+        return self
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            assert self._proc is not None
+            if self._proc.poll() is not None:
+                raise ServerError(f"SGLang exited with code {self._proc.returncode} during "
+                                  f"start-up; last log lines:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.5)
+        raise ServerError(f"SGLang not healthy after {self.startup_timeout_s:.0f}s; "
+                          f"last log lines:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 15) -> str:
+        """The server log's last `n` lines (SGLang's per-model import notes left out)."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join([ln for ln in lines if "Ignore import error" not in ln][-n:])
+
+    def group_alive(self) -> bool:
+        """Whether any process of the server's process group is still running."""
+        if self._pgid is None:
+            return False
+        try:
+            os.killpg(self._pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def stop(self) -> None:
+        """SIGTERM the server's process group, SIGKILL what is left after 20 s; remove files."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=20)
+            deadline = time.monotonic() + 5
+            while self.group_alive() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if self.group_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        if getattr(self, "_log", None) is not None:
+            self._log.close()
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()

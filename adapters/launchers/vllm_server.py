@@ -58,9 +58,13 @@ SERVER_POLICIES: dict[str, ServerPolicy] = {
 def server_policy(policy: str) -> ServerPolicy:
     """The vLLM realisation of `policy`; per-pause policies (ttl, threshold, ...) run on the
     harness with keep and recompute only (a swap decision is recorded as unsupported)."""
-    return SERVER_POLICIES.get(policy) or ServerPolicy(
+    if policy in SERVER_POLICIES:
+        return SERVER_POLICIES[policy]
+    note = ("; a ttl expiry is not applied (the executor evicts on expiry only from a harness "
+            "slot), so the kept blocks stay until the tool returns" if policy == "ttl" else "")
+    return ServerPolicy(
         policy, None, f"{policy}: decided per pause by the harness; keep and recompute execute, "
-        "swap decisions are recorded as unsupported (prefix caching on)")
+        f"swap decisions are recorded as unsupported (prefix caching on){note}")
 
 
 def vllm_python() -> Path:

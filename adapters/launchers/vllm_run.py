@@ -35,7 +35,12 @@ def run(ctx: RunContext) -> None:
     async def go(url: str, vocab: int | None, rates: ServerRates) -> None:
         async with client_session() as session:
             adapter = VllmAdapter(session, url, salt=run_meta["run_id"], vocab_size=vocab)
-            run_meta["server_extra"] = (await adapter.server_info()).extra
+            extra = (await adapter.server_info()).extra
+            run_meta["server_extra"] = extra
+            block = (extra.get("cache_config") or {}).get("block_size")
+            if block:
+                # vLLM reuses whole blocks: up to one block of a kept context is re-prefilled.
+                run_meta["cache_block_tokens"] = int(block)
             await replay(adapter, RealClock(), ctx.plan, pol, o.out, run_meta, rates,
                          o.scrape_interval_s)
 

@@ -57,7 +57,8 @@ def summarize(
 
     Pure: reads nothing, writes nothing. `run` is run.json (any key may be missing);
     `slo` maps SLO_KEYS to bounds. Cache mismatches are judged with a tolerance of
-    max(mismatch_abs_tokens, mismatch_rel x retained tokens).
+    max(mismatch_abs_tokens, mismatch_rel x retained tokens, run["cache_block_tokens"]):
+    a runtime that reuses whole blocks leaves up to a block of a kept context uncached.
     """
     bounds = outcomes.check_slo(slo)
     frames = build_frames(records)
@@ -80,6 +81,9 @@ def summarize_frames(
     duration = frames.duration_s
     calls, pauses = frames.calls, frames.pauses
     traj = outcomes.trajectory_outcomes(frames, slo)
+    block = run.get("cache_block_tokens") if isinstance(run, dict) else None
+    if isinstance(block, int | float) and not isinstance(block, bool) and block > 0:
+        mismatch_abs_tokens = max(mismatch_abs_tokens, int(block))
     mism = outcomes.cache_mismatches(frames, mismatch_abs_tokens, mismatch_rel)
     mem = occupancy.memory_time(frames.kv, duration, bpt)
     lat = latency.call_latency(calls)

@@ -201,7 +201,7 @@ class Executor:
                            else tool.deadline_s) * NS)
         if supported and d.ttl_s is not None and d.after and t0 + d.ttl_s * NS < end_ns:
             await self.clock.sleep_until(t0 + int(d.ttl_s * NS))
-            if st.slot is not None:
+            if st.slot is not None or self.pool is None:
                 await self._evict(st, d.after, tool.step, "ttl-expired")
         await self.clock.sleep_until(end_ns)
         if not returns:

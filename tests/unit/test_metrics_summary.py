@@ -338,3 +338,14 @@ def test_engine_order_pause_ends_at_resumed_call_start() -> None:
     assert s["resume_parts_ms"]["prefill"]["p50"] == approx(20.0)
     assert s["cache_mismatches"] == 0 and s["kv_paused_peak_tokens"] == 105
     assert s["kv_active_mean_tokens"] == approx(105 * 0.06 / 2.21)
+
+
+def test_mismatch_tolerance_covers_one_cache_block() -> None:
+    """A runtime that reuses whole 32-token blocks leaves up to a block uncached on keep."""
+    b = Records()
+    t = b.agent("a")
+    t.call(appended=94, out=10).tool(action="keep", retained=104).call(cached=80).end()
+    frame = b.frame()
+    assert summarize(frame, default_run(), None)["cache_mismatches"] == 1
+    assert summarize(frame, {**default_run(), "cache_block_tokens": 32},
+                     None)["cache_mismatches"] == 0

@@ -211,3 +211,28 @@ def test_interrupted_run_releases_and_keeps_records(tmp_path: Path) -> None:
     assert rec[rec.event == "trajectory_end"].status.tolist() == ["cancelled"]
     assert adapter.files == {} and adapter.cache == {}
     assert read_json(tmp_path / "out" / "run.json")["status"] == "interrupted"
+
+
+def test_ttl_expiry_without_harness_slots_uses_a_fresh_salt(tmp_path: Path) -> None:
+    """Runtimes that manage their own cache: ttl's recompute after tau is a new cache salt."""
+    from harness.adapters.base import Capabilities
+
+    async def go() -> MemoryAdapter:
+        clock = VirtualClock()
+        adapter = MemoryAdapter(clock)
+        adapter.capabilities = Capabilities(harness_slots=False,
+                                            pause_actions=frozenset({"keep", "recompute"}))
+        run: dict[str, Any] = {"run_id": "run1", "policy": "ttl"}
+        await replay(adapter, clock, plan_of(traj("a", latency=2.0)),
+                     make_policy("ttl", {"tau": "1", "after": "recompute"}),
+                     tmp_path / "out", run, RATES)
+        return adapter
+
+    adapter = asyncio.run(go())
+    rec = read_records(tmp_path / "out")
+    erase = rec[rec.event == "erase"].iloc[0]
+    assert erase.reason.startswith("ttl-expired")
+    t0 = rec[rec.event == "tool_start"].t_ns.iloc[0]
+    assert erase.t_ns - t0 == 1 * NS
+    assert [c.cache_salt for c in adapter.calls] == [None, "run1-a-1"]
+    assert rec[rec.event == "pause_decision"].status.tolist() == ["ok"]

@@ -6,10 +6,14 @@ JSON with these keys (all rates positive and finite):
      "kv_bytes_per_token": 23040, "prefill_tok_s": 240.0,
      "prefill_points": [[512, 260.0], [4096, 210.0]],   # (context_len, tok_s), optional
      "decode_tok_s": 30.0, "swap_out_bytes_per_s": 5e9, "swap_in_bytes_per_s": 6e9,
+     "decode_points": [[64, 30.0], [1024, 21.0]],       # (context_len, tok_s), optional
      "measured_at": "2026-11-29T21:00:00Z"}
 
 `prefill_tok_s` is the headline rate; `prefill_points` give it by context length when measured,
-and `prefill_tok_s_at` interpolates between them (clamped at both ends).
+and `prefill_tok_s_at` interpolates between them (clamped at both ends). `decode_points` give one
+sequence's decode rate by context length; the simulator's iteration model
+(harness.model.iteration) uses them, when present, for the cost of attention in decode steps and
+short prompt chunks.
 """
 
 from __future__ import annotations
@@ -52,17 +56,30 @@ def prefill_rate_at(points: tuple[tuple[int, float], ...], default: float,
 
 
 def _check_points(points: tuple[tuple[int, float], ...] | list[tuple[int, float]],
-                  where: str) -> None:
+                  where: str, key: str = "prefill_points") -> None:
     last = 0
     for i, point in enumerate(points):
         if len(point) != 2:
-            raise InputError(f"{where}: prefill_points[{i}] must be [context_len, tok_s]")
+            raise InputError(f"{where}: {key}[{i}] must be [context_len, tok_s]")
         ctx, rate = point
         if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx <= last:
-            raise InputError(f"{where}: prefill_points[{i}] context_len must be a positive "
+            raise InputError(f"{where}: {key}[{i}] context_len must be a positive "
                              "integer, increasing")
-        _positive(rate, f"prefill_points[{i}] tok_s", where)
+        _positive(rate, f"{key}[{i}] tok_s", where)
         last = ctx
+
+
+def _parse_points(data: dict[str, Any], key: str, where: str) -> tuple[tuple[int, float], ...]:
+    raw = data.get(key) or []
+    if not isinstance(raw, list):
+        raise InputError(f"{where}: {key} must be a list of [context_len, tok_s]")
+    points: list[tuple[int, float]] = []
+    for i, pt in enumerate(raw):
+        if not isinstance(pt, list | tuple) or len(pt) != 2:
+            raise InputError(f"{where}: {key}[{i}] must be [context_len, tok_s]")
+        points.append((pt[0], pt[1]))
+    _check_points(points, where, key)
+    return tuple(points)
 
 
 @dataclass(frozen=True)
@@ -79,6 +96,7 @@ class Calibration:
     swap_in_bytes_per_s: float
     measured_at: str
     prefill_points: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    decode_points: tuple[tuple[int, float], ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         self.validate("calibration")
@@ -91,6 +109,7 @@ class Calibration:
         for key in _RATE_KEYS:
             _positive(getattr(self, key), key, where)
         _check_points(self.prefill_points, where)
+        _check_points(self.decode_points, where, "decode_points")
 
     def prefill_tok_s_at(self, context_len: float) -> float:
         """Prefill tokens/s at a context length: linear between measured points, else the rate."""
@@ -108,6 +127,8 @@ class Calibration:
         for key in (*_TEXT_KEYS, *_RATE_KEYS):
             d[key] = getattr(self, key)
         d["prefill_points"] = [[c, r] for c, r in self.prefill_points]
+        if self.decode_points:
+            d["decode_points"] = [[c, r] for c, r in self.decode_points]
         return d
 
     @classmethod
@@ -115,7 +136,7 @@ class Calibration:
         """Build and validate from parsed JSON; unknown keys are refused by name."""
         if not isinstance(data, dict):
             raise InputError(f"{where}: expected a JSON object")
-        known = {"version", "prefill_points", *_TEXT_KEYS, *_RATE_KEYS}
+        known = {"version", "prefill_points", "decode_points", *_TEXT_KEYS, *_RATE_KEYS}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InputError(f"{where}: unknown key(s) {', '.join(unknown)}")
@@ -126,22 +147,14 @@ class Calibration:
         if version != CALIBRATION_VERSION:
             raise InputError(f"{where}: version {version!r} is not the supported "
                              f"{CALIBRATION_VERSION!r}")
-        raw_points = data.get("prefill_points") or []
-        if not isinstance(raw_points, list):
-            raise InputError(f"{where}: prefill_points must be a list of [context_len, tok_s]")
-        points: list[tuple[int, float]] = []
-        for i, pt in enumerate(raw_points):
-            if not isinstance(pt, list | tuple) or len(pt) != 2:
-                raise InputError(f"{where}: prefill_points[{i}] must be [context_len, tok_s]")
-            points.append((pt[0], pt[1]))
         for k in _TEXT_KEYS:
             if not isinstance(data[k], str):
                 raise InputError(f"{where}: {k} must be a string")
         rates = {k: _positive(data[k], k, where) for k in _RATE_KEYS}
-        _check_points(points, where)
         return cls(runtime=data["runtime"], server_version=data["server_version"],
                    model=data["model"], measured_at=data["measured_at"],
-                   prefill_points=tuple(points), **rates)
+                   prefill_points=_parse_points(data, "prefill_points", where),
+                   decode_points=_parse_points(data, "decode_points", where), **rates)
 
 
 def read_calibration(path: str | Path) -> Calibration:

@@ -56,13 +56,16 @@ def _float(flag: str, raw: str | None) -> float | None:
               help="Latencies per tool class a policy sees (0: all, as the replay).")
 @click.option("--default-deadline-s", default=str(DEFAULT_DEADLINE_S), show_default=True,
               help="Deadline of tool steps without one.")
+@click.option("--slot-handoff", default="agent", show_default=True,
+              help="Closed loop, slots: 'agent' (as the replay: an agent that ends a trajectory "
+                   "starts its next one on the slot it freed) or 'fifo' (longest waiter first).")
 @click.option("--no-summary", is_flag=True, help="Skip summary.json.")
 @click.option("--out", required=True, type=click.Path(path_type=Path))
 def simulate_cmd(trace: Path, policy: str, policy_args: tuple[str, ...],
                  capacity_tokens: str | None, slots: str | None, ctx_per_slot: str | None,
                  calibration: Path, concurrency: str | None, rate: str | None,
                  trace_timing: bool, seed: str, history_window: str, default_deadline_s: str,
-                 no_summary: bool, out: Path) -> None:
+                 slot_handoff: str, no_summary: bool, out: Path) -> None:
     """Simulate TRACE on a modelled server; writes the results directory a replay writes."""
     if sum(x is not None and x is not False for x in (concurrency, rate, trace_timing)) > 1:
         raise InputError("choose one of --concurrency, --rate, --trace-timing")
@@ -81,7 +84,7 @@ def simulate_cmd(trace: Path, policy: str, policy_args: tuple[str, ...],
                          _int("--seed", seed) or 0, out,
                          _int("--history-window", history_window) or 0,
                          _float("--default-deadline-s", default_deadline_s) or 0.0,
-                         write_summary=not no_summary)
+                         write_summary=not no_summary, slot_handoff=slot_handoff)
     o, s = run["outcome"], run["simulator"]
     click.echo(f"{policy}: {o['completed']} completed, {o['cancelled']} cancelled, "
                f"{o['failed']} failed; {s['pauses']} pauses, {s['preemptions']} preemptions; "

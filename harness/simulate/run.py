@@ -17,7 +17,7 @@ from harness.errors import InputError
 from harness.model.calibration import Calibration
 from harness.policies import make_policy
 from harness.records.store import RECORDS_DIR, RUN_JSON, SUMMARY_JSON, read_records, write_json
-from harness.simulate.engine import simulate
+from harness.simulate.engine import SLOT_HANDOFFS, simulate
 from harness.simulate.records import RecordSink
 from harness.simulate.server import Capacity, Counters, ServerModel
 from harness.simulate.workload import Workload, build_workload
@@ -25,11 +25,15 @@ from harness.traces.validate import load_trajectories
 
 DEFAULT_DEADLINE_S = 30.0  # as the replay plan's default injection
 SERVER_MODEL_DOC = (
-    "processor-sharing fluid: decode per sequence min(decode_tok_s, prefill_tok_s / running), "
-    "prefill shares the rest; KV reserved for prompt + output at admission; FCFS admission, "
-    "resumed trajectories holding KV grow first (token pool); swap over one FIFO link per "
-    "direction; preemption (drop, recompute later) only of a resumed trajectory waiting to grow "
-    "while the server is idle and the first one cannot grow (token pool)")
+    "continuous batching in iterations: one token per generating call plus prompt chunks (slot "
+    "order or arrival order) up to batch_tokens; iteration cost alpha + beta * tokens + "
+    "attention (tiled for prompt chunks of >= tiled_rows tokens, row by row otherwise), fitted "
+    "from the calibration (harness.model.iteration); requests and control tasks (erase, slot "
+    "save/restore, release at trajectory end) wait for the running iteration's end; KV reserved "
+    "for prompt + output at admission; FCFS admission, resumed trajectories holding KV grow "
+    "first (token pool); swap over one FIFO link per direction; preemption (drop, recompute "
+    "later) only of a resumed trajectory waiting to grow while the server is idle and the first "
+    "one cannot grow (token pool)")
 
 
 @dataclass(frozen=True)
@@ -79,8 +83,12 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
                    capacity: Capacity, calibration: Calibration, calibration_path: Path | None,
                    arrivals: Arrivals, seed: int, out: Path, history_window: int = 1000,
                    default_deadline_s: float = DEFAULT_DEADLINE_S,
-                   write_summary: bool = True) -> dict[str, Any]:
-    """Simulate `trace` under a policy and write a results directory; returns run.json."""
+                   write_summary: bool = True, slot_handoff: str = "agent") -> dict[str, Any]:
+    """Simulate `trace` under a policy and write a results directory; returns run.json.
+
+    `slot_handoff`: how a freed slot is handed on in a closed loop (see engine.simulate)."""
+    if slot_handoff not in SLOT_HANDOFFS:
+        raise InputError(f"--slot-handoff must be one of {', '.join(SLOT_HANDOFFS)}")
     if history_window < 0:
         raise InputError("--history-window must be >= 0 (0: every observation)")
     if not (math.isfinite(default_deadline_s) and default_deadline_s > 0):
@@ -95,7 +103,8 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     sha = file_sha256(trace)
     server = ServerModel(calibration.prefill_tok_s, calibration.decode_tok_s,
                          calibration.swap_out_bytes_per_s, calibration.swap_in_bytes_per_s,
-                         calibration.kv_bytes_per_token, calibration.prefill_points)
+                         calibration.kv_bytes_per_token, calibration.prefill_points,
+                         calibration.decode_points)
     run_id = f"sim-{policy_name}-{sha[:8]}-s{seed}"
     run: dict[str, Any] = {
         "run_id": run_id, "runtime": "simulator",
@@ -120,7 +129,8 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
         "wall_anchor_ns": None,
         "status": "running",
         "simulator": {"engine": "heapq event loop", "server_model": SERVER_MODEL_DOC,
-                      "history_window": history_window,
+                      "iteration_costs": server.iteration_costs().to_dict(),
+                      "history_window": history_window, "slot_handoff": slot_handoff,
                       "default_deadline_s": default_deadline_s},
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -132,7 +142,8 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     t1 = time.perf_counter()
     try:
         counters: Counters = simulate(w, server, capacity, policy, arrival_s,
-                                      arrivals.concurrency, sink, run_id, history_window)
+                                      arrivals.concurrency, sink, run_id, history_window,
+                                      slot_handoff)
     finally:
         t_loop = time.perf_counter() - t1
         sink.close()  # whatever was simulated is on disk, even when the loop failed

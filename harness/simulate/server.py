@@ -9,12 +9,13 @@ from typing import Any, cast
 
 import numpy as np
 
+from harness.model.iteration import BATCH_TOKENS, IterationCosts, fit_iteration_costs
 from harness.policies.base import PauseContext, ServerRates
 
 
 @dataclass(frozen=True)
 class ServerModel:
-    """Calibrated rates the simulated server runs at."""
+    """Calibrated rates the simulated server runs at (iteration costs fitted from them)."""
 
     prefill_tok_s: float
     decode_tok_s: float
@@ -22,6 +23,13 @@ class ServerModel:
     swap_in_bytes_per_s: float
     kv_bytes_per_token: float
     prefill_points: tuple[tuple[int, float], ...] = ()
+    decode_points: tuple[tuple[int, float], ...] = ()
+    batch_tokens: int = BATCH_TOKENS
+
+    def iteration_costs(self) -> IterationCosts:
+        """What an iteration costs (harness.model.iteration), fitted to these rates."""
+        return fit_iteration_costs(self.prefill_tok_s, self.decode_tok_s, self.prefill_points,
+                                   self.decode_points, batch_tokens=self.batch_tokens)
 
     def policy_rates(self) -> ServerRates:
         """The rates a policy prices with (restore at swap-in bandwidth), as the replay's."""

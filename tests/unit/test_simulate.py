@@ -33,6 +33,10 @@ CAL = Calibration(runtime="test", server_version="0", model="m", kv_bytes_per_to
                   prefill_tok_s=1000.0, decode_tok_s=100.0, swap_out_bytes_per_s=1e6,
                   swap_in_bytes_per_s=1e6, measured_at="now")
 Step = tuple[Any, ...]
+# The iteration model fitted to CAL (no prefill points): beta = 1 ms per token, no attention
+# term, alpha = 1 / decode_tok_s - beta = 9 ms per iteration.
+BETA = 1 / 1000
+ALPHA = 1 / 100 - BETA
 
 
 def llm(inp: int, out: int) -> Step:
@@ -96,8 +100,9 @@ def test_recompute_reprefills_the_retained_context(tmp_path: Path) -> None:
     end = ev(df, "call_end").iloc[1]
     assert (end["prompt_n"], end["cached_tokens"]) == (130, 0)
     assert ev(df, "erase")["reason"].iloc[0] == "policy"
-    # Alone on the server: 130 tokens at 1000 tok/s after the tool returns.
-    assert t_s(df, "first_token", "a", 1) - t_s(df, "tool_end", "a") == pytest.approx(0.13)
+    # Alone on the server: one iteration of 130 prompt tokens after the tool returns.
+    assert t_s(df, "first_token", "a", 1) - t_s(df, "tool_end", "a") == pytest.approx(
+        ALPHA + 130 * BETA)
     assert run["outcome"]["completed"] == 1
 
 
@@ -109,8 +114,9 @@ def test_swap_moves_twice_the_cache(tmp_path: Path) -> None:
     assert in_["server_ms"] == pytest.approx(110.0)
     end = ev(df, "call_end").iloc[1]
     assert (end["prompt_n"], end["cached_tokens"]) == (20, 110)
-    # swap-in 0.11 s then 20 tokens of prefill.
-    assert t_s(df, "first_token", "a", 1) - t_s(df, "tool_end", "a") == pytest.approx(0.13)
+    # swap-in 0.11 s then one iteration of 20 prompt tokens.
+    assert t_s(df, "first_token", "a", 1) - t_s(df, "tool_end", "a") == pytest.approx(
+        0.11 + ALPHA + 20 * BETA)
     # The swap-out overlaps the wait: memory is released 0.11 s into the pause.
     pause_t = t_s(df, "pause_decision", "a")
     assert t_s(df, "swap_out", "a") - pause_t == pytest.approx(0.11)
@@ -120,10 +126,12 @@ def test_keep_resumes_from_cache(tmp_path: Path) -> None:
     df, _ = sim(tmp_path, trace(tmp_path, ONE), "keep", Capacity(tokens=1000))
     assert ev(df, "swap_out").empty and ev(df, "recompute").empty
     assert ev(df, "kv_state")["status"].tolist() == ["active", "paused", "active", "released"]
-    assert t_s(df, "first_token", "a", 1) - t_s(df, "tool_end", "a") == pytest.approx(0.02)
-    # First call: 100 tokens prefill (0.1 s) then 9 more tokens at 100 tok/s.
-    assert t_s(df, "first_token", "a") == pytest.approx(0.1)
-    assert t_s(df, "call_end", "a") == pytest.approx(0.19)
+    assert t_s(df, "first_token", "a", 1) - t_s(df, "tool_end", "a") == pytest.approx(
+        ALPHA + 20 * BETA)
+    # First call: one iteration of 100 prompt tokens, then 9 decode iterations of one token
+    # (each 1 / decode_tok_s = 10 ms).
+    assert t_s(df, "first_token", "a") == pytest.approx(ALPHA + 100 * BETA)
+    assert t_s(df, "call_end", "a") == pytest.approx(ALPHA + 100 * BETA + 9 * 0.01)
 
 
 TWO = {"a": [llm(100, 10), tool(10.0), llm(20, 5)], "b": [llm(100, 10), tool(0.5), llm(20, 5)]}

@@ -1,0 +1,129 @@
+"""What one iteration of a continuous-batching server costs, from calibrated rates.
+
+A continuous-batching server (llama.cpp's server loop, vLLM's scheduler) works in iterations:
+each one computes one token for every request that is generating and a chunk of pending prompt
+tokens (up to `batch_tokens` tokens in all), then returns what it produced. To first order an
+iteration costs
+
+    alpha + beta * (tokens in the batch) + attention
+
+- `alpha`: fixed cost per forward pass (graph launch, weights streamed once, sampling); llama.cpp
+  splits an iteration into micro-batches (`ubatch_tokens`; with one KV stream per slot, equal
+  token counts of consecutive slots, see harness.simulate.batch), each a forward pass;
+- `beta`: compute per token (the weight matrices);
+- attention: per query token, per cached token it attends (`a_tiled`, `a_row` seconds). A prompt
+  chunk of at least `tiled_rows` tokens of one sequence runs the tiled (matrix) kernel, at
+  `a_tiled`; decode tokens and shorter chunks run row by row, at `a_row`. On llama.cpp's CPU
+  backend the row path is the per-query flash-attention loop (tiles of 64 query rows,
+  GGML_FA_TILE_Q, otherwise); there it costs ~10x more per cell than the tiled kernel, which makes
+  short resumed prompts at long contexts cost about as much per token as decoding.
+
+Fitted from a calibration (harness.model.calibration), never from a trace:
+
+- `prefill_points` (a cold prompt of n tokens takes T(n) = n / rate(n), in u = ceil(n / 512)
+  forward passes): T(n) = alpha * u + beta * n + a_tiled * n (n + 1) / 2;
+- `decode_tok_s`, measured on one sequence at a short context (DECODE_CONTEXT tokens):
+  1 / decode_tok_s = alpha + beta + a_row * DECODE_CONTEXT;
+- `decode_points` (optional, decode tokens/s by context c): 1 / rate(c) = alpha + beta + a_row * c,
+  which gives `a_row`. Without them `a_row` = `a_tiled` (the row path is not distinguished).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+DECODE_CONTEXT = 80  # harness calibrate decodes 32 tokens after a 64-token prompt
+TILED_ROWS = 64  # query rows of one sequence from which attention runs tiled (ggml CPU)
+BATCH_TOKENS = 2048  # tokens per iteration (llama.cpp's default n_batch)
+UBATCH_TOKENS = 512  # tokens per forward pass (llama.cpp's default n_ubatch)
+
+
+@dataclass(frozen=True)
+class IterationCosts:
+    """Seconds: per iteration, per token, per attended cell (tiled, row by row)."""
+
+    alpha: float
+    beta: float
+    a_tiled: float
+    a_row: float
+    tiled_rows: int = TILED_ROWS
+    batch_tokens: int = BATCH_TOKENS
+    ubatch_tokens: int = UBATCH_TOKENS
+
+    def chunk_s(self, position: int, tokens: int) -> float:
+        """Prompt tokens [position, position + tokens) of one sequence, without `alpha`."""
+        a = self.a_tiled if tokens >= self.tiled_rows else self.a_row
+        return tokens * self.beta + a * (tokens * position + tokens * (tokens + 1) * 0.5)
+
+    def decode_s(self, context: float) -> float:
+        """One decode token at `context` cached tokens, without `alpha`."""
+        return self.beta + self.a_row * context
+
+    def prefill_s(self, tokens: int) -> float:
+        """A cold prompt alone on the server, in one iteration."""
+        return self.alpha * -(-tokens // self.ubatch_tokens) + self.chunk_s(0, tokens)
+
+    def to_dict(self) -> dict[str, float]:
+        return {"alpha_ms": self.alpha * 1e3, "beta_ms": self.beta * 1e3,
+                "a_tiled_us": self.a_tiled * 1e6, "a_row_us": self.a_row * 1e6,
+                "tiled_rows": self.tiled_rows, "batch_tokens": self.batch_tokens,
+                "ubatch_tokens": self.ubatch_tokens}
+
+
+def _lstsq_nonneg(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares y ~ x @ c with c >= 0 (two columns: drop a negative one and refit)."""
+    c = np.linalg.lstsq(x, y, rcond=None)[0]
+    if (c >= 0).all():
+        return np.asarray(c, dtype=float)
+    best = np.zeros(x.shape[1])
+    for j in range(x.shape[1]):
+        cj = float(np.dot(x[:, j], y) / max(np.dot(x[:, j], x[:, j]), 1e-300))
+        if cj > 0:
+            trial = np.zeros(x.shape[1])
+            trial[j] = cj
+            if best.sum() == 0 or np.sum((x @ trial - y) ** 2) < np.sum((x @ best - y) ** 2):
+                best = trial
+    return best
+
+
+def fit_iteration_costs(prefill_tok_s: float, decode_tok_s: float,
+                        prefill_points: tuple[tuple[int, float], ...] = (),
+                        decode_points: tuple[tuple[int, float], ...] = (),
+                        tiled_rows: int = TILED_ROWS, batch_tokens: int = BATCH_TOKENS,
+                        ubatch_tokens: int = UBATCH_TOKENS) -> IterationCosts:
+    """The iteration cost model that reproduces a calibration's measurements (least squares)."""
+    step = 1.0 / decode_tok_s  # one decode token alone at DECODE_CONTEXT
+    a_row: float | None = None
+    if len(decode_points) >= 2:
+        c = np.array([p for p, _ in decode_points], dtype=float)
+        t = 1.0 / np.array([r for _, r in decode_points], dtype=float)
+        slope, icept = np.polyfit(c, t, 1)
+        if slope > 0:
+            a_row = float(slope)
+            step = float(icept) + a_row * DECODE_CONTEXT
+    if prefill_points:
+        n = np.array([p for p, _ in prefill_points], dtype=float)
+        total = n / np.array([r for _, r in prefill_points], dtype=float)
+        cells = n * (n + 1) / 2
+        u = np.ceil(n / ubatch_tokens)
+        # alpha = step - beta - a_row DECODE_CONTEXT, so with a_row = a_tiled:
+        # T(n) - u step = beta (n - u) + a_tiled (cells - u DECODE_CONTEXT)
+        shift = 0.0 if a_row is not None else DECODE_CONTEXT
+        extra = 0.0 if a_row is None else a_row * DECODE_CONTEXT
+        y = total - u * (step - extra)
+        if len(n) >= 2:
+            beta, a_tiled = _lstsq_nonneg(np.column_stack([n - u, cells - u * shift]), y)
+        else:
+            beta, a_tiled = max(float(y[0] / max(n[0] - u[0], 1)), 0.0), 0.0
+    else:
+        beta, a_tiled = 1.0 / prefill_tok_s, 0.0
+    if beta <= 0:
+        beta = 1.0 / prefill_tok_s
+    row = a_tiled if a_row is None else a_row
+    alpha = step - beta - row * DECODE_CONTEXT
+    if alpha < 0:  # a decode step cheaper than a prompt token: no fixed cost per iteration
+        alpha = 0.0
+    return IterationCosts(float(alpha), float(beta), float(a_tiled), float(row), tiled_rows,
+                          batch_tokens, ubatch_tokens)

@@ -10,7 +10,7 @@ BENCH_ARGS ?=
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup llama vllm browser bench test lint perf clean
+.PHONY: help setup llama vllm sglang browser bench test lint perf clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -32,9 +32,14 @@ vllm: ## Install CPU vLLM once into its own cached virtualenv and make the tiny 
 	@py=$$(bash adapters/launchers/install_vllm.sh | tail -1) && \
 	  "$$py" adapters/launchers/make_tiny_model.py >/dev/null
 
-bench: setup ## Replay the shipped trace under keep, swap, recompute on a local server (RUNTIME=llamacpp|vllm)
+sglang: ## Install CPU SGLang (pinned, sgl_kernel stand-in) once into its own cached virtualenv and make the tiny model
+	@py=$$(bash adapters/launchers/install_sglang.sh) && "$$py" adapters/launchers/make_tiny_model.py \
+	  >/dev/null || { echo "error: the CPU SGLang setup failed (install_sglang.sh: pinned sglang" \
+	  "without its CUDA-only requirements, unsupported upstream); see the lines above" >&2; exit 1; }
+
+bench: setup ## Replay the shipped trace under keep, swap, recompute on a local server (RUNTIME=llamacpp|vllm|sglang)
 ifeq ($(URL),)
-	@$(MAKE) --no-print-directory $(if $(filter vllm,$(RUNTIME)),vllm,llama)
+	@$(MAKE) --no-print-directory $(if $(filter vllm sglang,$(RUNTIME)),$(RUNTIME),llama)
 	$(BIN)/harness bench --runtime $(RUNTIME) $(BENCH_ARGS)
 else
 	$(BIN)/harness bench --runtime $(RUNTIME) --url $(URL) $(BENCH_ARGS)
@@ -45,7 +50,7 @@ browser: ## Debian's headless Chromium for the report-rendering test (skipped wi
 	  && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
 	  >/dev/null 2>&1 || echo "note: chromium not installed; the report-rendering test will skip"; }
 
-test: setup llama vllm browser lint ## Lint, then unit, conformance and live tests (real llama-server and vLLM)
+test: setup llama vllm sglang browser lint ## Lint, then unit, conformance and live tests (real llama-server, vLLM and SGLang)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: setup ## ruff and mypy on the core

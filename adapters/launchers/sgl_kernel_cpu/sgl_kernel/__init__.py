@@ -13,6 +13,8 @@ The function only indexes and slices, so it works on torch tensors and numpy arr
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -58,4 +60,6 @@ def missing(qualname: str) -> Callable[..., Any]:
 def __getattr__(name: str) -> Any:
     if name.startswith("__"):
         raise AttributeError(name)
+    if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # a submodule (mamba)
+        return importlib.import_module(f"{__name__}.{name}")
     return missing(f"sgl_kernel.{name}")

@@ -1,0 +1,368 @@
+"""The SGLang adapter against a fake SGLang server over real HTTP (fast, deterministic), the
+launcher's configuration, the sgl_kernel CPU stand-in's logic, and the adapter replayed against a
+transcript recorded from a real CPU SGLang server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from aiohttp.test_utils import TestServer
+from harness.adapters.base import CompletionRequest, Unsupported
+from harness.adapters.launchers.sgl_kernel_cpu import sgl_kernel
+from harness.adapters.launchers.sgl_kernel_cpu.sgl_kernel import mamba
+from harness.adapters.launchers.sglang_run import remote_policy
+from harness.adapters.launchers.sglang_server import (
+    SERVER_POLICIES,
+    STAND_IN,
+    LocalSglangServer,
+    SglangServerConfig,
+    server_policy,
+)
+from harness.adapters.sglang import SAFE_VOCAB, SglangAdapter, client_session
+
+from harness.plan.injection import Injection
+from harness.plan.planner import Arrivals, make_plan
+from harness.policies import make_policy
+from harness.policies.builtin import FALLBACK_RATES
+from harness.records.store import read_json, read_records, read_server_metrics
+from harness.replay.clock import RealClock
+from harness.replay.runner import replay
+from harness.traces.generator import generate
+from harness.traces.profiles import load_profile
+from tests.fakes.sglang_server import (
+    STATE,
+    TRANSCRIPT_ACTIONS,
+    FakeSglangConfig,
+    make_app,
+    run_transcript_plan,
+)
+
+Body = Callable[[SglangAdapter, Any], Coroutine[Any, Any, None]]
+TRANSCRIPT = Path(__file__).resolve().parents[1] / "conformance" / "transcripts" / "sglang.json"
+
+
+def with_server(cfg: FakeSglangConfig, body: Body, salt: str | None = "run-1",
+                vocab: int | None = 2048) -> None:
+    async def go() -> None:
+        app = make_app(cfg)
+        server = TestServer(app)
+        await server.start_server()
+        try:
+            async with client_session() as session:
+                adapter = SglangAdapter(session, str(server.make_url("")), salt=salt,
+                                        vocab_size=vocab)
+                await body(adapter, app[STATE])
+        finally:
+            await server.close()
+
+    asyncio.run(go())
+
+
+def test_info_complete_and_token_granular_reuse() -> None:
+    async def body(ad: SglangAdapter, state: Any) -> None:
+        info = await ad.server_info()
+        assert (info.runtime, info.model, info.server_version) == ("sglang", "tiny", "0.0-fake")
+        assert (info.slots, info.ctx_per_slot, info.vocab_size) == (None, 4096, 2048)
+        assert info.extra["disable_radix_cache"] is False and info.extra["page_size"] == 1
+        assert info.extra["cache_salt"] == "extra_key" and "api_key" not in info.extra
+        assert not ad.capabilities.harness_slots
+        assert ad.capabilities.pause_actions == {"keep", "recompute"}
+        firsts: list[int] = []
+        p = list(range(400, 500))
+        r1 = await ad.complete(CompletionRequest(p, 4), lambda: firsts.append(1))
+        assert r1.status == "ok" and len(r1.tokens) == 4 and firsts == [1]
+        assert (r1.cached_tokens, r1.prompt_n) == (0, 100)
+        assert r1.prompt_ms == pytest.approx(2.5) and r1.decode_ms == pytest.approx(4.0)
+        r2 = await ad.complete(CompletionRequest(p + r1.tokens + [700] * 16, 4), lambda: None)
+        assert (r2.cached_tokens, r2.prompt_n) == (103, 17)  # all but the last generated token
+        sent = state.requests[-1]
+        assert sent["input_ids"][:3] == [400, 401, 402] and sent["stream"] is True
+        assert sent["sampling_params"] == {"max_new_tokens": 4, "ignore_eos": True,
+                                           "temperature": 0.0}
+        assert sent["extra_key"] == "run-1"
+
+    with_server(FakeSglangConfig(), body)
+
+
+def test_a_fresh_extra_key_forbids_reuse() -> None:
+    async def body(ad: SglangAdapter, state: Any) -> None:
+        p = list(range(300, 400))
+        r1 = await ad.complete(CompletionRequest(p, 2), lambda: None)
+        again = p + r1.tokens + [5] * 40
+        fresh = await ad.complete(CompletionRequest(again, 2, cache_salt="run-1-t-1"),
+                                  lambda: None)
+        assert fresh.cached_tokens == 0 and state.requests[-1]["extra_key"] == "run-1-t-1"
+        kept = await ad.complete(CompletionRequest(again, 2), lambda: None)
+        assert kept.cached_tokens == 101
+
+    with_server(FakeSglangConfig(), body)
+
+
+def test_incremental_streaming_and_legacy_endpoints() -> None:
+    async def body(ad: SglangAdapter, _: Any) -> None:
+        info = await ad.server_info()
+        assert info.server_version == "0.0-fake"
+        cumulative = [256 + (sum([300] * 4) + 7 * i) % (2048 - 300) for i in range(5)]
+        r = await ad.complete(CompletionRequest([300] * 10, 5), lambda: None)
+        assert r.tokens == cumulative
+
+    with_server(FakeSglangConfig(incremental_output=True, legacy_endpoints=True), body)
+    with_server(FakeSglangConfig(), body)
+
+
+def test_no_salt_and_unknown_vocab() -> None:
+    async def body(ad: SglangAdapter, state: Any) -> None:
+        info = await ad.server_info()
+        assert info.vocab_size == SAFE_VOCAB and "fallback" in info.extra["vocab_from"]
+        await ad.complete(CompletionRequest([300] * 10, 1), lambda: None)
+        assert "extra_key" not in state.requests[-1]
+
+    with_server(FakeSglangConfig(), body, salt=None, vocab=None)
+
+
+def test_local_model_vocab(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"text_config": {"vocab_size": 4096}}')
+
+    async def body(ad: SglangAdapter, _: Any) -> None:
+        async def local_model(*paths: str) -> Any:
+            return {"model_path": str(tmp_path), "served_model_name": "m"} \
+                if "info" in paths[0] and "model" in paths[0] else await original(*paths)
+
+        original = ad._get_json
+        ad._get_json = local_model  # type: ignore[method-assign]
+        info = await ad.server_info()
+        assert info.vocab_size == 4096 and info.extra["vocab_from"] == "model_path config.json"
+
+    with_server(FakeSglangConfig(), body, vocab=None)
+
+
+def test_radix_cache_off_leaves_only_recompute() -> None:
+    async def body(ad: SglangAdapter, _: Any) -> None:
+        await ad.server_info()
+        assert ad.capabilities.pause_actions == {"recompute"}
+        p = list(range(300, 400))
+        r1 = await ad.complete(CompletionRequest(p, 2), lambda: None)
+        r2 = await ad.complete(CompletionRequest(p + r1.tokens, 2), lambda: None)
+        assert r2.cached_tokens == 0 and r2.prompt_n == 102
+
+    with_server(FakeSglangConfig(disable_radix_cache=True), body)
+
+
+def test_errors_become_results() -> None:
+    async def body(ad: SglangAdapter, _: Any) -> None:
+        too_long = await ad.complete(CompletionRequest([300] * 4095, 2), lambda: None)
+        assert too_long.status == "error" and "HTTP 400" in (too_long.error or "")
+        assert "context length" in (too_long.error or "")
+
+    with_server(FakeSglangConfig(), body)
+
+    async def injected(ad: SglangAdapter, _: Any) -> None:
+        r = await ad.complete(CompletionRequest([300] * 10, 2), lambda: None)
+        assert r.status == "error" and "injected failure" in (r.error or "")
+
+    with_server(FakeSglangConfig(fail_generate_after=0), injected)
+
+    async def aborted(ad: SglangAdapter, _: Any) -> None:
+        r = await ad.complete(CompletionRequest([300] * 10, 3), lambda: None)
+        assert r.status == "error" and "aborted by the server: retracted" in (r.error or "")
+        assert len(r.tokens) == 3
+
+    with_server(FakeSglangConfig(abort_generate_after=0), aborted)
+
+    async def dead() -> None:
+        async with client_session() as session:
+            ad = SglangAdapter(session, "http://127.0.0.1:9", vocab_size=2048)
+            r = await ad.complete(CompletionRequest([300] * 4, 1), lambda: None)
+            assert r.status == "error" and "Connect" in (r.error or "")
+
+    asyncio.run(dead())
+
+
+def test_abort_after_first_token() -> None:
+    async def body(ad: SglangAdapter, state: Any) -> None:
+        r = await ad.complete(CompletionRequest([300] * 10, 50, abort_after_first_token=True),
+                              lambda: None)
+        assert r.status == "aborted" and len(r.tokens) == 1
+        await asyncio.sleep(0.1)
+        assert state.running == 0 and state.disconnects == 1
+
+    with_server(FakeSglangConfig(decode_s_per_token=0.005), body)
+
+
+def test_slot_operations_are_unsupported_and_metrics_filtered() -> None:
+    async def body(ad: SglangAdapter, _: Any) -> None:
+        with pytest.raises(Unsupported):
+            await ad.save_slot(0, "x.bin")
+        with pytest.raises(Unsupported):
+            await ad.restore_slot(0, "x.bin")
+        with pytest.raises(Unsupported):
+            await ad.erase_slot(0)
+        with pytest.raises(Unsupported):
+            await ad.complete(CompletionRequest([300], 1, slot=0), lambda: None)
+        assert await ad.delete_dump("x.bin") is False
+        samples = await ad.scrape()
+        names = {name for _, name, _, _ in samples}
+        assert names == {"sglang:num_running_reqs", "sglang:num_queue_reqs",
+                         "sglang:token_usage", "sglang:kv_evictable_tokens",
+                         "sglang:prompt_tokens_total", "sglang:time_to_first_token_seconds_sum",
+                         "sglang:time_to_first_token_seconds_count"}
+        labels = json.loads(next(lb for _, n, lb, _ in samples if n == "sglang:token_usage"))
+        assert labels["model_name"] == "tiny"
+        assert await ad.slots_idle() is True
+        assert await ad.flush_cache() is True
+
+    with_server(FakeSglangConfig(), body)
+
+
+@pytest.mark.parametrize("policy", ["keep", "recompute", "swap", "threshold"])
+def test_replay_over_http(tmp_path: Path, policy: str) -> None:
+    """Whole runs through the executor: keep reuses, recompute salts, swap is unsupported."""
+    steps = generate(load_profile("bench-small"), 5, 1)
+    plan = make_plan(steps, Injection(never_return_fraction=0.2, default_deadline_s=0.2),
+                     Arrivals(concurrency=3, time_scale=0.02), 1)
+    out = tmp_path / "out"
+    run: dict[str, Any] = {"run_id": "http", "policy": policy}
+
+    async def body(ad: SglangAdapter, state: Any) -> None:
+        await replay(ad, RealClock(), plan, make_policy(policy), out, run, FALLBACK_RATES, 0.02)
+        assert state.running == 0
+
+    with_server(FakeSglangConfig(), body, salt="http")
+    rec = read_records(out)
+    assert run["status"] == "finished" and run["slots"] is None
+    assert run["capabilities"] == {"harness_slots": False, "pause_actions": ["keep", "recompute"]}
+    assert run["cleanup"] == {"slots_idle": True, "dump_files_left": None, "errors": []}
+    assert run["outcome"]["completed"] + run["outcome"]["cancelled"] == 5
+    resumed = rec[(rec.event == "call_end") & (rec.step > 0)]
+    assert not resumed.empty
+    decisions = rec[rec.event == "pause_decision"]
+    if policy in ("keep", "swap"):  # swap is recorded as unsupported: the KV stays cached
+        assert (resumed.cached_tokens > 0).all()
+    if policy == "recompute":
+        assert (resumed.cached_tokens == 0).all()
+        assert (rec[rec.event == "erase"].reason.str.contains("fresh cache salt")).all()
+    if policy == "swap":
+        assert (decisions.status == "unsupported").all()
+        assert run["outcome"]["unsupported_actions"] == len(decisions)
+    assert read_json(out / "summary.json")["cache_mismatches"] == 0
+    assert not read_server_metrics(out).empty
+
+
+def test_server_policies_are_labelled() -> None:
+    assert "not pinned" in server_policy("keep").label
+    rec = server_policy("recompute")
+    assert rec.harness_policy == "recompute" and "extra_key" in rec.label
+    swap = SERVER_POLICIES["swap"]
+    assert swap.harness_policy == "swap" and "not run" in swap.label
+    assert "cudaHostRegister" in swap.label and "unsupported" in swap.label
+    ttl = server_policy("ttl")
+    assert ttl.harness_policy == "ttl" and "unsupported" in ttl.label
+
+
+def test_remote_policy_follows_what_the_server_runs() -> None:
+    url = "http://gpu:30000"
+    hicache = remote_policy("swap", {"enable_hierarchical_cache": True}, url)
+    assert hicache.harness_policy == "keep" and "HiCache on the server" in hicache.label
+    plain = remote_policy("swap", {"enable_hierarchical_cache": False}, url)
+    assert plain.harness_policy == "swap" and "without HiCache" in plain.label
+    no_radix = remote_policy("keep", {"disable_radix_cache": True}, url)
+    assert no_radix.harness_policy == "keep" and "--disable-radix-cache" in no_radix.label
+    assert remote_policy("recompute", {}, url) == server_policy("recompute")
+
+
+def test_launcher_flags_env_and_cleanup(tmp_path: Path) -> None:
+    cfg = SglangServerConfig(model=tmp_path, context_length=2048, max_total_tokens=8192,
+                             disable_radix_cache=True, max_running_requests=3)
+    srv = LocalSglangServer(cfg, tmp_path / "log", python=Path("/usr/bin/python3"))
+    try:
+        flags = srv.flags
+        assert flags[flags.index("--host") + 1] == "127.0.0.1"
+        assert flags[flags.index("--device") + 1] == "cpu"
+        assert flags[flags.index("--max-total-tokens") + 1] == "8192"
+        assert flags[flags.index("--context-length") + 1] == "2048"
+        assert flags[flags.index("--max-running-requests") + 1] == "3"
+        for f in ("--disable-radix-cache", "--disable-overlap-schedule", "--enable-metrics",
+                  "--enable-cache-report", "--disable-cuda-graph"):
+            assert f in flags
+        assert srv.env["SGLANG_USE_CPU_ENGINE"] == "1"
+        assert srv.env["PYTHONPATH"].split(":")[0] == str(STAND_IN)
+        assert (STAND_IN / "sgl_kernel" / "__init__.py").is_file()
+        assert srv.command()[:3] == ["/usr/bin/python3", "-m", "sglang.launch_server"]
+        assert (srv.tmp_dir.stat().st_mode & 0o777) == 0o700
+        assert not srv.group_alive()
+    finally:
+        srv.stop()
+    assert not srv.tmp_dir.exists()
+    default = LocalSglangServer(SglangServerConfig(model=tmp_path), tmp_path / "log2",
+                                python=Path("/usr/bin/python3"))
+    default.stop()
+    assert "--disable-radix-cache" not in default.flags
+
+
+def test_stand_in_assigns_each_request_its_locations() -> None:
+    """The stand-in's kernel on numpy arrays (it only indexes, as it does torch tensors)."""
+    table = np.zeros((4, 8), dtype=np.int32)
+    # request rows 2 and 0: row 2 gets positions 1..3, row 0 gets position 5; a no-op row 3
+    sgl_kernel.assign_req_to_token_pool_cpu(
+        np.array([2, 3, 0]), table, np.array([1, 4, 5]), np.array([4, 4, 6]),
+        np.array([11, 12, 13, 14], dtype=np.int64), 8)
+    assert table[2].tolist() == [0, 11, 12, 13, 0, 0, 0, 0]
+    assert table[0].tolist() == [0, 0, 0, 0, 0, 14, 0, 0]
+    assert not table[[1, 3]].any()
+    with pytest.raises(IndexError, match="pool width"):
+        sgl_kernel.assign_req_to_token_pool_cpu([1], table, [6], [9], [1, 2, 3], 8)
+
+
+def test_stand_in_refuses_every_other_kernel_when_called() -> None:
+    from harness.adapters.launchers.sgl_kernel_cpu.sgl_kernel import (  # type: ignore[attr-defined]
+        copy_all_layer_kv_cache_cpu,
+    )
+
+    with pytest.raises(NotImplementedError, match="copy_all_layer_kv_cache_cpu"):
+        copy_all_layer_kv_cache_cpu(1, 2)
+    with pytest.raises(NotImplementedError, match=r"sgl_kernel\.mamba\.causal_conv1d_fn_cpu"):
+        mamba.causal_conv1d_fn_cpu()
+    assert not hasattr(sgl_kernel, "__wrapped__")
+    assert sgl_kernel.__version__.endswith("stand-in")
+
+
+def test_adapter_replays_a_real_servers_transcript(tmp_path: Path) -> None:
+    """The adapter against what a real CPU SGLang 0.5.23 answered (tests/live records it)."""
+    from tests.conformance.transcript import PENDING, replay_app
+
+    t = json.loads(TRANSCRIPT.read_text())
+    assert TRANSCRIPT.stat().st_size < 40_000 and t["runtime"] == "sglang"
+    unmatched: list[str] = []
+
+    async def go() -> dict[str, Any]:
+        app = replay_app(t["exchanges"], unmatched)
+        server = TestServer(app, host="127.0.0.1")
+        await server.start_server()
+        try:
+            out = await run_transcript_plan(str(server.make_url("")).rstrip("/"), tmp_path)
+        finally:
+            await server.close()
+        left = [k for k, q in app[PENDING].items() if q and '"POST"' in k]
+        assert not left, f"recorded requests never sent: {left}"
+        return out
+
+    out = asyncio.run(go())
+    assert unmatched == []
+    assert out["results"] == t["results"]
+    assert out["events"] == t["events"]
+    assert out["run"]["status"] == "finished" and out["run"]["outcome"]["completed"] == 2
+    # what the real server said: reuse where kept (swap is unsupported, so kept), none on
+    # recompute
+    ev = t["events"]
+    decisions = [e for e in ev if e[0] == "pause_decision"]
+    assert [e[3] for e in decisions] == t["actions"] == TRANSCRIPT_ACTIONS
+    resumed = {(e[1], e[2]): e[4] for e in ev if e[0] == "call_end" and e[2] > 0}
+    for _, tid, step, action, _ in decisions:
+        cached = resumed[(tid, step + 1)]
+        assert (cached == 0) if action == "recompute" else (cached > 0), (tid, action)

@@ -73,7 +73,9 @@ def run(ctx: RunContext) -> None:
                                      FALLBACK_RATES.swap_bytes_per_s, kv_bpt)
     cfg = SglangServerConfig(model=model, context_length=o.ctx_per_slot)
     with LocalSglangServer(cfg, o.out / "server.log", python=python) as server:
-        run_meta.update({"model": {"name": model.name, "path": str(model), "geometry": geometry},
+        run_meta.update({"model": {"name": model.name, "path": str(model), "geometry": geometry,
+                                   # KV in the model's dtype (SGLang's --kv-cache-dtype auto)
+                                   "kv_bytes_per_token": geometry.get("kv_bytes_per_token")},
                          "server_flags": server.flags, "server_env": server.env,
                          "server_python": str(python), "server_start_s": server.start_s})
         asyncio.run(go(server.url, None, rates, server_policy(o.policy)))

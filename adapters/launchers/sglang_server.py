@@ -51,7 +51,8 @@ SERVER_POLICIES: dict[str, ServerPolicy] = {
         "evictable cached tokens (not pinned: memory pressure may evict them)"),
     "recompute": ServerPolicy(
         "recompute", "recompute: a fresh extra_key (SGLang's cache salt) on every resumed call, "
-        "so no cached prefix matches and the whole context is prefilled again (radix cache on)"),
+        "so no cached prefix matches and the whole context is prefilled again; the old KV stays "
+        "in the radix tree as evictable tokens until memory pressure evicts it (radix cache on)"),
     "swap": ServerPolicy(
         "swap", f"swap: not run -- {HICACHE_UNSUPPORTED}; every swap decision is recorded as "
         "unsupported and the KV stays in the radix cache (radix cache on)"),

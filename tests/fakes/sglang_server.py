@@ -29,6 +29,7 @@ class FakeSglangConfig:
     fail_generate_after: int | None = None  # the Nth /generate (0-based) errors in-stream
     abort_generate_after: int | None = None  # the Nth /generate finishes with an abort
     legacy_endpoints: bool = False  # only /get_model_info and /get_server_info
+    model_path: str = "/nonexistent/tiny"  # where the server says its model is
 
 
 @dataclass
@@ -60,7 +61,7 @@ def make_app(cfg: FakeSglangConfig) -> web.Application:
     app[STATE] = state
 
     async def model_info(_: web.Request) -> web.Response:
-        return web.json_response({"model_path": "/nonexistent/tiny", "served_model_name": "tiny",
+        return web.json_response({"model_path": cfg.model_path, "served_model_name": "tiny",
                                   "is_generation": True, "model_type": "llama"})
 
     async def server_info(_: web.Request) -> web.Response:

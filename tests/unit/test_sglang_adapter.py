@@ -130,16 +130,11 @@ def test_local_model_vocab(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text('{"text_config": {"vocab_size": 4096}}')
 
     async def body(ad: SglangAdapter, _: Any) -> None:
-        async def local_model(*paths: str) -> Any:
-            return {"model_path": str(tmp_path), "served_model_name": "m"} \
-                if "info" in paths[0] and "model" in paths[0] else await original(*paths)
-
-        original = ad._get_json
-        ad._get_json = local_model  # type: ignore[method-assign]
         info = await ad.server_info()
         assert info.vocab_size == 4096 and info.extra["vocab_from"] == "model_path config.json"
+        assert info.extra["model_path"] == str(tmp_path)
 
-    with_server(FakeSglangConfig(), body, vocab=None)
+    with_server(FakeSglangConfig(model_path=str(tmp_path)), body, vocab=None)
 
 
 def test_radix_cache_off_leaves_only_recompute() -> None:

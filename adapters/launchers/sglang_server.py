@@ -124,6 +124,8 @@ class LocalSglangServer:
             # without it the CPU engine's decode crawls
             "--disable-overlap-schedule",
             "--enable-metrics", "--enable-cache-report",
+            # the idle scheduler busy-polls a whole core without it (woken at once by a request)
+            "--sleep-on-idle",
             "--context-length", str(c.context_length),
             "--max-total-tokens", str(c.max_total_tokens)]
         if c.disable_radix_cache:

@@ -111,6 +111,70 @@ def _resumed(rec: pd.DataFrame) -> pd.DataFrame:
     return ends.merge(dec, on=["trajectory_id", "step"], suffixes=("", "_decision"))
 
 
+def _trace(path: Path) -> None:
+    base = {"trajectory_id": "cli", "start_s": 0.0, "priority": "interactive", "tenant": "t",
+            "prefix_group": None, "tool_name": None, "tool_class": None, "latency_s": None,
+            "deadline_s": None, "outcome": None, "mutating": None, "input_tokens": None,
+            "output_tokens": None}
+    rows = [{"step": 0, "kind": "llm", "input_tokens": 80, "output_tokens": 4},
+            {"step": 1, "kind": "tool", "tool_class": "local_read", "tool_name": "cat",
+             "latency_s": 0.1, "deadline_s": 5.0, "outcome": "ok", "mutating": False},
+            {"step": 2, "kind": "llm", "input_tokens": 8, "output_tokens": 4}]
+    df = pd.DataFrame([{**base, **r} for r in rows])
+    for c in ("input_tokens", "output_tokens"):
+        df[c] = df[c].astype("Int64")
+    df["step"] = df["step"].astype("int32")
+    df["mutating"] = df["mutating"].astype("boolean")
+    write_trajectories(df, path, Provenance("test"))
+
+
+# The two tests without the module's server run first: a second idle server would share the
+# two cores with the one they start.
+def test_local_run_starts_and_stops_its_own_server(tmp_path: Path,
+                                                   sglang_env: tuple[Path, Path]) -> None:
+    """`harness run --runtime sglang` without --url: its own server, swap recorded as
+    unsupported (HiCache needs CUDA), and no server process left afterwards."""
+    trace = tmp_path / "t.parquet"
+    _trace(trace)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["run", "--runtime", "sglang", "--trace", str(trace),
+                                    "--policy", "swap", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == "finished" and run["outcome"]["unsupported_actions"] == 1
+    assert "cudaHostRegister" in run["server_policy"] and run["server_start_s"] > 0
+    assert run["model"]["geometry"]["kv_bytes_per_token"] == 512
+    assert run["model"]["kv_bytes_per_token"] == 512  # memory-time in MiB·s in the summary
+    assert json.loads((out / "summary.json").read_text())["kv_bytes_per_token"] == 512
+    port = run["server_flags"][run["server_flags"].index("--port") + 1]
+    assert not _sglang_on_port(port), f"an SGLang server still runs on port {port}"
+    assert "Uvicorn running on http://127.0.0.1" in (out / "server.log").read_text()
+
+
+def _sglang_on_port(port: str) -> bool:
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            args = cmdline.read_bytes().split(b"\0")
+            if b"sglang.launch_server" in args and port.encode() in args:
+                return True
+    return False
+
+
+def test_stand_in_kernel_on_torch_tensors(sglang_env: tuple[Path, Path]) -> None:
+    """The stand-in's function inside SGLang's own environment, on the tensors SGLang passes."""
+    python, _ = sglang_env
+    code = (
+        "import torch, sgl_kernel\n"
+        "t = torch.zeros((3, 6), dtype=torch.int32)\n"
+        "sgl_kernel.assign_req_to_token_pool_cpu(torch.tensor([2, 0]), t, torch.tensor([0, 3]),"
+        " torch.tensor([2, 5]), torch.tensor([7, 8, 9, 10]), 6)\n"
+        "print(t.tolist())\n")
+    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(STAND_IN)}, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout) == [[0, 0, 0, 9, 10, 0], [0] * 6, [7, 8, 0, 0, 0, 0]]
+
+
 @pytest.mark.parametrize("policy", ["keep", "recompute"])
 def test_keep_and_recompute_for_real(sglang_server: LocalSglangServer, tmp_path: Path,
                                      policy: str) -> None:
@@ -167,23 +231,6 @@ def test_hang_up_aborts_the_request_on_the_server(sglang_server: LocalSglangServ
     assert status == "aborted" and n == 1 and idle is True
 
 
-def _trace(path: Path) -> None:
-    base = {"trajectory_id": "cli", "start_s": 0.0, "priority": "interactive", "tenant": "t",
-            "prefix_group": None, "tool_name": None, "tool_class": None, "latency_s": None,
-            "deadline_s": None, "outcome": None, "mutating": None, "input_tokens": None,
-            "output_tokens": None}
-    rows = [{"step": 0, "kind": "llm", "input_tokens": 80, "output_tokens": 4},
-            {"step": 1, "kind": "tool", "tool_class": "local_read", "tool_name": "cat",
-             "latency_s": 0.1, "deadline_s": 5.0, "outcome": "ok", "mutating": False},
-            {"step": 2, "kind": "llm", "input_tokens": 8, "output_tokens": 4}]
-    df = pd.DataFrame([{**base, **r} for r in rows])
-    for c in ("input_tokens", "output_tokens"):
-        df[c] = df[c].astype("Int64")
-    df["step"] = df["step"].astype("int32")
-    df["mutating"] = df["mutating"].astype("boolean")
-    write_trajectories(df, path, Provenance("test"))
-
-
 def test_run_command_against_a_running_server(sglang_server: LocalSglangServer,
                                               tmp_path: Path) -> None:
     trace = tmp_path / "t.parquet"
@@ -199,51 +246,6 @@ def test_run_command_against_a_running_server(sglang_server: LocalSglangServer,
     rec = read_records(out)
     assert rec[(rec.event == "call_end") & (rec.step == 2)].cached_tokens.iloc[0] == 83
     assert any((out / "server_metrics").glob("part-*.parquet"))
-
-
-def test_local_run_starts_and_stops_its_own_server(tmp_path: Path,
-                                                   sglang_env: tuple[Path, Path]) -> None:
-    """`harness run --runtime sglang` without --url: its own server, swap recorded as
-    unsupported (HiCache needs CUDA), and no server process left afterwards."""
-    trace = tmp_path / "t.parquet"
-    _trace(trace)
-    out = tmp_path / "out"
-    res = CliRunner().invoke(main, ["run", "--runtime", "sglang", "--trace", str(trace),
-                                    "--policy", "swap", "--out", str(out)])
-    assert res.exit_code == 0, res.output
-    run = json.loads((out / "run.json").read_text())
-    assert run["status"] == "finished" and run["outcome"]["unsupported_actions"] == 1
-    assert "cudaHostRegister" in run["server_policy"] and run["server_start_s"] > 0
-    assert run["model"]["geometry"]["kv_bytes_per_token"] == 512
-    assert run["model"]["kv_bytes_per_token"] == 512  # memory-time in MiB·s in the summary
-    assert json.loads((out / "summary.json").read_text())["kv_bytes_per_token"] == 512
-    port = run["server_flags"][run["server_flags"].index("--port") + 1]
-    assert not _sglang_on_port(port), f"an SGLang server still runs on port {port}"
-    assert "Uvicorn running on http://127.0.0.1" in (out / "server.log").read_text()
-
-
-def _sglang_on_port(port: str) -> bool:
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        with contextlib.suppress(OSError):
-            args = cmdline.read_bytes().split(b"\0")
-            if b"sglang.launch_server" in args and port.encode() in args:
-                return True
-    return False
-
-
-def test_stand_in_kernel_on_torch_tensors(sglang_env: tuple[Path, Path]) -> None:
-    """The stand-in's function inside SGLang's own environment, on the tensors SGLang passes."""
-    python, _ = sglang_env
-    code = (
-        "import torch, sgl_kernel\n"
-        "t = torch.zeros((3, 6), dtype=torch.int32)\n"
-        "sgl_kernel.assign_req_to_token_pool_cpu(torch.tensor([2, 0]), t, torch.tensor([0, 3]),"
-        " torch.tensor([2, 5]), torch.tensor([7, 8, 9, 10]), 6)\n"
-        "print(t.tolist())\n")
-    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(STAND_IN)}, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads(proc.stdout) == [[0, 0, 0, 9, 10, 0], [0] * 6, [7, 8, 0, 0, 0, 0]]
 
 
 def test_the_server_still_answers_as_recorded(sglang_server: LocalSglangServer,

@@ -283,7 +283,7 @@ def test_launcher_flags_env_and_cleanup(tmp_path: Path) -> None:
         assert flags[flags.index("--context-length") + 1] == "2048"
         assert flags[flags.index("--max-running-requests") + 1] == "3"
         for f in ("--disable-radix-cache", "--disable-overlap-schedule", "--enable-metrics",
-                  "--enable-cache-report", "--disable-cuda-graph"):
+                  "--enable-cache-report", "--disable-cuda-graph", "--sleep-on-idle"):
             assert f in flags
         assert srv.env["SGLANG_USE_CPU_ENGINE"] == "1"
         assert srv.env["PYTHONPATH"].split(":")[0] == str(STAND_IN)

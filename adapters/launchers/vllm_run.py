@@ -64,7 +64,8 @@ def run(ctx: RunContext) -> None:
                                      FALLBACK_RATES.swap_bytes_per_s, kv_bpt)
     cfg = VllmServerConfig(model=model, max_model_len=o.ctx_per_slot, connector=sp.connector)
     with LocalVllmServer(cfg, o.out / "server.log", python=python) as server:
-        run_meta.update({"model": {"name": model.name, "path": str(model), "geometry": geometry},
+        run_meta.update({"model": {"name": model.name, "path": str(model), "geometry": geometry,
+                                   "kv_bytes_per_token": geometry.get("kv_bytes_per_token")},
                          "server_flags": server.flags, "server_env": server.env,
                          "server_python": str(python), "server_start_s": server.start_s})
         asyncio.run(go(server.url, model_vocab(model), rates))

@@ -189,8 +189,9 @@ class Executor:
                            tool_class=tool.tool_class, tool_name=tool.tool_name,
                            value_s=tool.latency_s, deadline_s=tool.deadline_s)
         if not supported:
+            # Nothing was done, so the context stays where it was: held while paused.
             self.counters.unsupported += 1
-        elif d.action != KEEP:
+        if supported and d.action != KEEP:
             await self._evict(st, d.action, tool.step, "policy")
         else:
             st.kept_tokens = len(st.context)

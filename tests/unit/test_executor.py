@@ -161,6 +161,8 @@ def test_unsupported_swap_is_recorded_not_faked(tmp_path: Path) -> None:
     assert d.action == "swap" and d.status == "unsupported"
     assert rec[rec.event.isin(["swap_out", "swap_in"])].empty
     assert run["outcome"]["unsupported_actions"] == 1
+    paused = rec[(rec.event == "kv_state") & (rec.status == "paused")]
+    assert paused.kv_tokens.tolist() == [105]  # the context stayed where it was
 
 
 class Spy:

@@ -10,7 +10,10 @@ from typing import Any, cast
 import numpy as np
 
 from harness.model.iteration import BATCH_TOKENS, IterationCosts, fit_iteration_costs
-from harness.policies.base import PauseContext, ServerRates
+from harness.policies.base import KEEP, SWAP, Decision, PauseContext, ServerRates
+
+ACTION_CODE = {KEEP: 0, SWAP: 1, "recompute": 2}  # records: pause_decision `a` % 8
+DROP = ACTION_CODE["recompute"]
 
 
 @dataclass(frozen=True)
@@ -141,3 +144,16 @@ def context_factory() -> Callable[..., PauseContext]:
         return cast(PauseContext, ctx)
 
     return make
+
+
+def resolve(d: Decision, texts: dict[str, int],
+            text: Callable[[str], int]) -> tuple[float | None, str | None, str, int, int, float]:
+    """A decision as the loop records it: (ttl, after, action, action code + 8 x detail text,
+    reason text, predicted wait or NaN); `texts` caches `text` (RecordSink.text) by reason."""
+    ttl, action, reason = d.ttl_s, d.action, d.reason
+    ri = texts.get(reason)
+    if ri is None:
+        ri = texts[reason] = text(reason)
+    code = ACTION_CODE[action] if ttl is None else 3 + 8 * text(f"ttl_s={ttl} after={d.after}")
+    wait = d.predicted_wait_s
+    return ttl, d.after, action, code, ri, float("nan") if wait is None else wait

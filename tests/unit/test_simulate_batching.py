@@ -95,3 +95,10 @@ def test_calibration_decode_points(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="decode_points"):
         read_calibration(p)
     assert "decode_points" not in CAL.to_dict()
+
+
+def test_unknown_slot_handoff_is_refused(tmp_path: Path) -> None:
+    path = trace(tmp_path, {"x": [llm(10, 2)]})
+    with pytest.raises(InputError, match="slot-handoff"):
+        run_simulation(path, "keep", {}, check_capacity(None, 1, 100), CAL, None,
+                       Arrivals("closed", 1), 0, tmp_path / "o", slot_handoff="lifo")

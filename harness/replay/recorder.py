@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Any
 
 from harness.records.schema import RECORD_COLUMNS
@@ -36,27 +37,46 @@ class Recorder:
 
 
 class SlotPool:
-    """The server's KV slots; the harness assigns them, so a kept slot blocks admission."""
+    """The server's KV slots; the harness assigns them, so a kept slot blocks admission.
+
+    First come, first served: a released slot goes straight to the longest waiter, so a task that
+    frees a slot and asks again at once queues behind those already waiting.
+    """
 
     def __init__(self, slots: int) -> None:
         if slots < 1:
             raise ValueError("a slot pool needs at least one slot")
         self.total = slots
         self._free = list(range(slots - 1, -1, -1))
-        self._cond = asyncio.Condition()
+        self._waiters: deque[asyncio.Future[int]] = deque()
 
     @property
     def free(self) -> int:
         return len(self._free)
 
     async def acquire(self) -> int:
-        async with self._cond:
-            await self._cond.wait_for(lambda: bool(self._free))
+        if self._free and not self._waiters:
             return self._free.pop()
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self._give(fut.result())  # handed over as we were cancelled: pass it on
+            else:
+                self._waiters.remove(fut)
+            raise
 
     async def release(self, slot: int) -> None:
-        async with self._cond:
-            if slot in self._free:
-                raise RuntimeError(f"slot {slot} released twice")
-            self._free.append(slot)
-            self._cond.notify()
+        if slot in self._free:
+            raise RuntimeError(f"slot {slot} released twice")
+        self._give(slot)
+
+    def _give(self, slot: int) -> None:
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(slot)
+                return
+        self._free.append(slot)

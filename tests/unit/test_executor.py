@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -238,3 +239,44 @@ def test_ttl_expiry_without_harness_slots_uses_a_fresh_salt(tmp_path: Path) -> N
     assert erase.t_ns - t0 == 1 * NS
     assert [c.cache_salt for c in adapter.calls] == [None, "run1-a-1"]
     assert rec[rec.event == "pause_decision"].status.tolist() == ["ok"]
+
+
+def test_slot_pool_is_first_come_first_served() -> None:
+    from harness.replay.recorder import SlotPool
+
+    async def go() -> list[str]:
+        pool = SlotPool(1)
+        order: list[str] = []
+        held = await pool.acquire()
+
+        async def waiter(name: str) -> None:
+            slot = await pool.acquire()
+            order.append(name)
+            await pool.release(slot)
+
+        tasks = [asyncio.create_task(waiter(n)) for n in ("w1", "w2")]
+        await asyncio.sleep(0)
+        await pool.release(held)
+        again = asyncio.create_task(waiter("releaser-again"))  # asks right after releasing
+        await asyncio.gather(*tasks, again)
+        assert pool.free == 1
+        return order
+
+    assert asyncio.run(go()) == ["w1", "w2", "releaser-again"]
+
+
+def test_cancelled_waiter_does_not_lose_a_slot() -> None:
+    from harness.replay.recorder import SlotPool
+
+    async def go() -> int:
+        pool = SlotPool(1)
+        held = await pool.acquire()
+        w = asyncio.create_task(pool.acquire())
+        await asyncio.sleep(0)
+        await pool.release(held)  # handed to w ...
+        w.cancel()  # ... which is cancelled before it runs
+        with contextlib.suppress(asyncio.CancelledError):
+            await w
+        return pool.free
+
+    assert asyncio.run(go()) == 1

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
 from harness.adapters.base import (
     Capabilities,
     CompletionRequest,
@@ -21,7 +23,6 @@ from harness.adapters.base import (
     SlotIO,
     Unsupported,
 )
-from prometheus_client.parser import text_string_to_metric_families
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 

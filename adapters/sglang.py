@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
 from harness.adapters.base import (
     Capabilities,
     CompletionRequest,
@@ -28,7 +30,6 @@ from harness.adapters.base import (
     SlotIO,
     Unsupported,
 )
-from prometheus_client.parser import text_string_to_metric_families
 
 # Used when the model's vocabulary cannot be read: SGLang 0.5.23 does not check prompt ids, and
 # one id beyond the vocabulary crashes its scheduler, so the fallback is small enough for any

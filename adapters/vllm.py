@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
 from harness.adapters.base import (
     Capabilities,
     CompletionRequest,
@@ -28,7 +30,6 @@ from harness.adapters.base import (
     SlotIO,
     Unsupported,
 )
-from prometheus_client.parser import text_string_to_metric_families
 
 DEFAULT_VOCAB = 32000
 # Histogram buckets and `_created` timestamps multiply the samples per scrape by ~20 and say

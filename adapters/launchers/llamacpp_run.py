@@ -14,7 +14,6 @@ from harness.adapters.launchers.llamacpp_server import (
     default_model,
 )
 from harness.adapters.llamacpp import LlamaCppAdapter, client_session
-
 from harness.policies import ServerRates
 from harness.policies.builtin import FALLBACK_RATES
 from harness.replay.clock import RealClock

@@ -15,7 +15,6 @@ from harness.adapters.launchers.sglang_server import (
     tiny_model,
 )
 from harness.adapters.sglang import SglangAdapter, client_session
-
 from harness.errors import InputError
 from harness.model.geometry import from_hf_config
 from harness.policies import ServerRates, make_policy

@@ -26,7 +26,6 @@ from pathlib import Path
 from types import TracebackType
 
 from harness.adapters.launchers.llamacpp_server import LAUNCHERS, _script_output, free_port
-
 from harness.errors import ServerError
 
 SERVED_NAME = "tiny"

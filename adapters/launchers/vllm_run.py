@@ -14,7 +14,6 @@ from harness.adapters.launchers.vllm_server import (
     vllm_python,
 )
 from harness.adapters.vllm import VllmAdapter, client_session
-
 from harness.errors import InputError
 from harness.model.geometry import from_hf_config
 from harness.policies import ServerRates, make_policy

@@ -1,6 +1,6 @@
 """`harness calibrate`: measure a live server's rates for the model, the simulator and policies.
 
-Prefill tokens/s at several context lengths (cold slot, one token generated), decode tokens/s,
+Prefill tokens/s at several context lengths (cold slot), decode tokens/s at each of them,
 and slot save / restore bandwidth from the server's own timings. Each point is the median of
 `repeats` measurements. The slot used is erased and every dump file deleted afterwards.
 """
@@ -29,6 +29,7 @@ SWAP_CONTEXT = 1024
 @dataclass
 class Measured:
     prefill_points: list[tuple[int, float]]
+    decode_points: list[tuple[int, float]]
     decode_tok_s: float
     swap_out_bytes_per_s: float
     swap_in_bytes_per_s: float
@@ -37,13 +38,18 @@ class Measured:
     model: str
 
 
-async def _prefill(ad: LlamaCppAdapter, n: int, vocab: int, seed: int) -> tuple[float, float]:
+async def _prefill(ad: LlamaCppAdapter, n: int, vocab: int, seed: int,
+                   decode_tokens: int = 1) -> tuple[float, float | None]:
+    """Cold prefill of n tokens, then `decode_tokens` generated at that context:
+    (prefill tok/s, decode tok/s or None when only one token was generated)."""
     await ad.erase_slot(0)
-    res = await ad.complete(CompletionRequest(token_ids(seed, n, vocab), 1, slot=0),
+    res = await ad.complete(CompletionRequest(token_ids(seed, n, vocab), decode_tokens, slot=0),
                             lambda: None)
     if res.status != "ok" or not res.prompt_n or not res.prompt_ms:
         raise ServerError(f"calibration prefill of {n} tokens failed: {res.error}")
-    return res.prompt_n / (res.prompt_ms / 1000.0), res.prompt_ms
+    decode = (len(res.tokens) / (res.decode_ms / 1000.0)
+              if decode_tokens > 1 and res.decode_ms else None)
+    return res.prompt_n / (res.prompt_ms / 1000.0), decode
 
 
 async def measure(ad: LlamaCppAdapter, contexts: tuple[int, ...] = CONTEXTS,
@@ -51,12 +57,13 @@ async def measure(ad: LlamaCppAdapter, contexts: tuple[int, ...] = CONTEXTS,
     """Measure one llama-server through its adapter (slot 0 is used and erased)."""
     info = await ad.server_info()
     limit = (info.ctx_per_slot or 4096) - decode_tokens - 8
-    points = []
+    points, decode_points = [], []
     try:
         for n in (c for c in contexts if c <= limit):
-            rates = [(await _prefill(ad, n, info.vocab_size, stable_seed("cal", n, r)))[0]
-                     for r in range(repeats)]
-            points.append((n, statistics.median(rates)))
+            got = [await _prefill(ad, n, info.vocab_size, stable_seed("cal", n, r),
+                                  decode_tokens) for r in range(repeats)]
+            points.append((n, statistics.median(p for p, _ in got)))
+            decode_points.append((n, statistics.median(d or 0.0 for _, d in got)))
         decode = []
         for r in range(repeats):
             await ad.erase_slot(0)
@@ -84,7 +91,7 @@ async def measure(ad: LlamaCppAdapter, contexts: tuple[int, ...] = CONTEXTS,
             per_token.append(saved.bytes / saved.tokens)
     finally:
         await ad.erase_slot(0)
-    return Measured(points, statistics.median(decode), statistics.median(outs),
+    return Measured(points, decode_points, statistics.median(decode), statistics.median(outs),
                     statistics.median(ins), statistics.median(per_token),
                     info.server_version, info.model)
 
@@ -98,7 +105,8 @@ def to_calibration(m: Measured, kv_bytes_per_token: float | None,
         prefill_tok_s=m.prefill_points[-1][1], decode_tok_s=m.decode_tok_s,
         swap_out_bytes_per_s=m.swap_out_bytes_per_s, swap_in_bytes_per_s=m.swap_in_bytes_per_s,
         measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
-        prefill_points=tuple(m.prefill_points))
+        prefill_points=tuple(m.prefill_points),
+        decode_points=tuple(p for p in m.decode_points if p[1] > 0))
 
 
 async def _measure_url(url: str, dump_dir: Path | None, repeats: int) -> Measured:
@@ -141,7 +149,8 @@ def calibrate_cmd(runtime: str, url: str | None, out: Path, repeats: int,
     cal = to_calibration(measured, bpt, version)
     write_calibration(out, cal)
     pts = ", ".join(f"{n}: {r:,.0f}" for n, r in cal.prefill_points)
-    click.echo(f"prefill tok/s by context ({pts}); decode {cal.decode_tok_s:,.1f} tok/s; "
+    dec = ", ".join(f"{n}: {r:,.1f}" for n, r in cal.decode_points)
+    click.echo(f"prefill tok/s by context ({pts}); decode tok/s by context ({dec}); "
                f"slot save {cal.swap_out_bytes_per_s / 2**30:.2f} GiB/s, restore "
                f"{cal.swap_in_bytes_per_s / 2**30:.2f} GiB/s; KV {cal.kv_bytes_per_token:,.0f} "
                f"B/token (dumps: {measured.dump_bytes_per_token:,.0f} B/token)\nwrote {out}")

@@ -56,9 +56,10 @@ def _float(flag: str, raw: str | None) -> float | None:
               help="Latencies per tool class a policy sees (0: all, as the replay).")
 @click.option("--default-deadline-s", default=str(DEFAULT_DEADLINE_S), show_default=True,
               help="Deadline of tool steps without one.")
-@click.option("--slot-handoff", default="agent", show_default=True,
-              help="Closed loop, slots: 'agent' (as the replay: an agent that ends a trajectory "
-                   "starts its next one on the slot it freed) or 'fifo' (longest waiter first).")
+@click.option("--slot-handoff", default="fifo", show_default=True,
+              help="Closed loop, slots: 'fifo' (as the replay: a freed slot goes to the longest "
+                   "waiter) or 'agent' (an agent that ends a trajectory starts its next one on "
+                   "the slot it freed, ahead of the waiters).")
 @click.option("--no-summary", is_flag=True, help="Skip summary.json.")
 @click.option("--out", required=True, type=click.Path(path_type=Path))
 def simulate_cmd(trace: Path, policy: str, policy_args: tuple[str, ...],

@@ -62,13 +62,12 @@ NAN = float("nan")
 
 def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolicy,
              arrival_s: np.ndarray | None, concurrency: int, sink: RecordSink, run_id: str,
-             history_window: int = 1000, slot_handoff: str = "agent") -> Counters:
+             history_window: int = 1000, slot_handoff: str = "fifo") -> Counters:
     """Run every trajectory to its end; events go to `sink`. `arrival_s` None: closed loop.
 
-    `slot_handoff` (slot mode, closed loop): "agent" as the replay's slot pool does it (the agent
-    that ends a trajectory starts its next one on the slot it just freed, ahead of the calls
-    waiting for a slot, and the waiter woken for that slot queues again at the back); "fifo":
-    every freed slot goes to the longest waiter.
+    `slot_handoff` (slot mode, closed loop): "fifo", as the replay's slot pool does it: every
+    freed slot goes to the longest waiter; "agent": the agent that ends a trajectory starts its
+    next one on the slot it just freed, ahead of the calls waiting for a slot.
     """
     if slot_handoff not in SLOT_HANDOFFS:
         raise ValueError(f"slot_handoff must be one of {SLOT_HANDOFFS}, got {slot_handoff!r}")

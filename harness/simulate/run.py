@@ -83,7 +83,7 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
                    capacity: Capacity, calibration: Calibration, calibration_path: Path | None,
                    arrivals: Arrivals, seed: int, out: Path, history_window: int = 1000,
                    default_deadline_s: float = DEFAULT_DEADLINE_S,
-                   write_summary: bool = True, slot_handoff: str = "agent") -> dict[str, Any]:
+                   write_summary: bool = True, slot_handoff: str = "fifo") -> dict[str, Any]:
     """Simulate `trace` under a policy and write a results directory; returns run.json.
 
     `slot_handoff`: how a freed slot is handed on in a closed loop (see engine.simulate)."""

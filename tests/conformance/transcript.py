@@ -21,8 +21,8 @@ from typing import Any
 import aiohttp
 import pandas as pd
 from aiohttp import web
-from harness.adapters.base import CompletionRequest
 
+from harness.adapters.base import CompletionRequest
 from harness.plan.injection import Injection
 from harness.plan.planner import Arrivals, CallStep, Plan, ToolStep, TrajectoryPlan
 from harness.plan.tokens import stable_seed
@@ -276,7 +276,6 @@ async def run_plan(runtime: str, url: str, out: Path) -> dict[str, Any]:
     """Replay the fixed plan through `runtime`'s adapter at `url` (real clock, no scraping
     after the first sample); returns the adapter's results, the events and run.json."""
     from harness.adapters.llamacpp import client_session
-
     from harness.policies.builtin import FALLBACK_RATES
     from harness.records.store import read_records
     from harness.replay.clock import RealClock

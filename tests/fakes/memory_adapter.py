@@ -13,7 +13,6 @@ from harness.adapters.base import (
     SlotIO,
     Unsupported,
 )
-
 from harness.replay.clock import NS, Clock
 
 BYTES_PER_TOKEN = 100

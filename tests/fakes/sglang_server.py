@@ -251,7 +251,6 @@ async def run_transcript_plan(url: str, out: Path) -> dict[str, Any]:
     """The conformance suite's fixed plan through the SGLang adapter at `url`, with the
     scripted pause actions above; returns the adapter's results, the events and run.json."""
     from harness.adapters.sglang import SglangAdapter, client_session
-
     from harness.policies.builtin import FALLBACK_RATES
     from harness.records.store import read_records
     from harness.replay.clock import RealClock

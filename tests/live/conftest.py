@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from harness.adapters.launchers.llamacpp_server import (
     LlamaServerConfig,
     LocalLlamaServer,

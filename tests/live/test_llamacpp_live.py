@@ -14,9 +14,9 @@ from typing import Any
 import pandas as pd
 import pytest
 from click.testing import CliRunner
+
 from harness.adapters.launchers.llamacpp_server import LocalLlamaServer
 from harness.adapters.llamacpp import LlamaCppAdapter, client_session
-
 from harness.cli import main
 from harness.plan.injection import Injection
 from harness.plan.planner import Arrivals, CallStep, Plan, ToolStep, TrajectoryPlan

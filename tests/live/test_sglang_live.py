@@ -25,6 +25,7 @@ import pandas as pd
 import pytest
 from aiohttp.test_utils import TestServer
 from click.testing import CliRunner
+
 from harness.adapters.base import CompletionRequest
 from harness.adapters.launchers.sglang_server import (
     STAND_IN,
@@ -34,7 +35,6 @@ from harness.adapters.launchers.sglang_server import (
     tiny_model,
 )
 from harness.adapters.sglang import SglangAdapter, client_session
-
 from harness.cli import main
 from harness.errors import ServerError
 from harness.plan.injection import Injection

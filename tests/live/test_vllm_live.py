@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 import pytest
 from click.testing import CliRunner
+
 from harness.adapters.base import CompletionRequest, CompletionResult
 from harness.adapters.launchers.vllm_server import (
     LocalVllmServer,
@@ -27,7 +28,6 @@ from harness.adapters.launchers.vllm_server import (
     vllm_python,
 )
 from harness.adapters.vllm import VllmAdapter, client_session
-
 from harness.cli import main
 from harness.plan.injection import Injection
 from harness.plan.planner import Arrivals, CallStep, Plan, ToolStep, TrajectoryPlan

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestServer
+
 from harness.adapters.base import CompletionRequest, Unsupported
 from harness.adapters.llamacpp import LlamaCppAdapter, client_session
-
 from harness.plan.injection import Injection
 from harness.plan.planner import Arrivals, make_plan
 from harness.policies import make_policy

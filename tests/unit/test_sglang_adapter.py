@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from aiohttp.test_utils import TestServer
+
 from harness.adapters.base import CompletionRequest, Unsupported
 from harness.adapters.launchers.sgl_kernel_cpu import sgl_kernel
 from harness.adapters.launchers.sgl_kernel_cpu.sgl_kernel import mamba
@@ -25,7 +26,6 @@ from harness.adapters.launchers.sglang_server import (
     server_policy,
 )
 from harness.adapters.sglang import SAFE_VOCAB, SglangAdapter, client_session
-
 from harness.plan.injection import Injection
 from harness.plan.planner import Arrivals, make_plan
 from harness.policies import make_policy

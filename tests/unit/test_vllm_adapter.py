@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestServer
+
 from harness.adapters.base import CompletionRequest, Unsupported
 from harness.adapters.launchers.vllm_server import (
     SERVER_POLICIES,
@@ -18,7 +19,6 @@ from harness.adapters.launchers.vllm_server import (
     server_policy,
 )
 from harness.adapters.vllm import VllmAdapter, client_session
-
 from harness.plan.injection import Injection
 from harness.plan.planner import Arrivals, make_plan
 from harness.policies import make_policy

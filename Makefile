@@ -57,8 +57,10 @@ lint: setup ## ruff and mypy on the core
 	$(BIN)/ruff check harness adapters tests benchmarks
 	$(BIN)/mypy
 
-perf: setup ## Performance benchmarks with their targets
-	@set -e; for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b; done
+perf: setup ## Performance benchmarks with their targets (every one runs; exit 1 if any missed)
+	@failed=""; for b in benchmarks/bench_*.py; do echo "== $$b"; \
+	  $(BIN)/python $$b || failed="$$failed $$b"; done; \
+	  if [ -n "$$failed" ]; then echo "targets missed:$$failed"; exit 1; fi
 
 clean: ## Remove the virtualenv, caches and results (not the cached llama-server build)
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build *.egg-info

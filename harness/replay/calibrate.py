@@ -125,7 +125,7 @@ async def _measure_url(url: str, dump_dir: Path | None, repeats: int) -> Measure
 def calibrate_cmd(runtime: str, url: str | None, out: Path, repeats: int,
                   model_path: Path | None) -> None:
     """Measure prefill and decode rates and slot save/restore bandwidth on a live server."""
-    from harness.adapters.launchers.llamacpp_run import model_geometry
+    from harness.adapters.launchers.llamacpp_run import model_geometry, pin_harness_cpu
 
     geometry: dict[str, Any] | None = None
     if url:
@@ -140,8 +140,9 @@ def calibrate_cmd(runtime: str, url: str | None, out: Path, repeats: int,
 
         model = model_path or default_model()
         geometry = model_geometry(model)
-        with LocalLlamaServer(LlamaServerConfig(model=model, slots=1),
-                              out.with_suffix(".server.log")) as server:
+        # Pinned as in a replay, so the rates are those the replays will see.
+        cfg = LlamaServerConfig(model=model, slots=1, server_cpus=pin_harness_cpu())
+        with LocalLlamaServer(cfg, out.with_suffix(".server.log")) as server:
             measured = asyncio.run(_measure_url(server.url, server.dump_dir, repeats))
             version = server.build_label()
     bpt = float(geometry["kv_bytes_per_token"]) if geometry and \

@@ -12,13 +12,11 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from harness.adapters.launchers.process import log_tail, wait_healthy
 from harness.errors import ServerError
 
 LAUNCHERS = Path(__file__).resolve().parent
@@ -100,34 +98,13 @@ class LocalLlamaServer:
                                       stdin=subprocess.DEVNULL,
                                       preexec_fn=lambda: os.umask(0o077))
         try:
-            self._wait_healthy()
+            wait_healthy(self._proc, self.url + "/health", "llama-server",
+                         self.startup_timeout_s, lambda: log_tail(self.log_path, 12),
+                         poll_s=0.25)
         except BaseException:
             self.stop()
             raise
         return self
-
-    def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            assert self._proc is not None
-            if self._proc.poll() is not None:
-                raise ServerError(f"llama-server exited with code {self._proc.returncode} "
-                                  f"during start-up; last log lines:\n{self._log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.25)
-        raise ServerError(f"llama-server not healthy after {self.startup_timeout_s:.0f}s; "
-                          f"last log lines:\n{self._log_tail()}")
-
-    def _log_tail(self, n: int = 12) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return "(no log)"
 
     def build_label(self) -> str:
         """The llama.cpp build, from the cache directory the install script chose."""

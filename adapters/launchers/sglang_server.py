@@ -19,13 +19,12 @@ import signal
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
 from harness.adapters.launchers.llamacpp_server import LAUNCHERS, _script_output, free_port
+from harness.adapters.launchers.process import log_tail, wait_healthy
 from harness.errors import ServerError
 
 SERVED_NAME = "tiny"
@@ -157,37 +156,18 @@ class LocalSglangServer:
                                       start_new_session=True)
         self._pgid = self._proc.pid  # start_new_session: the group id is the leader's pid
         try:
-            self._wait_healthy()
+            assert self._proc is not None
+            wait_healthy(self._proc, self.url + "/health", "SGLang", self.startup_timeout_s,
+                         self.log_tail, probe_timeout_s=5.0)
         except BaseException:
             self.stop()
             raise
         self.start_s = round(time.monotonic() - t0, 3)
         return self
 
-    def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            assert self._proc is not None
-            if self._proc.poll() is not None:
-                raise ServerError(f"SGLang exited with code {self._proc.returncode} during "
-                                  f"start-up; last log lines:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.5)
-        raise ServerError(f"SGLang not healthy after {self.startup_timeout_s:.0f}s; "
-                          f"last log lines:\n{self.log_tail()}")
-
     def log_tail(self, n: int = 15) -> str:
         """The server log's last `n` lines (SGLang's per-model import notes left out)."""
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return "(no log)"
-        return "\n".join([ln for ln in lines if "Ignore import error" not in ln][-n:])
+        return log_tail(self.log_path, n, lambda ln: "Ignore import error" not in ln)
 
     def group_alive(self) -> bool:
         """Whether any process of the server's process group is still running."""

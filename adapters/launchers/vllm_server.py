@@ -19,13 +19,12 @@ import signal
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
 from harness.adapters.launchers.llamacpp_server import LAUNCHERS, _script_output, free_port
+from harness.adapters.launchers.process import log_tail, wait_healthy
 from harness.errors import ServerError
 
 SERVED_NAME = "tiny"
@@ -169,35 +168,14 @@ class LocalVllmServer:
                                       stdin=subprocess.DEVNULL, env={**os.environ, **self.env},
                                       start_new_session=True)
         try:
-            self._wait_healthy()
+            assert self._proc is not None
+            wait_healthy(self._proc, self.url + "/health", "vLLM", self.startup_timeout_s,
+                         lambda: log_tail(self.log_path))
         except BaseException:
             self.stop()
             raise
         self.start_s = round(time.monotonic() - t0, 3)
         return self
-
-    def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            assert self._proc is not None
-            if self._proc.poll() is not None:
-                raise ServerError(f"vLLM exited with code {self._proc.returncode} during "
-                                  f"start-up; last log lines:\n{self._log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.5)
-        raise ServerError(f"vLLM not healthy after {self.startup_timeout_s:.0f}s; "
-                          f"last log lines:\n{self._log_tail()}")
-
-    def _log_tail(self, n: int = 15) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return "(no log)"
 
     def group_alive(self) -> bool:
         """Whether any process of the server's process group is still running."""

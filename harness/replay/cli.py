@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import uuid
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from harness.plan.injection import load_injection
 from harness.plan.planner import Arrivals, make_plan
 from harness.policies import POLICIES, make_policy
 from harness.replay.options import RunContext, RunOptions
+from harness.traces.schema import file_sha256
 from harness.traces.validate import load_trajectories
 
 __all__ = ["RunOptions", "execute_run", "arrivals_from_flags", "parse_kv", "run_cmd"]
@@ -32,14 +32,6 @@ def parse_kv(pairs: tuple[str, ...], flag: str) -> dict[str, str]:
         k, v = p.split("=", 1)
         out[k.strip()] = v.strip()
     return out
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def git_commit() -> str | None:

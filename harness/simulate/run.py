@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from harness.simulate.engine import SLOT_HANDOFFS, simulate
 from harness.simulate.records import RecordSink
 from harness.simulate.server import Capacity, Counters, ServerModel
 from harness.simulate.workload import Workload, build_workload
+from harness.traces.schema import file_sha256
 from harness.traces.validate import load_trajectories
 
 DEFAULT_DEADLINE_S = 30.0  # as the replay plan's default injection
@@ -54,14 +54,6 @@ class Arrivals:
         for _ in range(4):  # the planner draws four per-step uniforms first
             rng.random(n_steps)
         return np.cumsum(rng.exponential(1.0 / self.rate, size=w.n_trajectories))
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def check_capacity(tokens: int | None, slots: int | None, ctx_per_slot: int | None) -> Capacity:

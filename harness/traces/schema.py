@@ -6,6 +6,7 @@ explains where it came from and what was inferred rather than recorded.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -126,6 +127,15 @@ def write_trajectories(
     pq.write_table(table, tmp, use_dictionary=list(DICTIONARY_COLUMNS), compression="zstd")
     tmp.replace(out)
     return out
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file (run metadata names the exact trace a run replayed)."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def read_metadata(path: str | Path) -> Mapping[bytes, bytes]:

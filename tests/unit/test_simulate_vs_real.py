@@ -56,7 +56,7 @@ def simulated(policy: str, tmp: Path) -> dict[str, Any]:
 
 
 def _sha(path: Path) -> str:
-    from harness.simulate.run import file_sha256
+    from harness.traces.schema import file_sha256
 
     return file_sha256(path)
 

@@ -70,7 +70,8 @@ def _local(ctx: RunContext) -> None:
     model = o.model or default_model()
     server_cpus = pin_harness_cpu()
     cfg = LlamaServerConfig(model=model, slots=o.slots, ctx_per_slot=o.ctx_per_slot,
-                            threads=o.threads, server_cpus=server_cpus)
+                            threads=o.threads, server_cpus=server_cpus,
+                            extra_args=list(o.server_args))
     geometry = model_geometry(model)
     kv_bpt = float(geometry["kv_bytes_per_token"]) if geometry and \
         "kv_bytes_per_token" in geometry else FALLBACK_RATES.kv_bytes_per_token

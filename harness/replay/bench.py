@@ -98,12 +98,14 @@ def headline_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
 @click.option("--calibration", type=click.Path(path_type=Path),
               help="Rates from `harness calibrate`: policies price actions with them, and each "
                    "policy's directory gets the analytical prediction (prediction.json).")
+@click.option("--server-arg", "server_args", multiple=True,
+              help="Extra flag for the local server, repeatable (e.g. -ngl 99).")
 @click.option("--out", type=click.Path(path_type=Path),
               help="Results root (default: reports/bench-<UTC time>).")
 def bench_cmd(runtime: str, url: str | None, trace_path: Path | None, policies: str,
               policy_args: tuple[str, ...], inject: str, concurrency: int, time_scale: float,
               seed: int, slots: int, ctx_per_slot: int, calibration: Path | None,
-              out: Path | None) -> None:
+              server_args: tuple[str, ...], out: Path | None) -> None:
     """Replay one trace under several policies and compare them in one report."""
     names = [p.strip() for p in policies.split(",") if p.strip()]
     unknown = [p for p in names if p not in POLICIES]
@@ -124,7 +126,7 @@ def bench_cmd(runtime: str, url: str | None, trace_path: Path | None, policies: 
             policy_args=parse_kv(policy_args, "--policy-arg") if policy in ("ttl", "threshold",
                                                                            "min-waste") else {},
             inject=inject, arrivals=arrivals, seed=seed, slots=slots,
-            ctx_per_slot=ctx_per_slot, calibration=calibration),
+            ctx_per_slot=ctx_per_slot, calibration=calibration, server_args=server_args),
             lambda m: click.echo(m, err=True))
         dirs.append(d)
         if calibration is not None:

@@ -109,18 +109,22 @@ def arrivals_from_flags(concurrency: int | None, rate: float | None, trace_timin
 @click.option("--scrape-interval", type=float, default=0.2, show_default=True)
 @click.option("--calibration", type=click.Path(path_type=Path),
               help="Rates from `harness calibrate` for the policies to price actions with.")
+@click.option("--server-arg", "server_args", multiple=True,
+              help="Extra flag for the local server, repeatable (e.g. --server-arg=-ngl "
+                   "--server-arg=99 to offload a llama-server to the GPU).")
 def run_cmd(runtime: str, url: str | None, trace_path: Path, policy: str,
             policy_args: tuple[str, ...], inject: str, concurrency: int | None,
             rate: float | None, trace_timing: bool, time_scale: float, seed: int, out: Path,
             slots: int, ctx_per_slot: int, threads: int, model_path: Path | None,
-            scrape_interval: float, calibration: Path | None) -> None:
+            scrape_interval: float, calibration: Path | None,
+            server_args: tuple[str, ...]) -> None:
     """Replay TRACE against a runtime under POLICY and write a results directory."""
     opts = RunOptions(
         trace=trace_path, policy=policy, out=out, runtime=runtime, url=url,
         policy_args=parse_kv(policy_args, "--policy-arg"), inject=inject,
         arrivals=arrivals_from_flags(concurrency, rate, trace_timing, time_scale), seed=seed,
         slots=slots, ctx_per_slot=ctx_per_slot, threads=threads, model=model_path,
-        scrape_interval_s=scrape_interval, calibration=calibration)
+        scrape_interval_s=scrape_interval, calibration=calibration, server_args=server_args)
     run = execute_run(opts, lambda m: click.echo(m, err=True))
     _print_result(out, run)
 

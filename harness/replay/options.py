@@ -30,6 +30,7 @@ class RunOptions:
     model: Path | None = None
     scrape_interval_s: float = 0.2
     calibration: Path | None = None
+    server_args: tuple[str, ...] = ()  # extra flags for a local server (e.g. -ngl 99)
 
 
 @dataclass

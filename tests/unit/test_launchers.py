@@ -39,3 +39,24 @@ def test_log_tail_filters_and_survives_a_missing_file(tmp_path: Path) -> None:
     log.write_text("a\nnoise\nb\nc\n")
     assert log_tail(log, 2, lambda ln: ln != "noise") == "b\nc"
     assert log_tail(tmp_path / "missing.log") == "(no log)"
+
+
+def test_llama_server_flags(tmp_path: Path) -> None:
+    """What the local llama-server is started with: loopback only, slots x context, no
+    host-RAM prompt cache, private dump directory, and any extra flags last."""
+    from harness.adapters.launchers.llamacpp_server import LlamaServerConfig, LocalLlamaServer
+
+    cfg = LlamaServerConfig(model=tmp_path / "m.gguf", slots=3, ctx_per_slot=2048,
+                            extra_args=["-ngl", "99"])
+    server = LocalLlamaServer(cfg, tmp_path / "log", binary=tmp_path / "llama-server")
+    try:
+        f = server.flags
+        assert f[f.index("--host") + 1] == "127.0.0.1"
+        assert f[f.index("-c") + 1] == str(3 * 2048) and f[f.index("-np") + 1] == "3"
+        assert f[f.index("--cache-ram") + 1] == "0" and "--metrics" in f
+        assert f[f.index("--slot-save-path") + 1] == str(server.dump_dir)
+        assert (server.dump_dir.stat().st_mode & 0o777) == 0o700
+        assert f[-2:] == ["-ngl", "99"]
+    finally:
+        server.stop()
+    assert not server.dump_dir.exists()

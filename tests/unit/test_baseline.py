@@ -1,0 +1,29 @@
+"""The committed baseline is a usable reference for the CI gate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from harness.cli import main
+
+BASELINE = Path(__file__).resolve().parents[2] / "reports" / "baseline"
+
+
+def test_baseline_against_itself_is_not_a_regression() -> None:
+    keep = str(BASELINE / "keep")
+    res = CliRunner().invoke(main, ["compare", keep, keep, "--json", "--fail-on-regression"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["regressed"] is False
+    assert {m["verdict"] for m in out["metrics"]} == {"same"}
+
+
+def test_the_gate_fails_on_a_real_regression() -> None:
+    # swap resumes ~4x slower than keep on this workload: the gate must catch it
+    res = CliRunner().invoke(main, ["compare", str(BASELINE / "keep"), str(BASELINE / "swap"),
+                                    "--fail-on-regression"])
+    assert res.exit_code == 1, res.output
+    assert "regressed" in res.output

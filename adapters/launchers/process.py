@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import time
 import urllib.error
@@ -39,3 +42,32 @@ def wait_healthy(proc: subprocess.Popen[bytes], url: str, name: str, timeout_s: 
             pass
         time.sleep(poll_s)
     raise ServerError(f"{name} not healthy after {timeout_s:.0f}s; last log lines:\n{tail()}")
+
+
+def group_alive(pgid: int | None) -> bool:
+    """Whether any process of the process group `pgid` is still running."""
+    if pgid is None:
+        return False
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def stop_group(proc: subprocess.Popen[bytes], term_wait_s: float = 20.0,
+               linger_s: float = 5.0) -> None:
+    """SIGTERM the process group `proc` leads (started with start_new_session), wait for it,
+    and SIGKILL whatever of the group is left after `linger_s` more seconds."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=term_wait_s)
+    deadline = time.monotonic() + linger_s
+    while group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if group_alive(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)

@@ -12,10 +12,8 @@ are pinned in install_sglang.sh to the releases it was verified with.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -24,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 
 from harness.adapters.launchers.llamacpp_server import LAUNCHERS, _script_output, free_port
-from harness.adapters.launchers.process import log_tail, wait_healthy
+from harness.adapters.launchers.process import group_alive, log_tail, stop_group, wait_healthy
 from harness.errors import ServerError
 
 SERVED_NAME = "tiny"
@@ -171,30 +169,13 @@ class LocalSglangServer:
 
     def group_alive(self) -> bool:
         """Whether any process of the server's process group is still running."""
-        if self._pgid is None:
-            return False
-        try:
-            os.killpg(self._pgid, 0)
-        except ProcessLookupError:
-            return False
-        return True
+        return group_alive(self._pgid)
 
     def stop(self) -> None:
         """SIGTERM the server's process group, SIGKILL what is left after 20 s; remove files."""
         proc, self._proc = self._proc, None
         if proc is not None:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=20)
-            deadline = time.monotonic() + 5
-            while self.group_alive() and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if self.group_alive():
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+            stop_group(proc)
         if getattr(self, "_log", None) is not None:
             self._log.close()
         shutil.rmtree(self.tmp_dir, ignore_errors=True)

@@ -60,3 +60,18 @@ def test_llama_server_flags(tmp_path: Path) -> None:
     finally:
         server.stop()
     assert not server.dump_dir.exists()
+
+
+def test_stop_group_kills_a_server_that_ignores_sigterm() -> None:
+    import time
+
+    from harness.adapters.launchers.process import group_alive, stop_group
+
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    time.sleep(0.5)
+    assert group_alive(proc.pid)
+    t0 = time.monotonic()
+    stop_group(proc, term_wait_s=0.5, linger_s=0.5)
+    assert proc.returncode == -9 and not group_alive(proc.pid)
+    assert time.monotonic() - t0 < 5

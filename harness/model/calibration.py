@@ -7,13 +7,15 @@ JSON with these keys (all rates positive and finite):
      "prefill_points": [[512, 260.0], [4096, 210.0]],   # (context_len, tok_s), optional
      "decode_tok_s": 30.0, "swap_out_bytes_per_s": 5e9, "swap_in_bytes_per_s": 6e9,
      "decode_points": [[64, 30.0], [1024, 21.0]],       # (context_len, tok_s), optional
+     "append_points": [[64, 90.0], [1024, 40.0]],       # (context_len, tok_s), optional
      "measured_at": "2026-11-29T21:00:00Z"}
 
 `prefill_tok_s` is the headline rate; `prefill_points` give it by context length when measured,
 and `prefill_tok_s_at` interpolates between them (clamped at both ends). `decode_points` give one
-sequence's decode rate by context length; the simulator's iteration model
-(harness.model.iteration) uses them, when present, for the cost of attention in decode steps and
-short prompt chunks.
+sequence's decode rate by context length; `append_points` the rate of a 32-token prompt
+appended to a cached context of that length (a kept request's resume). The simulator's iteration
+model (harness.model.iteration) uses them, when present, for the cost of attention in decode
+steps and short prompt chunks.
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ class Calibration:
     measured_at: str
     prefill_points: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     decode_points: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    append_points: tuple[tuple[int, float], ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         self.validate("calibration")
@@ -110,6 +113,7 @@ class Calibration:
             _positive(getattr(self, key), key, where)
         _check_points(self.prefill_points, where)
         _check_points(self.decode_points, where, "decode_points")
+        _check_points(self.append_points, where, "append_points")
 
     def prefill_tok_s_at(self, context_len: float) -> float:
         """Prefill tokens/s at a context length: linear between measured points, else the rate."""
@@ -129,6 +133,8 @@ class Calibration:
         d["prefill_points"] = [[c, r] for c, r in self.prefill_points]
         if self.decode_points:
             d["decode_points"] = [[c, r] for c, r in self.decode_points]
+        if self.append_points:
+            d["append_points"] = [[c, r] for c, r in self.append_points]
         return d
 
     @classmethod
@@ -136,7 +142,8 @@ class Calibration:
         """Build and validate from parsed JSON; unknown keys are refused by name."""
         if not isinstance(data, dict):
             raise InputError(f"{where}: expected a JSON object")
-        known = {"version", "prefill_points", "decode_points", *_TEXT_KEYS, *_RATE_KEYS}
+        known = {"version", "prefill_points", "decode_points", "append_points", *_TEXT_KEYS,
+                 *_RATE_KEYS}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InputError(f"{where}: unknown key(s) {', '.join(unknown)}")
@@ -154,7 +161,8 @@ class Calibration:
         return cls(runtime=data["runtime"], server_version=data["server_version"],
                    model=data["model"], measured_at=data["measured_at"],
                    prefill_points=_parse_points(data, "prefill_points", where),
-                   decode_points=_parse_points(data, "decode_points", where), **rates)
+                   decode_points=_parse_points(data, "decode_points", where),
+                   append_points=_parse_points(data, "append_points", where), **rates)
 
 
 def read_calibration(path: str | Path) -> Calibration:

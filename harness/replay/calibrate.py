@@ -1,6 +1,7 @@
 """`harness calibrate`: measure a live server's rates for the model, the simulator and policies.
 
-Prefill tokens/s at several context lengths (cold slot), decode tokens/s at each of them,
+Prefill tokens/s at several context lengths (cold slot), decode tokens/s at each of them, the
+rate of a short prompt appended to each cached context (what a kept request's resume computes),
 and slot save / restore bandwidth from the server's own timings. Each point is the median of
 `repeats` measurements. The slot used is erased and every dump file deleted afterwards.
 """
@@ -20,6 +21,7 @@ from harness.adapters.base import CompletionRequest
 from harness.adapters.llamacpp import LlamaCppAdapter, client_session
 from harness.errors import ServerError
 from harness.model.calibration import Calibration, write_calibration
+from harness.model.iteration import APPEND_TOKENS
 from harness.plan.tokens import stable_seed, token_ids
 
 CONTEXTS = (128, 512, 1024, 2048)
@@ -30,6 +32,7 @@ SWAP_CONTEXT = 1024
 class Measured:
     prefill_points: list[tuple[int, float]]
     decode_points: list[tuple[int, float]]
+    append_points: list[tuple[int, float]]
     decode_tok_s: float
     swap_out_bytes_per_s: float
     swap_in_bytes_per_s: float
@@ -52,18 +55,36 @@ async def _prefill(ad: LlamaCppAdapter, n: int, vocab: int, seed: int,
     return res.prompt_n / (res.prompt_ms / 1000.0), decode
 
 
+async def _append(ad: LlamaCppAdapter, n: int, vocab: int, seed: int) -> float | None:
+    """APPEND_TOKENS new prompt tokens after the n cached by `_prefill(n, seed)`: tokens/s, or
+    None when the server did not reuse the cached prefix."""
+    ids = token_ids(seed, n, vocab) + token_ids(stable_seed("cal-append", seed), APPEND_TOKENS,
+                                                vocab)
+    res = await ad.complete(CompletionRequest(ids, 1, slot=0), lambda: None)
+    if res.status != "ok" or res.prompt_n != APPEND_TOKENS or not res.prompt_ms:
+        return None
+    return APPEND_TOKENS / (res.prompt_ms / 1000.0)
+
+
 async def measure(ad: LlamaCppAdapter, contexts: tuple[int, ...] = CONTEXTS,
                   repeats: int = 3, decode_tokens: int = 32) -> Measured:
     """Measure one llama-server through its adapter (slot 0 is used and erased)."""
     info = await ad.server_info()
     limit = (info.ctx_per_slot or 4096) - decode_tokens - 8
-    points, decode_points = [], []
+    points, decode_points, append_points = [], [], []
     try:
         for n in (c for c in contexts if c <= limit):
-            got = [await _prefill(ad, n, info.vocab_size, stable_seed("cal", n, r),
-                                  decode_tokens) for r in range(repeats)]
+            got, appended = [], []
+            for r in range(repeats):
+                seed = stable_seed("cal", n, r)
+                got.append(await _prefill(ad, n, info.vocab_size, seed, decode_tokens))
+                rate = await _append(ad, n, info.vocab_size, seed)
+                if rate is not None:
+                    appended.append(rate)
             points.append((n, statistics.median(p for p, _ in got)))
             decode_points.append((n, statistics.median(d or 0.0 for _, d in got)))
+            if appended:
+                append_points.append((n, statistics.median(appended)))
         decode = []
         for r in range(repeats):
             await ad.erase_slot(0)
@@ -91,8 +112,8 @@ async def measure(ad: LlamaCppAdapter, contexts: tuple[int, ...] = CONTEXTS,
             per_token.append(saved.bytes / saved.tokens)
     finally:
         await ad.erase_slot(0)
-    return Measured(points, decode_points, statistics.median(decode), statistics.median(outs),
-                    statistics.median(ins), statistics.median(per_token),
+    return Measured(points, decode_points, append_points, statistics.median(decode),
+                    statistics.median(outs), statistics.median(ins), statistics.median(per_token),
                     info.server_version, info.model)
 
 
@@ -106,7 +127,8 @@ def to_calibration(m: Measured, kv_bytes_per_token: float | None,
         swap_out_bytes_per_s=m.swap_out_bytes_per_s, swap_in_bytes_per_s=m.swap_in_bytes_per_s,
         measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
         prefill_points=tuple(m.prefill_points),
-        decode_points=tuple(p for p in m.decode_points if p[1] > 0))
+        decode_points=tuple(p for p in m.decode_points if p[1] > 0),
+        append_points=tuple(m.append_points))
 
 
 async def _measure_url(url: str, dump_dir: Path | None, repeats: int) -> Measured:
@@ -151,7 +173,9 @@ def calibrate_cmd(runtime: str, url: str | None, out: Path, repeats: int,
     write_calibration(out, cal)
     pts = ", ".join(f"{n}: {r:,.0f}" for n, r in cal.prefill_points)
     dec = ", ".join(f"{n}: {r:,.1f}" for n, r in cal.decode_points)
+    app = ", ".join(f"{n}: {r:,.1f}" for n, r in cal.append_points)
     click.echo(f"prefill tok/s by context ({pts}); decode tok/s by context ({dec}); "
+               f"{APPEND_TOKENS}-token append tok/s by context ({app}); "
                f"slot save {cal.swap_out_bytes_per_s / 2**30:.2f} GiB/s, restore "
                f"{cal.swap_in_bytes_per_s / 2**30:.2f} GiB/s; KV {cal.kv_bytes_per_token:,.0f} "
                f"B/token (dumps: {measured.dump_bytes_per_token:,.0f} B/token)\nwrote {out}")

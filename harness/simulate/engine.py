@@ -78,7 +78,7 @@ def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolic
     first, ids, prio = w.first, w.ids, w.priority
     costs = server.iteration_costs()
     # per LLM step: what one of its decode tokens adds to an iteration (context at mid-output)
-    dcost = (costs.beta + costs.a_row * (w.ctx - w.out / 2.0)).tolist()
+    dcost = (costs.beta + costs.decode_cell * (w.ctx - w.out / 2.0)).tolist()
     n = w.n_trajectories
     end = [f + k for f, k in zip(first, w.n_steps, strict=True)]
     pos = list(first)

@@ -96,7 +96,7 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     server = ServerModel(calibration.prefill_tok_s, calibration.decode_tok_s,
                          calibration.swap_out_bytes_per_s, calibration.swap_in_bytes_per_s,
                          calibration.kv_bytes_per_token, calibration.prefill_points,
-                         calibration.decode_points)
+                         calibration.decode_points, calibration.append_points)
     run_id = f"sim-{policy_name}-{sha[:8]}-s{seed}"
     run: dict[str, Any] = {
         "run_id": run_id, "runtime": "simulator",

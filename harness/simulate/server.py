@@ -27,12 +27,14 @@ class ServerModel:
     kv_bytes_per_token: float
     prefill_points: tuple[tuple[int, float], ...] = ()
     decode_points: tuple[tuple[int, float], ...] = ()
+    append_points: tuple[tuple[int, float], ...] = ()
     batch_tokens: int = BATCH_TOKENS
 
     def iteration_costs(self) -> IterationCosts:
         """What an iteration costs (harness.model.iteration), fitted to these rates."""
         return fit_iteration_costs(self.prefill_tok_s, self.decode_tok_s, self.prefill_points,
-                                   self.decode_points, batch_tokens=self.batch_tokens)
+                                   self.decode_points, self.append_points,
+                                   batch_tokens=self.batch_tokens)
 
     def policy_rates(self) -> ServerRates:
         """The rates a policy prices with (restore at swap-in bandwidth), as the replay's."""

@@ -190,3 +190,22 @@ def test_killed_run_leaves_readable_results(llama_server: LocalLlamaServer,
     asyncio.run(reset())
     for leftover in llama_server.dump_dir.iterdir():
         leftover.unlink()
+
+
+def test_calibrate_measures_the_real_server(llama_server: LocalLlamaServer) -> None:
+    """Every rate `harness calibrate` measures comes from the server's own timings: the appended
+    prompt reuses the cached prefix (prompt_n = 32), and a longer context costs more."""
+    from harness.replay.calibrate import measure
+
+    async def go() -> Any:
+        async with client_session() as session:
+            ad = LlamaCppAdapter(session, llama_server.url, dump_dir=llama_server.dump_dir)
+            return await measure(ad, contexts=(64, 1024), repeats=1, decode_tokens=8)
+
+    m = asyncio.run(go())
+    assert [n for n, _ in m.prefill_points] == [64, 1024]
+    assert [n for n, _ in m.append_points] == [64, 1024], "the cached prefix was not reused"
+    (_, short), (_, long) = m.append_points
+    assert short > long > 0  # attention over a longer cached context
+    assert all(r > 0 for _, r in m.decode_points) and m.swap_in_bytes_per_s > 0
+    assert llama_server.leftover_dumps() == []

@@ -34,11 +34,14 @@ def test_measure_reads_the_servers_own_timings(tmp_path: Path) -> None:
     assert m.prefill_points == [(128, pytest.approx(2000.0)), (512, pytest.approx(2000.0))]
     assert m.decode_points == [(128, pytest.approx(500.0)), (512, pytest.approx(500.0))]
     assert m.decode_tok_s == pytest.approx(500.0)
+    # the appended prompt reuses the cached prefix: only its own 32 tokens are computed
+    assert m.append_points == [(128, pytest.approx(2000.0)), (512, pytest.approx(2000.0))]
     # fake save: 1.5 ms, restore: 0.5 ms for BYTES_PER_TOKEN per token
     assert m.dump_bytes_per_token == BYTES_PER_TOKEN
     assert m.swap_in_bytes_per_s == pytest.approx(3 * m.swap_out_bytes_per_s)
     assert cached_slots == 0 and dump_files == 0  # slot erased, dumps deleted
     cal = to_calibration(m, 23040.0, "b1")
     assert cal.prefill_tok_s == pytest.approx(2000.0) and cal.kv_bytes_per_token == 23040.0
+    assert cal.append_points == tuple(m.append_points)
     path = write_calibration(tmp_path / "cal.json", cal)
     assert read_calibration(path) == cal

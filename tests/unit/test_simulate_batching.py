@@ -10,7 +10,12 @@ import pytest
 
 from harness.errors import InputError
 from harness.model.calibration import Calibration, read_calibration
-from harness.model.iteration import DECODE_CONTEXT, IterationCosts, fit_iteration_costs
+from harness.model.iteration import (
+    APPEND_TOKENS,
+    DECODE_CONTEXT,
+    IterationCosts,
+    fit_iteration_costs,
+)
 from harness.records.store import read_records
 from harness.simulate.batch import slot_iteration_s
 from harness.simulate.run import Arrivals, check_capacity, run_simulation
@@ -34,6 +39,18 @@ def test_fit_recovers_the_costs_that_made_the_calibration() -> None:
     for n, rate in prefill:
         assert fit2.prefill_s(n) == pytest.approx(n / rate, rel=0.02)
     assert fit2.alpha + fit2.decode_s(DECODE_CONTEXT) == pytest.approx(step)
+    # Append points tell the chunk row path (a_row) from the decode row (a_decode).
+    both = IterationCosts(alpha=0.02, beta=0.005, a_tiled=3e-6, a_row=25e-6, a_decode=50e-6)
+    decode = tuple((c, 1 / (both.alpha + both.decode_s(c))) for c in (64, 512, 1024))
+    step = both.alpha + both.decode_s(DECODE_CONTEXT)
+    prefill = tuple((n, n / both.prefill_s(n)) for n in (128, 512, 1024, 2048))
+    append = tuple((c, APPEND_TOKENS / (both.alpha + both.chunk_s(c, APPEND_TOKENS)))
+                   for c in (128, 1024))
+    fit3 = fit_iteration_costs(prefill[-1][1], 1 / step, prefill, decode, append)
+    for got, want in ((fit3.alpha, 0.02), (fit3.beta, 0.005), (fit3.a_tiled, 3e-6),
+                      (fit3.a_row, 25e-6), (fit3.decode_cell, 50e-6)):
+        assert got == pytest.approx(want, rel=1e-6)
+    assert fit.a_decode is None and fit.decode_cell == fit.a_row
     # No points at all: the headline prefill rate prices every token.
     bare = fit_iteration_costs(1000.0, 100.0)
     assert (bare.alpha, bare.beta, bare.a_tiled) == pytest.approx((ALPHA, BETA, 0.0))

@@ -14,6 +14,7 @@ from typing import Any
 from harness.metrics.latency import PAUSE_BUCKETS, resume_samples
 from harness.report import plots
 from harness.report.data import RunData, load_runs
+from harness.report.fidelity import fidelity_section
 from harness.report.fmt import fmt, fmt_bytes, table
 
 CSS = """
@@ -55,7 +56,8 @@ def render_runs(runs: list[RunData]) -> str:
                      "from the simulator, not a live server.</p>")
     parts += [headline(runs), cdf_section(runs), bucket_grid(runs), parts_section(runs),
               occupancy_section(runs), timeline_section(runs), tools_section(runs),
-              by_class_section(runs), prediction_section(runs), metadata_section(runs)]
+              by_class_section(runs), prediction_section(runs), fidelity_section(runs),
+              metadata_section(runs)]
     parts.append("</body></html>")
     return "\n".join(p for p in parts if p)
 

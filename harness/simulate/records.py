@@ -8,21 +8,17 @@ the loop needs (decision reasons, erase and cancel reasons) is interned once int
 passed as its index. Everything static (tool class and name, token counts, latencies) is looked
 up from the workload by (trajectory, step) when a part is written, vectorised over the part
 (harness.simulate.decode). A part holds a range of seq, its rows grouped by event; parts are
-written by one thread while the loop goes on, numbered, to a temporary name then renamed, like
-`PartWriter`'s. The per-step columns take 18 x 8 bytes per step of the trace.
+written while the loop goes on, by a thread or a process of their own (harness.simulate.writer),
+numbered, to a temporary name then renamed, like `PartWriter`'s. The per-step columns take
+18 x 8 bytes per step of the trace.
 """
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from harness.records.schema import RECORDS_SCHEMA
 from harness.simulate import decode as _d
 from harness.simulate.decode import (  # noqa: F401 - the event codes the loop emits
     E_CALL_END,
@@ -44,12 +40,14 @@ from harness.simulate.decode import (  # noqa: F401 - the event codes the loop e
     RunStatics,
     decode,
 )
-from harness.simulate.steps import StepColumns, blocks, step_trajectory
+from harness.simulate.steps import StepColumns
 from harness.simulate.workload import Workload
+from harness.simulate.writer import PartEncoder, ProcessWriter, ThreadWriter, run_statics
 
 ACTIONS, END_STATUSES, KV_STATUSES = _d.ACTIONS, _d.END_STATUSES, _d.KV_STATUSES
 WIDTH = 9  # a row of the loop's flat list: seq, then the compact row
-MAX_PENDING = 2
+WRITERS = ("auto", "thread", "process")
+PROCESS_MIN_STEPS = 200_000  # trace steps from which "auto" writes in a process
 NS = 1_000_000_000
 # What a, b, c of a compact row hold, per event (codes index the tuples above, texts `texts`).
 PAYLOAD = {
@@ -63,45 +61,47 @@ PAYLOAD = {
     "kv_state": "a=kv tokens, b=status code", "slot_wait": "a=seconds waited",
     "tool_end": "a=status code (OUTCOMES)", "trajectory_end": "a=status code, b=reason text",
 }
-_STRING_COLUMNS = [f.name for f in RECORDS_SCHEMA if pa.types.is_string(f.type)]
 
 
 
 class RecordSink:
-    """Collects the loop's events and writes them as numbered Parquet parts (one thread writes).
+    """Collects the loop's events and writes them as numbered Parquet parts, in order.
 
     The loop numbers its events itself (seq 0, 1, ...) and calls `flush(n)` when it has emitted
     n events in all (every event with a lower seq is complete); `flush_rows` says how often.
+    `writer`: "thread", "process" (harness.simulate.writer) or "auto": a process from
+    PROCESS_MIN_STEPS steps on, where it pays for its start.
     """
 
     def __init__(self, directory: Path, run_id: str, workload: Workload,
-                 kv_bytes_per_token: float, ctx_limit: int, flush_rows: int = 1_000_000) -> None:
+                 kv_bytes_per_token: float, ctx_limit: int, flush_rows: int = 1_000_000,
+                 writer: str = "auto") -> None:
+        if writer not in WRITERS:
+            raise ValueError(f"writer must be one of {WRITERS}, got {writer!r}")
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self.run_id = run_id
         self.w = workload
-        self.bpt = kv_bytes_per_token
-        self.ctx_limit = ctx_limit
+        n_steps = len(workload.inp)
+        in_process = writer == "process" or (writer == "auto" and n_steps >= PROCESS_MIN_STEPS)
+        self.writer = "process" if in_process else "thread"
         self.rows: list[float] = []
-        self.cols = StepColumns(len(workload.inp))
-        self._traj = step_trajectory(workload)
+        self.cols = StepColumns(n_steps, shared=in_process)
         self.flush_rows = flush_rows
         self.total = 0  # events the loop emitted (set by the loop when it stops)
         self.texts: list[str | None] = [None]
         self._text_idx: dict[str | None, int] = {None: 0}
         self.seq = 0
         self._part = 0
-        self._pool = ThreadPoolExecutor(max_workers=1)
-        self._pending: list[Future[None]] = []
-        self._first = np.asarray(workload.first, dtype=np.int64)
-        self._ids = pa.array(workload.ids, type=pa.string())
-        uniq = sorted(set(workload.priority))
-        self._priorities = pa.array(uniq, type=pa.string())
-        self._prio = np.searchsorted(np.asarray(uniq, dtype=object), np.asarray(
-            workload.priority, dtype=object)).astype(np.int64)
         self.n_rows = 0
-        self._statics = RunStatics(run_id, workload, self._first, self._ids, self._priorities,
-                                   self._prio, kv_bytes_per_token, ctx_limit)
+        statics = run_statics(run_id, workload, kv_bytes_per_token, ctx_limit)
+        try:
+            self._backend: ThreadWriter | ProcessWriter = (
+                ProcessWriter(directory, statics, self.cols) if in_process
+                else ThreadWriter(PartEncoder(directory, statics, self.cols)))
+        except BaseException:
+            self.cols.close()
+            raise
 
     def text(self, s: str | None) -> int:
         """The index of an interned string (0 is null)."""
@@ -112,39 +112,23 @@ class RecordSink:
         return i
 
     def flush(self, upto: int) -> None:
-        """Hand the events with seq below `upto` to the writer thread (the next part)."""
+        """Hand the events with seq below `upto` to the writer (the next part)."""
         if upto <= self.seq:
             return
-        rows = self.rows.copy()
+        rows = np.array(self.rows, dtype=np.float64).reshape(-1, WIDTH)
         self.rows.clear()  # the same list object: the event loop holds its bound `extend`
         lo, self.seq = self.seq, upto
         self.n_rows += upto - lo
         part, self._part = self._part, self._part + 1
-        texts = pa.array(list(self.texts), type=pa.string())
-        self._pending = [f for f in self._pending if not f.done()]
-        while len(self._pending) >= MAX_PENDING:  # bound the memory of parts not yet written
-            self._pending.pop(0).result()
-        self._pending.append(self._pool.submit(self._write, rows, lo, upto, part, texts))
+        self._backend.submit(rows, lo, upto, part, list(self.texts))
 
     def close(self) -> None:
-        """Flush up to `total`, wait for every part, and re-raise any write error."""
+        """Flush up to `total`, wait for every part, and re-raise any write error; the shared
+        step columns are released whatever happens."""
         try:
-            self.flush(self.total)
-            for f in self._pending:
-                f.result()
+            try:
+                self.flush(self.total)
+            finally:
+                self._backend.close()
         finally:
-            self._pool.shutdown(wait=True)
-
-    def _write(self, rows: list[float], lo: int, hi: int, part: int, texts: pa.Array) -> None:
-        generic = np.array(rows, dtype=np.float64).reshape(-1, WIDTH)
-        parts = blocks(self.cols, self.w, self._traj, lo, hi, generic)
-        cols = decode(parts, texts, self._statics)
-        table = pa.Table.from_arrays(cols, schema=pa.schema(
-            [pa.field(f.name, c.type, f.nullable) for f, c in zip(RECORDS_SCHEMA, cols,
-                                                                 strict=True)]))
-        final = self.directory / f"part-{part:05d}.parquet"
-        tmp = final.with_name(final.name + ".tmp")
-        # Without the stored Arrow schema the dictionary columns read back as plain strings.
-        pq.write_table(table, tmp, compression="zstd", use_dictionary=_STRING_COLUMNS,
-                       write_statistics=False, store_schema=False)
-        os.replace(tmp, final)
+            self.cols.close()

@@ -13,6 +13,8 @@ harness.simulate.decode turns into RECORDS_SCHEMA columns.
 from __future__ import annotations
 
 from array import array
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +39,7 @@ _COLUMNS = (
     ("pa_wait", "d", 0.0), ("pa_reason", "q", 0), ("te_t", "d", 0.0), ("te_seq", "q", -1),
     ("te_slot", "q", -1),
 )
+_DTYPE = {"d": np.float64, "q": np.int64}
 ROW = 8  # a block row: seq, t, trajectory, step, slot, a, b, c
 DROP_CODE = 2  # a decision whose action drops the KV: no kv_state row after tool_start
 
@@ -47,36 +50,78 @@ class StepColumns:
     LLM step: start time and seq, slot, when it was due, recomputed tokens, prefill start, first
     token time and seq, end time and seq. Tool step: decision time and seq, action code, predicted
     wait, reason text; tool return time, seq and slot.
+
+    `shared`: the columns live in one shared-memory block (typed memoryviews, as fast to index as
+    arrays) that a writer process attaches to by `shm_name`; `close` releases it, and the
+    creator removes it.
     """
 
-    st_t: array[float]
-    st_seq: array[int]
-    slot: array[int]
-    due: array[float]
-    rc: array[int]
-    pre_t: array[float]
-    ft_t: array[float]
-    ft_seq: array[int]
-    en_t: array[float]
-    en_seq: array[int]
-    pa_t: array[float]
-    pa_seq: array[int]
-    pa_code: array[int]
-    pa_wait: array[float]
-    pa_reason: array[int]
-    te_t: array[float]
-    te_seq: array[int]
-    te_slot: array[int]
+    # array('d') / array('q'), or memoryviews cast to 'd' / 'q' over shared memory
+    st_t: Any
+    st_seq: Any
+    slot: Any
+    due: Any
+    rc: Any
+    pre_t: Any
+    ft_t: Any
+    ft_seq: Any
+    en_t: Any
+    en_seq: Any
+    pa_t: Any
+    pa_seq: Any
+    pa_code: Any
+    pa_wait: Any
+    pa_reason: Any
+    te_t: Any
+    te_seq: Any
+    te_slot: Any
 
-    def __init__(self, n_steps: int) -> None:
+    def __init__(self, n_steps: int, shared: bool = False, attach: str | None = None) -> None:
         self.n = n_steps
-        for name, code, init in _COLUMNS:
-            setattr(self, name, array(code, [init]) * n_steps)
+        self._shm: SharedMemory | None = None
+        self._owner = attach is None
+        if not shared and attach is None:
+            for name, code, init in _COLUMNS:
+                setattr(self, name, array(code, [init]) * n_steps)
+            return
+        width = 8 * n_steps
+        if attach is None:
+            self._shm = SharedMemory(create=True, size=max(len(_COLUMNS) * width, 1))
+        else:
+            # A writer process started by multiprocessing shares its parent's resource tracker,
+            # so attaching registers nothing new; the creator alone unlinks the block.
+            self._shm = SharedMemory(name=attach)
+        buf: Any = self._shm.buf  # typeshed's cast() overloads want literal formats
+        for k, (name, code, init) in enumerate(_COLUMNS):
+            col = buf[k * width:(k + 1) * width].cast(code)
+            if attach is None:
+                np.frombuffer(col, dtype=_DTYPE[code])[:] = init
+            setattr(self, name, col)
+
+    @property
+    def shm_name(self) -> str | None:
+        """The shared-memory block's name (None: plain arrays)."""
+        return self._shm.name if self._shm is not None else None
 
     def view(self, name: str) -> np.ndarray:
         """A numpy view of one column (no copy; the loop may go on writing other steps)."""
-        return np.frombuffer(getattr(self, name), dtype=np.float64
-                             if getattr(self, name).typecode == "d" else np.int64)
+        col = getattr(self, name)
+        code = col.typecode if isinstance(col, array) else col.format
+        return np.frombuffer(col, dtype=_DTYPE[code])
+
+    def close(self) -> None:
+        """Release the shared memory (and remove it, in the process that created it)."""
+        if self._shm is None:
+            return
+        shm, self._shm = self._shm, None
+        try:
+            if self._owner:
+                shm.unlink()
+        finally:
+            for name, _, _ in _COLUMNS:
+                getattr(self, name).release()
+                delattr(self, name)
+            shm.close()
 
 
 def step_trajectory(w: Workload) -> np.ndarray:

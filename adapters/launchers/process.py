@@ -1,4 +1,5 @@
-"""What every local server launcher shares: waiting for health, and reading its log's tail."""
+"""What every local server launcher shares: waiting for health, reading its log's tail, stopping
+its process group and removing the shared memory it leaked."""
 
 from __future__ import annotations
 
@@ -71,3 +72,45 @@ def stop_group(proc: subprocess.Popen[bytes], term_wait_s: float = 20.0,
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+
+
+SHM_DIR = Path("/dev/shm")
+
+
+def shm_entries(shm_dir: Path = SHM_DIR) -> set[str]:
+    """The names in the shared-memory folder now (none where there is no such folder)."""
+    try:
+        return {p.name for p in shm_dir.iterdir()}
+    except OSError:
+        return set()
+
+
+def mapped_shm(shm_dir: Path = SHM_DIR) -> set[str]:
+    """Names in the shared-memory folder that a live process maps (from /proc/*/maps)."""
+    prefix = str(shm_dir) + "/"
+    found: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        with contextlib.suppress(OSError):
+            for line in maps.read_text(errors="replace").splitlines():
+                at = line.find(prefix)
+                if at >= 0:
+                    found.add(line[at + len(prefix):].split(" (deleted)")[0].strip())
+    return found
+
+
+def remove_leaked_shm(before: set[str], prefixes: tuple[str, ...],
+                      shm_dir: Path = SHM_DIR) -> list[str]:
+    """Remove the shared-memory entries with these prefixes that appeared since `before` and
+    that no live process maps: what a server's processes left when they were killed (SIGKILL
+    skips their own clean-up). Returns the names removed."""
+    new = sorted(n for n in shm_entries(shm_dir) - before if n.startswith(prefixes))
+    if not new:
+        return []
+    in_use = mapped_shm(shm_dir)
+    removed = []
+    for name in new:
+        if name not in in_use:
+            with contextlib.suppress(OSError):
+                (shm_dir / name).unlink()
+                removed.append(name)
+    return removed

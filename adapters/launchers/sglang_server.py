@@ -22,7 +22,14 @@ from pathlib import Path
 from types import TracebackType
 
 from harness.adapters.launchers.llamacpp_server import LAUNCHERS, _script_output, free_port
-from harness.adapters.launchers.process import group_alive, log_tail, stop_group, wait_healthy
+from harness.adapters.launchers.process import (
+    group_alive,
+    log_tail,
+    remove_leaked_shm,
+    shm_entries,
+    stop_group,
+    wait_healthy,
+)
 from harness.errors import ServerError
 
 SERVED_NAME = "tiny"
@@ -31,6 +38,8 @@ HICACHE_UNSUPPORTED = (
     "SGLang 0.5.23's HiCache (--enable-hierarchical-cache) does not run on its CPU engine: the "
     "host KV pool is registered with cudaHostRegister (torch.cuda.cudart() fails with 'Found no "
     "NVIDIA driver'), and its transfers use sgl_kernel.kvcacheio CUDA/XPU kernels")
+
+LEAKED_SHM = ("sglang_loads_", "sem.mp-")  # shared-memory names its processes leave when killed
 
 
 @dataclass(frozen=True)
@@ -111,6 +120,8 @@ class LocalSglangServer:
         self.tmp_dir = Path(tempfile.mkdtemp(prefix="harness-sglang-"))
         os.chmod(self.tmp_dir, 0o700)
         self._proc: subprocess.Popen[bytes] | None = None
+        self._shm_before: set[str] = set()
+        self.leaked_shm_removed: list[str] = []
         self._pgid: int | None = None
         c = config
         self.flags = [
@@ -149,6 +160,7 @@ class LocalSglangServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         t0 = time.monotonic()
+        self._shm_before = shm_entries()
         self._proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, env={**os.environ, **self.env},
                                       start_new_session=True)
@@ -176,6 +188,8 @@ class LocalSglangServer:
         proc, self._proc = self._proc, None
         if proc is not None:
             stop_group(proc)
+            # What its killed processes left in shared memory (semaphores, slot files).
+            self.leaked_shm_removed = remove_leaked_shm(self._shm_before, LEAKED_SHM)
         if getattr(self, "_log", None) is not None:
             self._log.close()
         shutil.rmtree(self.tmp_dir, ignore_errors=True)

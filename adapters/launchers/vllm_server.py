@@ -22,10 +22,19 @@ from pathlib import Path
 from types import TracebackType
 
 from harness.adapters.launchers.llamacpp_server import LAUNCHERS, _script_output, free_port
-from harness.adapters.launchers.process import group_alive, log_tail, stop_group, wait_healthy
+from harness.adapters.launchers.process import (
+    group_alive,
+    log_tail,
+    remove_leaked_shm,
+    shm_entries,
+    stop_group,
+    wait_healthy,
+)
 from harness.errors import ServerError
 
 SERVED_NAME = "tiny"
+
+LEAKED_SHM = ("sem.mp-", "psm_")  # shared-memory names its processes leave when killed
 
 
 @dataclass(frozen=True)
@@ -123,6 +132,8 @@ class LocalVllmServer:
         os.chmod(self.tmp_dir, 0o700)
         self.store_dir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._shm_before: set[str] = set()
+        self.leaked_shm_removed: list[str] = []
         self._pgid: int | None = None  # set at stop: the group that must be gone
         c = config
         self.flags = [
@@ -162,6 +173,7 @@ class LocalVllmServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         t0 = time.monotonic()
+        self._shm_before = shm_entries()
         self._proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, env={**os.environ, **self.env},
                                       start_new_session=True)
@@ -185,6 +197,8 @@ class LocalVllmServer:
         if proc is not None:
             self._pgid = proc.pid  # start_new_session: the group id is the leader's pid
             stop_group(proc)
+            # What its killed processes left in shared memory (semaphores, slot files).
+            self.leaked_shm_removed = remove_leaked_shm(self._shm_before, LEAKED_SHM)
         if getattr(self, "_log", None) is not None:
             self._log.close()
         shutil.rmtree(self.tmp_dir, ignore_errors=True)

@@ -27,7 +27,9 @@ from aiohttp.test_utils import TestServer
 from click.testing import CliRunner
 
 from harness.adapters.base import CompletionRequest
+from harness.adapters.launchers.process import remove_leaked_shm, shm_entries
 from harness.adapters.launchers.sglang_server import (
+    LEAKED_SHM,
     STAND_IN,
     LocalSglangServer,
     SglangServerConfig,
@@ -70,6 +72,7 @@ def sglang_env() -> tuple[Path, Path]:
 def _started(cfg: SglangServerConfig, log: Path, python: Path) -> Iterator[LocalSglangServer]:
     """A running server; on exit it is stopped and checked: no process, no files left."""
     server = LocalSglangServer(cfg, log, python=python)
+    before = shm_entries()
     try:
         server.__enter__()
     except ServerError as exc:
@@ -80,6 +83,8 @@ def _started(cfg: SglangServerConfig, log: Path, python: Path) -> Iterator[Local
         server.stop()
     assert not server.group_alive(), "SGLang processes left after stop"
     assert not server.tmp_dir.exists()
+    left = remove_leaked_shm(before, LEAKED_SHM)  # what stop() would have missed
+    assert left == [], f"shared memory left after stop: {left}"
 
 
 @pytest.fixture(scope="module")

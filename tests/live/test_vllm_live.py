@@ -20,7 +20,9 @@ import pytest
 from click.testing import CliRunner
 
 from harness.adapters.base import CompletionRequest, CompletionResult
+from harness.adapters.launchers.process import remove_leaked_shm, shm_entries
 from harness.adapters.launchers.vllm_server import (
+    LEAKED_SHM,
     LocalVllmServer,
     VllmServerConfig,
     model_vocab,
@@ -55,10 +57,13 @@ def vllm_env() -> tuple[Path, Path]:
 def _started(cfg: VllmServerConfig, log: Path, python: Path) -> Iterator[LocalVllmServer]:
     """A running server; on exit it is stopped and checked: no process, no files left."""
     server = LocalVllmServer(cfg, log, python=python)
+    before = shm_entries()
     with server:
         yield server
     assert not server.group_alive(), "vLLM processes left after stop"
     assert not server.tmp_dir.exists()
+    left = remove_leaked_shm(before, LEAKED_SHM)  # what stop() would have missed
+    assert left == [], f"shared memory left after stop: {left}"
 
 
 @pytest.fixture(scope="module")

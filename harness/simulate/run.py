@@ -147,7 +147,7 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     })
     run["simulator"].update({
         "pauses": counters.pauses, "preemptions": counters.preemptions,
-        "events": counters.events, "records": sink.n_rows,
+        "events": counters.events, "records": sink.n_rows, "record_writer": sink.writer,
         "wall_s": {"load": round(t_load, 3), "loop": round(t_loop, 3),
                    "total": round(t_total, 3)},
     })

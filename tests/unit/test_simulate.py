@@ -190,6 +190,7 @@ def test_preemption_breaks_a_token_pool_deadlock(tmp_path: Path) -> None:
                             "b": [llm(100, 10), tool(1.0), llm(100, 10)]})
     df, run = sim(tmp_path, path, "keep", Capacity(tokens=250))
     assert run["simulator"]["preemptions"] == 1
+    assert run["simulator"]["record_writer"] == "thread"  # a small trace: no writer process
     assert ev(df, "erase")["reason"].tolist().count("preempted") == 1
     assert ev(df, "recompute")["recomputed_tokens"].tolist() == [110]
     assert run["outcome"]["completed"] == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -12,6 +13,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
+from typing import IO
 
 from harness.errors import ServerError
 
@@ -114,3 +117,71 @@ def remove_leaked_shm(before: set[str], prefixes: tuple[str, ...],
                 (shm_dir / name).unlink()
                 removed.append(name)
     return removed
+
+
+class ServerProcess:
+    """One local server run as a process group of its own: its log file, its private temporary
+    folder, start-up until healthy, and a stop that leaves nothing behind (the group ended, the
+    shared memory its killed processes left removed, the folder deleted). The vLLM and SGLang
+    launchers are this with their command line; as context managers they stop on exit."""
+
+    def __init__(self, name: str, log_path: Path, tmp_dir: Path, leaked_shm: tuple[str, ...],
+                 log_keep: Callable[[str], bool] = lambda _: True) -> None:
+        self.name = name
+        self.log_path = log_path
+        self.tmp_dir = tmp_dir
+        self.leaked_shm = leaked_shm
+        self.log_keep = log_keep
+        self.start_s: float | None = None
+        self.leaked_shm_removed: list[str] = []
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pgid: int | None = None
+        self._log: IO[bytes] | None = None
+        self._shm_before: set[str] = set()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self, cmd: list[str], env: dict[str, str], health_url: str, timeout_s: float,
+              probe_timeout_s: float = 2.0) -> None:
+        """Start `cmd` (environment: ours plus `env`) and wait until `health_url` answers 200;
+        on failure the server is stopped and ServerError names it with its log's tail."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        t0 = time.monotonic()
+        self._shm_before = shm_entries()
+        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, env={**os.environ, **env},
+                                      start_new_session=True)
+        self._pgid = self._proc.pid  # start_new_session: the group id is the leader's pid
+        try:
+            wait_healthy(self._proc, health_url, self.name, timeout_s, self.log_tail,
+                         probe_timeout_s=probe_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        self.start_s = round(time.monotonic() - t0, 3)
+
+    def log_tail(self, n: int = 15) -> str:
+        """The server log's last `n` lines (those `log_keep` keeps)."""
+        return log_tail(self.log_path, n, self.log_keep)
+
+    def group_alive(self) -> bool:
+        """Whether any process of the server's process group is still running."""
+        return group_alive(self._pgid)
+
+    def stop(self) -> None:
+        """SIGTERM the process group, SIGKILL what is left after 20 s; remove what it left."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            stop_group(proc)
+            self.leaked_shm_removed = remove_leaked_shm(self._shm_before, self.leaked_shm)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()

@@ -16,20 +16,11 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 
 from harness.adapters.launchers.llamacpp_server import LAUNCHERS, _script_output, free_port
-from harness.adapters.launchers.process import (
-    group_alive,
-    log_tail,
-    remove_leaked_shm,
-    shm_entries,
-    stop_group,
-    wait_healthy,
-)
+from harness.adapters.launchers.process import ServerProcess
 from harness.errors import ServerError
 
 SERVED_NAME = "tiny"
@@ -114,27 +105,22 @@ class VllmServerConfig:
     server_cpus: str | None = None  # taskset list for the server, e.g. "1"
 
 
-class LocalVllmServer:
+class LocalVllmServer(ServerProcess):
     """Context manager: a running vLLM server; `url`, `flags`, `env`, `start_s` describe it."""
 
     def __init__(self, config: VllmServerConfig, log_path: Path, python: Path | None = None,
                  startup_timeout_s: float = 300.0) -> None:
         self.config = config
         self.python = python or vllm_python()
-        self.log_path = log_path
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.startup_timeout_s = startup_timeout_s
-        self.start_s: float | None = None
         # The server's TMPDIR (vLLM leaves files there) and the connector's store: private,
         # removed at stop.
         self.tmp_dir = Path(tempfile.mkdtemp(prefix="harness-vllm-"))
         os.chmod(self.tmp_dir, 0o700)
         self.store_dir: Path | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._shm_before: set[str] = set()
-        self.leaked_shm_removed: list[str] = []
-        self._pgid: int | None = None  # set at stop: the group that must be gone
+        super().__init__("vLLM", log_path, self.tmp_dir, LEAKED_SHM)
         c = config
         self.flags = [
             "--model", str(c.model), "--served-model-name", SERVED_NAME,
@@ -165,45 +151,8 @@ class LocalVllmServer:
             cmd = ["taskset", "-c", self.config.server_cpus, *cmd]
         return cmd
 
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
     def __enter__(self) -> LocalVllmServer:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        t0 = time.monotonic()
-        self._shm_before = shm_entries()
-        self._proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, env={**os.environ, **self.env},
-                                      start_new_session=True)
-        try:
-            assert self._proc is not None
-            wait_healthy(self._proc, self.url + "/health", "vLLM", self.startup_timeout_s,
-                         lambda: log_tail(self.log_path))
-        except BaseException:
-            self.stop()
-            raise
-        self.start_s = round(time.monotonic() - t0, 3)
+        self.start(self.command(), self.env, self.url + "/health", self.startup_timeout_s)
         return self
 
-    def group_alive(self) -> bool:
-        """Whether any process of the server's process group is still running."""
-        return group_alive(self._pgid)
-
-    def stop(self) -> None:
-        """SIGTERM the server's process group, SIGKILL what is left after 20 s; remove files."""
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            self._pgid = proc.pid  # start_new_session: the group id is the leader's pid
-            stop_group(proc)
-            # What its killed processes left in shared memory (semaphores, slot files).
-            self.leaked_shm_removed = remove_leaked_shm(self._shm_before, LEAKED_SHM)
-        if getattr(self, "_log", None) is not None:
-            self._log.close()
-        shutil.rmtree(self.tmp_dir, ignore_errors=True)
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
 

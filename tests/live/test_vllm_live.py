@@ -220,10 +220,12 @@ def test_swap_via_disk_connector(vllm_env: tuple[Path, Path], vllm_server: Local
 
 def test_memory_pressure_evicts_kept_blocks(vllm_env: tuple[Path, Path],
                                             tmp_path: Path) -> None:
-    """A 17-block pool: concurrent requests are preempted, and a paused request's kept blocks
-    are evicted (keep is not a pin on vLLM)."""
+    """A 12-block pool (contexts up to 320 tokens): concurrent requests are preempted, and a
+    paused request's kept blocks are evicted (keep is not a pin on vLLM). Each of the four
+    requests grows to 7 blocks, so any two that overlap at all (even arriving staggered on a
+    loaded machine) preempt."""
     python, model = vllm_env
-    cfg = VllmServerConfig(model=model, max_model_len=512, num_gpu_blocks_override=17)
+    cfg = VllmServerConfig(model=model, max_model_len=320, num_gpu_blocks_override=12)
     vocab = model_vocab(model)
     with _started(cfg, tmp_path / "pressure.log", python) as server:
         async def go() -> tuple[CompletionResult, CompletionResult, list[CompletionResult],

@@ -56,6 +56,20 @@ def predict(trace: Path, policy: str, calibration: Path) -> dict[str, Any]:
                      "source": f"harness model, calibration {calibration}"}}
 
 
+def simulate_like(real_dir: Path, trace: Path, policy: str, policy_args: dict[str, str],
+                  calibration: Path, out: Path) -> dict[str, Any]:
+    """The simulator on what a llama.cpp replay in `real_dir` ran: the same trace, policy,
+    slots x context, closed-loop agents and seed, its costs from `calibration` only."""
+    from harness.model.calibration import read_calibration
+    from harness.simulate.run import Arrivals, check_capacity, run_simulation
+
+    real = read_json(real_dir / "run.json")
+    cap = check_capacity(None, real["slots"], real["ctx_per_slot"])
+    arrivals = Arrivals("closed", int(real["arrivals"]["concurrency"]))
+    return run_simulation(trace, policy, policy_args, cap, read_calibration(calibration),
+                          calibration, arrivals, int(real["seed"]), out)
+
+
 def _ms(q: dict[str, Any] | None, key: str) -> str:
     v = (q or {}).get(key)
     return "-" if v is None else f"{v:,.0f}"
@@ -96,8 +110,10 @@ def headline_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
 @click.option("--slots", type=int, default=4, show_default=True)
 @click.option("--ctx-per-slot", type=int, default=4096, show_default=True)
 @click.option("--calibration", type=click.Path(path_type=Path),
-              help="Rates from `harness calibrate`: policies price actions with them, and each "
-                   "policy's directory gets the analytical prediction (prediction.json).")
+              help="Rates from `harness calibrate`: policies price actions with them, each "
+                   "policy's directory gets the analytical prediction (prediction.json), and "
+                   "(llama.cpp, closed loop, no injection, time scale 1) the simulator runs "
+                   "each policy too (<policy>-simulated), compared in the report.")
 @click.option("--server-arg", "server_args", multiple=True,
               help="Extra flag for the local server, repeatable (e.g. -ngl 99).")
 @click.option("--out", type=click.Path(path_type=Path),
@@ -117,20 +133,25 @@ def bench_cmd(runtime: str, url: str | None, trace_path: Path | None, policies: 
     arrivals = arrivals_from_flags(concurrency, None, False, time_scale)
     rows: list[tuple[str, dict[str, Any]]] = []
     dirs: list[Path] = []
+    # The simulator models llama.cpp's slots, a closed loop and the trace's own tool latencies.
+    simulable = runtime == "llamacpp" and inject == "none" and time_scale == 1.0
     t0 = time.monotonic()
     for policy in names:
         d = root / policy
         click.echo(f"[{time.monotonic() - t0:6.0f}s] {policy}: replaying {trace} ...")
+        args = (parse_kv(policy_args, "--policy-arg")
+                if policy in ("ttl", "threshold", "min-waste") else {})
         run = execute_run(RunOptions(
-            trace=trace, policy=policy, out=d, runtime=runtime, url=url,
-            policy_args=parse_kv(policy_args, "--policy-arg") if policy in ("ttl", "threshold",
-                                                                           "min-waste") else {},
+            trace=trace, policy=policy, out=d, runtime=runtime, url=url, policy_args=args,
             inject=inject, arrivals=arrivals, seed=seed, slots=slots,
             ctx_per_slot=ctx_per_slot, calibration=calibration, server_args=server_args),
             lambda m: click.echo(m, err=True))
         dirs.append(d)
         if calibration is not None:
             write_json(d / "prediction.json", predict(trace, policy, calibration))
+            if simulable:
+                simulate_like(d, trace, policy, args, calibration, root / f"{policy}-simulated")
+                dirs.append(root / f"{policy}-simulated")
         summary = read_json(d / SUMMARY_JSON) if (d / SUMMARY_JSON).exists() else {}
         rows.append((policy, summary))
         o = run.get("outcome", {})

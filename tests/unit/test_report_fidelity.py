@@ -49,3 +49,18 @@ def test_a_simulated_and_a_real_run_of_one_trace_and_policy_pair_up(tmp_path: Pa
     recompute = load_run(DATA / "recompute")
     assert pairs([recompute, sim]) == [] and fidelity_section([recompute, sim]) == ""
     assert "Simulated vs measured" not in render_runs([real])
+
+
+def test_bench_simulates_what_a_replay_ran(tmp_path: Path) -> None:
+    from harness.replay.bench import simulate_like
+
+    run = simulate_like(DATA / "recompute", TRACE, "recompute", {}, DATA / "calibration.json",
+                        tmp_path / "recompute-simulated")
+    real = json.loads((DATA / "recompute" / "run.json").read_text())
+    assert run["runtime"] == "simulator" and run["policy"] == "recompute"
+    assert (run["slots"], run["ctx_per_slot"], run["seed"]) == (real["slots"],
+                                                                 real["ctx_per_slot"],
+                                                                 real["seed"])
+    assert run["arrivals"]["concurrency"] == real["arrivals"]["concurrency"]
+    assert run["trace"]["sha256"] == real["trace"]["sha256"]
+    assert pairs([load_run(DATA / "recompute"), load_run(tmp_path / "recompute-simulated")])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from harness.report.data import RunData
@@ -46,6 +47,24 @@ def relative_error(simulated: Any, measured: Any) -> float | None:
     return sim / real - 1
 
 
+def calibration_age_s(simulated_run: dict[str, Any], measured_run: dict[str, Any]) -> float | None:
+    """Seconds from the simulator's calibration to the start of the real run (negative: the
+    calibration came after it); None where either time is unknown."""
+    try:
+        cal = datetime.fromisoformat(str((simulated_run.get("calibration") or {})["measured_at"]))
+        started = datetime.fromisoformat(str(measured_run["started_at"]))
+        return (started - cal).total_seconds()
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    sign, m = ("-" if seconds < 0 else ""), abs(seconds) / 60
+    return f"{sign}{m:.0f} min" if m < 120 else f"{sign}{m / 60:.1f} h"
+
+
 def _cell(sim_q: dict[str, Any], real_q: dict[str, Any], key: str) -> str:
     err = relative_error(sim_q.get(key), real_q.get(key))
     shown = "-" if err is None else f"{err:+.1%}"
@@ -59,7 +78,8 @@ def fidelity_section(runs: list[RunData]) -> str:
     if not found:
         return ""
     heads = (["policy", "simulated run", "measured run"]
-             + [f"resume {q.upper()} ms" for q in PERCENTILES] + ["TTFT P50 ms", "resumes"])
+             + [f"resume {q.upper()} ms" for q in PERCENTILES]
+             + ["TTFT P50 ms", "resumes", "calibration before the run"])
     rows = []
     for p in found:
         sim, real = p.simulated.summary, p.measured.summary
@@ -68,10 +88,12 @@ def fidelity_section(runs: list[RunData]) -> str:
                      html.escape(p.simulated.label), html.escape(p.measured.label),
                      *(_cell(sr, mr, q) for q in PERCENTILES),
                      _cell(sim["ttft_ms"] or {}, real["ttft_ms"] or {}, "p50"),
-                     f"{fmt(sr.get('n'))} / {fmt(mr.get('n'))}"])
+                     f"{fmt(sr.get('n'))} / {fmt(mr.get('n'))}",
+                     _age(calibration_age_s(p.simulated.run, p.measured.run))])
     note = ("<p class='note'>Cells: simulated / measured, and the simulator's relative error. "
             "Pairs: a simulated and a real run of the same trace file (sha256) and policy. The "
             "simulator's costs come from its calibration file only; measure it next to the "
-            "replay it should predict.</p>")
+            "replay it should predict (a machine's speed drifts: the last column says how long "
+            "before the real run the calibration was measured).</p>")
     return ("<h2 id='fidelity'>Simulated vs measured</h2>"
             + table(heads, rows, text_cols=3) + note)

@@ -64,3 +64,13 @@ def test_bench_simulates_what_a_replay_ran(tmp_path: Path) -> None:
     assert run["arrivals"]["concurrency"] == real["arrivals"]["concurrency"]
     assert run["trace"]["sha256"] == real["trace"]["sha256"]
     assert pairs([load_run(DATA / "recompute"), load_run(tmp_path / "recompute-simulated")])
+
+
+def test_calibration_age() -> None:
+    from harness.report.fidelity import calibration_age_s
+
+    sim = {"calibration": {"measured_at": "2026-11-30T00:44:55+00:00"}}
+    assert calibration_age_s(sim, {"started_at": "2026-11-30T00:46:55+00:00"}) == 120.0
+    assert calibration_age_s(sim, {"started_at": "2026-11-30T00:43:55+00:00"}) == -60.0
+    assert calibration_age_s({}, {"started_at": "2026-11-30T00:43:55+00:00"}) is None
+    assert calibration_age_s(sim, {"started_at": "not a time"}) is None

@@ -114,6 +114,10 @@ def headline_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
                    "policy's directory gets the analytical prediction (prediction.json), and "
                    "(llama.cpp, closed loop, no injection, time scale 1) the simulator runs "
                    "each policy too (<policy>-simulated), compared in the report.")
+@click.option("--calibrate", "calibrate_first", is_flag=True,
+              help="llama.cpp: measure the server first (harness calibrate, written to "
+                   "<out>/calibration.json) and use it as --calibration: rates measured next "
+                   "to the replays they predict.")
 @click.option("--server-arg", "server_args", multiple=True,
               help="Extra flag for the local server, repeatable (e.g. -ngl 99).")
 @click.option("--out", type=click.Path(path_type=Path),
@@ -121,15 +125,24 @@ def headline_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
 def bench_cmd(runtime: str, url: str | None, trace_path: Path | None, policies: str,
               policy_args: tuple[str, ...], inject: str, concurrency: int, time_scale: float,
               seed: int, slots: int, ctx_per_slot: int, calibration: Path | None,
-              server_args: tuple[str, ...], out: Path | None) -> None:
+              calibrate_first: bool, server_args: tuple[str, ...], out: Path | None) -> None:
     """Replay one trace under several policies and compare them in one report."""
     names = [p.strip() for p in policies.split(",") if p.strip()]
     unknown = [p for p in names if p not in POLICIES]
     if unknown or not names:
         raise InputError(f"unknown policy {', '.join(unknown) or '(none)'}; "
                          f"one of {', '.join(POLICIES)}")
+    if calibrate_first and (calibration is not None or runtime != "llamacpp"):
+        raise InputError("--calibrate measures a llama.cpp server; it replaces --calibration")
     trace = trace_path or shipped_trace()
     root = out or Path("reports") / f"bench-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
+    if calibrate_first:
+        from harness.replay.calibrate import calibrate
+
+        click.echo(f"calibrating {url or 'a local llama-server'} ...")
+        root.mkdir(parents=True, exist_ok=True)
+        calibration = root / "calibration.json"
+        calibrate(calibration, url, server_args=server_args)
     arrivals = arrivals_from_flags(concurrency, None, False, time_scale)
     rows: list[tuple[str, dict[str, Any]]] = []
     dirs: list[Path] = []

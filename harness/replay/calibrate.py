@@ -136,17 +136,11 @@ async def _measure_url(url: str, dump_dir: Path | None, repeats: int) -> Measure
         return await measure(LlamaCppAdapter(session, url, dump_dir=dump_dir), repeats=repeats)
 
 
-@click.command("calibrate")
-@click.option("--runtime", type=click.Choice(["llamacpp"]), default="llamacpp",
-              show_default=True)
-@click.option("--url", help="A running llama-server started with --slot-save-path "
-                            "(default: start a local one).")
-@click.option("--out", required=True, type=click.Path(path_type=Path), help="JSON to write.")
-@click.option("--repeats", type=int, default=3, show_default=True)
-@click.option("--model", "model_path", type=click.Path(path_type=Path))
-def calibrate_cmd(runtime: str, url: str | None, out: Path, repeats: int,
-                  model_path: Path | None) -> None:
-    """Measure prefill and decode rates and slot save/restore bandwidth on a live server."""
+def calibrate(out: Path, url: str | None = None, repeats: int = 3,
+              model_path: Path | None = None,
+              server_args: tuple[str, ...] = ()) -> tuple[Calibration, Measured]:
+    """Measure a llama-server (`url`, or a local one started and stopped here, pinned as a
+    replay pins it, with `server_args` added) and write the calibration file `out`."""
     from harness.adapters.launchers.llamacpp_run import model_geometry, pin_harness_cpu
 
     geometry: dict[str, Any] | None = None
@@ -163,7 +157,8 @@ def calibrate_cmd(runtime: str, url: str | None, out: Path, repeats: int,
         model = model_path or default_model()
         geometry = model_geometry(model)
         # Pinned as in a replay, so the rates are those the replays will see.
-        cfg = LlamaServerConfig(model=model, slots=1, server_cpus=pin_harness_cpu())
+        cfg = LlamaServerConfig(model=model, slots=1, server_cpus=pin_harness_cpu(),
+                                extra_args=list(server_args))
         with LocalLlamaServer(cfg, out.with_suffix(".server.log")) as server:
             measured = asyncio.run(_measure_url(server.url, server.dump_dir, repeats))
             version = server.build_label()
@@ -171,6 +166,21 @@ def calibrate_cmd(runtime: str, url: str | None, out: Path, repeats: int,
         "kv_bytes_per_token" in geometry else None
     cal = to_calibration(measured, bpt, version)
     write_calibration(out, cal)
+    return cal, measured
+
+
+@click.command("calibrate")
+@click.option("--runtime", type=click.Choice(["llamacpp"]), default="llamacpp",
+              show_default=True)
+@click.option("--url", help="A running llama-server started with --slot-save-path "
+                            "(default: start a local one).")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="JSON to write.")
+@click.option("--repeats", type=int, default=3, show_default=True)
+@click.option("--model", "model_path", type=click.Path(path_type=Path))
+def calibrate_cmd(runtime: str, url: str | None, out: Path, repeats: int,
+                  model_path: Path | None) -> None:
+    """Measure prefill and decode rates and slot save/restore bandwidth on a live server."""
+    cal, measured = calibrate(out, url, repeats, model_path)
     pts = ", ".join(f"{n}: {r:,.0f}" for n, r in cal.prefill_points)
     dec = ", ".join(f"{n}: {r:,.1f}" for n, r in cal.decode_points)
     app = ", ".join(f"{n}: {r:,.1f}" for n, r in cal.append_points)

@@ -45,3 +45,16 @@ def test_measure_reads_the_servers_own_timings(tmp_path: Path) -> None:
     assert cal.append_points == tuple(m.append_points)
     path = write_calibration(tmp_path / "cal.json", cal)
     assert read_calibration(path) == cal
+
+
+@pytest.mark.parametrize("extra", [["--calibration", "cal.json"], ["--runtime", "vllm"]])
+def test_bench_calibrate_is_for_llamacpp_without_a_calibration_file(extra: list[str],
+                                                                     tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from harness.cli import main
+
+    res = CliRunner().invoke(main, ["bench", "--calibrate", "--out", str(tmp_path / "b"),
+                                    *extra])
+    assert res.exit_code == 2 and "--calibrate measures a llama.cpp server" in res.output
+    assert not (tmp_path / "b").exists()

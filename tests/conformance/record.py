@@ -25,7 +25,7 @@ TRANSCRIPTS = Path(__file__).resolve().parent / "transcripts"
 
 async def _record(runtime: str, upstream: str, setup: dict[str, Any], work: Path) -> dict[str, Any]:
     exchanges: list[dict[str, Any]] = []
-    proxy = TestServer(recording_proxy(upstream, exchanges), host="127.0.0.1")
+    proxy = TestServer(recording_proxy(upstream, exchanges, runtime), host="127.0.0.1")
     await proxy.start_server()
     try:
         outcome = await run_plan(runtime, str(proxy.make_url("")).rstrip("/"), work / "run")
@@ -53,20 +53,21 @@ def record_llamacpp(work: Path) -> dict[str, Any]:
             "model": model.name, "slots": 2, "ctx_per_slot": 1024}, work))
 
 
-def record_vllm(work: Path) -> dict[str, Any]:
-    """A transcript of the plan against a real CPU vLLM server with the tiny model."""
-    from harness.adapters.launchers.vllm_server import (
-        LocalVllmServer,
-        VllmServerConfig,
-        tiny_model,
-        vllm_python,
-    )
+def record_tiny(runtime: str, work: Path) -> dict[str, Any]:
+    """A transcript of the plan against a real CPU vLLM or SGLang server with the tiny model."""
+    from harness.adapters.launchers import sglang_server, vllm_server
 
-    python = vllm_python()
-    model = tiny_model(python)
-    with LocalVllmServer(VllmServerConfig(model=model), work / "vllm.log", python=python) as s:
-        return asyncio.run(_record("vllm", s.url, {"model": "tiny-llama (make_tiny_model.py)",
-                                                   "block_size": 32}, work))
+    mod: Any = vllm_server if runtime == "vllm" else sglang_server
+    if runtime == "vllm":
+        launcher, config, python = mod.LocalVllmServer, mod.VllmServerConfig, mod.vllm_python()
+        setup: dict[str, Any] = {"block_size": 32}
+    else:
+        launcher, config = mod.LocalSglangServer, mod.SglangServerConfig
+        python, setup = mod.sglang_python(), {"page_size": 1}
+    model = mod.tiny_model(python)
+    with launcher(config(model=model), work / f"{runtime}.log", python=python) as s:
+        return asyncio.run(_record(runtime, s.url, {"model": "tiny-llama (make_tiny_model.py)",
+                                                    **setup}, work))
 
 
 def _dumps(rec: dict[str, Any]) -> str:
@@ -83,9 +84,10 @@ def _dumps(rec: dict[str, Any]) -> str:
 
 def main(argv: list[str]) -> int:
     TRANSCRIPTS.mkdir(exist_ok=True)
-    for runtime in argv or ["llamacpp", "vllm"]:
+    for runtime in argv or ["llamacpp", "vllm", "sglang"]:
         with tempfile.TemporaryDirectory() as tmp:
-            rec = {"llamacpp": record_llamacpp, "vllm": record_vllm}[runtime](Path(tmp))
+            rec = (record_llamacpp(Path(tmp)) if runtime == "llamacpp"
+                   else record_tiny(runtime, Path(tmp)))
         path = TRANSCRIPTS / f"{runtime}.json"
         path.write_text(_dumps(rec))
         print(f"{path}: {len(rec['exchanges'])} exchanges, {path.stat().st_size} bytes")

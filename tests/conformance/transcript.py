@@ -166,8 +166,10 @@ def _vllm_chunk(c: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def trim(path: str, content_type: str, body: str) -> str:
+def trim(path: str, content_type: str, body: str, runtime: str = "llamacpp") -> str:
     """The body without fields no adapter reads (see the module docstring)."""
+    if runtime == "sglang":
+        return _sglang_trim(path, content_type, body)
     route = path.split("?")[0]
     if route == "/metrics":
         return _trim_metrics(body)
@@ -201,13 +203,59 @@ def trim(path: str, content_type: str, body: str) -> str:
     return json.dumps(data, separators=(",", ":"))
 
 
+SGLANG_METRICS_KEPT = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
+                "sglang:kv_used_tokens", "sglang:kv_evictable_tokens", "sglang:cache_hit_rate",
+                "sglang:prompt_tokens_total")
+_SGLANG_META = ("prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason",
+              "forward_entry_time", "prefill_finished_time", "request_finished_ts")
+_SGLANG_SERVER = ("version", "disable_radix_cache", "enable_hierarchical_cache", "page_size",
+                "max_total_num_tokens", "context_length", "device", "attention_backend")
+
+
+def _metric_name(line: str) -> str | None:
+    if line.startswith("# TYPE"):
+        return line.split()[2]
+    return None if line.startswith("#") else line.split("{")[0].split(" ")[0]
+
+
+def _sglang_trim(path: str, content_type: str, body: str) -> str:
+    """An SGLang response body without what the adapter never reads (text, request ids, most
+    server arguments and metrics, the recording machine's model path)."""
+    route = path.split("?")[0]
+    if route == "/metrics":
+        keep = [ln for ln in body.splitlines() if _metric_name(ln) in SGLANG_METRICS_KEPT]
+        return "\n".join(keep) + "\n"
+    if "event-stream" in content_type:
+        out = []
+        for line in body.splitlines():
+            if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                c = json.loads(line[5:])
+                if "error" not in c:
+                    meta = c.get("meta_info") or {}
+                    c = {"output_ids": c.get("output_ids"),
+                         "meta_info": {k: meta[k] for k in _SGLANG_META if k in meta}}
+                line = "data: " + json.dumps(c, separators=(",", ":"))
+            out.append(line)
+        return "\n".join(out) + "\n"
+    if "json" not in content_type:
+        return body
+    data = json.loads(body)
+    if route in ("/model_info", "/get_model_info"):
+        data = {"model_path": "tiny-llama", "served_model_name": data.get("served_model_name")}
+    elif route in ("/server_info", "/get_server_info"):
+        data = {k: data[k] for k in _SGLANG_SERVER if k in data}
+    return json.dumps(data, separators=(",", ":"))
+
+
 # ---- proxy and replay ---------------------------------------------------------------------
 def _key(method: str, path: str, body: Any) -> str:
     return json.dumps([method, path, body], sort_keys=True)
 
 
-def recording_proxy(upstream: str, exchanges: list[dict[str, Any]]) -> web.Application:
-    """A proxy to `upstream` that appends every exchange (trimmed) to `exchanges`."""
+def recording_proxy(upstream: str, exchanges: list[dict[str, Any]],
+                    runtime: str) -> web.Application:
+    """A proxy to `runtime`'s server at `upstream` that appends every exchange (trimmed) to
+    `exchanges`; the adapter itself reads the untrimmed answers."""
     app = web.Application()
 
     async def forward(request: web.Request) -> web.Response:
@@ -219,7 +267,7 @@ def recording_proxy(upstream: str, exchanges: list[dict[str, Any]]) -> web.Appli
             ctype = up.headers.get("Content-Type", "text/plain").split(";")[0]
             exchanges.append({"method": request.method, "path": request.path_qs,
                               "request": body, "status": up.status, "content_type": ctype,
-                              "body": trim(request.path_qs, ctype, text)})
+                              "body": trim(request.path_qs, ctype, text, runtime)})
             return web.Response(status=up.status, text=text, content_type=ctype)
 
     app.router.add_route("*", "/{tail:.*}", forward)
@@ -257,8 +305,10 @@ def replay_app(exchanges: list[dict[str, Any]], unmatched: list[str]) -> web.App
 
 
 # ---- one run ------------------------------------------------------------------------------
-ACTIONS = {"llamacpp": ["keep", "swap", "recompute"], "vllm": ["keep", "recompute", "keep"]}
-VLLM_VOCAB = 2048  # the tiny model's (make_tiny_model.py)
+# SGLang: swap is recorded as unsupported (HiCache needs CUDA), so the KV stays
+ACTIONS = {"llamacpp": ["keep", "swap", "recompute"], "vllm": ["keep", "recompute", "keep"],
+           "sglang": ["keep", "swap", "recompute"]}
+TINY_VOCAB = 2048  # the tiny model's (make_tiny_model.py), served by vLLM and SGLang
 
 
 def make_adapter(runtime: str, session: aiohttp.ClientSession, url: str) -> Any:
@@ -267,21 +317,27 @@ def make_adapter(runtime: str, session: aiohttp.ClientSession, url: str) -> Any:
         from harness.adapters.llamacpp import LlamaCppAdapter
 
         return LlamaCppAdapter(session, url)
+    if runtime == "sglang":
+        from harness.adapters.sglang import SglangAdapter
+
+        return SglangAdapter(session, url, salt=RUN_ID, vocab_size=TINY_VOCAB)
     from harness.adapters.vllm import VllmAdapter
 
-    return VllmAdapter(session, url, salt=RUN_ID, vocab_size=VLLM_VOCAB)
+    return VllmAdapter(session, url, salt=RUN_ID, vocab_size=TINY_VOCAB)
 
 
 async def run_plan(runtime: str, url: str, out: Path) -> dict[str, Any]:
     """Replay the fixed plan through `runtime`'s adapter at `url` (real clock, no scraping
     after the first sample); returns the adapter's results, the events and run.json."""
-    from harness.adapters.llamacpp import client_session
+    from harness.adapters import llamacpp, sglang
     from harness.policies.builtin import FALLBACK_RATES
     from harness.records.store import read_records
     from harness.replay.clock import RealClock
     from harness.replay.runner import replay
 
     run: dict[str, Any] = {"run_id": RUN_ID, "policy": "scripted"}
+    # SGLang's uvicorn keeps idle connections 5 s only: its adapter's session closes them
+    client_session = sglang.client_session if runtime == "sglang" else llamacpp.client_session
     async with client_session() as session:
         adapter = Recording(make_adapter(runtime, session, url))
         await replay(adapter, RealClock(), plan(), ScriptedPolicy(ACTIONS[runtime]), out, run,

@@ -1,5 +1,4 @@
-"""A fake SGLang server (the endpoints the SGLang adapter uses), and the pieces that record and
-trim real SGLang exchanges into a conformance transcript.
+"""A fake SGLang server (the endpoints the SGLang adapter uses).
 
 Radix caching is modelled at token granularity, keyed by `extra_key`: a prompt reuses the longest
 prefix it shares with an earlier request's prompt + generated tokens (all but the last generated
@@ -12,10 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 
@@ -175,92 +172,3 @@ def make_app(cfg: FakeSglangConfig) -> web.Application:
     app.router.add_post("/generate", generate)
     app.router.add_get("/metrics", metrics)
     return app
-
-
-# ---- recorded transcripts -----------------------------------------------------------------
-METRICS_KEPT = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
-                "sglang:kv_used_tokens", "sglang:kv_evictable_tokens", "sglang:cache_hit_rate",
-                "sglang:prompt_tokens_total")
-_META_KEPT = ("prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason",
-              "forward_entry_time", "prefill_finished_time", "request_finished_ts")
-_SERVER_KEPT = ("version", "disable_radix_cache", "enable_hierarchical_cache", "page_size",
-                "max_total_num_tokens", "context_length", "device", "attention_backend")
-
-
-def _metric_name(line: str) -> str | None:
-    if line.startswith("# TYPE"):
-        return line.split()[2]
-    return None if line.startswith("#") else line.split("{")[0].split(" ")[0]
-
-
-def trim(path: str, content_type: str, body: str) -> str:
-    """An SGLang response body without what the adapter never reads (text, request ids, most
-    server arguments and metrics, the recording machine's model path)."""
-    route = path.split("?")[0]
-    if route == "/metrics":
-        keep = [ln for ln in body.splitlines() if _metric_name(ln) in METRICS_KEPT]
-        return "\n".join(keep) + "\n"
-    if "event-stream" in content_type:
-        out = []
-        for line in body.splitlines():
-            if line.startswith("data:") and line[5:].strip() != "[DONE]":
-                c = json.loads(line[5:])
-                if "error" not in c:
-                    meta = c.get("meta_info") or {}
-                    c = {"output_ids": c.get("output_ids"),
-                         "meta_info": {k: meta[k] for k in _META_KEPT if k in meta}}
-                line = "data: " + json.dumps(c, separators=(",", ":"))
-            out.append(line)
-        return "\n".join(out) + "\n"
-    if "json" not in content_type:
-        return body
-    data = json.loads(body)
-    if route in ("/model_info", "/get_model_info"):
-        data = {"model_path": "tiny-llama", "served_model_name": data.get("served_model_name")}
-    elif route in ("/server_info", "/get_server_info"):
-        data = {k: data[k] for k in _SERVER_KEPT if k in data}
-    return json.dumps(data, separators=(",", ":"))
-
-
-def recording_proxy(upstream: str, exchanges: list[dict[str, Any]]) -> web.Application:
-    """A proxy to a real SGLang server at `upstream` that appends every exchange, trimmed, to
-    `exchanges` (the adapter itself reads the untrimmed answers)."""
-    app = web.Application()
-
-    async def forward(request: web.Request) -> web.Response:
-        raw = await request.read()
-        body = json.loads(raw) if raw else None
-        async with aiohttp.ClientSession() as s, s.request(
-                request.method, upstream + request.path_qs, json=body) as up:
-            text = await up.text()
-            ctype = up.headers.get("Content-Type", "text/plain").split(";")[0]
-            exchanges.append({"method": request.method, "path": request.path_qs,
-                              "request": body, "status": up.status, "content_type": ctype,
-                              "body": trim(request.path_qs, ctype, text)})
-            return web.Response(status=up.status, text=text, content_type=ctype)
-
-    app.router.add_route("*", "/{tail:.*}", forward)
-    return app
-
-
-TRANSCRIPT_ACTIONS = ["keep", "swap", "recompute"]  # swap: recorded as unsupported on SGLang
-TRANSCRIPT_VOCAB = 2048  # the tiny model's (make_tiny_model.py)
-
-
-async def run_transcript_plan(url: str, out: Path) -> dict[str, Any]:
-    """The conformance suite's fixed plan through the SGLang adapter at `url`, with the
-    scripted pause actions above; returns the adapter's results, the events and run.json."""
-    from harness.adapters.sglang import SglangAdapter, client_session
-    from harness.policies.builtin import FALLBACK_RATES
-    from harness.records.store import read_records
-    from harness.replay.clock import RealClock
-    from harness.replay.runner import replay
-    from tests.conformance.transcript import RUN_ID, Recording, ScriptedPolicy, events, plan
-
-    run: dict[str, Any] = {"run_id": RUN_ID, "policy": "scripted"}
-    async with client_session() as session:
-        adapter = Recording(SglangAdapter(session, url, salt=RUN_ID,
-                                          vocab_size=TRANSCRIPT_VOCAB))
-        await replay(adapter, RealClock(), plan(), ScriptedPolicy(TRANSCRIPT_ACTIONS), out, run,
-                     FALLBACK_RATES, scrape_interval_s=3600.0)
-    return {"results": adapter.results, "events": events(read_records(out)), "run": run}

@@ -7,7 +7,7 @@ when the pinned install or the server's start-up breaks, these tests fail with t
 than skip. Cache reuse is asserted with the server's own numbers (`meta_info.cached_tokens`):
 SGLang reuses at token granularity, everything but the last generated token.
 
-HARNESS_RECORD_TRANSCRIPTS=1 rewrites tests/conformance/transcripts/sglang.json from this server.
+`python -m tests.conformance.record sglang` re-records tests/conformance/transcripts/sglang.json.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from harness.records.store import read_json, read_records
 from harness.replay.clock import RealClock
 from harness.replay.runner import replay
 from harness.traces.schema import Provenance, write_trajectories
-from tests.fakes.sglang_server import TRANSCRIPT_ACTIONS, recording_proxy, run_transcript_plan
+from tests.conformance.transcript import ACTIONS, recording_proxy, run_plan
 
 pytestmark = [pytest.mark.live, pytest.mark.sglang]
 
@@ -259,25 +259,19 @@ def test_the_server_still_answers_as_recorded(sglang_server: LocalSglangServer,
     exchanges: list[dict[str, Any]] = []
 
     async def go() -> dict[str, Any]:
-        proxy = TestServer(recording_proxy(sglang_server.url, exchanges), host="127.0.0.1")
+        proxy = TestServer(recording_proxy(sglang_server.url, exchanges, "sglang"),
+                           host="127.0.0.1")
         await proxy.start_server()
         try:
-            return await run_transcript_plan(str(proxy.make_url("")).rstrip("/"), tmp_path)
+            return await run_plan("sglang", str(proxy.make_url("")).rstrip("/"), tmp_path)
         finally:
             await proxy.close()
 
     out = asyncio.run(go())
     run = out["run"]
     assert run["status"] == "finished" and run["outcome"]["completed"] == 2, run
-    fresh = {"runtime": "sglang", "server_version": run["server_version"],
-             "setup": {"model": "tiny-llama (make_tiny_model.py)", "page_size": 1},
-             "actions": TRANSCRIPT_ACTIONS, "exchanges": exchanges,
-             "results": out["results"], "events": out["events"]}
-    if os.environ.get("HARNESS_RECORD_TRANSCRIPTS") == "1":
-        from tests.conformance.record import _dumps  # the suite's diff-friendly layout
-
-        TRANSCRIPT.write_text(_dumps(fresh))
     recorded = json.loads(TRANSCRIPT.read_text())
+    assert recorded["actions"] == ACTIONS["sglang"] and exchanges
     assert out["events"] == recorded["events"]
     timing = ("prompt_ms", "decode_ms")
     assert [[k, {f: v for f, v in r.items() if f not in timing}] for k, r in out["results"]] == \

@@ -37,14 +37,11 @@ from harness.traces.generator import generate
 from harness.traces.profiles import load_profile
 from tests.fakes.sglang_server import (
     STATE,
-    TRANSCRIPT_ACTIONS,
     FakeSglangConfig,
     make_app,
-    run_transcript_plan,
 )
 
 Body = Callable[[SglangAdapter, Any], Coroutine[Any, Any, None]]
-TRANSCRIPT = Path(__file__).resolve().parents[1] / "conformance" / "transcripts" / "sglang.json"
 
 
 def with_server(cfg: FakeSglangConfig, body: Body, salt: str | None = "run-1",
@@ -325,39 +322,3 @@ def test_stand_in_refuses_every_other_kernel_when_called() -> None:
         mamba.causal_conv1d_fn_cpu()
     assert not hasattr(sgl_kernel, "__wrapped__")
     assert sgl_kernel.__version__.endswith("stand-in")
-
-
-def test_adapter_replays_a_real_servers_transcript(tmp_path: Path) -> None:
-    """The adapter against what a real CPU SGLang 0.5.23 answered (tests/live records it)."""
-    from tests.conformance.transcript import PENDING, replay_app
-
-    t = json.loads(TRANSCRIPT.read_text())
-    assert TRANSCRIPT.stat().st_size < 40_000 and t["runtime"] == "sglang"
-    unmatched: list[str] = []
-
-    async def go() -> dict[str, Any]:
-        app = replay_app(t["exchanges"], unmatched)
-        server = TestServer(app, host="127.0.0.1")
-        await server.start_server()
-        try:
-            out = await run_transcript_plan(str(server.make_url("")).rstrip("/"), tmp_path)
-        finally:
-            await server.close()
-        left = [k for k, q in app[PENDING].items() if q and '"POST"' in k]
-        assert not left, f"recorded requests never sent: {left}"
-        return out
-
-    out = asyncio.run(go())
-    assert unmatched == []
-    assert out["results"] == t["results"]
-    assert out["events"] == t["events"]
-    assert out["run"]["status"] == "finished" and out["run"]["outcome"]["completed"] == 2
-    # what the real server said: reuse where kept (swap is unsupported, so kept), none on
-    # recompute
-    ev = t["events"]
-    decisions = [e for e in ev if e[0] == "pause_decision"]
-    assert [e[3] for e in decisions] == t["actions"] == TRANSCRIPT_ACTIONS
-    resumed = {(e[1], e[2]): e[4] for e in ev if e[0] == "call_end" and e[2] > 0}
-    for _, tid, step, action, _ in decisions:
-        cached = resumed[(tid, step + 1)]
-        assert (cached == 0) if action == "recompute" else (cached > 0), (tid, action)

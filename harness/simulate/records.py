@@ -37,8 +37,6 @@ from harness.simulate.decode import (  # noqa: F401 - the event codes the loop e
     E_TRAJ_END,
     E_TRAJ_START,
     EVENTS,
-    RunStatics,
-    decode,
 )
 from harness.simulate.steps import StepColumns
 from harness.simulate.workload import Workload
@@ -61,7 +59,6 @@ PAYLOAD = {
     "kv_state": "a=kv tokens, b=status code", "slot_wait": "a=seconds waited",
     "tool_end": "a=status code (OUTCOMES)", "trajectory_end": "a=status code, b=reason text",
 }
-
 
 
 class RecordSink:

@@ -47,8 +47,8 @@ from harness.policies.builtin import FALLBACK_RATES
 from harness.records.store import read_json, read_records
 from harness.replay.clock import RealClock
 from harness.replay.runner import replay
-from harness.traces.schema import Provenance, write_trajectories
 from tests.conformance.transcript import ACTIONS, recording_proxy, run_plan
+from tests.live.traces import write_one_pause_trace
 
 pytestmark = [pytest.mark.live, pytest.mark.sglang]
 
@@ -116,22 +116,6 @@ def _resumed(rec: pd.DataFrame) -> pd.DataFrame:
     return ends.merge(dec, on=["trajectory_id", "step"], suffixes=("", "_decision"))
 
 
-def _trace(path: Path) -> None:
-    base = {"trajectory_id": "cli", "start_s": 0.0, "priority": "interactive", "tenant": "t",
-            "prefix_group": None, "tool_name": None, "tool_class": None, "latency_s": None,
-            "deadline_s": None, "outcome": None, "mutating": None, "input_tokens": None,
-            "output_tokens": None}
-    rows = [{"step": 0, "kind": "llm", "input_tokens": 80, "output_tokens": 4},
-            {"step": 1, "kind": "tool", "tool_class": "local_read", "tool_name": "cat",
-             "latency_s": 0.1, "deadline_s": 5.0, "outcome": "ok", "mutating": False},
-            {"step": 2, "kind": "llm", "input_tokens": 8, "output_tokens": 4}]
-    df = pd.DataFrame([{**base, **r} for r in rows])
-    for c in ("input_tokens", "output_tokens"):
-        df[c] = df[c].astype("Int64")
-    df["step"] = df["step"].astype("int32")
-    df["mutating"] = df["mutating"].astype("boolean")
-    write_trajectories(df, path, Provenance("test"))
-
 
 # The two tests without the module's server run first: a second idle server would share the
 # two cores with the one they start.
@@ -140,7 +124,7 @@ def test_local_run_starts_and_stops_its_own_server(tmp_path: Path,
     """`harness run --runtime sglang` without --url: its own server, swap recorded as
     unsupported (HiCache needs CUDA), and no server process left afterwards."""
     trace = tmp_path / "t.parquet"
-    _trace(trace)
+    write_one_pause_trace(trace)
     out = tmp_path / "out"
     res = CliRunner().invoke(main, ["run", "--runtime", "sglang", "--trace", str(trace),
                                     "--policy", "swap", "--out", str(out)])
@@ -239,7 +223,7 @@ def test_hang_up_aborts_the_request_on_the_server(sglang_server: LocalSglangServ
 def test_run_command_against_a_running_server(sglang_server: LocalSglangServer,
                                               tmp_path: Path) -> None:
     trace = tmp_path / "t.parquet"
-    _trace(trace)
+    write_one_pause_trace(trace)
     out = tmp_path / "out"
     res = CliRunner().invoke(main, ["run", "--runtime", "sglang", "--url", sglang_server.url,
                                     "--trace", str(trace), "--policy", "keep", "--out", str(out)])

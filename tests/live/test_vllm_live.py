@@ -39,7 +39,7 @@ from harness.policies.builtin import FALLBACK_RATES
 from harness.records.store import read_json, read_records
 from harness.replay.clock import RealClock
 from harness.replay.runner import replay
-from harness.traces.schema import Provenance, write_trajectories
+from tests.live.traces import write_one_pause_trace
 
 pytestmark = pytest.mark.live
 
@@ -146,21 +146,7 @@ def test_keep_and_recompute_for_real(vllm_server: LocalVllmServer, tmp_path: Pat
 
 def test_run_command_against_a_running_server(vllm_server: LocalVllmServer,
                                               tmp_path: Path) -> None:
-    trace = tmp_path / "t.parquet"
-    base = {"trajectory_id": "cli", "start_s": 0.0, "priority": "interactive", "tenant": "t",
-            "prefix_group": None, "tool_name": None, "tool_class": None, "latency_s": None,
-            "deadline_s": None, "outcome": None, "mutating": None, "input_tokens": None,
-            "output_tokens": None}
-    rows = [{"step": 0, "kind": "llm", "input_tokens": 80, "output_tokens": 4},
-            {"step": 1, "kind": "tool", "tool_class": "local_read", "tool_name": "cat",
-             "latency_s": 0.1, "deadline_s": 5.0, "outcome": "ok", "mutating": False},
-            {"step": 2, "kind": "llm", "input_tokens": 8, "output_tokens": 4}]
-    df = pd.DataFrame([{**base, **r} for r in rows])
-    for c in ("input_tokens", "output_tokens"):
-        df[c] = df[c].astype("Int64")
-    df["step"] = df["step"].astype("int32")
-    df["mutating"] = df["mutating"].astype("boolean")
-    write_trajectories(df, trace, Provenance("test"))
+    trace = write_one_pause_trace(tmp_path / "t.parquet")
     out = tmp_path / "out"
     res = CliRunner().invoke(main, ["run", "--runtime", "vllm", "--url", vllm_server.url,
                                     "--trace", str(trace), "--policy", "keep", "--out", str(out)])

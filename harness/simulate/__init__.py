@@ -5,3 +5,7 @@ so metrics and reports read either. Engine: a plain `heapq` event loop, not SimP
 generator processes cost about 2x per bare event here, and far more with the interrupts a TTL or
 deadline needs, which would miss the target of 100,000 trajectories (~1M pauses) in 10 s.
 """
+
+from harness.simulate import native
+
+native.select()

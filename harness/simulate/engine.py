@@ -15,6 +15,9 @@ unbounded) and do not stall compute. Policies decide through harness.policies wi
 the replay builds (free/total slots in slot mode, free/total tokens in a token pool; the class's
 latency history, its last `history_window` observations); only an oracle sees the true latency;
 keep, swap and recompute are asked once, as they decide the same at every pause.
+
+Written as typed classes so that mypyc can compile it with harness.simulate.scheduler and
+.trajectory (see harness.simulate.native); it runs unchanged as plain Python.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ from __future__ import annotations
 import gc
 import heapq
 from collections import deque
+from collections.abc import Callable
+from typing import Final
 
 import numpy as np
 
-from harness.policies.base import KEEP, SWAP, PauseContext, PausePolicy
+from harness.policies.base import SWAP, PauseContext, PausePolicy, ServerRates
 from harness.policies.builtin import Keep, Recompute, Swap
 from harness.simulate.records import (
     E_CALL_END,
@@ -40,8 +45,9 @@ from harness.simulate.records import (
     E_TRAJ_START,
     RecordSink,
 )
-from harness.simulate.scheduler import make_scheduler
+from harness.simulate.scheduler import Event, Scheduler
 from harness.simulate.server import (
+    ACTION_CODE,
     DROP,
     Capacity,
     Counters,
@@ -50,14 +56,38 @@ from harness.simulate.server import (
     context_factory,
     resolve,
 )
+from harness.simulate.trajectory import (
+    DONE,
+    DROPPED,
+    DROPPING,
+    KEPT,
+    RESTORING,
+    RUNNING,
+    SWAPPED,
+    SWAPPING,
+    WAIT_DROP,
+    WAIT_SWAPOUT,
+    Trajectory,
+)
 from harness.simulate.workload import Workload
 
-ARRIVE, TOOL_END, DEADLINE, TTL, SWAP_OUT_DONE, SWAP_IN_DONE = range(6)
-RUNNING, KEPT, SWAPPING, WAIT_SWAPOUT, SWAPPED, DROPPED, RESTORING, DONE = range(8)
-DROPPING, WAIT_DROP = 8, 9  # an erase waits for the iteration's end; the tool has returned
-T_DROP, T_SWAP_OUT, T_RESTORE, T_FINISH = range(4)  # control tasks served between iterations
+# external events
+ARRIVE: Final = 0
+TOOL_END: Final = 1
+DEADLINE: Final = 2
+TTL: Final = 3
+SWAP_OUT_DONE: Final = 4
+SWAP_IN_DONE: Final = 5
+A_KEEP: Final = 0  # action codes (server.ACTION_CODE); anything else drops the KV
+A_SWAP: Final = 1
+# control tasks served between iterations
+T_DROP: Final = 0
+T_SWAP_OUT: Final = 1
+T_RESTORE: Final = 2
+T_FINISH: Final = 3
 SLOT_HANDOFFS = ("agent", "fifo")
-NAN = float("nan")
+NAN: Final = float("nan")
+Resolved = tuple[float | None, str | None, str, int, int, float]  # server.resolve's result
 
 
 def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolicy,
@@ -71,366 +101,431 @@ def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolic
     """
     if slot_handoff not in SLOT_HANDOFFS:
         raise ValueError(f"slot_handoff must be one of {SLOT_HANDOFFS}, got {slot_handoff!r}")
-    agent_handoff = slot_handoff == "agent" and cap.slot_mode and arrival_s is None
-    barge = [False]
-    inp, out, ctx = w.inp.tolist(), w.out.tolist(), w.ctx.tolist()
-    lat, dl, cls = w.lat.tolist(), w.deadline.tolist(), w.cls.tolist()
-    first, ids, prio = w.first, w.ids, w.priority
-    costs = server.iteration_costs()
-    # per LLM step: what one of its decode tokens adds to an iteration (context at mid-output)
-    dcost = (costs.beta + costs.decode_cell * (w.ctx - w.out / 2.0)).tolist()
+    engine = Engine(w, server, cap, policy, arrival_s is not None, sink, run_id, history_window,
+                    slot_handoff == "agent")
     n = w.n_trajectories
-    end = [f + k for f, k in zip(first, w.n_steps, strict=True)]
-    pos = list(first)
-    state, gen, held, slot = [DONE] * n, [0] * n, [0] * n, [-1] * n
-    need_rc, ret, due = [0] * n, [0] * n, [0.0] * n
-    ready = [0.0] * n
-    rem, ppos = [0] * n, [0] * n
-    xfer_ms, swap_reason, after_swap = [0.0] * n, [0] * n, [False] * n
-    hist = [History(history_window) for _ in w.classes]
-    classes = w.classes
-    bpt = server.kv_bytes_per_token
-    bw_out, bw_in = server.swap_out_bytes_per_s, server.swap_in_bytes_per_s
-    rates = server.policy_rates()
-    make_ctx, decide, oracle = context_factory(), policy.decide, policy.sees_true_latency
-    slot_mode, limit, total = cap.slot_mode, cap.context_limit, cap.units
-    free_slots = list(range(total - 1, -1, -1)) if slot_mode else []
-    rows_ext, text = sink.rows.extend, sink.text
-    sc = sink.cols  # per-step columns of the frequent events (harness.simulate.steps)
-    st_t, st_seq, slot_, due_, rc_, pre_t = sc.st_t, sc.st_seq, sc.slot, sc.due, sc.rc, sc.pre_t
-    ft_t, ft_seq, en_t, en_seq = sc.ft_t, sc.ft_seq, sc.en_t, sc.en_seq
-    pa_t, pa_seq, pa_code, pa_wait, pa_reason = (sc.pa_t, sc.pa_seq, sc.pa_code, sc.pa_wait,
-                                                 sc.pa_reason)
-    te_t, te_seq, te_slot = sc.te_t, sc.te_seq, sc.te_slot
-    cnt = 0  # the next record's seq
-    REASON = {k: text(k) for k in ("policy", "ttl-expired", "trajectory-end", "preempted",
-                                   "context-overflow")}
-    texts: dict[str, int] = {}
-    ext: list[tuple[float, int, int, int, int]] = []
-    queue: deque[int] = deque()  # waiting for admission
-    resume_q: deque[int] = deque()  # token pool: waiting to grow KV they hold
-    push = heapq.heappush
-    c = Counters()
-    seq = 0  # tie-break of the event heap
-    free_tok = total  # token pool
-    link_out = link_in = 0.0  # when each swap link is next free
-    inflight = 0  # swaps in flight
-    next_ti = 0  # closed loop: the next trajectory to start
+    starts = min(concurrency, n) if arrival_s is None else n
+    times = [0.0] * starts if arrival_s is None else arrival_s.tolist()
+    # The loop makes no reference cycles; the cyclic collector would only rescan its objects.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return engine.run(times)
+    finally:
+        sink.total = engine.cnt
+        if gc_was_enabled:
+            gc.enable()
 
-    def emit(t: float, ev: int, ti: int, step: int, s: int, a: float, b: float,
+
+def action_code(action: str) -> int:
+    """KEEP, SWAP or the drop of a decision, as the loop compares it (server.ACTION_CODE)."""
+    return ACTION_CODE[action]
+
+
+class Engine:
+    """The trajectories' side of one simulation (see the module docstring); `run` runs it."""
+
+    def __init__(self, w: Workload, server: ServerModel, cap: Capacity, policy: PausePolicy,
+                 open_loop: bool, sink: RecordSink, run_id: str, history_window: int,
+                 agent_handoff: bool) -> None:
+        self.open_loop = open_loop
+        self.agent_handoff = agent_handoff and cap.slot_mode and not open_loop
+        self.barge = False  # the agent that just freed a slot starts its next trajectory on it
+        # per step
+        self.inp: list[int] = w.inp.tolist()
+        self.out: list[int] = w.out.tolist()
+        self.ctx: list[int] = w.ctx.tolist()
+        self.lat: list[float] = w.lat.tolist()
+        self.dl: list[float] = w.deadline.tolist()
+        self.cls: list[int] = w.cls.tolist()
+        costs = server.iteration_costs()
+        # what one decode token of an LLM step adds to an iteration (context at mid-output)
+        dcost: list[float] = (costs.beta + costs.decode_cell * (w.ctx - w.out / 2.0)).tolist()
+        # per trajectory
+        self.ids: list[str] = list(w.ids)
+        self.prio: list[str] = list(w.priority)
+        self.trajs: list[Trajectory] = [Trajectory(ti, f, f + k) for ti, (f, k) in
+                                        enumerate(zip(w.first, w.n_steps, strict=True))]
+        self.n = len(self.trajs)
+        self.classes: list[str] = list(w.classes)
+        self.hist: list[History] = [History(history_window) for _ in w.classes]
+        self.bpt: float = server.kv_bytes_per_token
+        self.bw_out: float = server.swap_out_bytes_per_s
+        self.bw_in: float = server.swap_in_bytes_per_s
+        self.rates: ServerRates = server.policy_rates()
+        self.make_ctx: Callable[..., PauseContext] = context_factory()
+        self.policy = policy
+        self.oracle: bool = policy.sees_true_latency
+        self.run_id = run_id
+        self.slot_mode: bool = cap.slot_mode
+        self.limit: int = cap.context_limit
+        self.total: int = cap.units
+        self.free_slots: list[int] = list(range(self.total - 1, -1, -1)) if self.slot_mode else []
+        self.free_tok: int = self.total  # token pool
+        self.sink = sink
+        self.rows: list[float] = sink.rows
+        sc = sink.cols  # per-step columns of the frequent events (steps.py)
+        self.st_t, self.st_seq, self.slot_col = sc.st_t, sc.st_seq, sc.slot
+        self.due_col, self.rc_col = sc.due, sc.rc
+        self.ft_t, self.ft_seq, self.en_t, self.en_seq = sc.ft_t, sc.ft_seq, sc.en_t, sc.en_seq
+        self.pa_t, self.pa_seq, self.pa_code = sc.pa_t, sc.pa_seq, sc.pa_code
+        self.pa_wait, self.pa_reason = sc.pa_wait, sc.pa_reason
+        self.te_t, self.te_seq, self.te_slot = sc.te_t, sc.te_seq, sc.te_slot
+        self.flush_rows: int = sink.flush_rows
+        self.cnt = 0  # the next record's seq
+        self.r_policy = sink.text("policy")
+        self.r_ttl = sink.text("ttl-expired")
+        self.r_end = sink.text("trajectory-end")
+        self.r_preempted = sink.text("preempted")
+        self.r_overflow = sink.text("context-overflow")
+        self.texts: dict[str, int] = {}
+        self.ext: list[Event] = []
+        self.queue: deque[Trajectory] = deque()  # waiting for admission
+        self.resume_q: deque[Trajectory] = deque()  # token pool: waiting to grow KV they hold
+        self.c = Counters()
+        self.pauses = 0
+        self.preemptions = 0
+        self.seq = 0  # tie-break of the event heap
+        self.link_out = 0.0  # when each swap link is next free
+        self.link_in = 0.0
+        self.inflight = 0  # swaps in flight
+        self.next_ti = 0  # closed loop: the next trajectory to start
+        # keep, swap and recompute decide the same at every pause: decide once, skip the context
+        self.fixed = type(policy) in (Keep, Swap, Recompute)
+        self.f_action = self.f_code = self.f_reason = 0
+        self.f_wait = NAN
+        if self.fixed:
+            _, _, action, self.f_code, self.f_reason, self.f_wait = resolve(
+                policy.decide(PauseContext(run_id, "", "", None, 0, True, "")), self.texts,
+                sink.text)
+            self.f_action = action_code(action)
+        self.sched = Scheduler(self, costs, self.slot_mode, self.out, dcost, sc.pre_t)
+
+    def run(self, times: list[float]) -> Counters:
+        """Trajectory k arrives at `times[k]`; run the loop to its end, return the counters."""
+        for ti, t in enumerate(times):
+            self.seq += 1
+            heapq.heappush(self.ext, (t, self.seq, ARRIVE, self.trajs[ti], 0))
+        if not self.open_loop:
+            self.next_ti = len(times)
+        events, t_last = self.sched.run(self.ext)
+        c = self.c
+        c.pauses, c.preemptions, c.events, c.sim_time_s = (self.pauses, self.preemptions,
+                                                           events, t_last)
+        return c
+
+    def emit(self, t: float, ev: int, ti: int, step: int, s: int, a: float, b: float,
              c: float) -> None:
-        nonlocal cnt
-        rows_ext((cnt, t, ev, ti, step, s, a, b, c))
-        cnt += 1
+        self.rows.extend((self.cnt, t, ev, ti, step, s, a, b, c))
+        self.cnt += 1
 
-    def arrive(ti: int, t: float) -> None:
-        emit(t, E_TRAJ_START, ti, -1, -1, t, 0, 0)
-        due[ti], state[ti] = t, DROPPED
-        request_call(ti, t)
+    def maybe_flush(self) -> None:
+        """The scheduler's call, now and then: hand a part's worth of records to the sink."""
+        if self.cnt - self.sink.seq >= self.flush_rows:
+            self.sink.flush(self.cnt)
 
-    def request_call(ti: int, t: float) -> None:
-        nonlocal free_tok
-        g = pos[ti]
-        if ctx[g] > limit:
-            emit(t, E_CALL_END, ti, g - first[ti], slot[ti], NAN, 0, 0)
-            finish(ti, t, 2, REASON["context-overflow"])
+    def push(self, t: float, kind: int, tr: Trajectory) -> None:
+        self.seq += 1
+        heapq.heappush(self.ext, (t, self.seq, kind, tr, tr.gen))
+
+    def arrive(self, tr: Trajectory, t: float) -> None:
+        self.emit(t, E_TRAJ_START, tr.ti, -1, -1, t, 0, 0)
+        tr.due = t
+        tr.state = DROPPED
+        self.request_call(tr, t)
+
+    def request_call(self, tr: Trajectory, t: float) -> None:
+        g = tr.pos
+        need = self.ctx[g]
+        if need > self.limit:
+            self.emit(t, E_CALL_END, tr.ti, g - tr.first, tr.slot, NAN, 0, 0)
+            self.finish(tr, t, 2, self.r_overflow)
             return
-        ready[ti] = t
-        if slot[ti] >= 0:  # slot mode, KV kept: the slot is still ours
-            start_call(ti, t)
+        tr.ready = t
+        if tr.slot >= 0:  # slot mode, KV kept: the slot is still ours
+            self.start_call(tr, t)
             return
-        if not queue and not resume_q and state[ti] != SWAPPED:  # nobody waits: fast path
-            if slot_mode:
-                if free_slots:
-                    slot[ti] = free_slots.pop()
-                    barge[0] = False
-                    start_call(ti, t)
+        queue = self.queue
+        if not queue and not self.resume_q and tr.state != SWAPPED:  # nobody waits
+            if self.slot_mode:
+                if self.free_slots:
+                    tr.slot = self.free_slots.pop()
+                    self.barge = False
+                    self.start_call(tr, t)
                     return
             else:
-                need = ctx[g]
-                grow = need - held[ti]
-                if grow <= free_tok:
-                    free_tok -= grow
-                    held[ti] = need
-                    start_call(ti, t)
+                grow = need - tr.held
+                if grow <= self.free_tok:
+                    self.free_tok -= grow
+                    tr.held = need
+                    self.start_call(tr, t)
                     return
-        if barge[0] and queue:  # the agent's next trajectory takes the slot it just freed
-            barge[0] = False
+        if self.barge and queue:  # the agent's next trajectory takes the slot it just freed
+            self.barge = False
             queue.append(queue.popleft())  # the waiter woken for it queues again, at the back
-            queue.appendleft(ti)
+            queue.appendleft(tr)
         else:
-            barge[0] = False
-            (resume_q if held[ti] else queue).append(ti)
-        try_admit(t)
+            self.barge = False
+            (self.resume_q if tr.held else queue).append(tr)
+        self.try_admit(t)
 
-    def try_admit(t: float) -> None:
+    def try_admit(self, t: float) -> None:
         # Trajectories that still hold KV (token pool) grow first, as a running batch would;
         # new, swapped and dropped ones are admitted after them, first come first served.
-        nonlocal free_tok
+        resume_q, queue = self.resume_q, self.queue
         while resume_q or queue:
             q = resume_q if resume_q else queue
-            ti = q[0]
-            if slot_mode:
-                if not free_slots:
+            tr = q[0]
+            if self.slot_mode:
+                if not self.free_slots:
                     return
-                slot[ti] = free_slots.pop()
+                tr.slot = self.free_slots.pop()
             else:
-                need = ctx[pos[ti]]
-                grow = need - held[ti]
-                if grow > free_tok:
-                    if q is resume_q and preempt(t):
+                need = self.ctx[tr.pos]
+                grow = need - tr.held
+                if grow > self.free_tok:
+                    if q is resume_q and self.preempt(t):
                         continue
                     return
-                free_tok -= grow
-                held[ti] = need
+                self.free_tok -= grow
+                tr.held = need
             q.popleft()
-            admit(ti, t)
+            self.admit(tr, t)
 
-    def preempt(t: float) -> bool:
+    def preempt(self, t: float) -> bool:
         # Idle server, nothing in transfer, and the first resuming trajectory cannot grow:
         # drop the KV of the latest one behind it (it recomputes when admitted).
-        if not idle() or inflight or len(resume_q) < 2:
+        resume_q = self.resume_q
+        if not self.sched.idle() or self.inflight or len(resume_q) < 2:
             return False
         head = resume_q[0]
-        for ti in reversed(resume_q):
-            if held[ti] and ti != head:
-                c.preemptions += 1
-                release(ti, t, REASON["preempted"], pos[ti] - first[ti])
-                need_rc[ti], state[ti] = ret[ti], DROPPED
+        for tr in reversed(resume_q):
+            if tr.held and tr is not head:
+                self.preemptions += 1
+                self.release(tr, t, self.r_preempted, tr.pos - tr.first)
+                tr.need_rc = tr.ret
+                tr.state = DROPPED
                 return True
         return False
 
-    def admit(ti: int, t: float) -> None:
-        if t > ready[ti]:
-            emit(t, E_SLOT_WAIT, ti, pos[ti] - first[ti], slot[ti], t - ready[ti], 0, 0)
-        if state[ti] == SWAPPED:
-            state[ti] = RESTORING
-            defer(T_RESTORE, ti, 0, 0, t)
+    def admit(self, tr: Trajectory, t: float) -> None:
+        if t > tr.ready:
+            self.emit(t, E_SLOT_WAIT, tr.ti, tr.pos - tr.first, tr.slot, t - tr.ready, 0, 0)
+        if tr.state == SWAPPED:
+            tr.state = RESTORING
+            self.sched.defer(T_RESTORE, tr, 0, 0, t)
         else:
-            start_call(ti, t)
+            self.start_call(tr, t)
 
-    def start_call(ti: int, t: float) -> None:
-        nonlocal cnt
-        g = pos[ti]
-        r = need_rc[ti]
-        work = inp[g] + r
-        st_seq[g] = cnt
+    def start_call(self, tr: Trajectory, t: float) -> None:
+        g = tr.pos
+        r = tr.need_rc
+        work = self.inp[g] + r
+        cnt = self.cnt
+        self.st_seq[g] = cnt
         if r:  # recompute, kv_state, call_start
-            rc_[g] = r
-            need_rc[ti] = 0
-            cnt += 3
+            self.rc_col[g] = r
+            tr.need_rc = 0
+            self.cnt = cnt + 3
         else:  # kv_state, call_start
-            cnt += 2
-        st_t[g], slot_[g], due_[g], state[ti] = t, slot[ti], due[ti], RUNNING
-        rem[ti] = work if work > 0 else 1
-        ppos[ti] = ctx[g] - out[g] - rem[ti]
-        pre.append(ti)
-        wake(t)
+            self.cnt = cnt + 2
+        self.st_t[g] = t
+        self.slot_col[g] = tr.slot
+        self.due_col[g] = tr.due
+        tr.state = RUNNING
+        m = work if work > 0 else 1
+        tr.rem = m
+        tr.ppos = self.ctx[g] - self.out[g] - m
+        self.sched.pre.append(tr)
+        self.sched.wake(t)
 
-    def first_token(ti: int, t: float) -> None:
-        nonlocal cnt
-        g = pos[ti]
-        ft_t[g], ft_seq[g] = t, cnt
-        cnt += 1
-        if out[g] <= 1:
-            call_end(ti, t)
+    def first_token(self, tr: Trajectory, t: float) -> None:
+        """The scheduler's call: the prompt of `tr`'s call is done at `t`."""
+        g = tr.pos
+        self.ft_t[g] = t
+        self.ft_seq[g] = self.cnt
+        self.cnt += 1
+        if self.out[g] <= 1:
+            self.call_end(tr, t)
 
-    def run_task(kind: int, ti: int, a: int, b: int, t: float) -> None:
-        nonlocal link_out, link_in, inflight, seq
+    def run_task(self, kind: int, tr: Trajectory, a: int, b: int, t: float) -> None:
+        """The scheduler's call: serve a control task (between iterations)."""
         if kind == T_FINISH:
-            end_trajectory(ti, t, a, b)
-        elif state[ti] == DONE and kind != T_DROP:
+            self.end_trajectory(tr, t, a, b)
+        elif tr.state == DONE and kind != T_DROP:
             return  # the trajectory ended while the task waited
         elif kind == T_DROP:
-            if slot[ti] >= 0 or held[ti]:
-                release(ti, t, a, b)
-            if state[ti] == WAIT_DROP:
-                state[ti] = DROPPED
-                request_call(ti, t)
-            elif state[ti] == DROPPING:
-                state[ti] = DROPPED
-            try_admit(t)
+            if tr.slot >= 0 or tr.held:
+                self.release(tr, t, a, b)
+            if tr.state == WAIT_DROP:
+                tr.state = DROPPED
+                self.request_call(tr, t)
+            elif tr.state == DROPPING:
+                tr.state = DROPPED
+            self.try_admit(t)
         else:  # a slot save or restore: over its link, FIFO
-            dur = ret[ti] * bpt / (bw_out if kind == T_SWAP_OUT else bw_in)
             if kind == T_SWAP_OUT:
-                done = link_out = (link_out if link_out > t else t) + dur
+                dur = tr.ret * self.bpt / self.bw_out
+                done = self.link_out = (self.link_out if self.link_out > t else t) + dur
             else:
-                done = link_in = (link_in if link_in > t else t) + dur
-            inflight += 1
-            xfer_ms[ti] = dur * 1000
-            seq += 1
-            push(ext, (done, seq, SWAP_OUT_DONE if kind == T_SWAP_OUT else SWAP_IN_DONE, ti,
-                       gen[ti]))
+                dur = tr.ret * self.bpt / self.bw_in
+                done = self.link_in = (self.link_in if self.link_in > t else t) + dur
+            self.inflight += 1
+            tr.xfer_ms = dur * 1000
+            self.push(done, SWAP_OUT_DONE if kind == T_SWAP_OUT else SWAP_IN_DONE, tr)
 
-    def call_end(ti: int, t: float) -> None:
-        nonlocal cnt
-        g = pos[ti]
-        en_t[g], en_seq[g] = t, cnt
-        cnt += 1
+    def call_end(self, tr: Trajectory, t: float) -> None:
+        """The scheduler's call: `tr`'s call produced its last token at `t`."""
+        g = tr.pos
+        self.en_t[g] = t
+        self.en_seq[g] = self.cnt
+        self.cnt += 1
         g += 1
-        pos[ti] = g
-        if g == end[ti]:
-            finish(ti, t, 0, 0)
+        tr.pos = g
+        if g == tr.end:
+            self.finish(tr, t, 0, 0)
         else:
-            pause(ti, t, g)
+            self.pause(tr, t, g)
 
-    def pause(ti: int, t: float, g: int) -> None:
-        nonlocal seq, cnt
-        c.pauses += 1
-        retained = ret[ti] = ctx[g]
-        lt, dlt = lat[g], dl[g]
+    def pause(self, tr: Trajectory, t: float, g: int) -> None:
+        self.pauses += 1
+        retained = tr.ret = self.ctx[g]
+        lt, dlt = self.lat[g], self.dl[g]
         returns = lt == lt and lt <= dlt
-        if fixed is None:
-            k = cls[g]
-            d = decide(make_ctx(
-                run_id, ids[ti], classes[k], dlt * 1000.0, retained, g + 1 < end[ti], prio[ti],
-                hist[k], len(free_slots) if slot_mode else free_tok, total, rates,
-                (lt if lt == lt else None) if oracle else None))
-            ttl, after, action, code, ri, wait = resolve(d, texts, text)
-        else:  # a policy whose decision never changes
-            ttl, after, action, code, ri, wait = fixed
+        has_ttl, after_swap, ttl = False, False, 0.0
+        if self.fixed:  # a policy whose decision never changes
+            action, code, ri, wait = self.f_action, self.f_code, self.f_reason, self.f_wait
+        else:
+            k = self.cls[g]
+            d = self.policy.decide(self.make_ctx(
+                self.run_id, self.ids[tr.ti], self.classes[k], dlt * 1000.0, retained,
+                g + 1 < tr.end, self.prio[tr.ti], self.hist[k],
+                len(self.free_slots) if self.slot_mode else self.free_tok, self.total, self.rates,
+                (lt if lt == lt else None) if self.oracle else None))
+            ttl_s, after, act, code, ri, wait = resolve(d, self.texts, self.sink.text)
+            action = action_code(act)
+            if ttl_s is not None:
+                has_ttl, after_swap, ttl = True, after == SWAP, ttl_s
         # pause_decision, tool_start (and kv_state paused unless the KV is dropped)
-        pa_t[g], pa_seq[g], pa_code[g], pa_reason[g], pa_wait[g] = t, cnt, code, ri, wait
-        cnt += 2 if code == DROP else 3
+        cnt = self.cnt
+        self.pa_t[g] = t
+        self.pa_seq[g] = cnt
+        self.pa_code[g] = code
+        self.pa_reason[g] = ri
+        self.pa_wait[g] = wait
+        self.cnt = cnt + (2 if code == DROP else 3)
         te = t + (lt if returns else dlt)
-        seq += 1
-        push(ext, (te, seq, TOOL_END if returns else DEADLINE, ti, gen[ti]))
-        if action == KEEP or ttl is not None:
-            state[ti] = KEPT
-            if ttl is not None and t + ttl < te:
-                after_swap[ti] = after == SWAP
-                seq += 1
-                push(ext, (t + ttl, seq, TTL, ti, gen[ti]))
-        elif action == SWAP:
-            swap_out(ti, t, REASON["policy"])
+        self.push(te, TOOL_END if returns else DEADLINE, tr)
+        if action == A_KEEP or has_ttl:
+            tr.state = KEPT
+            if has_ttl and t + ttl < te:
+                tr.after_swap = after_swap
+                self.push(t + ttl, TTL, tr)
+        elif action == A_SWAP:
+            self.swap_out(tr, t, self.r_policy)
         else:
-            drop(ti, t, REASON["policy"])
+            self.drop(tr, t, self.r_policy)
 
-    def swap_out(ti: int, t: float, reason: int) -> None:
-        swap_reason[ti], state[ti] = reason, SWAPPING
-        defer(T_SWAP_OUT, ti, 0, 0, t)
+    def swap_out(self, tr: Trajectory, t: float, reason: int) -> None:
+        tr.swap_reason = reason
+        tr.state = SWAPPING
+        self.sched.defer(T_SWAP_OUT, tr, 0, 0, t)
 
-    def release(ti: int, t: float, reason: int, step: int) -> None:
-        nonlocal free_tok
-        emit(t, E_ERASE, ti, step, slot[ti], reason, 0, 0)
-        if slot_mode:
-            free_slots.append(slot[ti])
-            slot[ti] = -1
+    def release(self, tr: Trajectory, t: float, reason: int, step: int) -> None:
+        self.emit(t, E_ERASE, tr.ti, step, tr.slot, reason, 0, 0)
+        if self.slot_mode:
+            self.free_slots.append(tr.slot)
+            tr.slot = -1
         else:
-            free_tok += held[ti]
-            held[ti] = 0
-        emit(t, E_KV_STATE, ti, -1, -1, 0, 2, 0)
+            self.free_tok += tr.held
+            tr.held = 0
+        self.emit(t, E_KV_STATE, tr.ti, -1, -1, 0, 2, 0)
 
-    def drop(ti: int, t: float, reason: int) -> None:
-        need_rc[ti], state[ti] = ret[ti], DROPPING
-        defer(T_DROP, ti, reason, pos[ti] - first[ti], t)
+    def drop(self, tr: Trajectory, t: float, reason: int) -> None:
+        tr.need_rc = tr.ret
+        tr.state = DROPPING
+        self.sched.defer(T_DROP, tr, reason, tr.pos - tr.first, t)
 
-    def finish(ti: int, t: float, status: int, reason: int) -> None:
-        gen[ti] += 1  # whatever is still scheduled for this trajectory is void
-        state[ti] = DONE
-        if slot[ti] >= 0 or held[ti]:
-            defer(T_FINISH, ti, status, reason, t)  # the erase is served between iterations
+    def finish(self, tr: Trajectory, t: float, status: int, reason: int) -> None:
+        tr.gen += 1  # whatever is still scheduled for this trajectory is void
+        tr.state = DONE
+        if tr.slot >= 0 or tr.held:
+            self.sched.defer(T_FINISH, tr, status, reason, t)  # erased between iterations
         else:
-            end_trajectory(ti, t, status, reason)
+            self.end_trajectory(tr, t, status, reason)
 
-    def end_trajectory(ti: int, t: float, status: int, reason: int) -> None:
-        nonlocal next_ti
-        if slot[ti] >= 0 or held[ti]:
-            release(ti, t, REASON["trajectory-end"], -1)
-            barge[0] = agent_handoff
+    def end_trajectory(self, tr: Trajectory, t: float, status: int, reason: int) -> None:
+        if tr.slot >= 0 or tr.held:
+            self.release(tr, t, self.r_end, -1)
+            self.barge = self.agent_handoff
         else:
-            emit(t, E_KV_STATE, ti, -1, -1, 0, 2, 0)
-        emit(t, E_TRAJ_END, ti, -1, -1, status, reason, 0)
+            self.emit(t, E_KV_STATE, tr.ti, -1, -1, 0, 2, 0)
+        self.emit(t, E_TRAJ_END, tr.ti, -1, -1, status, reason, 0)
+        c = self.c
         if status == 0:
             c.completed += 1
         elif status == 1:
             c.cancelled += 1
         else:
             c.failed += 1
-        if arrival_s is None and next_ti < n:
-            next_ti += 1
-            arrive(next_ti - 1, t)
-        barge[0] = False
-        try_admit(t)
+        if not self.open_loop and self.next_ti < self.n:
+            self.next_ti += 1
+            self.arrive(self.trajs[self.next_ti - 1], t)
+        self.barge = False
+        self.try_admit(t)
 
-    def external(kind: int, ti: int, gn: int, t: float) -> None:
-        nonlocal cnt, inflight
+    def external(self, kind: int, tr: Trajectory, gn: int, t: float) -> None:
+        """The scheduler's call: an external event (kinds above) for generation `gn`."""
         if kind >= SWAP_OUT_DONE:
-            inflight -= 1
-        if gn != gen[ti]:
+            self.inflight -= 1
+        if gn != tr.gen:
             return  # scheduled for a trajectory that has ended since
-        g = pos[ti]
+        g = tr.pos
         if kind == TOOL_END:
-            te_t[g], te_seq[g], te_slot[g] = t, cnt, slot[ti]
-            cnt += 1
-            if fixed is None:
-                hist[cls[g]].add(lat[g])
-            pos[ti] = g + 1
-            due[ti] = t
-            st = state[ti]
-            if g + 1 == end[ti]:
-                finish(ti, t, 0, 0)
+            self.te_t[g] = t
+            self.te_seq[g] = self.cnt
+            self.te_slot[g] = tr.slot
+            self.cnt += 1
+            if not self.fixed:
+                self.hist[self.cls[g]].add(self.lat[g])
+            tr.pos = g + 1
+            tr.due = t
+            st = tr.state
+            if g + 1 == tr.end:
+                self.finish(tr, t, 0, 0)
             elif st == SWAPPING:
-                state[ti] = WAIT_SWAPOUT
+                tr.state = WAIT_SWAPOUT
             elif st == DROPPING:
-                state[ti] = WAIT_DROP
+                tr.state = WAIT_DROP
             else:
-                request_call(ti, t)
+                self.request_call(tr, t)
         elif kind == SWAP_OUT_DONE:
-            waiting = state[ti] == WAIT_SWAPOUT
-            step = g - first[ti] - waiting
-            emit(t, E_SWAP_OUT, ti, step, slot[ti], ret[ti], xfer_ms[ti], swap_reason[ti])
-            release(ti, t, swap_reason[ti], step)
-            state[ti] = SWAPPED
+            waiting = tr.state == WAIT_SWAPOUT
+            step = g - tr.first - (1 if waiting else 0)
+            reason = tr.swap_reason
+            self.emit(t, E_SWAP_OUT, tr.ti, step, tr.slot, tr.ret, tr.xfer_ms, reason)
+            self.release(tr, t, reason, step)
+            tr.state = SWAPPED
             if waiting:
-                request_call(ti, t)
+                self.request_call(tr, t)
             else:
-                try_admit(t)
+                self.try_admit(t)
         elif kind == SWAP_IN_DONE:
-            emit(t, E_SWAP_IN, ti, g - first[ti], slot[ti], ret[ti], xfer_ms[ti], 0)
-            start_call(ti, t)
+            self.emit(t, E_SWAP_IN, tr.ti, g - tr.first, tr.slot, tr.ret, tr.xfer_ms, 0)
+            self.start_call(tr, t)
         elif kind == TTL:
-            if state[ti] == KEPT:
-                if after_swap[ti]:
-                    swap_out(ti, t, REASON["ttl-expired"])
+            if tr.state == KEPT:
+                if tr.after_swap:
+                    self.swap_out(tr, t, self.r_ttl)
                 else:
-                    drop(ti, t, REASON["ttl-expired"])
+                    self.drop(tr, t, self.r_ttl)
         elif kind == DEADLINE:
-            status = 3 if lat[g] != lat[g] else 2
-            emit(t, E_TOOL_END, ti, g - first[ti], slot[ti], status, 0, 0)
-            why = text(f"tool {'abandoned' if status == 3 else 'timeout'}: deadline {dl[g]:g}s")
-            emit(t, E_CANCEL, ti, -1, -1, why, 0, 0)
-            finish(ti, t, 1, why)
+            lt = self.lat[g]
+            status = 3 if lt != lt else 2
+            self.emit(t, E_TOOL_END, tr.ti, g - tr.first, tr.slot, status, 0, 0)
+            why = self.sink.text(
+                f"tool {'abandoned' if status == 3 else 'timeout'}: deadline {self.dl[g]:g}s")
+            self.emit(t, E_CANCEL, tr.ti, -1, -1, why, 0, 0)
+            self.finish(tr, t, 1, why)
         else:
-            arrive(ti, t)
-
-    def maybe_flush() -> None:
-        if cnt - sink.seq >= flush_rows:
-            sink.flush(cnt)
-
-    sched = make_scheduler(costs, slot_mode, slot, pos, out, dcost, rem, ppos, pre_t,
-                           first_token, call_end, run_task, external, maybe_flush)
-    pre, wake, defer, idle = sched.pre, sched.wake, sched.defer, sched.idle
-    # keep, swap and recompute decide the same at every pause: decide once, skip the context
-    fixed = (resolve(policy.decide(PauseContext(run_id, "", "", None, 0, True, "")), texts, text)
-             if type(policy) in (Keep, Swap, Recompute) else None)
-    starts = range(min(concurrency, n)) if arrival_s is None else range(n)
-    for ti in starts:
-        seq += 1
-        push(ext, (0.0 if arrival_s is None else float(arrival_s[ti]), seq, ARRIVE, ti, 0))
-    if arrival_s is None:
-        next_ti = len(starts)
-    flush_rows = sink.flush_rows
-    events, t_last = 0, 0.0
-    # The loop makes no reference cycles; the cyclic collector would only rescan its large lists.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        events, t_last = sched.run(ext)
-    finally:
-        sink.total = cnt
-        if gc_was_enabled:
-            gc.enable()
-    c.events = events
-    c.sim_time_s = t_last
-    return c
+            self.arrive(tr, t)

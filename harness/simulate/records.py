@@ -71,7 +71,7 @@ class RecordSink:
     """
 
     def __init__(self, directory: Path, run_id: str, workload: Workload,
-                 kv_bytes_per_token: float, ctx_limit: int, flush_rows: int = 1_000_000,
+                 kv_bytes_per_token: float, ctx_limit: int, flush_rows: int = 500_000,
                  writer: str = "auto") -> None:
         if writer not in WRITERS:
             raise ValueError(f"writer must be one of {WRITERS}, got {writer!r}")

@@ -11,189 +11,219 @@ starts at once); so does one sent in reaction to an iteration's end (a call's en
 as a real client's would. Control tasks (erase, slot save and restore, the release at a
 trajectory's end) are served between iterations, as llama.cpp's task queue serves them. Runs of
 identical decode-only iterations are one event, not one per token.
+
+Written as typed classes so that mypyc can compile this module with harness.simulate.engine
+(see harness.simulate.native); it runs unchanged as plain Python.
 """
 
 from __future__ import annotations
 
 import heapq
-from array import array
 from collections import deque
-from collections.abc import Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, Final
 
 from harness.model.iteration import IterationCosts
 from harness.simulate.batch import slot_iteration_s
+from harness.simulate.trajectory import Trajectory
 
-IDLE, PREFILL, DECODE = range(3)  # what the server is running
-FLUSH_EVERY = 4096  # loop events between two checks for records to flush
-Task = tuple[int, int, int, int]  # (kind, trajectory, a, b), served at the iteration's end
+if TYPE_CHECKING:
+    from harness.simulate.engine import Engine
 
-
-class Scheduler(NamedTuple):
-    """The server's side of the loop, as closures over its state."""
-
-    pre: deque[int]  # calls with prompt tokens left (start_call appends), in order of arrival
-    wake: Callable[[float], None]  # work arrived at t
-    defer: Callable[[int, int, int, int, float], None]  # a control task (now if idle)
-    idle: Callable[[], bool]  # nothing running, nothing waiting to run
-    run: Callable[[list[tuple[float, int, int, int, int]]], tuple[int, float]]  # the loop
+IDLE: Final = 0  # what the server is running
+PREFILL: Final = 1
+DECODE: Final = 2
+FLUSH_EVERY: Final = 4096  # loop events between two checks for records to flush
+INF: Final = float("inf")
+Event = tuple[float, int, int, Trajectory, int]  # (time, tie-break, kind, trajectory, its gen)
 
 
-def make_scheduler(costs: IterationCosts, slot_mode: bool, slot: list[int], pos: list[int],
-                   out: list[int], dcost: list[float], rem: list[int], ppos: list[int],
-                   pre_t: array[float], on_first: Callable[[int, float], None],
-                   on_end: Callable[[int, float], None],
-                   on_task: Callable[[int, int, int, int, float], None],
-                   on_external: Callable[[int, int, int, float], None],
-                   on_flush: Callable[[], None]) -> Scheduler:
-    """The server over per-trajectory lists the engine shares (`slot`, `pos`: its LLM step,
-    `rem`/`ppos`: prompt tokens left and where they start; `pre_t`: per-step prefill start,
-    an array the engine's records read). Callbacks: a first token, a call's last token, a
-    control task, an external event (kind, trajectory, generation, t), a chance to flush."""
-    alpha, beta, batch_tokens = costs.alpha, costs.beta, costs.batch_tokens
-    a_tiled, a_row, tiled_rows = costs.a_tiled, costs.a_row, costs.tiled_rows
-    hd: list[tuple[int, int, int]] = []  # decoding calls: (iteration of their last token, seq, ti)
-    dec_set: set[int] = set()  # slot mode: the decoding calls
-    pre: deque[int] = deque()
-    chunks: list[tuple[int, int]] = []  # (ti, tokens) of the running prefill iteration
-    tasks: list[Task] = []
-    push, pop = heapq.heappush, heapq.heappop
-    inf = float("inf")
-    seq = 0
-    mode, t_srv = IDLE, inf  # what runs, and the next iteration boundary the loop must see
-    it = it0 = 0  # iterations done; at the start of the running decode run
-    t0 = step_s = 0.0  # start of the running iteration (or decode run), decode iteration length
-    n_d, dsum = 0, 0.0  # decoding calls, their decode cost per iteration
+def slot_of(tr: Trajectory) -> int:
+    return tr.slot
 
-    def wake(t: float) -> None:
-        # Work or a task arrived: an idle server starts now, a decode run stops at its next step.
-        nonlocal t_srv
-        if mode == IDLE:
-            t_srv = t
-        elif mode == DECODE:
+
+class Scheduler:
+    """The server's side of the loop: the calls of the engine's trajectories.
+
+    A call reads its trajectory's `slot`, `pos` (its global LLM step), `rem`/`ppos` (prompt
+    tokens left and where they start); `out` and `dcost` (what one decode token of a step adds
+    to an iteration) are per step; `pre_t` is the per-step prefill start column the records read.
+    The engine is called back on a first token, a call's last token, a control task and an
+    external event, and asked to flush records now and then.
+    """
+
+    def __init__(self, engine: Engine, costs: IterationCosts, slot_mode: bool,
+                 out: list[int], dcost: list[float], pre_t: Any) -> None:
+        self.engine = engine
+        self.costs = costs
+        self.alpha: float = costs.alpha
+        self.beta: float = costs.beta
+        self.batch_tokens: int = costs.batch_tokens
+        self.a_tiled: float = costs.a_tiled
+        self.a_row: float = costs.a_row
+        self.tiled_rows: int = costs.tiled_rows
+        self.slot_mode = slot_mode
+        self.out = out
+        self.dcost = dcost
+        self.pre_t = pre_t
+        self.hd: list[tuple[int, int, Trajectory]] = []  # decoding: (its last iteration, seq, _)
+        self.dec_set: set[Trajectory] = set()  # slot mode: the decoding calls
+        self.pre: deque[Trajectory] = deque()  # calls with prompt tokens left, in arrival order
+        self.chunks: list[tuple[Trajectory, int]] = []  # (call, tokens) of the running prefill
+        self.tasks: list[tuple[int, Trajectory, int, int]] = []  # (kind, _, a, b) for its end
+        self.seq = 0
+        self.mode = IDLE
+        self.t_srv = INF  # the next iteration boundary the loop must see
+        self.it = 0  # iterations done
+        self.it0 = 0  # iterations done at the start of the running decode run
+        self.t0 = 0.0  # start of the running iteration (or decode run)
+        self.step_s = 0.0  # a decode iteration's length
+        self.n_d = 0  # decoding calls
+        self.dsum = 0.0  # their decode cost per iteration
+
+    def wake(self, t: float) -> None:
+        """Work or a task arrived at `t`: an idle server starts now, a decode run stops at its
+        next step."""
+        if self.mode == IDLE:
+            self.t_srv = t
+        elif self.mode == DECODE:
+            t0, step_s = self.t0, self.step_s
             tb = t0 + (int((t - t0) / step_s) + 1) * step_s
-            if tb < t_srv:
-                t_srv = tb
+            if tb < self.t_srv:
+                self.t_srv = tb
 
-    def defer(kind: int, ti: int, a: int, b: int, t: float) -> None:
-        if mode == IDLE:
-            on_task(kind, ti, a, b, t)
+    def defer(self, kind: int, tr: Trajectory, a: int, b: int, t: float) -> None:
+        """A control task: served now when idle, else at the running iteration's end."""
+        if self.mode == IDLE:
+            self.engine.run_task(kind, tr, a, b, t)
         else:
-            tasks.append((kind, ti, a, b))
-            wake(t)
+            self.tasks.append((kind, tr, a, b))
+            self.wake(t)
 
-    def idle() -> bool:
-        return mode == IDLE and not pre and not tasks
+    def idle(self) -> bool:
+        """Nothing running, nothing waiting to run."""
+        return self.mode == IDLE and not self.pre and not self.tasks
 
-    def compose(t: float) -> None:
+    def compose(self, t: float) -> None:
         # The next iteration, from the calls in the batch before `t`'s reactions.
-        nonlocal mode, t_srv, t0, step_s, it0
-        budget = batch_tokens - n_d
-        if slot_mode:  # llama.cpp: slot order, split into micro-batches (harness.simulate.batch)
-            prompts = []
-            for ti in sorted(pre, key=slot.__getitem__):
+        budget = self.batch_tokens - self.n_d
+        chunks = self.chunks
+        if self.slot_mode:  # llama.cpp: slot order, split into micro-batches (batch.py)
+            dcost = self.dcost
+            prompts: list[tuple[int, int, int]] = []
+            for tr in sorted(self.pre, key=slot_of):
                 if budget <= 0:
                     break
-                m = rem[ti] if rem[ti] <= budget else budget
+                r = tr.rem
+                m = r if r <= budget else budget
                 budget -= m
-                prompts.append((slot[ti], m, ppos[ti]))
-                chunks.append((ti, m))
-            dec = sorted((slot[ti], dcost[pos[ti]]) for ti in dec_set)
-            cost = slot_iteration_s(costs, dec, prompts)
+                prompts.append((tr.slot, m, tr.ppos))
+                chunks.append((tr, m))
+            dec = sorted([(tr.slot, dcost[tr.pos]) for tr in self.dec_set])
+            cost = slot_iteration_s(self.costs, dec, prompts)
         else:
-            cost = alpha + dsum
-            for ti in pre:
+            cost = self.alpha + self.dsum
+            beta, a_tiled, a_row, tiled_rows = self.beta, self.a_tiled, self.a_row, self.tiled_rows
+            for tr in self.pre:
                 if budget <= 0:
                     break
-                m = rem[ti] if rem[ti] <= budget else budget
+                r = tr.rem
+                m = r if r <= budget else budget
                 budget -= m
                 a = a_tiled if m >= tiled_rows else a_row  # IterationCosts.chunk_s, inlined
-                cost += m * beta + a * (m * ppos[ti] + m * (m + 1) * 0.5)
-                chunks.append((ti, m))
+                cost += m * beta + a * (m * tr.ppos + m * (m + 1) * 0.5)
+                chunks.append((tr, m))
         if chunks:
-            for ti, _ in chunks:
-                g = pos[ti]
+            pre_t = self.pre_t
+            for tr, _ in chunks:
+                g = tr.pos
                 if pre_t[g] < 0:  # the prompt's first chunk
                     pre_t[g] = t
-            mode, t0, t_srv = PREFILL, t, t + cost
-        elif n_d:
-            mode, t0, step_s, it0 = DECODE, t, cost, it
-            t_srv = t + (hd[0][0] - it) * cost
+            self.mode = PREFILL
+            self.t0 = t
+            self.t_srv = t + cost
+        elif self.n_d:
+            self.mode = DECODE
+            self.t0 = t
+            self.step_s = cost
+            self.it0 = self.it
+            self.t_srv = t + (self.hd[0][0] - self.it) * cost
         else:
-            mode, t_srv = IDLE, inf
+            self.mode = IDLE
+            self.t_srv = INF
 
-    def boundary(t: float) -> None:
-        nonlocal it, n_d, dsum, seq
-        if mode == PREFILL:
-            it += 1
-        elif mode == DECODE:
-            it = it0 + round((t - t0) / step_s)
-        done = None
-        if hd and hd[0][0] <= it:
-            done = []
-            while hd and hd[0][0] <= it:
-                ti = pop(hd)[2]
-                n_d -= 1
-                dsum -= dcost[pos[ti]]
-                done.append(ti)
-            if slot_mode:
-                dec_set.difference_update(done)
-        firsts = None
+    def boundary(self, t: float) -> None:
+        # The running iteration (or decode run) ends at `t`: tokens, then the next iteration,
+        # then the reactions (tasks, first tokens, ended calls).
+        if self.mode == PREFILL:
+            self.it += 1
+        elif self.mode == DECODE:
+            self.it = self.it0 + round((t - self.t0) / self.step_s)
+        it = self.it
+        hd, dcost = self.hd, self.dcost
+        done: list[Trajectory] = []
+        while hd and hd[0][0] <= it:
+            tr = heapq.heappop(hd)[2]
+            self.n_d -= 1
+            self.dsum -= dcost[tr.pos]
+            done.append(tr)
+        if done and self.slot_mode:
+            self.dec_set.difference_update(done)
+        firsts: list[Trajectory] = []
+        chunks = self.chunks
         if chunks:
-            firsts = []
-            for ti, m in chunks:
-                r = rem[ti] - m
-                rem[ti] = r
+            out = self.out
+            for tr, m in chunks:
+                r = tr.rem - m
+                tr.rem = r
                 if r:
-                    ppos[ti] += m
+                    tr.ppos += m
                     continue
-                firsts.append(ti)
-                g = pos[ti]
+                firsts.append(tr)
+                g = tr.pos
                 o = out[g]
                 if o > 1:
-                    seq += 1
-                    push(hd, (it + o - 1, seq, ti))
-                    n_d += 1
-                    dsum += dcost[g]
-                    if slot_mode:
-                        dec_set.add(ti)
+                    self.seq += 1
+                    heapq.heappush(hd, (it + o - 1, self.seq, tr))
+                    self.n_d += 1
+                    self.dsum += dcost[g]
+                    if self.slot_mode:
+                        self.dec_set.add(tr)
             chunks.clear()
-            if slot_mode:
-                for ti in firsts:
-                    pre.remove(ti)
+            pre = self.pre
+            if self.slot_mode:
+                for tr in firsts:
+                    pre.remove(tr)
             else:
-                while pre and rem[pre[0]] == 0:
+                while pre and pre[0].rem == 0:
                     pre.popleft()
-        compose(t)
-        if tasks:
-            todo = tasks[:]
-            tasks.clear()
-            for kind, ti, a, b in todo:
-                on_task(kind, ti, a, b, t)
-        if firsts:
-            for ti in firsts:
-                on_first(ti, t)
-        if done:
-            for ti in done:
-                on_end(ti, t)
+        self.compose(t)
+        engine = self.engine
+        if self.tasks:
+            todo = self.tasks[:]
+            self.tasks.clear()
+            for kind, tr, a, b in todo:
+                engine.run_task(kind, tr, a, b, t)
+        for tr in firsts:
+            engine.first_token(tr, t)
+        for tr in done:
+            engine.call_end(tr, t)
 
-    def run(ext: list[tuple[float, int, int, int, int]]) -> tuple[int, float]:
+    def run(self, ext: list[Event]) -> tuple[int, float]:
         """Until nothing is left: external events (a heap) and iteration boundaries in time
         order, events at a boundary's instant first. Returns (events, last time)."""
+        engine = self.engine
         events = 0
         t = 0.0
         while True:
             events += 1
-            if ext and ext[0][0] <= t_srv:
-                t, _, kind, ti, gn = pop(ext)
-                on_external(kind, ti, gn, t)
-            elif t_srv < inf:
-                t = t_srv
-                boundary(t)
+            if ext and ext[0][0] <= self.t_srv:
+                t, _, kind, tr, gn = heapq.heappop(ext)
+                engine.external(kind, tr, gn, t)
+            elif self.t_srv < INF:
+                t = self.t_srv
+                self.boundary(t)
             else:
                 break
             if not events % FLUSH_EVERY:
-                on_flush()
+                engine.maybe_flush()
         return events, t
-
-    return Scheduler(pre, wake, defer, idle, run)

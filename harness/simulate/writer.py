@@ -119,13 +119,23 @@ class ProcessWriter:
         self._out = Connection(to_child, readable=False)
         self._in = Connection(from_child, writable=False)
         self._pending = 0
-        try:
-            self._out.send((directory, statics, cols.shm_name, cols.n))
-        except BaseException:
-            self._stop()
-            raise
+        # The first message (the run's statics, the workload included) fills the pipe until the
+        # new interpreter has started and reads it: a thread sends it while the loop runs.
+        self._sender = ThreadPoolExecutor(1, thread_name_prefix="records-writer-hello")
+        self._hello: Future[None] | None = self._sender.submit(
+            self._out.send, (directory, statics, cols.shm_name, cols.n))
+
+    def _said_hello(self) -> None:
+        if self._hello is not None:
+            hello, self._hello = self._hello, None
+            self._sender.shutdown(wait=False)
+            try:
+                hello.result()
+            except OSError:
+                raise self._gone() from None
 
     def submit(self, rows: np.ndarray, lo: int, hi: int, part: int, texts: Texts) -> None:
+        self._said_hello()
         while self._pending >= MAX_PENDING:
             self._ack()
         try:
@@ -157,6 +167,8 @@ class ProcessWriter:
             self._stop()
 
     def _stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self._said_hello()  # never two writers on the pipe
         with contextlib.suppress(OSError):
             self._out.send(None)
         self._out.close()

@@ -3,7 +3,10 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+# Reinstall when the packaging or the compiled simulator loop (setup.py) changes.
+COMPILED := setup.py $(wildcard harness/simulate/native_sources.py harness/simulate/trajectory.py \
+  harness/simulate/scheduler.py harness/simulate/engine.py)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(COMPILED) | sha256sum | cut -c1-12)
 RUNTIME ?= llamacpp
 URL ?=
 BENCH_ARGS ?=
@@ -15,7 +18,8 @@ PYTEST_ARGS ?=
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(COMPILED)
+	@bash adapters/launchers/install_c_compiler.sh $(PYTHON)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e ".[dev]"
@@ -63,5 +67,6 @@ perf: setup ## Performance benchmarks with their targets (every one runs; exit 1
 	  if [ -n "$$failed" ]; then echo "targets missed:$$failed"; exit 1; fi
 
 clean: ## Remove the virtualenv, caches and results (not the cached llama-server build)
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build *.egg-info \
+	  harness/simulate/*.so harness/simulate/native_build.json
 	find reports -mindepth 1 -maxdepth 1 ! -name README.md ! -name baseline -exec rm -rf {} +

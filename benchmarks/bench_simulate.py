@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from harness.model.calibration import Calibration
+from harness.simulate import native
 from harness.simulate.run import Arrivals, check_capacity, run_simulation
 from harness.traces.generator import generate, provenance_for
 from harness.traces.profiles import load_profile
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         n_pauses = int((df["kind"] == "tool").sum())
         del df
         print(f"trace: {args.trajectories} trajectories, {n_pauses} pauses "
-              f"(generated in {time.perf_counter() - t0:.1f} s)")
+              f"(generated in {time.perf_counter() - t0:.1f} s); event loop: {native.ENGINE}")
         for policy in args.policy or ["keep"]:
             out = Path(tmp) / f"run-{policy}"
             t1 = time.perf_counter()

@@ -26,7 +26,7 @@ import gc
 import heapq
 from collections import deque
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 
@@ -60,9 +60,27 @@ from harness.simulate.trajectory import (
     DONE,
     DROPPED,
     DROPPING,
+    F_DUE,
+    F_EN_SEQ,
+    F_EN_T,
+    F_FT_SEQ,
+    F_FT_T,
+    F_PA_CODE,
+    F_PA_REASON,
+    F_PA_SEQ,
+    F_PA_T,
+    F_PA_WAIT,
+    F_RC,
+    F_SLOT,
+    F_ST_SEQ,
+    F_ST_T,
+    F_TE_SEQ,
+    F_TE_SLOT,
+    F_TE_T,
     KEPT,
     RESTORING,
     RUNNING,
+    STEP_WIDTH,
     SWAPPED,
     SWAPPING,
     WAIT_DROP,
@@ -113,6 +131,7 @@ def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolic
         return engine.run(times)
     finally:
         sink.total = engine.cnt
+        sink.last_steps = engine.steps_touched()
         if gc_was_enabled:
             gc.enable()
 
@@ -164,14 +183,11 @@ class Engine:
         self.free_tok: int = self.total  # token pool
         self.sink = sink
         self.rows: list[float] = sink.rows
-        sc = sink.cols  # per-step columns of the frequent events (steps.py)
-        self.st_t, self.st_seq, self.slot_col = sc.st_t, sc.st_seq, sc.slot
-        self.due_col, self.rc_col = sc.due, sc.rc
-        self.ft_t, self.ft_seq, self.en_t, self.en_seq = sc.ft_t, sc.ft_seq, sc.en_t, sc.en_seq
-        self.pa_t, self.pa_seq, self.pa_code = sc.pa_t, sc.pa_seq, sc.pa_code
-        self.pa_wait, self.pa_reason = sc.pa_wait, sc.pa_reason
-        self.te_t, self.te_seq, self.te_slot = sc.te_t, sc.te_seq, sc.te_slot
+        self.rb: Any = sink.cols.buf  # per-step fields of the frequent events (steps.py)
         self.flush_rows: int = sink.flush_rows
+        self.n_steps = len(self.inp)
+        self.g_lo = self.n_steps  # the steps whose fields changed since the last flush
+        self.g_hi = -1
         self.cnt = 0  # the next record's seq
         self.r_policy = sink.text("policy")
         self.r_ttl = sink.text("ttl-expired")
@@ -199,7 +215,7 @@ class Engine:
                 policy.decide(PauseContext(run_id, "", "", None, 0, True, "")), self.texts,
                 sink.text)
             self.f_action = action_code(action)
-        self.sched = Scheduler(self, costs, self.slot_mode, self.out, dcost, sc.pre_t)
+        self.sched = Scheduler(self, costs, self.slot_mode, self.out, dcost, self.rb)
 
     def run(self, times: list[float]) -> Counters:
         """Trajectory k arrives at `times[k]`; run the loop to its end, return the counters."""
@@ -222,7 +238,20 @@ class Engine:
     def maybe_flush(self) -> None:
         """The scheduler's call, now and then: hand a part's worth of records to the sink."""
         if self.cnt - self.sink.seq >= self.flush_rows:
-            self.sink.flush(self.cnt)
+            self.sink.flush(self.cnt, self.steps_touched())
+
+    def steps_touched(self) -> tuple[int, int]:
+        """The steps whose fields changed since the last call, as a range (the writer looks
+        for a part's events there only), and start anew."""
+        lo, hi = (self.g_lo, self.g_hi + 1) if self.g_hi >= 0 else (0, 0)
+        self.g_lo, self.g_hi = self.n_steps, -1
+        return lo, hi
+
+    def touch(self, g: int) -> None:
+        if g < self.g_lo:
+            self.g_lo = g
+        if g > self.g_hi:
+            self.g_hi = g
 
     def push(self, t: float, kind: int, tr: Trajectory) -> None:
         self.seq += 1
@@ -322,17 +351,21 @@ class Engine:
         r = tr.need_rc
         work = self.inp[g] + r
         cnt = self.cnt
-        self.st_seq[g] = cnt
+        rb = self.rb
+        row = g * STEP_WIDTH
+        self.touch(g)
+        rb[row + F_ST_SEQ] = cnt
         if r:  # recompute, kv_state, call_start
-            self.rc_col[g] = r
+            rb[row + F_RC] = r
             tr.need_rc = 0
             self.cnt = cnt + 3
         else:  # kv_state, call_start
             self.cnt = cnt + 2
-        self.st_t[g] = t
-        self.slot_col[g] = tr.slot
-        self.due_col[g] = tr.due
+        rb[row + F_ST_T] = t
+        rb[row + F_SLOT] = tr.slot
+        rb[row + F_DUE] = tr.due
         tr.state = RUNNING
+        tr.prefilling = False
         m = work if work > 0 else 1
         tr.rem = m
         tr.ppos = self.ctx[g] - self.out[g] - m
@@ -342,8 +375,10 @@ class Engine:
     def first_token(self, tr: Trajectory, t: float) -> None:
         """The scheduler's call: the prompt of `tr`'s call is done at `t`."""
         g = tr.pos
-        self.ft_t[g] = t
-        self.ft_seq[g] = self.cnt
+        row = g * STEP_WIDTH
+        self.touch(g)
+        self.rb[row + F_FT_T] = t
+        self.rb[row + F_FT_SEQ] = self.cnt
         self.cnt += 1
         if self.out[g] <= 1:
             self.call_end(tr, t)
@@ -377,8 +412,10 @@ class Engine:
     def call_end(self, tr: Trajectory, t: float) -> None:
         """The scheduler's call: `tr`'s call produced its last token at `t`."""
         g = tr.pos
-        self.en_t[g] = t
-        self.en_seq[g] = self.cnt
+        row = g * STEP_WIDTH
+        self.touch(g)
+        self.rb[row + F_EN_T] = t
+        self.rb[row + F_EN_SEQ] = self.cnt
         self.cnt += 1
         g += 1
         tr.pos = g
@@ -408,11 +445,14 @@ class Engine:
                 has_ttl, after_swap, ttl = True, after == SWAP, ttl_s
         # pause_decision, tool_start (and kv_state paused unless the KV is dropped)
         cnt = self.cnt
-        self.pa_t[g] = t
-        self.pa_seq[g] = cnt
-        self.pa_code[g] = code
-        self.pa_reason[g] = ri
-        self.pa_wait[g] = wait
+        rb = self.rb
+        row = g * STEP_WIDTH
+        self.touch(g)
+        rb[row + F_PA_T] = t
+        rb[row + F_PA_SEQ] = cnt
+        rb[row + F_PA_CODE] = code
+        rb[row + F_PA_REASON] = ri
+        rb[row + F_PA_WAIT] = wait
         self.cnt = cnt + (2 if code == DROP else 3)
         te = t + (lt if returns else dlt)
         self.push(te, TOOL_END if returns else DEADLINE, tr)
@@ -482,9 +522,11 @@ class Engine:
             return  # scheduled for a trajectory that has ended since
         g = tr.pos
         if kind == TOOL_END:
-            self.te_t[g] = t
-            self.te_seq[g] = self.cnt
-            self.te_slot[g] = tr.slot
+            row = g * STEP_WIDTH
+            self.touch(g)
+            self.rb[row + F_TE_T] = t
+            self.rb[row + F_TE_SEQ] = self.cnt
+            self.rb[row + F_TE_SLOT] = tr.slot
             self.cnt += 1
             if not self.fixed:
                 self.hist[self.cls[g]].add(self.lat[g])

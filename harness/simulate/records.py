@@ -86,6 +86,7 @@ class RecordSink:
         self.cols = StepColumns(n_steps, shared=in_process)
         self.flush_rows = flush_rows
         self.total = 0  # events the loop emitted (set by the loop when it stops)
+        self.last_steps: tuple[int, int] | None = None  # ... and the steps they touched since
         self.texts: list[str | None] = [None]
         self._text_idx: dict[str | None, int] = {None: 0}
         self.seq = 0
@@ -108,8 +109,9 @@ class RecordSink:
             self.texts.append(s)
         return i
 
-    def flush(self, upto: int) -> None:
-        """Hand the events with seq below `upto` to the writer (the next part)."""
+    def flush(self, upto: int, steps: tuple[int, int] | None = None) -> None:
+        """Hand the events with seq below `upto` to the writer (the next part). `steps`: the
+        range of steps whose fields the loop wrote since the last flush (None: all)."""
         if upto <= self.seq:
             return
         rows = np.array(self.rows, dtype=np.float64).reshape(-1, WIDTH)
@@ -117,14 +119,14 @@ class RecordSink:
         lo, self.seq = self.seq, upto
         self.n_rows += upto - lo
         part, self._part = self._part, self._part + 1
-        self._backend.submit(rows, lo, upto, part, list(self.texts))
+        self._backend.submit(rows, lo, upto, steps or (0, self.cols.n), part, list(self.texts))
 
     def close(self) -> None:
         """Flush up to `total`, wait for every part, and re-raise any write error; the shared
         step columns are released whatever happens."""
         try:
             try:
-                self.flush(self.total)
+                self.flush(self.total, self.last_steps)
             finally:
                 self._backend.close()
         finally:

@@ -16,6 +16,7 @@ from harness.errors import InputError
 from harness.model.calibration import Calibration
 from harness.policies import make_policy
 from harness.records.store import RECORDS_DIR, RUN_JSON, SUMMARY_JSON, read_records, write_json
+from harness.simulate import native
 from harness.simulate.engine import SLOT_HANDOFFS, simulate
 from harness.simulate.records import RecordSink
 from harness.simulate.server import Capacity, Counters, ServerModel
@@ -120,7 +121,8 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
         "started_at": datetime.now(UTC).isoformat(),
         "wall_anchor_ns": None,
         "status": "running",
-        "simulator": {"engine": "heapq event loop", "server_model": SERVER_MODEL_DOC,
+        "simulator": {"engine": f"heapq event loop, {native.ENGINE}",
+                      "server_model": SERVER_MODEL_DOC,
                       "iteration_costs": server.iteration_costs().to_dict(),
                       "history_window": history_window, "slot_handoff": slot_handoff,
                       "default_deadline_s": default_deadline_s},

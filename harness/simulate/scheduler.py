@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from harness.model.iteration import IterationCosts
 from harness.simulate.batch import slot_iteration_s
-from harness.simulate.trajectory import Trajectory
+from harness.simulate.trajectory import F_PRE_T, STEP_WIDTH, Trajectory
 
 if TYPE_CHECKING:
     from harness.simulate.engine import Engine
@@ -46,13 +46,14 @@ class Scheduler:
 
     A call reads its trajectory's `slot`, `pos` (its global LLM step), `rem`/`ppos` (prompt
     tokens left and where they start); `out` and `dcost` (what one decode token of a step adds
-    to an iteration) are per step; `pre_t` is the per-step prefill start column the records read.
+    to an iteration) are per step; `rows` is the buffer of per-step record fields, where a
+    call's prefill start goes (steps.StepColumns).
     The engine is called back on a first token, a call's last token, a control task and an
     external event, and asked to flush records now and then.
     """
 
     def __init__(self, engine: Engine, costs: IterationCosts, slot_mode: bool,
-                 out: list[int], dcost: list[float], pre_t: Any) -> None:
+                 out: list[int], dcost: list[float], rows: Any) -> None:
         self.engine = engine
         self.costs = costs
         self.alpha: float = costs.alpha
@@ -64,7 +65,7 @@ class Scheduler:
         self.slot_mode = slot_mode
         self.out = out
         self.dcost = dcost
-        self.pre_t = pre_t
+        self.rows = rows
         self.hd: list[tuple[int, int, Trajectory]] = []  # decoding: (its last iteration, seq, _)
         self.dec_set: set[Trajectory] = set()  # slot mode: the decoding calls
         self.pre: deque[Trajectory] = deque()  # calls with prompt tokens left, in arrival order
@@ -133,11 +134,10 @@ class Scheduler:
                 cost += m * beta + a * (m * tr.ppos + m * (m + 1) * 0.5)
                 chunks.append((tr, m))
         if chunks:
-            pre_t = self.pre_t
             for tr, _ in chunks:
-                g = tr.pos
-                if pre_t[g] < 0:  # the prompt's first chunk
-                    pre_t[g] = t
+                if not tr.prefilling:  # the prompt's first chunk
+                    tr.prefilling = True
+                    self.rows[tr.pos * STEP_WIDTH + F_PRE_T] = t  # read with the call's end
             self.mode = PREFILL
             self.t0 = t
             self.t_srv = t + cost

@@ -1,13 +1,15 @@
-"""Per-step record columns: how the event loop stores its frequent events without building rows.
+"""Per-step record fields: how the event loop stores its frequent events without building rows.
 
 Nine events in ten belong to an LLM call or a pause, at most once per step: the call's start
 (with its `kv_state` and, when the context is re-prefilled, its `recompute`), first token and
 end; the pause's decision (with `tool_start` and, unless the KV is dropped, a `kv_state`) and the
-tool's return. For these the loop stores a few numbers per step into preallocated arrays (a store
-costs less than building a row) together with the record `seq` the event got; everything else
-the loop emits as a compact row with its `seq`. `blocks` turns both into the compact rows of a
-range of `seq`, grouped by event (vectorised, no Python loop per record), which
-harness.simulate.decode turns into RECORDS_SCHEMA columns.
+tool's return. For these the loop stores a few numbers into the step's row of one preallocated
+float64 buffer (a store costs less than building a row, and one row per step keeps a step's
+stores on the same cache lines: separate columns cost the 100k-trajectory benchmark ~1.5 s more)
+together with the record `seq` the event got; everything else the loop emits as a compact row
+with its `seq`. `blocks` turns both into the compact rows of a range of `seq`, grouped by event
+(vectorised, no Python loop per record), looking only at the steps the loop touched meanwhile;
+harness.simulate.decode turns them into RECORDS_SCHEMA columns.
 """
 
 from __future__ import annotations
@@ -29,85 +31,75 @@ from harness.simulate.decode import (
     E_TOOL_START,
     EVENTS,
 )
+from harness.simulate.trajectory import STEP_WIDTH
 from harness.simulate.workload import Workload
 
-# (name, typecode, initial value) of each per-step column
+# (name, integer?, initial value) of each per-step field, in row order (trajectory.F_*)
 _COLUMNS = (
-    ("st_t", "d", 0.0), ("st_seq", "q", -1), ("slot", "q", -1), ("due", "d", 0.0), ("rc", "q", 0),
-    ("pre_t", "d", -1.0), ("ft_t", "d", 0.0), ("ft_seq", "q", -1), ("en_t", "d", 0.0),
-    ("en_seq", "q", -1), ("pa_t", "d", 0.0), ("pa_seq", "q", -1), ("pa_code", "q", 0),
-    ("pa_wait", "d", 0.0), ("pa_reason", "q", 0), ("te_t", "d", 0.0), ("te_seq", "q", -1),
-    ("te_slot", "q", -1),
+    ("st_t", False, 0.0), ("st_seq", True, -1), ("slot", True, -1), ("due", False, 0.0),
+    ("rc", True, 0), ("pre_t", False, -1.0), ("ft_t", False, 0.0), ("ft_seq", True, -1),
+    ("en_t", False, 0.0), ("en_seq", True, -1), ("pa_t", False, 0.0), ("pa_seq", True, -1),
+    ("pa_code", True, 0), ("pa_wait", False, 0.0), ("pa_reason", True, 0), ("te_t", False, 0.0),
+    ("te_seq", True, -1), ("te_slot", True, -1),
 )
-_DTYPE = {"d": np.float64, "q": np.int64}
+FIELD = {name: k for k, (name, _, _) in enumerate(_COLUMNS)}
+_INIT_ROW = [float(init) for _, _, init in _COLUMNS]
 ROW = 8  # a block row: seq, t, trajectory, step, slot, a, b, c
 DROP_CODE = 2  # a decision whose action drops the KV: no kv_state row after tool_start
+if len(_COLUMNS) != STEP_WIDTH:
+    raise RuntimeError("steps._COLUMNS and trajectory.STEP_WIDTH disagree")
 
 
 class StepColumns:
-    """Preallocated per-step arrays (see the module docstring); indexed by global step.
+    """The per-step fields (see the module docstring): one row of STEP_WIDTH float64 per global
+    step (integers stored exactly as floats), in one buffer `buf` the loop indexes as
+    `step * STEP_WIDTH + trajectory.F_...`.
 
     LLM step: start time and seq, slot, when it was due, recomputed tokens, prefill start, first
     token time and seq, end time and seq. Tool step: decision time and seq, action code, predicted
     wait, reason text; tool return time, seq and slot.
 
-    `shared`: the columns live in one shared-memory block (typed memoryviews, as fast to index as
-    arrays) that a writer process attaches to by `shm_name`; `close` releases it, and the
-    creator removes it.
+    `shared`: the buffer is a block of shared memory (a memoryview, as fast to index as an
+    array) that a writer process attaches to by `shm_name`; `close` releases it, and the creator
+    removes it.
     """
 
-    # array('d') / array('q'), or memoryviews cast to 'd' / 'q' over shared memory
-    st_t: Any
-    st_seq: Any
-    slot: Any
-    due: Any
-    rc: Any
-    pre_t: Any
-    ft_t: Any
-    ft_seq: Any
-    en_t: Any
-    en_seq: Any
-    pa_t: Any
-    pa_seq: Any
-    pa_code: Any
-    pa_wait: Any
-    pa_reason: Any
-    te_t: Any
-    te_seq: Any
-    te_slot: Any
+    buf: Any  # array('d'), or a memoryview cast to 'd' over shared memory
 
     def __init__(self, n_steps: int, shared: bool = False, attach: str | None = None) -> None:
         self.n = n_steps
         self._shm: SharedMemory | None = None
         self._owner = attach is None
         if not shared and attach is None:
-            for name, code, init in _COLUMNS:
-                setattr(self, name, array(code, [init]) * n_steps)
+            self.buf = array("d", _INIT_ROW) * n_steps
             return
-        width = 8 * n_steps
+        size = 8 * STEP_WIDTH * n_steps
         if attach is None:
-            self._shm = SharedMemory(create=True, size=max(len(_COLUMNS) * width, 1))
+            self._shm = SharedMemory(create=True, size=max(size, 8))
         else:
             # A writer process started by multiprocessing shares its parent's resource tracker,
             # so attaching registers nothing new; the creator alone unlinks the block.
             self._shm = SharedMemory(name=attach)
-        buf: Any = self._shm.buf  # typeshed's cast() overloads want literal formats
-        for k, (name, code, init) in enumerate(_COLUMNS):
-            col = buf[k * width:(k + 1) * width].cast(code)
-            if attach is None:
-                np.frombuffer(col, dtype=_DTYPE[code])[:] = init
-            setattr(self, name, col)
+        mem: Any = self._shm.buf  # typeshed's cast() overloads want literal formats
+        self.buf = mem[:size].cast("d")
+        if attach is None and n_steps:
+            self.rows()[:] = _INIT_ROW
 
     @property
     def shm_name(self) -> str | None:
-        """The shared-memory block's name (None: plain arrays)."""
+        """The shared-memory block's name (None: a plain array)."""
         return self._shm.name if self._shm is not None else None
 
+    def rows(self) -> np.ndarray:
+        """The buffer as an (n, STEP_WIDTH) array (no copy)."""
+        if not self.n:
+            return np.zeros((0, STEP_WIDTH))
+        return np.frombuffer(self.buf, dtype=np.float64).reshape(self.n, STEP_WIDTH)
+
     def view(self, name: str) -> np.ndarray:
-        """A numpy view of one column (no copy; the loop may go on writing other steps)."""
-        col = getattr(self, name)
-        code = col.typecode if isinstance(col, array) else col.format
-        return np.frombuffer(col, dtype=_DTYPE[code])
+        """One field of every step, as a float64 view (no copy; the loop may go on writing
+        other steps); integer fields hold integers exactly."""
+        return self.rows()[:, FIELD[name]]
 
     def close(self) -> None:
         """Release the shared memory (and remove it, in the process that created it)."""
@@ -118,9 +110,8 @@ class StepColumns:
             if self._owner:
                 shm.unlink()
         finally:
-            for name, _, _ in _COLUMNS:
-                getattr(self, name).release()
-                delattr(self, name)
+            self.buf.release()
+            del self.buf
             shm.close()
 
 
@@ -133,11 +124,13 @@ Block = tuple[np.ndarray, ...]  # seq, t, trajectory, step, slot, a, b, c of one
 
 
 def blocks(cols: StepColumns, w: Workload, traj: np.ndarray, lo: int, hi: int,
-           generic: np.ndarray) -> list[Block]:
+           generic: np.ndarray, steps: tuple[int, int] | None = None) -> list[Block]:
     """The events with seq lo..hi-1, one block per event code (EVENTS order), rows by seq.
 
     `generic` holds the loop's other rows, (seq, t, event, trajectory, step, slot, a, b, c)
-    each; `traj` is step_trajectory(w)."""
+    each; `traj` is step_trajectory(w); `steps` the range of steps that can hold these events
+    (None: all), so that a part costs the steps active while it was simulated, not the trace."""
+    g0, g1 = steps if steps is not None else (0, cols.n)
     parts: list[list[Block]] = [[] for _ in EVENTS]
     if len(generic):
         order = np.argsort(generic[:, 2], kind="stable")
@@ -154,9 +147,9 @@ def blocks(cols: StepColumns, w: Workload, traj: np.ndarray, lo: int, hi: int,
     slot = v("slot")
 
     def rows(seq_name: str) -> tuple[np.ndarray, np.ndarray]:
-        seq = v(seq_name)
+        seq = v(seq_name)[g0:g1]
         g = np.flatnonzero((seq >= lo) & (seq < hi))
-        return g, seq[g]
+        return g + g0, seq[g].astype(np.int64)
 
     def put(seq: np.ndarray, t: np.ndarray, ev: int, g: np.ndarray, own_step: bool,
             s: np.ndarray | int, a: np.ndarray | float, b: np.ndarray | float = 0.0,
@@ -174,25 +167,25 @@ def blocks(cols: StepColumns, w: Workload, traj: np.ndarray, lo: int, hi: int,
     rc = v("rc")[g]
     t = v("st_t")[g]
     has = rc > 0
-    put(seq[has], t[has], E_RECOMPUTE, g[has], True, slot[g][has], rc[has].astype(np.float64))
+    s = slot[g].astype(np.int64)
+    put(seq[has], t[has], E_RECOMPUTE, g[has], True, s[has], rc[has])
     put(seq + has, t, E_KV_STATE, g, False, -1, (w.ctx[g] - w.out[g]).astype(np.float64))
-    put(seq + has + 1, t, E_CALL_START, g, True, slot[g], v("due")[g])
+    put(seq + has + 1, t, E_CALL_START, g, True, s, v("due")[g])
     g, seq = rows("ft_seq")
-    put(seq, v("ft_t")[g], E_FIRST_TOKEN, g, True, slot[g], 0.0)
+    put(seq, v("ft_t")[g], E_FIRST_TOKEN, g, True, slot[g].astype(np.int64), 0.0)
     g, seq = rows("en_seq")
     ft, en = v("ft_t")[g], v("en_t")[g]
-    put(seq, en, E_CALL_END, g, True, slot[g], (w.inp[g] + v("rc")[g]).astype(np.float64),
+    put(seq, en, E_CALL_END, g, True, slot[g].astype(np.int64), w.inp[g] + v("rc")[g],
         (ft - v("pre_t")[g]) * 1000, (en - ft) * 1000)
     g, seq = rows("pa_seq")
-    t, code, s = v("pa_t")[g], v("pa_code")[g], slot[g - 1]
-    put(seq, t, E_DECISION, g, True, s, code.astype(np.float64), v("pa_wait")[g],
-        v("pa_reason")[g].astype(np.float64))
+    t, code, s = v("pa_t")[g], v("pa_code")[g], slot[g - 1].astype(np.int64)
+    put(seq, t, E_DECISION, g, True, s, code, v("pa_wait")[g], v("pa_reason")[g])
     put(seq + 1, t, E_TOOL_START, g, True, s, 0.0)
     kept = code % 8 != DROP_CODE
     put(seq[kept] + 2, t[kept], E_KV_STATE, g[kept], False, -1,
         w.ctx[g][kept].astype(np.float64), 1.0)
     g, seq = rows("te_seq")
-    put(seq, v("te_t")[g], E_TOOL_END, g, True, v("te_slot")[g],
+    put(seq, v("te_t")[g], E_TOOL_END, g, True, v("te_slot")[g].astype(np.int64),
         w.outcome[g].astype(np.float64))
     out: list[Block] = []
     total = 0

@@ -39,3 +39,28 @@ class Trajectory:
         self.xfer_ms = 0.0  # the running swap's transfer time
         self.swap_reason = 0
         self.after_swap = False  # TTL expiry swaps (else drops)
+        self.prefilling = False  # the running call's prompt has had a chunk
+
+
+# A step's row of the per-step record fields (harness.simulate.steps.StepColumns): the loop
+# stores into `row + F_...` of one float64 buffer, `row` = step x STEP_WIDTH. One row per step
+# keeps the fields a call or a pause writes on the same cache lines.
+STEP_WIDTH: Final = 18
+F_ST_T: Final = 0  # call_start: time
+F_ST_SEQ: Final = 1  # ... and seq (its recompute and kv_state rows are seq + 0..2)
+F_SLOT: Final = 2  # the slot the call ran on
+F_DUE: Final = 3  # when the call was due
+F_RC: Final = 4  # tokens recomputed before it
+F_PRE_T: Final = 5  # its prompt's first chunk started
+F_FT_T: Final = 6  # first token: time
+F_FT_SEQ: Final = 7
+F_EN_T: Final = 8  # call_end: time
+F_EN_SEQ: Final = 9
+F_PA_T: Final = 10  # pause_decision (and tool_start, kv_state): time
+F_PA_SEQ: Final = 11
+F_PA_CODE: Final = 12  # action code + 8 x detail text
+F_PA_WAIT: Final = 13  # predicted wait
+F_PA_REASON: Final = 14  # reason text
+F_TE_T: Final = 15  # tool_end: time
+F_TE_SEQ: Final = 16
+F_TE_SLOT: Final = 17  # the slot held when the tool returned

@@ -58,8 +58,9 @@ class PartEncoder:
         self.cols = cols
         self.traj = step_trajectory(statics.w)
 
-    def write(self, rows: np.ndarray, lo: int, hi: int, part: int, texts: Texts) -> None:
-        parts = blocks(self.cols, self.statics.w, self.traj, lo, hi, rows)
+    def write(self, rows: np.ndarray, lo: int, hi: int, steps: tuple[int, int], part: int,
+              texts: Texts) -> None:
+        parts = blocks(self.cols, self.statics.w, self.traj, lo, hi, rows, steps)
         cols = decode(parts, pa.array(texts, type=pa.string()), self.statics)
         table = pa.Table.from_arrays(cols, schema=pa.schema(
             [pa.field(f.name, c.type, f.nullable) for f, c in zip(RECORDS_SCHEMA, cols,
@@ -80,11 +81,13 @@ class ThreadWriter:
         self._pool = ThreadPoolExecutor(max_workers=1)
         self._pending: list[Future[None]] = []
 
-    def submit(self, rows: np.ndarray, lo: int, hi: int, part: int, texts: Texts) -> None:
+    def submit(self, rows: np.ndarray, lo: int, hi: int, steps: tuple[int, int], part: int,
+               texts: Texts) -> None:
         self._pending = [f for f in self._pending if not f.done()]
         while len(self._pending) >= MAX_PENDING:
             self._pending.pop(0).result()
-        self._pending.append(self._pool.submit(self._encoder.write, rows, lo, hi, part, texts))
+        self._pending.append(self._pool.submit(self._encoder.write, rows, lo, hi, steps, part,
+                                                 texts))
 
     def close(self) -> None:
         """Wait for every part; re-raise the first write error."""
@@ -134,12 +137,13 @@ class ProcessWriter:
             except OSError:
                 raise self._gone() from None
 
-    def submit(self, rows: np.ndarray, lo: int, hi: int, part: int, texts: Texts) -> None:
+    def submit(self, rows: np.ndarray, lo: int, hi: int, steps: tuple[int, int], part: int,
+               texts: Texts) -> None:
         self._said_hello()
         while self._pending >= MAX_PENDING:
             self._ack()
         try:
-            self._out.send((rows, lo, hi, part, texts))
+            self._out.send((rows, lo, hi, steps, part, texts))
         except OSError:
             raise self._gone() from None
         self._pending += 1

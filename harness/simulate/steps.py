@@ -27,6 +27,7 @@ from harness.simulate.decode import (
     E_FIRST_TOKEN,
     E_KV_STATE,
     E_RECOMPUTE,
+    E_SLOT_WAIT,
     E_TOOL_END,
     E_TOOL_START,
     EVENTS,
@@ -34,20 +35,19 @@ from harness.simulate.decode import (
 from harness.simulate.trajectory import STEP_WIDTH
 from harness.simulate.workload import Workload
 
-# (name, integer?, initial value) of each per-step field, in row order (trajectory.F_*)
-_COLUMNS = (
-    ("st_t", False, 0.0), ("st_seq", True, -1), ("slot", True, -1), ("due", False, 0.0),
-    ("rc", True, 0), ("pre_t", False, -1.0), ("ft_t", False, 0.0), ("ft_seq", True, -1),
-    ("en_t", False, 0.0), ("en_seq", True, -1), ("pa_t", False, 0.0), ("pa_seq", True, -1),
-    ("pa_code", True, 0), ("pa_wait", False, 0.0), ("pa_reason", True, 0), ("te_t", False, 0.0),
-    ("te_seq", True, -1), ("te_slot", True, -1),
-)
-FIELD = {name: k for k, (name, _, _) in enumerate(_COLUMNS)}
-_INIT_ROW = [float(init) for _, _, init in _COLUMNS]
+# The fields of an LLM step's row and of a tool step's, in column order (trajectory.F_*).
+LLM_FIELDS = ("st_t", "st_seq", "slot", "due", "rc", "pre_t", "ft_t", "ft_seq", "en_t", "en_seq",
+              "sw_t", "sw_seq", "sw_wait", "sw_slot")
+TOOL_FIELDS = ("pa_t", "pa_seq", "pa_code", "pa_wait", "pa_reason", "te_t", "te_seq", "te_slot")
+FIELD = {**{f: k for k, f in enumerate(LLM_FIELDS)}, **{f: k for k, f in enumerate(TOOL_FIELDS)}}
+SEQ_FIELDS = ("st_seq", "ft_seq", "en_seq", "sw_seq", "pa_seq", "te_seq")
+# -1 in every column that holds a seq in either kind of row (no seq range holds it), else 0;
+# `rc` must start at 0 (no recompute); the rest is written before it is read.
+_INIT_ROW = [-1.0 if any(FIELD[f] == k for f in SEQ_FIELDS) else 0.0 for k in range(STEP_WIDTH)]
 ROW = 8  # a block row: seq, t, trajectory, step, slot, a, b, c
 DROP_CODE = 2  # a decision whose action drops the KV: no kv_state row after tool_start
-if len(_COLUMNS) != STEP_WIDTH:
-    raise RuntimeError("steps._COLUMNS and trajectory.STEP_WIDTH disagree")
+if len(LLM_FIELDS) != STEP_WIDTH or len(TOOL_FIELDS) > STEP_WIDTH:
+    raise RuntimeError("steps' fields and trajectory.STEP_WIDTH disagree")
 
 
 class StepColumns:
@@ -97,8 +97,9 @@ class StepColumns:
         return np.frombuffer(self.buf, dtype=np.float64).reshape(self.n, STEP_WIDTH)
 
     def view(self, name: str) -> np.ndarray:
-        """One field of every step, as a float64 view (no copy; the loop may go on writing
-        other steps); integer fields hold integers exactly."""
+        """One field's column over every step, as a float64 view (no copy; the loop may go on
+        writing other steps); integer fields hold integers exactly. An LLM field's column holds
+        a tool field at tool steps, and the other way round."""
         return self.rows()[:, FIELD[name]]
 
     def close(self) -> None:
@@ -148,8 +149,9 @@ def blocks(cols: StepColumns, w: Workload, traj: np.ndarray, lo: int, hi: int,
 
     def rows(seq_name: str) -> tuple[np.ndarray, np.ndarray]:
         seq = v(seq_name)[g0:g1]
-        g = np.flatnonzero((seq >= lo) & (seq < hi))
-        return g + g0, seq[g].astype(np.int64)
+        g = np.flatnonzero((seq >= lo) & (seq < hi)) + g0
+        g = g[(w.cls[g] >= 0) == (seq_name in TOOL_FIELDS)]  # the steps of the field's kind
+        return g, v(seq_name)[g].astype(np.int64)
 
     def put(seq: np.ndarray, t: np.ndarray, ev: int, g: np.ndarray, own_step: bool,
             s: np.ndarray | int, a: np.ndarray | float, b: np.ndarray | float = 0.0,
@@ -177,6 +179,9 @@ def blocks(cols: StepColumns, w: Workload, traj: np.ndarray, lo: int, hi: int,
     ft, en = v("ft_t")[g], v("en_t")[g]
     put(seq, en, E_CALL_END, g, True, slot[g].astype(np.int64), w.inp[g] + v("rc")[g],
         (ft - v("pre_t")[g]) * 1000, (en - ft) * 1000)
+    g, seq = rows("sw_seq")
+    put(seq, v("sw_t")[g], E_SLOT_WAIT, g, True, v("sw_slot")[g].astype(np.int64),
+        v("sw_wait")[g])
     g, seq = rows("pa_seq")
     t, code, s = v("pa_t")[g], v("pa_code")[g], slot[g - 1].astype(np.int64)
     put(seq, t, E_DECISION, g, True, s, code, v("pa_wait")[g], v("pa_reason")[g])

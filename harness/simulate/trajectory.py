@@ -44,8 +44,10 @@ class Trajectory:
 
 # A step's row of the per-step record fields (harness.simulate.steps.StepColumns): the loop
 # stores into `row + F_...` of one float64 buffer, `row` = step x STEP_WIDTH. One row per step
-# keeps the fields a call or a pause writes on the same cache lines.
-STEP_WIDTH: Final = 18
+# keeps the fields a call or a pause writes on the same cache lines; an LLM step and a tool step
+# use the same columns for different fields.
+STEP_WIDTH: Final = 14
+# LLM step
 F_ST_T: Final = 0  # call_start: time
 F_ST_SEQ: Final = 1  # ... and seq (its recompute and kv_state rows are seq + 0..2)
 F_SLOT: Final = 2  # the slot the call ran on
@@ -56,11 +58,16 @@ F_FT_T: Final = 6  # first token: time
 F_FT_SEQ: Final = 7
 F_EN_T: Final = 8  # call_end: time
 F_EN_SEQ: Final = 9
-F_PA_T: Final = 10  # pause_decision (and tool_start, kv_state): time
-F_PA_SEQ: Final = 11
-F_PA_CODE: Final = 12  # action code + 8 x detail text
-F_PA_WAIT: Final = 13  # predicted wait
-F_PA_REASON: Final = 14  # reason text
-F_TE_T: Final = 15  # tool_end: time
-F_TE_SEQ: Final = 16
-F_TE_SLOT: Final = 17  # the slot held when the tool returned
+F_SW_T: Final = 10  # slot_wait (admitted after waiting for memory): time
+F_SW_SEQ: Final = 11
+F_SW_WAIT: Final = 12  # seconds waited
+F_SW_SLOT: Final = 13  # the slot it got
+# tool step
+F_PA_T: Final = 0  # pause_decision (and tool_start, kv_state): time
+F_PA_SEQ: Final = 1
+F_PA_CODE: Final = 2  # action code + 8 x detail text
+F_PA_WAIT: Final = 3  # predicted wait
+F_PA_REASON: Final = 4  # reason text
+F_TE_T: Final = 5  # tool_end: time
+F_TE_SEQ: Final = 6
+F_TE_SLOT: Final = 7  # the slot held when the tool returned

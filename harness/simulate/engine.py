@@ -60,24 +60,18 @@ from harness.simulate.trajectory import (
     DROPPED,
     DROPPING,
     F_DUE,
-    F_EN_SEQ,
     F_EN_T,
-    F_FT_SEQ,
     F_FT_T,
     F_PA_CODE,
     F_PA_REASON,
-    F_PA_SEQ,
     F_PA_T,
     F_PA_WAIT,
     F_RC,
     F_SLOT,
-    F_ST_SEQ,
     F_ST_T,
-    F_SW_SEQ,
     F_SW_SLOT,
     F_SW_T,
     F_SW_WAIT,
-    F_TE_SEQ,
     F_TE_SLOT,
     F_TE_T,
     KEPT,
@@ -254,11 +248,19 @@ class Engine:
         self.g_lo, self.g_hi = self.n_steps, -1
         return lo, hi
 
-    def touch(self, g: int) -> None:
+    def stamp(self, g: int, f_t: int, t: float, records: int = 1) -> int:
+        """Store time `t` and the next seq in step `g`'s fields `f_t` and `f_t + 1` for an
+        event of `records` records (its seq and the following ones); returns the step's row."""
         if g < self.g_lo:
             self.g_lo = g
         if g > self.g_hi:
             self.g_hi = g
+        row = g * STEP_WIDTH
+        rb = self.rb
+        rb[row + f_t] = t
+        rb[row + f_t + 1] = self.cnt
+        self.cnt += records
+        return row
 
     def push(self, t: float, kind: int, tr: Trajectory) -> None:
         self.seq += 1
@@ -346,15 +348,9 @@ class Engine:
 
     def admit(self, tr: Trajectory, t: float) -> None:
         if t > tr.ready:  # slot_wait
-            g = tr.pos
-            row = g * STEP_WIDTH
-            self.touch(g)
-            rb = self.rb
-            rb[row + F_SW_T] = t
-            rb[row + F_SW_SEQ] = self.cnt
-            rb[row + F_SW_WAIT] = t - tr.ready
-            rb[row + F_SW_SLOT] = tr.slot
-            self.cnt += 1
+            row = self.stamp(tr.pos, F_SW_T, t)
+            self.rb[row + F_SW_WAIT] = t - tr.ready
+            self.rb[row + F_SW_SLOT] = tr.slot
         if tr.state == SWAPPED:
             tr.state = RESTORING
             self.sched.defer(T_RESTORE, tr, 0, 0, t)
@@ -365,18 +361,12 @@ class Engine:
         g = tr.pos
         r = tr.need_rc
         work = self.inp[g] + r
-        cnt = self.cnt
+        # (recompute if any), kv_state, call_start
+        row = self.stamp(g, F_ST_T, t, 3 if r else 2)
         rb = self.rb
-        row = g * STEP_WIDTH
-        self.touch(g)
-        rb[row + F_ST_SEQ] = cnt
-        if r:  # recompute, kv_state, call_start
+        if r:
             rb[row + F_RC] = r
             tr.need_rc = 0
-            self.cnt = cnt + 3
-        else:  # kv_state, call_start
-            self.cnt = cnt + 2
-        rb[row + F_ST_T] = t
         rb[row + F_SLOT] = tr.slot
         rb[row + F_DUE] = tr.due
         tr.state = RUNNING
@@ -390,11 +380,7 @@ class Engine:
     def first_token(self, tr: Trajectory, t: float) -> None:
         """The scheduler's call: the prompt of `tr`'s call is done at `t`."""
         g = tr.pos
-        row = g * STEP_WIDTH
-        self.touch(g)
-        self.rb[row + F_FT_T] = t
-        self.rb[row + F_FT_SEQ] = self.cnt
-        self.cnt += 1
+        self.stamp(g, F_FT_T, t)
         if self.out[g] <= 1:
             self.call_end(tr, t)
 
@@ -427,11 +413,7 @@ class Engine:
     def call_end(self, tr: Trajectory, t: float) -> None:
         """The scheduler's call: `tr`'s call produced its last token at `t`."""
         g = tr.pos
-        row = g * STEP_WIDTH
-        self.touch(g)
-        self.rb[row + F_EN_T] = t
-        self.rb[row + F_EN_SEQ] = self.cnt
-        self.cnt += 1
+        self.stamp(g, F_EN_T, t)
         g += 1
         tr.pos = g
         if g == tr.end:
@@ -459,16 +441,11 @@ class Engine:
             if ttl_s is not None:
                 has_ttl, after_swap, ttl = True, after == SWAP, ttl_s
         # pause_decision, tool_start (and kv_state paused unless the KV is dropped)
-        cnt = self.cnt
+        row = self.stamp(g, F_PA_T, t, 2 if code == DROP else 3)
         rb = self.rb
-        row = g * STEP_WIDTH
-        self.touch(g)
-        rb[row + F_PA_T] = t
-        rb[row + F_PA_SEQ] = cnt
         rb[row + F_PA_CODE] = code
         rb[row + F_PA_REASON] = ri
         rb[row + F_PA_WAIT] = wait
-        self.cnt = cnt + (2 if code == DROP else 3)
         te = t + (lt if returns else dlt)
         self.push(te, TOOL_END if returns else DEADLINE, tr)
         if action == A_KEEP or has_ttl:
@@ -537,12 +514,8 @@ class Engine:
             return  # scheduled for a trajectory that has ended since
         g = tr.pos
         if kind == TOOL_END:
-            row = g * STEP_WIDTH
-            self.touch(g)
-            self.rb[row + F_TE_T] = t
-            self.rb[row + F_TE_SEQ] = self.cnt
+            row = self.stamp(g, F_TE_T, t)
             self.rb[row + F_TE_SLOT] = tr.slot
-            self.cnt += 1
             if not self.fixed:
                 self.hist[self.cls[g]].add(self.lat[g])
             tr.pos = g + 1

@@ -46,8 +46,9 @@ SEQ_FIELDS = ("st_seq", "ft_seq", "en_seq", "sw_seq", "pa_seq", "te_seq")
 _INIT_ROW = [-1.0 if any(FIELD[f] == k for f in SEQ_FIELDS) else 0.0 for k in range(STEP_WIDTH)]
 ROW = 8  # a block row: seq, t, trajectory, step, slot, a, b, c
 DROP_CODE = 2  # a decision whose action drops the KV: no kv_state row after tool_start
-if len(LLM_FIELDS) != STEP_WIDTH or len(TOOL_FIELDS) > STEP_WIDTH:
-    raise RuntimeError("steps' fields and trajectory.STEP_WIDTH disagree")
+if (len(LLM_FIELDS) != STEP_WIDTH or len(TOOL_FIELDS) > STEP_WIDTH
+        or any(FIELD[f] != FIELD[f.replace("_seq", "_t")] + 1 for f in SEQ_FIELDS)):
+    raise RuntimeError("steps' fields and trajectory's F_* disagree (Engine.stamp)")
 
 
 class StepColumns:

@@ -45,7 +45,7 @@ class Trajectory:
 # A step's row of the per-step record fields (harness.simulate.steps.StepColumns): the loop
 # stores into `row + F_...` of one float64 buffer, `row` = step x STEP_WIDTH. One row per step
 # keeps the fields a call or a pause writes on the same cache lines; an LLM step and a tool step
-# use the same columns for different fields.
+# use the same columns for different fields. Every seq field follows its time field.
 STEP_WIDTH: Final = 14
 # LLM step
 F_ST_T: Final = 0  # call_start: time

@@ -66,3 +66,14 @@ def test_a_failed_write_is_raised_and_memory_released(tmp_path: Path) -> None:
 def test_unknown_writer_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="writer must be one of"):
         RecordSink(tmp_path, "run", workload(2), 1.0, 100, writer="fork")
+
+
+def test_the_loop_and_the_writer_agree_on_the_step_fields_and_codes() -> None:
+    from harness.policies.base import KEEP, SWAP
+    from harness.simulate import engine, steps, trajectory
+    from harness.simulate.server import ACTION_CODE
+
+    for name in (*steps.LLM_FIELDS, *steps.TOOL_FIELDS):
+        assert getattr(trajectory, f"F_{name.upper()}") == steps.FIELD[name], name
+    assert len(steps.LLM_FIELDS) == trajectory.STEP_WIDTH
+    assert (ACTION_CODE[KEEP], ACTION_CODE[SWAP]) == (engine.A_KEEP, engine.A_SWAP)

@@ -15,30 +15,39 @@ import os
 import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "harness" / "simulate"))
-from native_sources import COMPILED, GROUP, sources_digest  # noqa: E402
+from native_sources import BUILD_RECORD, COMPILED, GROUP, sources_digest  # noqa: E402
 
 
 class BuildLoop(build_ext):
-    """build_ext that writes native_build.json beside the extensions it built."""
+    """build_ext that writes native_build.json beside the extensions, once all of them built
+    (an optional extension that fails to build is skipped, perhaps leaving an older one)."""
 
     def run(self) -> None:
+        self._built: set[str] = set()
+        record = Path(self.get_ext_fullpath("harness.simulate.engine")).parent / BUILD_RECORD
+        record.unlink(missing_ok=True)
         super().run()
-        built = [e for e in self.extensions if Path(self.get_ext_fullpath(e.name)).exists()]
-        if len(built) != len(self.extensions):
+        if not self.extensions:
+            return
+        if self._built != {e.name for e in self.extensions}:
             print("note: the simulator's loop was not compiled; it runs as pure Python",
                   file=sys.stderr)
             return
-        target = Path(self.get_ext_fullpath(f"{GROUP.rsplit('.', 1)[0]}.x")).parent
         digest = sources_digest(ROOT / "harness" / "simulate")
-        (target / "native_build.json").write_text(json.dumps({"sources_sha256": digest}) + "\n")
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps({"sources_sha256": digest}) + "\n")
+
+    def build_extension(self, ext: Extension) -> None:
+        super().build_extension(ext)  # raises when it fails
+        self._built.add(ext.name)
 
 
-def extensions() -> list:
+def extensions() -> list[Extension]:
     if os.environ.get("HARNESS_SIMULATOR") == "python":
         return []
     try:

@@ -19,19 +19,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-from harness.simulate.native_sources import COMPILED, sources_digest
+from harness.simulate.native_sources import BUILD_RECORD, COMPILED, sources_digest
 
 PACKAGE = "harness.simulate"
-BUILD_RECORD = "native_build.json"
 COMPILED_ENGINE = "compiled (mypyc)"
 ENGINE = "python"  # COMPILED_ENGINE, or "python (why)"; set by `select`
 
 
 def compiled_files(package_dir: Path) -> list[Path]:
-    """The extension files of the compiled modules that this interpreter would import."""
-    suffixes = importlib.machinery.EXTENSION_SUFFIXES
-    return [package_dir / f"{m}{s}" for m in COMPILED for s in suffixes
-            if (package_dir / f"{m}{s}").exists()]
+    """The extension file this interpreter would import for each compiled module that has one."""
+    found = []
+    for m in COMPILED:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:  # in the import system's order
+            if (package_dir / f"{m}{suffix}").exists():
+                found.append(package_dir / f"{m}{suffix}")
+                break
+    return found
 
 
 def python_reason(package_dir: Path, wanted: str | None) -> str | None:
@@ -41,8 +44,11 @@ def python_reason(package_dir: Path, wanted: str | None) -> str | None:
         raise ValueError(f"HARNESS_SIMULATOR must be auto or python, got {wanted!r}")
     if wanted == "python":
         return "HARNESS_SIMULATOR=python"
-    if not compiled_files(package_dir):
+    found = compiled_files(package_dir)
+    if not found:
         return "not compiled: no C compiler or mypyc at install"
+    if len(found) != len(COMPILED):
+        return "incomplete build: some compiled modules are missing; reinstall (make setup)"
     try:
         recorded = json.loads((package_dir / BUILD_RECORD).read_text())["sources_sha256"]
     except (OSError, ValueError, KeyError, TypeError):

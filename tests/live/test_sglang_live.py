@@ -217,7 +217,8 @@ def test_hang_up_aborts_the_request_on_the_server(sglang_server: LocalSglangServ
             return r.status, len(r.tokens), idle
 
     status, n, idle = asyncio.run(go())
-    assert status == "aborted" and n == 1 and idle is True
+    # the first streamed chunk: one token, or a few when SGLang coalesced them under load
+    assert status == "aborted" and 1 <= n <= 8 and idle is True
 
 
 def test_run_command_against_a_running_server(sglang_server: LocalSglangServer,

@@ -44,8 +44,10 @@ def test_the_sources_run_when_asked_or_when_nothing_was_compiled(tmp_path: Path)
 
 def test_a_build_runs_only_with_the_sources_it_was_built_from(tmp_path: Path) -> None:
     d = sources_in(tmp_path)
-    for m in COMPILED:
+    for m in COMPILED[1:]:
         (d / f"{m}{SUFFIX}").write_bytes(b"")  # what the import system would pick
+    assert "incomplete build" in str(native.python_reason(d, None))
+    (d / f"{COMPILED[0]}{SUFFIX}").write_bytes(b"")
     assert [p.name for p in native.compiled_files(d)] == [f"{m}{SUFFIX}" for m in COMPILED]
     assert "no readable native_build.json" in str(native.python_reason(d, None))
     (d / native.BUILD_RECORD).write_text(json.dumps({"sources_sha256": sources_digest(d)}))

@@ -9,14 +9,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from harness.adapters.launchers.process import log_tail, wait_healthy
+from harness.adapters.launchers.process import free_port, log_tail, wait_healthy
 from harness.errors import ServerError
 
 LAUNCHERS = Path(__file__).resolve().parent
@@ -44,12 +43,6 @@ def llama_server_binary() -> Path:
 def default_model() -> Path:
     """The default GGUF model: $HARNESS_MODEL, or SmolLM2-135M-Instruct fetched once."""
     return _script_output("fetch_model.sh", "HARNESS_MODEL")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

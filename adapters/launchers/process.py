@@ -7,7 +7,9 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -80,6 +82,13 @@ def stop_group(proc: subprocess.Popen[bytes], term_wait_s: float = 20.0,
 SHM_DIR = Path("/dev/shm")
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def shm_entries(shm_dir: Path = SHM_DIR) -> set[str]:
     """The names in the shared-memory folder now (none where there is no such folder)."""
     try:
@@ -120,16 +129,20 @@ def remove_leaked_shm(before: set[str], prefixes: tuple[str, ...],
 
 
 class ServerProcess:
-    """One local server run as a process group of its own: its log file, its private temporary
-    folder, start-up until healthy, and a stop that leaves nothing behind (the group ended, the
-    shared memory its killed processes left removed, the folder deleted). The vLLM and SGLang
-    launchers are this with their command line; as context managers they stop on exit."""
+    """One local server run as a process group of its own: its port on 127.0.0.1 (`url`), its
+    log file, its private temporary folder (`tmp_dir`, named `tmp_prefix`...), start-up until
+    healthy, and a stop that leaves nothing behind (the group ended, the shared memory its
+    killed processes left removed, the folder deleted). The vLLM and SGLang launchers are this
+    with their command line; as context managers they stop on exit."""
 
-    def __init__(self, name: str, log_path: Path, tmp_dir: Path, leaked_shm: tuple[str, ...],
+    def __init__(self, name: str, log_path: Path, tmp_prefix: str, leaked_shm: tuple[str, ...],
                  log_keep: Callable[[str], bool] = lambda _: True) -> None:
         self.name = name
         self.log_path = log_path
-        self.tmp_dir = tmp_dir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.tmp_dir = Path(tempfile.mkdtemp(prefix=tmp_prefix))
+        os.chmod(self.tmp_dir, 0o700)
         self.leaked_shm = leaked_shm
         self.log_keep = log_keep
         self.start_s: float | None = None

@@ -15,11 +15,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.adapters.launchers.llamacpp_server import LAUNCHERS, _script_output, free_port
+from harness.adapters.launchers.llamacpp_server import LAUNCHERS, _script_output
 from harness.adapters.launchers.process import ServerProcess
 from harness.errors import ServerError
 
@@ -103,13 +102,9 @@ class LocalSglangServer(ServerProcess):
                  startup_timeout_s: float = 300.0) -> None:
         self.config = config
         self.python = python or sglang_python()
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.startup_timeout_s = startup_timeout_s
-        self.tmp_dir = Path(tempfile.mkdtemp(prefix="harness-sglang-"))
-        os.chmod(self.tmp_dir, 0o700)
         # SGLang's per-model import notes are left out of the log tails errors show.
-        super().__init__("SGLang", log_path, self.tmp_dir, LEAKED_SHM,
+        super().__init__("SGLang", log_path, "harness-sglang-", LEAKED_SHM,
                          lambda ln: "Ignore import error" not in ln)
         c = config
         self.flags = [

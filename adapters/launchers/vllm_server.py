@@ -15,11 +15,10 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.adapters.launchers.llamacpp_server import LAUNCHERS, _script_output, free_port
+from harness.adapters.launchers.llamacpp_server import LAUNCHERS, _script_output
 from harness.adapters.launchers.process import ServerProcess
 from harness.errors import ServerError
 
@@ -112,15 +111,10 @@ class LocalVllmServer(ServerProcess):
                  startup_timeout_s: float = 300.0) -> None:
         self.config = config
         self.python = python or vllm_python()
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.startup_timeout_s = startup_timeout_s
-        # The server's TMPDIR (vLLM leaves files there) and the connector's store: private,
-        # removed at stop.
-        self.tmp_dir = Path(tempfile.mkdtemp(prefix="harness-vllm-"))
-        os.chmod(self.tmp_dir, 0o700)
+        # tmp_dir: the server's TMPDIR (vLLM leaves files there) and the connector's store
+        super().__init__("vLLM", log_path, "harness-vllm-", LEAKED_SHM)
         self.store_dir: Path | None = None
-        super().__init__("vLLM", log_path, self.tmp_dir, LEAKED_SHM)
         c = config
         self.flags = [
             "--model", str(c.model), "--served-model-name", SERVED_NAME,

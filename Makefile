@@ -4,8 +4,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # Reinstall when the packaging or the compiled simulator loop (setup.py) changes.
-COMPILED := setup.py $(wildcard harness/simulate/native_sources.py harness/simulate/trajectory.py \
-  harness/simulate/scheduler.py harness/simulate/engine.py)
+COMPILED := setup.py harness/simulate/native_sources.py \
+  $(shell $(PYTHON) harness/simulate/native_sources.py)
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(COMPILED) | sha256sum | cut -c1-12)
 RUNTIME ?= llamacpp
 URL ?=

@@ -1,7 +1,7 @@
 """Compiles the simulator's event loop with mypyc; everything else is in pyproject.toml.
 
-The loop (harness.simulate.scheduler and harness.simulate.engine) is plain, typed Python that
-mypyc turns into a C extension about twice as fast. The extension is optional: without a C
+The loop (harness.simulate.trajectory, .scheduler and .engine) is plain, typed Python that
+mypyc turns into C extensions about twice as fast. The extension is optional: without a C
 compiler, or with HARNESS_SIMULATOR=python at install, the package installs as pure Python and
 harness.simulate.native loads the sources. Next to the extension, native_build.json records a
 digest of the sources it was built from, so that an edited source is never shadowed by a stale
@@ -20,7 +20,7 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "harness" / "simulate"))
-from native_sources import BUILD_RECORD, COMPILED, GROUP, sources_digest  # noqa: E402
+from native_sources import BUILD_RECORD, GROUP, source_paths, sources_digest  # noqa: E402
 
 
 class BuildLoop(build_ext):
@@ -55,8 +55,7 @@ def extensions() -> list[Extension]:
     except ImportError:
         print("note: mypyc is missing; the simulator's loop stays pure Python", file=sys.stderr)
         return []
-    exts = mypycify([f"harness/simulate/{m}.py" for m in COMPILED], group_name=GROUP,
-                    opt_level="3")
+    exts = mypycify(source_paths(), group_name=GROUP, opt_level="3")
     for ext in exts:
         ext.optional = True  # no compiler: install anyway, as pure Python
     return exts

@@ -102,7 +102,6 @@ T_RESTORE: Final = 2
 T_FINISH: Final = 3
 SLOT_HANDOFFS = ("agent", "fifo")
 NAN: Final = float("nan")
-Resolved = tuple[float | None, str | None, str, int, int, float]  # server.resolve's result
 
 
 def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolicy,

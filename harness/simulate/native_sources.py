@@ -15,6 +15,11 @@ GROUP = "harness.simulate._loop"  # their shared library: harness/simulate/_loop
 BUILD_RECORD = "native_build.json"  # beside them: the digest of the sources they were built from
 
 
+def source_paths() -> list[str]:
+    """The compiled modules' sources, relative to the repository root."""
+    return [f"harness/simulate/{m}.py" for m in COMPILED]
+
+
 def sources_digest(package_dir: Path) -> str:
     """sha256 over the compiled modules' sources (names and bytes, in order)."""
     h = hashlib.sha256()
@@ -22,3 +27,7 @@ def sources_digest(package_dir: Path) -> str:
         h.update(name.encode() + b"\0")
         h.update((package_dir / f"{name}.py").read_bytes())
     return h.hexdigest()
+
+
+if __name__ == "__main__":  # for the Makefile: what to watch for a rebuild
+    print(" ".join(source_paths()))

@@ -57,8 +57,9 @@ class StepColumns:
     `step * STEP_WIDTH + trajectory.F_...`.
 
     LLM step: start time and seq, slot, when it was due, recomputed tokens, prefill start, first
-    token time and seq, end time and seq. Tool step: decision time and seq, action code, predicted
-    wait, reason text; tool return time, seq and slot.
+    token time and seq, end time and seq, and when it waited for memory: admission time and seq,
+    seconds waited, slot. Tool step: decision time and seq, action code, predicted wait, reason
+    text; tool return time, seq and slot.
 
     `shared`: the buffer is a block of shared memory (a memoryview, as fast to index as an
     array) that a writer process attaches to by `shm_name`; `close` releases it, and the creator

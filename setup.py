@@ -1,11 +1,11 @@
 """Compiles the simulator's event loop with mypyc; everything else is in pyproject.toml.
 
-The loop (harness.simulate.trajectory, .scheduler and .engine) is plain, typed Python that
-mypyc turns into C extensions about twice as fast. The extension is optional: without a C
-compiler, or with HARNESS_SIMULATOR=python at install, the package installs as pure Python and
-harness.simulate.native loads the sources. Next to the extension, native_build.json records a
-digest of the sources it was built from, so that an edited source is never shadowed by a stale
-build.
+The loop (the harness.simulate modules listed in harness/simulate/native_sources.py) is plain,
+typed Python that mypyc turns into C extensions about twice as fast. The extension is optional:
+without a C compiler, or with HARNESS_SIMULATOR=python at install, the package installs as pure
+Python and harness.simulate.native loads the sources. Next to the extension, native_build.json
+records a digest of the sources it was built from, so that an edited source is never shadowed by
+a stale build.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from harness.arrays import BoolArray
 from harness.records.schema import RECORDS_SCHEMA
 
 NS_PER_S = 1e9
@@ -198,7 +199,7 @@ def _pauses(df: pd.DataFrame, ev: EventMask, t_max: int) -> pd.DataFrame:
     return pauses
 
 
-def _kv(df: pd.DataFrame, state: np.ndarray, call_start: np.ndarray, t_max: int) -> pd.DataFrame:
+def _kv(df: pd.DataFrame, state: BoolArray, call_start: BoolArray, t_max: int) -> pd.DataFrame:
     """KV intervals: each kv_state holds until the trajectory's next one (or the run's end).
 
     An agent call_start ends a pause: from it the trajectory's last known tokens count as
@@ -207,7 +208,7 @@ def _kv(df: pd.DataFrame, state: np.ndarray, call_start: np.ndarray, t_max: int)
     rows = df.loc[state | call_start, ["t_ns", "_code", "kv_tokens", "status", "_pause",
                                        "traffic"]]
     is_state = state[state | call_start]
-    agent = rows["traffic"].astype(object).to_numpy() != "bystander"
+    agent: BoolArray = rows["traffic"].astype(object).to_numpy() != "bystander"
     tokens = _num(rows["kv_tokens"]).where(is_state)
     prev = tokens.groupby(rows["_code"].to_numpy()).ffill()
     keep = is_state | (agent & prev.notna().to_numpy())

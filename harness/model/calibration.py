@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.arrays import FloatArray
 from harness.errors import InputError
 from harness.policies.base import ServerRates
 from harness.records.store import write_json
@@ -48,13 +49,14 @@ def _positive(value: Any, key: str, where: str) -> float:
 
 
 def prefill_rate_at(points: tuple[tuple[int, float], ...], default: float,
-                    context_len: np.ndarray) -> np.ndarray:
+                    context_len: FloatArray) -> FloatArray:
     """Prefill rate at each context length: linear between points, clamped; `default` if none."""
     if not points:
         return np.full(np.shape(context_len), float(default))
     xs = np.array([c for c, _ in points], dtype=float)
     ys = np.array([r for _, r in points], dtype=float)
-    return np.interp(context_len, xs, ys)
+    rates: FloatArray = np.interp(context_len, xs, ys)
+    return rates
 
 
 def _check_points(points: tuple[tuple[int, float], ...] | list[tuple[int, float]],

@@ -109,11 +109,6 @@ class Plan:
     injection: Injection
     notes: tuple[str, ...] = field(default_factory=tuple)
 
-    @property
-    def duration_hint_s(self) -> float:
-        """Latest planned arrival (open loop); bystanders stop when the agents are done."""
-        return max((t.arrival_s for t in self.trajectories), default=0.0)
-
 
 def make_plan(steps: pd.DataFrame, injection: Injection, arrivals: Arrivals,
               seed: int) -> Plan:

@@ -22,4 +22,5 @@ def token_ids(seed: int, n: int, vocab_size: int) -> list[int]:
         return []
     high = max(vocab_size - LOW_ID, LOW_ID + 1)
     rng = np.random.default_rng(seed)
-    return rng.integers(LOW_ID, high, size=n).tolist()
+    ids: list[int] = rng.integers(LOW_ID, high, size=n).tolist()
+    return ids

@@ -66,24 +66,38 @@ def decode(blocks: list[tuple[np.ndarray, ...]], texts: pa.Array,
            r: RunStatics) -> list[pa.Array]:
     """Compact rows by event (harness.simulate.steps.blocks) -> one Arrow array per
     RECORDS_SCHEMA column."""
-    sizes = np.array([len(bk[0]) for bk in blocks], dtype=np.int64)
-    n = int(sizes.sum())
-    bounds = np.concatenate([[0], np.cumsum(sizes)])
-    sl = [slice(int(bounds[e]), int(bounds[e + 1])) for e in range(len(EVENTS))]
-    seq, t, ti, step, slot, a, b, c = (np.concatenate([bk[k] for bk in blocks])
-                                       for k in range(8))
-    seq, ti, step, slot = (x.astype(np.int64) for x in (seq, ti, step, slot))
-    ev = np.repeat(np.arange(len(EVENTS), dtype=np.int64), sizes)
-    w = r.w
+    p = _Part(blocks, r)
+    ends = _CallEnds(p)
+    return [*_identity_columns(p), *_label_columns(p, texts, ends), *_count_columns(p, ends),
+            *_time_columns(p, ends), _detail_column(p, texts, ends)]
 
-    def g(e: int) -> np.ndarray:  # global step index of an event's rows
-        return r.first[ti[sl[e]]] + step[sl[e]]
 
-    def col(parts: dict[int, Any], typ: pa.DataType) -> pa.Array:
+class _Part:
+    """A part's compact rows, concatenated in EVENTS order: the columns, the slice of each
+    event's rows, and the column builders that fill one segment per event."""
+
+    def __init__(self, blocks: list[tuple[np.ndarray, ...]], r: RunStatics) -> None:
+        self.r = r
+        self.w = r.w
+        sizes = np.array([len(bk[0]) for bk in blocks], dtype=np.int64)
+        self.n = int(sizes.sum())
+        bounds = np.concatenate([[0], np.cumsum(sizes)])
+        self.sl = [slice(int(bounds[e]), int(bounds[e + 1])) for e in range(len(EVENTS))]
+        seq, self.t, ti, step, slot, self.a, self.b, self.c = (
+            np.concatenate([bk[k] for bk in blocks]) for k in range(8))
+        self.seq, self.ti, self.step, self.slot = (x.astype(np.int64)
+                                                   for x in (seq, ti, step, slot))
+        self.ev = np.repeat(np.arange(len(EVENTS), dtype=np.int64), sizes)
+
+    def steps_of(self, e: int) -> np.ndarray:
+        """The global step index of event `e`'s rows."""
+        return self.r.first[self.ti[self.sl[e]]] + self.step[self.sl[e]]
+
+    def column(self, parts: dict[int, Any], typ: pa.DataType) -> pa.Array:
         """`parts`: event -> its values (NaN for a float column: null); other events null."""
         chunks = []
         for e in range(len(EVENTS)):
-            m = sl[e].stop - sl[e].start
+            m = self.sl[e].stop - self.sl[e].start
             if m:
                 v = parts.get(e)
                 if v is None:
@@ -101,73 +115,116 @@ def decode(blocks: list[tuple[np.ndarray, ...]], texts: pa.Array,
                         chunks.append(pa.array(v.astype(np.int64), type=typ))
         return pa.concat_arrays(chunks) if chunks else pa.array([], type=typ)
 
-    def strs(parts: dict[int, Any], vocab: pa.Array) -> pa.Array:
-        codes = np.full(n, -1, dtype=np.int32)
+    def strings(self, parts: dict[int, Any], vocab: pa.Array) -> pa.Array:
+        """A string column: `parts`, event -> codes into `vocab`; other events null."""
+        codes = np.full(self.n, -1, dtype=np.int32)
         for e, v in parts.items():
-            codes[sl[e]] = v
+            codes[self.sl[e]] = v
         return dictionary(codes, vocab, codes < 0)
 
-    end = sl[E_CALL_END]
-    err = np.isnan(a[end])
-    g_end, g_start, g_tool, g_dec = g(E_CALL_END), g(E_CALL_START), g(E_TOOL_START), g(E_DECISION)
-    pn = a[end]  # NaN on an overflow error: the ok-only columns are null there
+
+class _CallEnds:
+    """The call_end rows: an overflow error (NaN prompt_n) or a call that ran."""
+
+    def __init__(self, p: _Part) -> None:
+        end = p.sl[E_CALL_END]
+        self.err = np.isnan(p.a[end])
+        self.steps = p.steps_of(E_CALL_END)
+        self.prompt_n = p.a[end]  # NaN on an overflow error: the ok-only columns are null there
+        self.nan_on_err = np.where(self.err, np.nan, 0.0)  # add it to null the error rows
+
+    def ok_only(self, v: np.ndarray) -> dict[int, Any]:
+        """`v` for the call_end rows, null on the error rows."""
+        return {E_CALL_END: v + self.nan_on_err}
+
+
+def _identity_columns(p: _Part) -> list[pa.Array]:
+    """run_id, seq, t_ns, event, trajectory_id, traffic, step, slot."""
+    zeros = np.zeros(p.n, dtype=np.int32)
+    return [
+        dictionary(zeros, pa.array([p.r.run_id])),
+        pa.array(p.seq.astype(np.int64)),
+        pa.array(np.rint(p.t * NS).astype(np.int64)),
+        dictionary(p.ev.astype(np.int32), _EVENT_NAMES),
+        dictionary(p.ti.astype(np.int32), p.r.ids),
+        dictionary(zeros, _AGENT),
+        pa.array(p.step.astype(np.int32), mask=p.step < 0),
+        pa.array(p.slot.astype(np.int32), mask=p.slot < 0),
+    ]
+
+
+def _label_columns(p: _Part, texts: pa.Array, ends: _CallEnds) -> list[pa.Array]:
+    """tool_class, tool_name, action, reason, status."""
+    w, a, b, c, sl = p.w, p.a, p.b, p.c, p.sl
+    tools = {e: w.cls[p.steps_of(e)] for e in (E_TOOL_START, E_DECISION, E_TOOL_END)}
     dec_a = a[sl[E_DECISION]].astype(np.int64)
-    tools = {e: w.cls[g(e)] for e in (E_TOOL_START, E_DECISION, E_TOOL_END)}
-    overflow = [f"context overflow: {p} + {o} tokens exceed {r.ctx_limit}"
-                for p, o in zip(w.ctx[g_end[err]] - w.out[g_end[err]], w.out[g_end[err]],
+    ok_or_err = np.where(ends.err, 1, 0)
+    return [
+        p.strings(tools, pa.array(w.classes, type=pa.string())),
+        p.strings({E_TOOL_START: w.name[p.steps_of(E_TOOL_START)]},
+                  pa.array(w.names, type=pa.string())),
+        p.strings({E_DECISION: dec_a % 8}, _ACTION_VOCAB),
+        p.strings({E_DECISION: c[sl[E_DECISION]], E_ERASE: a[sl[E_ERASE]],
+                   E_CANCEL: a[sl[E_CANCEL]], E_SWAP_OUT: c[sl[E_SWAP_OUT]],
+                   E_TRAJ_END: b[sl[E_TRAJ_END]]}, texts),
+        p.strings({E_CALL_END: ok_or_err, E_DECISION: 0, E_TOOL_END: a[sl[E_TOOL_END]],
+                   E_KV_STATE: 4 + b[sl[E_KV_STATE]], E_TRAJ_END: 7 + a[sl[E_TRAJ_END]]},
+                  _STATUS_VOCAB),
+    ]
+
+
+def _count_columns(p: _Part, ends: _CallEnds) -> list[pa.Array]:
+    """planned_ns, prompt_tokens, appended_tokens, is_resume, output_tokens, cached_tokens,
+    prompt_n, retained_tokens, recomputed_tokens, kv_tokens, bytes."""
+    w, a, sl = p.w, p.a, p.sl
+    g_start, g_end, pn = p.steps_of(E_CALL_START), ends.steps, ends.prompt_n
+    swaps = {e: a[sl[e]] for e in (E_SWAP_OUT, E_SWAP_IN)}
+    planned = {e: np.rint(a[sl[e]] * NS) for e in (E_TRAJ_START, E_CALL_START)}
+    is_resume = np.zeros(p.n, dtype=bool)
+    is_resume[sl[E_CALL_START]] = p.step[sl[E_CALL_START]] > 0
+    resume_mask = np.ones(p.n, dtype=bool)
+    resume_mask[sl[E_CALL_START]] = False
+    return [
+        p.column(planned, pa.int64()),
+        p.column({E_CALL_START: w.ctx[g_start] - w.out[g_start]}, pa.int64()),
+        p.column({E_CALL_START: w.inp[g_start]}, pa.int64()),
+        pa.array(is_resume, mask=resume_mask),
+        p.column(ends.ok_only(w.out[g_end].astype(np.float64)), pa.int64()),
+        p.column(ends.ok_only(w.ctx[g_end] - w.out[g_end] - np.nan_to_num(pn)), pa.int64()),
+        p.column(ends.ok_only(np.nan_to_num(pn)), pa.int64()),
+        p.column({E_DECISION: w.ctx[p.steps_of(E_DECISION)], **swaps}, pa.int64()),
+        p.column({E_RECOMPUTE: a[sl[E_RECOMPUTE]]}, pa.int64()),
+        p.column({E_KV_STATE: a[sl[E_KV_STATE]]}, pa.int64()),
+        p.column({e: np.rint(v * p.r.bpt) for e, v in swaps.items()}, pa.int64()),
+    ]
+
+
+def _time_columns(p: _Part, ends: _CallEnds) -> list[pa.Array]:
+    """server_ms, decode_ms, value_s, deadline_s."""
+    w, a, b, sl = p.w, p.a, p.b, p.sl
+    end = sl[E_CALL_END]
+    g_tool = p.steps_of(E_TOOL_START)
+    return [
+        p.column({E_CALL_END: b[end] + ends.nan_on_err, E_SWAP_OUT: b[sl[E_SWAP_OUT]],
+                  E_SWAP_IN: b[sl[E_SWAP_IN]]}, pa.float64()),
+        p.column(ends.ok_only(p.c[end]), pa.float64()),
+        p.column({E_DECISION: b[sl[E_DECISION]], E_TOOL_START: w.lat[g_tool],
+                  E_SLOT_WAIT: a[sl[E_SLOT_WAIT]]}, pa.float64()),
+        p.column({E_TOOL_START: w.deadline[g_tool]}, pa.float64()),
+    ]
+
+
+def _detail_column(p: _Part, texts: pa.Array, ends: _CallEnds) -> pa.Array:
+    """detail: a decision's detail text, a trajectory_start's priority, an overflow's message."""
+    r, w, err, g_end = p.r, p.w, ends.err, ends.steps
+    overflow = [f"context overflow: {q} + {o} tokens exceed {r.ctx_limit}"
+                for q, o in zip(w.ctx[g_end[err]] - w.out[g_end[err]], w.out[g_end[err]],
                                 strict=True)]
     vocab = pa.concat_arrays([texts, r.priorities, pa.array(overflow, type=pa.string())])
     n_text, n_prio = len(texts), len(r.priorities)
     err_detail = np.full(err.size, -1, dtype=np.int64)
     err_detail[err] = n_text + n_prio + np.arange(int(err.sum()))
-    ok_or_err = np.where(err, 1, 0)
-    swaps = {e: a[sl[e]] for e in (E_SWAP_OUT, E_SWAP_IN)}
-    planned = {e: np.rint(a[sl[e]] * NS) for e in (E_TRAJ_START, E_CALL_START)}
-    end_num = {E_CALL_END: np.where(err, np.nan, 0.0)}  # NaN marks the error rows
-
-    def ok_only(v: np.ndarray) -> dict[int, Any]:
-        return {E_CALL_END: v + end_num[E_CALL_END]}
-
-    zeros = np.zeros(n, dtype=np.int32)
-    is_resume = np.zeros(n, dtype=bool)
-    is_resume[sl[E_CALL_START]] = step[sl[E_CALL_START]] > 0
-    resume_mask = np.ones(n, dtype=bool)
-    resume_mask[sl[E_CALL_START]] = False
-    return [
-        dictionary(zeros, pa.array([r.run_id])),
-        pa.array(seq.astype(np.int64)),
-        pa.array(np.rint(t * NS).astype(np.int64)),
-        dictionary(ev.astype(np.int32), _EVENT_NAMES),
-        dictionary(ti.astype(np.int32), r.ids),
-        dictionary(zeros, _AGENT),
-        pa.array(step.astype(np.int32), mask=step < 0),
-        pa.array(slot.astype(np.int32), mask=slot < 0),
-        strs(tools, pa.array(w.classes, type=pa.string())),
-        strs({E_TOOL_START: w.name[g_tool]}, pa.array(w.names, type=pa.string())),
-        strs({E_DECISION: dec_a % 8}, _ACTION_VOCAB),
-        strs({E_DECISION: c[sl[E_DECISION]], E_ERASE: a[sl[E_ERASE]],
-              E_CANCEL: a[sl[E_CANCEL]], E_SWAP_OUT: c[sl[E_SWAP_OUT]],
-              E_TRAJ_END: b[sl[E_TRAJ_END]]}, texts),
-        strs({E_CALL_END: ok_or_err, E_DECISION: 0, E_TOOL_END: a[sl[E_TOOL_END]],
-              E_KV_STATE: 4 + b[sl[E_KV_STATE]], E_TRAJ_END: 7 + a[sl[E_TRAJ_END]]},
-             _STATUS_VOCAB),
-        col(planned, pa.int64()),
-        col({E_CALL_START: w.ctx[g_start] - w.out[g_start]}, pa.int64()),
-        col({E_CALL_START: w.inp[g_start]}, pa.int64()),
-        pa.array(is_resume, mask=resume_mask),
-        col(ok_only(w.out[g_end].astype(np.float64)), pa.int64()),
-        col(ok_only(w.ctx[g_end] - w.out[g_end] - np.nan_to_num(pn)), pa.int64()),
-        col(ok_only(np.nan_to_num(pn)), pa.int64()),
-        col({E_DECISION: w.ctx[g_dec], **swaps}, pa.int64()),
-        col({E_RECOMPUTE: a[sl[E_RECOMPUTE]]}, pa.int64()),
-        col({E_KV_STATE: a[sl[E_KV_STATE]]}, pa.int64()),
-        col({e: np.rint(v * r.bpt) for e, v in swaps.items()}, pa.int64()),
-        col({E_CALL_END: b[end] + end_num[E_CALL_END], E_SWAP_OUT: b[sl[E_SWAP_OUT]],
-             E_SWAP_IN: b[sl[E_SWAP_IN]]}, pa.float64()),
-        col(ok_only(c[end]), pa.float64()),
-        col({E_DECISION: b[sl[E_DECISION]], E_TOOL_START: w.lat[g_tool],
-             E_SLOT_WAIT: a[sl[E_SLOT_WAIT]]}, pa.float64()),
-        col({E_TOOL_START: w.deadline[g_tool]}, pa.float64()),
-        strs({E_DECISION: dec_a // 8, E_TRAJ_START: n_text + r.prio[ti[sl[E_TRAJ_START]]],
-              E_CALL_END: err_detail}, vocab),
-    ]
+    dec_a = p.a[p.sl[E_DECISION]].astype(np.int64)
+    priority = n_text + r.prio[p.ti[p.sl[E_TRAJ_START]]]
+    return p.strings({E_DECISION: dec_a // 8, E_TRAJ_START: priority, E_CALL_END: err_detail},
+                     vocab)

@@ -1,7 +1,8 @@
 """The discrete-event simulation: one server, one trace, one pause policy (plain heapq).
 
 The server's iterations and the event loop are harness.simulate.scheduler; this module is the
-trajectories' side: arrivals, admission, calls, pauses, policies, swaps, records.
+trajectories' side: arrivals, admission, calls, pauses, policies, swaps, records. What it knows
+and the record and event bookkeeping it shares are harness.simulate.engine_state.
 
 Memory: a call reserves its whole context (prompt + output) when admitted (no growth, so no
 preemption of running calls); a paused trajectory that keeps its KV keeps its reservation (its
@@ -16,22 +17,35 @@ the replay builds (free/total slots in slot mode, free/total tokens in a token p
 latency history, its last `history_window` observations); only an oracle sees the true latency;
 keep, swap and recompute are asked once, as they decide the same at every pause.
 
-Written as typed classes so that mypyc can compile it with harness.simulate.scheduler and
-.trajectory (see harness.simulate.native); it runs unchanged as plain Python.
+Written as typed classes so that mypyc can compile it with harness.simulate.scheduler,
+.engine_state and .trajectory (see harness.simulate.native); it runs unchanged as plain Python.
 """
 
 from __future__ import annotations
 
 import gc
 import heapq
-from collections import deque
-from collections.abc import Callable
-from typing import Any, Final
 
 import numpy as np
 
-from harness.policies.base import SWAP, PauseContext, PausePolicy, ServerRates
-from harness.policies.builtin import Keep, Recompute, Swap
+from harness.policies.base import SWAP, PausePolicy
+from harness.simulate.engine_state import (
+    A_KEEP,
+    A_SWAP,
+    ARRIVE,
+    DEADLINE,
+    NAN,
+    SWAP_IN_DONE,
+    SWAP_OUT_DONE,
+    T_DROP,
+    T_FINISH,
+    T_RESTORE,
+    T_SWAP_OUT,
+    TOOL_END,
+    TTL,
+    EngineState,
+    action_code,
+)
 from harness.simulate.records import (
     E_CALL_END,
     E_CANCEL,
@@ -44,17 +58,8 @@ from harness.simulate.records import (
     E_TRAJ_START,
     RecordSink,
 )
-from harness.simulate.scheduler import Event, Scheduler
-from harness.simulate.server import (
-    ACTION_CODE,
-    DROP,
-    Capacity,
-    Counters,
-    History,
-    ServerModel,
-    context_factory,
-    resolve,
-)
+from harness.simulate.scheduler import Scheduler
+from harness.simulate.server import DROP, Capacity, Counters, ServerModel, resolve
 from harness.simulate.trajectory import (
     DONE,
     DROPPED,
@@ -77,7 +82,6 @@ from harness.simulate.trajectory import (
     KEPT,
     RESTORING,
     RUNNING,
-    STEP_WIDTH,
     SWAPPED,
     SWAPPING,
     WAIT_DROP,
@@ -86,22 +90,9 @@ from harness.simulate.trajectory import (
 )
 from harness.simulate.workload import Workload
 
-# external events
-ARRIVE: Final = 0
-TOOL_END: Final = 1
-DEADLINE: Final = 2
-TTL: Final = 3
-SWAP_OUT_DONE: Final = 4
-SWAP_IN_DONE: Final = 5
-A_KEEP: Final = 0  # action codes (server.ACTION_CODE); anything else drops the KV
-A_SWAP: Final = 1
-# control tasks served between iterations
-T_DROP: Final = 0
-T_SWAP_OUT: Final = 1
-T_RESTORE: Final = 2
-T_FINISH: Final = 3
+# A_KEEP and A_SWAP: re-exported for the tests that hold them to server.ACTION_CODE
+__all__ = ["A_KEEP", "A_SWAP", "SLOT_HANDOFFS", "Engine", "action_code", "simulate"]
 SLOT_HANDOFFS = ("agent", "fifo")
-NAN: Final = float("nan")
 
 
 def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolicy,
@@ -136,86 +127,16 @@ def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolic
             gc.enable()
 
 
-def action_code(action: str) -> int:
-    """KEEP, SWAP or the drop of a decision, as the loop compares it (server.ACTION_CODE)."""
-    return ACTION_CODE[action]
-
-
-class Engine:
-    """The trajectories' side of one simulation (see the module docstring); `run` runs it."""
+class Engine(EngineState):
+    """The trajectories' side of one simulation (see the module docstring): the transitions of
+    its trajectories over the state and bookkeeping of EngineState; `run` runs it."""
 
     def __init__(self, w: Workload, server: ServerModel, cap: Capacity, policy: PausePolicy,
                  open_loop: bool, sink: RecordSink, run_id: str, history_window: int,
                  agent_handoff: bool) -> None:
-        self.open_loop = open_loop
-        self.agent_handoff = agent_handoff and cap.slot_mode and not open_loop
-        self.barge = False  # the agent that just freed a slot starts its next trajectory on it
-        # per step
-        self.inp: list[int] = w.inp.tolist()
-        self.out: list[int] = w.out.tolist()
-        self.ctx: list[int] = w.ctx.tolist()
-        self.lat: list[float] = w.lat.tolist()
-        self.dl: list[float] = w.deadline.tolist()
-        self.cls: list[int] = w.cls.tolist()
-        costs = server.iteration_costs()
-        # what one decode token of an LLM step adds to an iteration (context at mid-output)
-        dcost: list[float] = (costs.beta + costs.decode_cell * (w.ctx - w.out / 2.0)).tolist()
-        # per trajectory
-        self.ids: list[str] = list(w.ids)
-        self.prio: list[str] = list(w.priority)
-        self.trajs: list[Trajectory] = [Trajectory(ti, f, f + k) for ti, (f, k) in
-                                        enumerate(zip(w.first, w.n_steps, strict=True))]
-        self.n = len(self.trajs)
-        self.classes: list[str] = list(w.classes)
-        self.hist: list[History] = [History(history_window) for _ in w.classes]
-        self.bpt: float = server.kv_bytes_per_token
-        self.bw_out: float = server.swap_out_bytes_per_s
-        self.bw_in: float = server.swap_in_bytes_per_s
-        self.rates: ServerRates = server.policy_rates()
-        self.make_ctx: Callable[..., PauseContext] = context_factory()
-        self.policy = policy
-        self.oracle: bool = policy.sees_true_latency
-        self.run_id = run_id
-        self.slot_mode: bool = cap.slot_mode
-        self.limit: int = cap.context_limit
-        self.total: int = cap.units
-        self.free_slots: list[int] = list(range(self.total - 1, -1, -1)) if self.slot_mode else []
-        self.free_tok: int = self.total  # token pool
-        self.sink = sink
-        self.rows: list[float] = sink.rows
-        self.rb: Any = sink.cols.buf  # per-step fields of the frequent events (steps.py)
-        self.flush_rows: int = sink.flush_rows
-        self.n_steps = len(self.inp)
-        self.g_lo = self.n_steps  # the steps whose fields changed since the last flush
-        self.g_hi = -1
-        self.cnt = 0  # the next record's seq
-        self.r_policy = sink.text("policy")
-        self.r_ttl = sink.text("ttl-expired")
-        self.r_end = sink.text("trajectory-end")
-        self.r_preempted = sink.text("preempted")
-        self.r_overflow = sink.text("context-overflow")
-        self.texts: dict[str, int] = {}
-        self.ext: list[Event] = []
-        self.queue: deque[Trajectory] = deque()  # waiting for admission
-        self.resume_q: deque[Trajectory] = deque()  # token pool: waiting to grow KV they hold
-        self.c = Counters()
-        self.pauses = 0
-        self.preemptions = 0
-        self.seq = 0  # tie-break of the event heap
-        self.link_out = 0.0  # when each swap link is next free
-        self.link_in = 0.0
-        self.inflight = 0  # swaps in flight
-        self.next_ti = 0  # closed loop: the next trajectory to start
-        # keep, swap and recompute decide the same at every pause: decide once, skip the context
-        self.fixed = type(policy) in (Keep, Swap, Recompute)
-        self.f_action = self.f_code = self.f_reason = 0
-        self.f_wait = NAN
-        if self.fixed:
-            _, _, action, self.f_code, self.f_reason, self.f_wait = resolve(
-                policy.decide(PauseContext(run_id, "", "", None, 0, True, "")), self.texts,
-                sink.text)
-            self.f_action = action_code(action)
-        self.sched = Scheduler(self, costs, self.slot_mode, self.out, dcost, self.rb)
+        super().__init__(w, server, cap, policy, open_loop, sink, run_id, history_window,
+                         agent_handoff)
+        self.sched = Scheduler(self, self.costs, self.slot_mode, self.out, self.dcost, self.rb)
 
     def run(self, times: list[float]) -> Counters:
         """Trajectory k arrives at `times[k]`; run the loop to its end, return the counters."""
@@ -229,41 +150,6 @@ class Engine:
         c.pauses, c.preemptions, c.events, c.sim_time_s = (self.pauses, self.preemptions,
                                                            events, t_last)
         return c
-
-    def emit(self, t: float, ev: int, ti: int, step: int, s: int, a: float, b: float,
-             c: float) -> None:
-        self.rows.extend((self.cnt, t, ev, ti, step, s, a, b, c))
-        self.cnt += 1
-
-    def maybe_flush(self) -> None:
-        """The scheduler's call, now and then: hand a part's worth of records to the sink."""
-        if self.cnt - self.sink.seq >= self.flush_rows:
-            self.sink.flush(self.cnt, self.steps_touched())
-
-    def steps_touched(self) -> tuple[int, int]:
-        """The steps whose fields changed since the last call, as a range (the writer looks
-        for a part's events there only), and start anew."""
-        lo, hi = (self.g_lo, self.g_hi + 1) if self.g_hi >= 0 else (0, 0)
-        self.g_lo, self.g_hi = self.n_steps, -1
-        return lo, hi
-
-    def stamp(self, g: int, f_t: int, t: float, records: int = 1) -> int:
-        """Store time `t` and the next seq in step `g`'s fields `f_t` and `f_t + 1` for an
-        event of `records` records (its seq and the following ones); returns the step's row."""
-        if g < self.g_lo:
-            self.g_lo = g
-        if g > self.g_hi:
-            self.g_hi = g
-        row = g * STEP_WIDTH
-        rb = self.rb
-        rb[row + f_t] = t
-        rb[row + f_t + 1] = self.cnt
-        self.cnt += records
-        return row
-
-    def push(self, t: float, kind: int, tr: Trajectory) -> None:
-        self.seq += 1
-        heapq.heappush(self.ext, (t, self.seq, kind, tr, tr.gen))
 
     def arrive(self, tr: Trajectory, t: float) -> None:
         self.emit(t, E_TRAJ_START, tr.ti, -1, -1, t, 0, 0)

@@ -1,10 +1,10 @@
 """Chooses between the compiled event loop and its pure-Python sources, before either loads.
 
-setup.py compiles harness.simulate.scheduler and .engine with mypyc when it can; an extension
-module shadows its .py file on import. That is right only while the sources are those the
-extension was built from, so `select` (run by the package's __init__, importing nothing) points
-the import system at the sources instead when the build is stale (an edited source, or no record
-of the build) or when HARNESS_SIMULATOR=python asks for it. `ENGINE` says which one runs; the
+setup.py compiles the event loop's modules (native_sources.COMPILED) with mypyc when it can; an
+extension module shadows its .py file on import. That is right only while the sources are those
+the extension was built from, so `select` (run by the package's __init__, importing nothing)
+points the import system at the sources instead when the build is stale (an edited source, or no
+record of the build) or when HARNESS_SIMULATOR=python asks for it. `ENGINE` says which one runs; the
 run's run.json records it.
 """
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.simulate import decode as _d
-from harness.simulate.decode import (  # noqa: F401 - the event codes the loop emits
+from harness.simulate.decode import (
     E_CALL_END,
     E_CALL_START,
     E_CANCEL,
@@ -42,6 +42,11 @@ from harness.simulate.steps import StepColumns
 from harness.simulate.workload import Workload
 from harness.simulate.writer import PartEncoder, ProcessWriter, ThreadWriter, run_statics
 
+# the sink, and the event codes (from decode) the loop emits, re-exported for it
+__all__ = ["ACTIONS", "END_STATUSES", "EVENTS", "E_CALL_END", "E_CALL_START", "E_CANCEL",
+           "E_DECISION", "E_ERASE", "E_FIRST_TOKEN", "E_KV_STATE", "E_RECOMPUTE", "E_SLOT_WAIT",
+           "E_SWAP_IN", "E_SWAP_OUT", "E_TOOL_END", "E_TOOL_START", "E_TRAJ_END", "E_TRAJ_START",
+           "KV_STATUSES", "NS", "PAYLOAD", "PROCESS_MIN_STEPS", "WIDTH", "WRITERS", "RecordSink"]
 ACTIONS, END_STATUSES, KV_STATUSES = _d.ACTIONS, _d.END_STATUSES, _d.KV_STATUSES
 WIDTH = 9  # a row of the loop's flat list: seq, then the compact row
 WRITERS = ("auto", "thread", "process")

@@ -6,7 +6,7 @@ import dataclasses
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -179,7 +179,7 @@ def context_factory() -> Callable[..., PauseContext]:
     def make(*values: Any) -> PauseContext:
         ctx = new(PauseContext)
         ctx.__dict__.update(zip(names, values, strict=False))
-        return cast(PauseContext, ctx)
+        return ctx
 
     return make
 

@@ -133,9 +133,29 @@ def blocks(cols: StepColumns, w: Workload, traj: np.ndarray, lo: int, hi: int,
     `generic` holds the loop's other rows, (seq, t, event, trajectory, step, slot, a, b, c)
     each; `traj` is step_trajectory(w); `steps` the range of steps that can hold these events
     (None: all), so that a part costs the steps active while it was simulated, not the trace."""
-    g0, g1 = steps if steps is not None else (0, cols.n)
-    parts: list[list[Block]] = [[] for _ in EVENTS]
-    if len(generic):
+    part = _PartBlocks(cols, w, traj, lo, hi, steps)
+    part.add_generic(generic)
+    part.add_call_events()
+    part.add_pause_events()
+    return part.merged()
+
+
+class _PartBlocks:
+    """The blocks of one part (the events with seq lo..hi-1) as they are gathered, per event,
+    from the loop's generic rows and from the step fields of the steps `steps` (None: all)."""
+
+    def __init__(self, cols: StepColumns, w: Workload, traj: np.ndarray, lo: int, hi: int,
+                 steps: tuple[int, int] | None) -> None:
+        self.w, self.traj, self.lo, self.hi = w, traj, lo, hi
+        self.g0, self.g1 = steps if steps is not None else (0, cols.n)
+        self.parts: list[list[Block]] = [[] for _ in EVENTS]
+        self.first = np.asarray(w.first, dtype=np.int64)
+        self.v = cols.view
+
+    def add_generic(self, generic: np.ndarray) -> None:
+        """The loop's compact rows, split by event code."""
+        if not len(generic):
+            return
         order = np.argsort(generic[:, 2], kind="stable")
         gen = generic[order]
         evs = gen[:, 2].astype(np.int64)
@@ -143,68 +163,85 @@ def blocks(cols: StepColumns, w: Workload, traj: np.ndarray, lo: int, hi: int,
         for e in range(len(EVENTS)):
             if cuts[e + 1] > cuts[e]:
                 x = gen[cuts[e]:cuts[e + 1]]
-                parts[e].append((x[:, 0].astype(np.int64), x[:, 1], *(
+                self.parts[e].append((x[:, 0].astype(np.int64), x[:, 1], *(
                     x[:, k].astype(np.int64) for k in (3, 4, 5)), x[:, 6], x[:, 7], x[:, 8]))
-    first = np.asarray(w.first, dtype=np.int64)
-    v = cols.view
-    slot = v("slot")
 
-    def rows(seq_name: str) -> tuple[np.ndarray, np.ndarray]:
-        seq = v(seq_name)[g0:g1]
-        g = np.flatnonzero((seq >= lo) & (seq < hi)) + g0
-        g = g[(w.cls[g] >= 0) == (seq_name in TOOL_FIELDS)]  # the steps of the field's kind
+    def stamped(self, seq_name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(steps, seq) of the steps whose `seq_name` field holds a seq of this part."""
+        v = self.v
+        seq = v(seq_name)[self.g0:self.g1]
+        g = np.flatnonzero((seq >= self.lo) & (seq < self.hi)) + self.g0
+        g = g[(self.w.cls[g] >= 0) == (seq_name in TOOL_FIELDS)]  # the steps of the field's kind
         return g, v(seq_name)[g].astype(np.int64)
 
-    def put(seq: np.ndarray, t: np.ndarray, ev: int, g: np.ndarray, own_step: bool,
+    def put(self, seq: np.ndarray, t: np.ndarray, ev: int, g: np.ndarray, own_step: bool,
             s: np.ndarray | int, a: np.ndarray | float, b: np.ndarray | float = 0.0,
             c: np.ndarray | float = 0.0) -> None:
+        """A block of event `ev` at steps `g`; `own_step` False: a trajectory-level event (no
+        step, no slot); scalar payloads are repeated over the rows."""
         m = len(g)
         if not m:
             return
-        ti = traj[g]
+        ti = self.traj[g]
         full = np.full
-        parts[ev].append((seq, t, ti, g - first[ti] if own_step else full(m, -1),
-                          np.asarray(s) if own_step else full(m, -1),
-                          *(x if isinstance(x, np.ndarray) else full(m, x) for x in (a, b, c))))
+        self.parts[ev].append((seq, t, ti, g - self.first[ti] if own_step else full(m, -1),
+                               np.asarray(s) if own_step else full(m, -1),
+                               *(x if isinstance(x, np.ndarray) else full(m, x)
+                                 for x in (a, b, c))))
 
-    g, seq = rows("st_seq")
-    rc = v("rc")[g]
-    t = v("st_t")[g]
-    has = rc > 0
-    s = slot[g].astype(np.int64)
-    put(seq[has], t[has], E_RECOMPUTE, g[has], True, s[has], rc[has])
-    put(seq + has, t, E_KV_STATE, g, False, -1, (w.ctx[g] - w.out[g]).astype(np.float64))
-    put(seq + has + 1, t, E_CALL_START, g, True, s, v("due")[g])
-    g, seq = rows("ft_seq")
-    put(seq, v("ft_t")[g], E_FIRST_TOKEN, g, True, slot[g].astype(np.int64), 0.0)
-    g, seq = rows("en_seq")
-    ft, en = v("ft_t")[g], v("en_t")[g]
-    put(seq, en, E_CALL_END, g, True, slot[g].astype(np.int64), w.inp[g] + v("rc")[g],
-        (ft - v("pre_t")[g]) * 1000, (en - ft) * 1000)
-    g, seq = rows("sw_seq")
-    put(seq, v("sw_t")[g], E_SLOT_WAIT, g, True, v("sw_slot")[g].astype(np.int64),
-        v("sw_wait")[g])
-    g, seq = rows("pa_seq")
-    t, code, s = v("pa_t")[g], v("pa_code")[g], slot[g - 1].astype(np.int64)
-    put(seq, t, E_DECISION, g, True, s, code, v("pa_wait")[g], v("pa_reason")[g])
-    put(seq + 1, t, E_TOOL_START, g, True, s, 0.0)
-    kept = code % 8 != DROP_CODE
-    put(seq[kept] + 2, t[kept], E_KV_STATE, g[kept], False, -1,
-        w.ctx[g][kept].astype(np.float64), 1.0)
-    g, seq = rows("te_seq")
-    put(seq, v("te_t")[g], E_TOOL_END, g, True, v("te_slot")[g].astype(np.int64),
-        w.outcome[g].astype(np.float64))
-    out: list[Block] = []
-    total = 0
-    for ps in parts:
-        if len(ps) == 1:
-            out.append(ps[0])
-        else:  # none, or several sources of one event: merge by seq
-            cat = tuple(np.concatenate([p[k] for p in ps]) if ps else np.zeros(0)
-                        for k in range(ROW))
-            order = np.argsort(cat[0], kind="stable")
-            out.append(tuple(x[order] for x in cat))
-        total += len(out[-1][0])
-    if total != hi - lo:
-        raise RuntimeError(f"records {lo}..{hi - 1}: {total} events found (simulator bug)")
-    return out
+    def add_call_events(self) -> None:
+        """An LLM step's events: recompute, kv_state and call_start; first token; call end;
+        slot_wait."""
+        v, w, put = self.v, self.w, self.put
+        slot = v("slot")
+        g, seq = self.stamped("st_seq")
+        rc = v("rc")[g]
+        t = v("st_t")[g]
+        has = rc > 0
+        s = slot[g].astype(np.int64)
+        put(seq[has], t[has], E_RECOMPUTE, g[has], True, s[has], rc[has])
+        put(seq + has, t, E_KV_STATE, g, False, -1, (w.ctx[g] - w.out[g]).astype(np.float64))
+        put(seq + has + 1, t, E_CALL_START, g, True, s, v("due")[g])
+        g, seq = self.stamped("ft_seq")
+        put(seq, v("ft_t")[g], E_FIRST_TOKEN, g, True, slot[g].astype(np.int64), 0.0)
+        g, seq = self.stamped("en_seq")
+        ft, en = v("ft_t")[g], v("en_t")[g]
+        put(seq, en, E_CALL_END, g, True, slot[g].astype(np.int64), w.inp[g] + v("rc")[g],
+            (ft - v("pre_t")[g]) * 1000, (en - ft) * 1000)
+        g, seq = self.stamped("sw_seq")
+        put(seq, v("sw_t")[g], E_SLOT_WAIT, g, True, v("sw_slot")[g].astype(np.int64),
+            v("sw_wait")[g])
+
+    def add_pause_events(self) -> None:
+        """A tool step's events: pause_decision, tool_start and (unless the KV is dropped)
+        kv_state; tool_end."""
+        v, w, put = self.v, self.w, self.put
+        g, seq = self.stamped("pa_seq")
+        # the slot the call before the pause ran on (the pause holds it, or held it)
+        t, code, s = v("pa_t")[g], v("pa_code")[g], v("slot")[g - 1].astype(np.int64)
+        put(seq, t, E_DECISION, g, True, s, code, v("pa_wait")[g], v("pa_reason")[g])
+        put(seq + 1, t, E_TOOL_START, g, True, s, 0.0)
+        kept = code % 8 != DROP_CODE
+        put(seq[kept] + 2, t[kept], E_KV_STATE, g[kept], False, -1,
+            w.ctx[g][kept].astype(np.float64), 1.0)
+        g, seq = self.stamped("te_seq")
+        put(seq, v("te_t")[g], E_TOOL_END, g, True, v("te_slot")[g].astype(np.int64),
+            w.outcome[g].astype(np.float64))
+
+    def merged(self) -> list[Block]:
+        """One block per event, rows by seq; checks that the part holds every seq lo..hi-1."""
+        out: list[Block] = []
+        total = 0
+        for ps in self.parts:
+            if len(ps) == 1:
+                out.append(ps[0])
+            else:  # none, or several sources of one event: merge by seq
+                cat = tuple(np.concatenate([p[k] for p in ps]) if ps else np.zeros(0)
+                            for k in range(ROW))
+                order = np.argsort(cat[0], kind="stable")
+                out.append(tuple(x[order] for x in cat))
+            total += len(out[-1][0])
+        if total != self.hi - self.lo:
+            raise RuntimeError(f"records {self.lo}..{self.hi - 1}: {total} events found "
+                               "(simulator bug)")
+        return out

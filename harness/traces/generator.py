@@ -2,27 +2,32 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
+from harness.arrays import AnyArray, BoolArray, FloatArray, IntArray, ObjectArray, StrArray
 from harness.errors import InputError
 from harness.traces.profiles import Dist, Profile
 from harness.traces.schema import COLUMNS, KIND_LLM, KIND_TOOL, Provenance
 
 
-def sample(dist: Dist, n: int, rng: np.random.Generator) -> np.ndarray:
+def sample(dist: Dist, n: int, rng: np.random.Generator) -> FloatArray:
     """Lognormal body around the median; a fraction replaced by a Pareto tail; clipped."""
-    body = dist.median * np.exp(dist.sigma * rng.standard_normal(n))
+    body: FloatArray = dist.median * np.exp(dist.sigma * rng.standard_normal(n))
     if dist.tail_fraction > 0:
         in_tail = rng.random(n) < dist.tail_fraction
         # Pareto with scale x_m and shape alpha by inversion: x_m * U^(-1/alpha).
         tail = dist.tail_scale * (1.0 - rng.random(n)) ** (-1.0 / dist.tail_alpha)
         body = np.where(in_tail, tail, body)
-    return np.clip(body, dist.min, dist.max)
+    clipped: FloatArray = np.clip(body, dist.min, dist.max)
+    return clipped
 
 
-def _tokens(dist: Dist, n: int, rng: np.random.Generator, minimum: int) -> np.ndarray:
-    return np.maximum(np.rint(sample(dist, n, rng)).astype(np.int64), minimum)
+def _tokens(dist: Dist, n: int, rng: np.random.Generator, minimum: int) -> IntArray:
+    tokens: IntArray = np.maximum(np.rint(sample(dist, n, rng)).astype(np.int64), minimum)
+    return tokens
 
 
 def _fixed_frame(profile: Profile) -> pd.DataFrame:
@@ -59,23 +64,61 @@ def generate(profile: Profile, trajectories: int, seed: int) -> pd.DataFrame:
         return _fixed_frame(profile)
     if trajectories <= 0:
         raise InputError("--trajectories must be > 0 (an empty workload cannot be replayed)")
+    # Every draw below comes from this one generator, in a fixed order: the same seed gives the
+    # same trace, so the order of the calls must not change.
     rng = np.random.default_rng(seed)
-    n = trajectories
-    turns = rng.integers(profile.turns_min, profile.turns_max + 1, size=n)
+    lay = _layout(rng.integers(profile.turns_min, profile.turns_max + 1, size=trajectories))
+    inp = np.zeros(lay.total, dtype=np.int64)
+    out = np.zeros(lay.total, dtype=np.int64)
+    inp[lay.first] = _tokens(profile.prompt_tokens, lay.n, rng, 1)
+    out[lay.is_llm] = _tokens(profile.output_tokens, int(lay.is_llm.sum()), rng, 1)
+    tools = _draw_tools(profile, len(lay.tool_pos), rng)
+    inp[lay.tool_pos + 1] = tools.result_tokens  # a tool result is the next LLM step's input
+    keep = _kept_steps(profile, lay, inp, out, tools.outcome)
+    level = _draw_trajectory_fields(profile, lay.n, rng)
+    df = _frame(profile, lay, inp, out, tools, level)
+    return df[keep].reset_index(drop=True)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where the steps are: trajectory k's 2 x turns - 1 steps alternate LLM, tool, ..., LLM."""
+
+    n: int  # trajectories
+    total: int  # steps
+    traj: IntArray  # each step's trajectory
+    first: IntArray  # each trajectory's first step
+    step: IntArray  # each step's index in its trajectory
+    is_tool: BoolArray
+    is_llm: BoolArray
+    tool_pos: IntArray  # the tool steps
+
+
+def _layout(turns: IntArray) -> _Layout:
+    n = len(turns)
     n_steps = 2 * turns - 1
     total = int(n_steps.sum())
     traj = np.repeat(np.arange(n), n_steps)
     first = np.concatenate(([0], np.cumsum(n_steps)[:-1]))
     step = np.arange(total) - np.repeat(first, n_steps)
     is_tool = (step % 2) == 1
-    is_llm = ~is_tool
-    n_tool = int(is_tool.sum())
+    return _Layout(n, total, traj, first, step, is_tool, ~is_tool, np.flatnonzero(is_tool))
 
-    inp = np.zeros(total, dtype=np.int64)
-    out = np.zeros(total, dtype=np.int64)
-    inp[first] = _tokens(profile.prompt_tokens, n, rng, 1)
-    out[is_llm] = _tokens(profile.output_tokens, int(is_llm.sum()), rng, 1)
 
+@dataclass(frozen=True)
+class _ToolSteps:
+    """What was drawn for each tool step, in step order."""
+
+    cls_idx: IntArray  # index into the profile's tool classes
+    latency: FloatArray  # NaN: never returns
+    result_tokens: IntArray
+    deadline: FloatArray
+    mutating: BoolArray
+    tool_name: ObjectArray
+    outcome: ObjectArray
+
+
+def _draw_tools(profile: Profile, n_tool: int, rng: np.random.Generator) -> _ToolSteps:
     classes = profile.tool_classes
     weights = np.array([c.weight for c in classes], dtype=float)
     cls_idx = rng.choice(len(classes), size=n_tool, p=weights / weights.sum())
@@ -100,26 +143,43 @@ def generate(profile: Profile, trajectories: int, seed: int) -> pd.DataFrame:
         outcome[never] = "abandoned"
         latency[never] = np.nan
         outcome[err] = "error"
-    # A tool result is the next LLM step's input.
-    tool_pos = np.flatnonzero(is_tool)
-    inp[tool_pos + 1] = result_tok
+    return _ToolSteps(cls_idx, latency, result_tok, deadline, mutating, tool_name, outcome)
 
-    keep = np.ones(total, dtype=bool)
-    # Nothing follows a tool that never returns.
-    never_pos = tool_pos[outcome == "abandoned"]
+
+def _kept_steps(profile: Profile, lay: _Layout, inp: IntArray, out: IntArray,
+                outcome: ObjectArray) -> BoolArray:
+    """The steps that stay: none after a tool that never returns, none past the context cap."""
+    step, traj = lay.step, lay.traj
+    keep = np.ones(lay.total, dtype=bool)
+    never_pos = lay.tool_pos[outcome == "abandoned"]
     if never_pos.size:
-        cut = np.full(n, np.iinfo(np.int64).max)
+        cut = np.full(lay.n, np.iinfo(np.int64).max)
         np.minimum.at(cut, traj[never_pos], step[never_pos])
         keep &= step <= cut[traj]
     if profile.max_context_tokens is not None:
         ctx = pd.Series(inp + out).groupby(traj).cumsum().to_numpy()
-        over = is_llm & (ctx > profile.max_context_tokens) & (step > 0)
+        over = lay.is_llm & (ctx > profile.max_context_tokens) & (step > 0)
         if over.any():
-            cut = np.full(n, np.iinfo(np.int64).max)
+            cut = np.full(lay.n, np.iinfo(np.int64).max)
             # Drop the first LLM step past the cap and the tool step before it.
             np.minimum.at(cut, traj[over], step[over] - 1)
             keep &= step < cut[traj]
+    return keep
 
+
+@dataclass(frozen=True)
+class _TrajectoryFields:
+    """What was drawn for each trajectory: the fields every one of its steps carries."""
+
+    ids: ObjectArray
+    starts: FloatArray
+    priority: StrArray
+    tenants: ObjectArray
+    groups: ObjectArray
+
+
+def _draw_trajectory_fields(profile: Profile, n: int,
+                            rng: np.random.Generator) -> _TrajectoryFields:
     starts = (np.cumsum(rng.exponential(1.0 / profile.arrival_rate_per_s, size=n))
               if profile.arrival_rate_per_s else np.zeros(n))
     prio = np.where(rng.random(n) < profile.interactive_fraction, "interactive", "batch")
@@ -128,30 +188,43 @@ def generate(profile: Profile, trajectories: int, seed: int) -> pd.DataFrame:
                        dtype=object) if profile.prefix_groups else np.full(n, None, dtype=object))
     width = len(str(n - 1))
     ids = np.array([f"{profile.name}-{i:0{width}d}" for i in range(n)], dtype=object)
+    return _TrajectoryFields(ids, starts, prio, tenants, groups)
 
-    tool_col = lambda values, fill: _scatter(total, tool_pos, values, fill)  # noqa: E731
+
+def _frame(profile: Profile, lay: _Layout, inp: IntArray, out: IntArray, tools: _ToolSteps,
+           level: _TrajectoryFields) -> pd.DataFrame:
+    """Every step (kept or not) in the canonical columns."""
+    traj, is_tool, is_llm = lay.traj, lay.is_tool, lay.is_llm
+
+    def tool_col(values: AnyArray, fill: object) -> AnyArray:
+        return _scatter(lay.total, lay.tool_pos, values, fill)
+
+    class_names = np.array([c.name for c in profile.tool_classes], dtype=object)
+    mutating = np.zeros(lay.total, dtype=bool)
+    mutating[lay.tool_pos] = tools.mutating
     df = pd.DataFrame({
-        "trajectory_id": ids[traj],
-        "step": step.astype(np.int32),
+        "trajectory_id": level.ids[traj],
+        "step": lay.step.astype(np.int32),
         "kind": np.where(is_tool, KIND_TOOL, KIND_LLM).astype(object),
-        "start_s": np.round(starts[traj], 6),
-        "priority": prio[traj].astype(object),
-        "tenant": tenants[traj],
-        "prefix_group": groups[traj],
+        "start_s": np.round(level.starts[traj], 6),
+        "priority": level.priority[traj].astype(object),
+        "tenant": level.tenants[traj],
+        "prefix_group": level.groups[traj],
         "input_tokens": pd.array(np.where(is_llm, inp, 0), dtype="Int64"),
         "output_tokens": pd.array(np.where(is_llm, out, 0), dtype="Int64"),
-        "tool_name": tool_col(tool_name, None),
-        "tool_class": tool_col(np.array([c.name for c in classes], dtype=object)[cls_idx], None),
-        "latency_s": np.round(tool_col(latency, np.nan).astype(float), 6),
-        "deadline_s": tool_col(deadline, np.nan).astype(float),
-        "outcome": tool_col(outcome, None),
-        "mutating": pd.array(tool_col(mutating.astype(object), None), dtype="boolean"),
+        "tool_name": tool_col(tools.tool_name, None),
+        "tool_class": tool_col(class_names[tools.cls_idx], None),
+        "latency_s": np.round(tool_col(tools.latency, np.nan).astype(float), 6),
+        "deadline_s": tool_col(tools.deadline, np.nan).astype(float),
+        "outcome": tool_col(tools.outcome, None),
+        "mutating": pd.arrays.BooleanArray(mutating, ~is_tool),  # null at the LLM steps
     })
     df.loc[is_tool, ["input_tokens", "output_tokens"]] = pd.NA
-    return df[keep].reset_index(drop=True)
+    return df
 
 
-def _scatter(total: int, pos: np.ndarray, values: np.ndarray, fill: object) -> np.ndarray:
+def _scatter(total: int, pos: IntArray, values: AnyArray,
+             fill: object) -> AnyArray:
     out = np.full(total, fill, dtype=object if values.dtype == object else values.dtype)
     out[pos] = values
     return out

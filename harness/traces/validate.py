@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from harness.arrays import BoolArray, FloatArray, ObjectArray
 from harness.errors import InputError
 from harness.traces.schema import (
     ARROW_SCHEMA,
@@ -67,14 +68,15 @@ def _type_ok(column: str, typ: pa.DataType) -> bool:
         typ = typ.value_type
     if pa.types.is_null(typ):
         return True  # an all-null column: nullability is checked per row
+    # bool(): pyarrow is untyped, its predicates return plain bools
     if column in _INT_COLUMNS:
-        return pa.types.is_integer(typ)
+        return bool(pa.types.is_integer(typ))
     if column in _FLOAT_COLUMNS:
-        return pa.types.is_floating(typ) or pa.types.is_integer(typ)
+        return bool(pa.types.is_floating(typ) or pa.types.is_integer(typ))
     if column in _STRING_COLUMNS:
-        return pa.types.is_string(typ) or pa.types.is_large_string(typ)
+        return bool(pa.types.is_string(typ) or pa.types.is_large_string(typ))
     if column == "mutating":
-        return pa.types.is_boolean(typ)
+        return bool(pa.types.is_boolean(typ))
     return True
 
 
@@ -165,19 +167,40 @@ def _check_nan(table: pa.Table, file: str) -> list[Problem]:
 
 def check_frame(df: pd.DataFrame, file: str) -> list[Problem]:
     """Row rules over a frame whose columns already have the right types."""
-    problems: list[Problem] = []
-    n = len(df)
-    if n == 0:
+    if len(df) == 0:
         return [Problem(file, "empty-workload", "the file holds no steps")]
-    tid = df["trajectory_id"].astype(object).to_numpy()
-    step_raw = df["step"].to_numpy(dtype="float64", na_value=np.nan)
+    rows = _Rows(df, file)
+    for col in _REQUIRED_NON_NULL:
+        rows.flag(df[col].isna().to_numpy(), "null-value", f"{col!r} must not be null")
+    if rows.problems:
+        return rows.problems
+    kind = df["kind"].astype(object).to_numpy()
+    is_llm = kind == KIND_LLM
+    is_tool = kind == KIND_TOOL
+    _check_step_fields(df, rows, is_llm, is_tool)
+    _check_tool_fields(df, rows, is_tool)
+    if rows.problems:
+        return rows.problems
+    return _check_structure(df, file, rows.tid, rows.step_raw.astype(np.int64), is_tool)
 
-    def emit(mask: np.ndarray, rule: str, message: str) -> None:
+
+class _Rows:
+    """The problems found so far in a frame's rows, each named by trajectory and step."""
+
+    def __init__(self, df: pd.DataFrame, file: str) -> None:
+        self.file = file
+        self.problems: list[Problem] = []
+        self.tid: ObjectArray = df["trajectory_id"].astype(object).to_numpy()
+        self.step_raw: FloatArray = df["step"].to_numpy(dtype="float64", na_value=np.nan)
+
+    def flag(self, mask: BoolArray, rule: str, message: str) -> None:
+        """A problem for each row in `mask` (the first MAX_REPORTED of them)."""
+        tid, step_raw = self.tid, self.step_raw
         for i in np.flatnonzero(mask)[:MAX_REPORTED]:
             s = step_raw[i]
-            problems.append(
+            self.problems.append(
                 Problem(
-                    file,
+                    self.file,
                     rule,
                     message,
                     None if tid[i] is None else str(tid[i]),
@@ -185,49 +208,45 @@ def check_frame(df: pd.DataFrame, file: str) -> list[Problem]:
                 )
             )
 
-    for col in _REQUIRED_NON_NULL:
-        emit(df[col].isna().to_numpy(), "null-value", f"{col!r} must not be null")
-    if problems:
-        return problems
 
-    kind = df["kind"].astype(object).to_numpy()
-    is_llm = kind == KIND_LLM
-    is_tool = kind == KIND_TOOL
-    emit(~(is_llm | is_tool), "bad-kind", f"kind must be {KIND_LLM!r} or {KIND_TOOL!r}")
-    emit(~df["priority"].isin(PRIORITIES).to_numpy(), "bad-priority",
+def _check_step_fields(df: pd.DataFrame, rows: _Rows, is_llm: BoolArray,
+                       is_tool: BoolArray) -> None:
+    """kind, priority, start_s, step, and an LLM step's token counts."""
+    flag = rows.flag
+    flag(~(is_llm | is_tool), "bad-kind", f"kind must be {KIND_LLM!r} or {KIND_TOOL!r}")
+    flag(~df["priority"].isin(PRIORITIES).to_numpy(), "bad-priority",
          f"priority must be one of {', '.join(PRIORITIES)}")
     start = df["start_s"].to_numpy(dtype="float64")
-    emit(~np.isfinite(start) | (start < 0), "bad-start", "start_s must be finite and >= 0")
-    emit(step_raw < 0, "bad-step", "step must be >= 0")
-
+    flag(~np.isfinite(start) | (start < 0), "bad-start", "start_s must be finite and >= 0")
+    flag(rows.step_raw < 0, "bad-step", "step must be >= 0")
     for col, minimum in (("input_tokens", 0), ("output_tokens", 1)):
         vals = df[col].to_numpy(dtype="float64", na_value=np.nan)
-        emit(is_llm & np.isnan(vals), "missing-tokens", f"LLM step needs {col!r}")
-        emit(is_llm & ~np.isnan(vals) & (vals < minimum), "bad-tokens",
+        flag(is_llm & np.isnan(vals), "missing-tokens", f"LLM step needs {col!r}")
+        flag(is_llm & ~np.isnan(vals) & (vals < minimum), "bad-tokens",
              f"{col!r} must be >= {minimum}")
 
+
+def _check_tool_fields(df: pd.DataFrame, rows: _Rows, is_tool: BoolArray) -> None:
+    """A tool step's latency, deadline, outcome, class and mutating flag."""
+    flag = rows.flag
     lat = df["latency_s"].to_numpy(dtype="float64", na_value=np.nan)
     lat_null = df["latency_s"].isna().to_numpy()
     with np.errstate(invalid="ignore"):
-        emit(is_tool & ~lat_null & (~np.isfinite(lat) | (lat < 0)), "bad-latency",
+        flag(is_tool & ~lat_null & (~np.isfinite(lat) | (lat < 0)), "bad-latency",
              "latency_s must be finite and >= 0 (null means the tool never returns)")
         dl = df["deadline_s"].to_numpy(dtype="float64", na_value=np.nan)
         dl_null = df["deadline_s"].isna().to_numpy()
-        emit(is_tool & ~dl_null & (~np.isfinite(dl) | (dl <= 0)), "bad-deadline",
+        flag(is_tool & ~dl_null & (~np.isfinite(dl) | (dl <= 0)), "bad-deadline",
              "deadline_s must be finite and > 0 when set")
     outcome = df["outcome"].astype(object).to_numpy()
-    emit(is_tool & ~df["outcome"].isin(OUTCOMES).to_numpy(), "bad-outcome",
+    flag(is_tool & ~df["outcome"].isin(OUTCOMES).to_numpy(), "bad-outcome",
          f"outcome must be one of {', '.join(OUTCOMES)}")
-    emit(is_tool & lat_null & ~np.isin(outcome, ["abandoned", "timeout"]), "never-returns",
+    flag(is_tool & lat_null & ~np.isin(outcome, ["abandoned", "timeout"]), "never-returns",
          "a tool with null latency never returns: its outcome must be 'abandoned' or 'timeout'")
-    emit(is_tool & df["tool_class"].isna().to_numpy(), "missing-tool-class",
+    flag(is_tool & df["tool_class"].isna().to_numpy(), "missing-tool-class",
          "tool step needs 'tool_class'")
-    emit(is_tool & df["mutating"].isna().to_numpy(), "missing-mutating",
+    flag(is_tool & df["mutating"].isna().to_numpy(), "missing-mutating",
          "tool step needs 'mutating'")
-    if problems:
-        return problems
-    problems.extend(_check_structure(df, file, tid, step_raw.astype(np.int64), is_tool))
-    return problems
 
 
 def _check_structure(
@@ -310,4 +329,5 @@ def load_trajectories(path: str | Path) -> pd.DataFrame:
             lines.append(f"... and {len(problems) - 20} more problems")
         raise InputError("invalid trajectory file:\n" + "\n".join(lines))
     assert table is not None
-    return table.select(list(ARROW_SCHEMA.names)).to_pandas()
+    df: pd.DataFrame = table.select(list(ARROW_SCHEMA.names)).to_pandas()
+    return df

@@ -131,25 +131,34 @@ def import_path(path: Path, options: dict[str, str]) -> Imported:
     if not files:
         raise InputError(f"{path}: no *.json files")
     st = _Stats()
-    trajs: list[Trajectory] = []
-    for src in files:
-        for rid, segs in _requests(src).items():
-            st.requests += 1
-            if not isinstance(segs, list) or not segs or not all(isinstance(s, dict)
-                                                                 for s in segs):
-                raise InputError(f"{src}: request {rid!r}: expected a non-empty list of "
-                                 "segment objects")
-            kinds = {"prompt" in s for s in segs}
-            if len(kinds) > 1:
-                raise InputError(f"{src}: request {rid!r}: mixes text and token-count segments")
-            st.text_requests += "prompt" in segs[0]
-            tid = f"{src.stem}/{rid}" if path.is_dir() else str(rid)
-            trajs.append(Trajectory(tid, _convert(str(rid), segs, src, opts["tool_class"], st),
-                                    priority=opts["priority"], tenant=opts["tenant"]))
+    trajs = [t for src in files for t in _file_trajectories(path, src, opts, st)]
     if not trajs:
         raise InputError(f"{path}: no requests")
     for t, s in zip(trajs, arrival_offsets(len(trajs), rate, seed), strict=True):
         t.start_s = float(s)
+    return Imported(build_frame(trajs), _provenance(files, opts, rate, seed, st), _warnings(st))
+
+
+def _file_trajectories(path: Path, src: Path, opts: dict[str, str],
+                       st: _Stats) -> list[Trajectory]:
+    """The trajectories of one file's requests (`path`: what was imported, file or folder)."""
+    trajs: list[Trajectory] = []
+    for rid, segs in _requests(src).items():
+        st.requests += 1
+        if not isinstance(segs, list) or not segs or not all(isinstance(s, dict) for s in segs):
+            raise InputError(f"{src}: request {rid!r}: expected a non-empty list of "
+                             "segment objects")
+        kinds = {"prompt" in s for s in segs}
+        if len(kinds) > 1:
+            raise InputError(f"{src}: request {rid!r}: mixes text and token-count segments")
+        st.text_requests += "prompt" in segs[0]
+        tid = f"{src.stem}/{rid}" if path.is_dir() else str(rid)
+        trajs.append(Trajectory(tid, _convert(str(rid), segs, src, opts["tool_class"], st),
+                                priority=opts["priority"], tenant=opts["tenant"]))
+    return trajs
+
+
+def _warnings(st: _Stats) -> list[str]:
     warnings = []
     if st.violations:
         warnings.append(summarize(f"of {st.checked} segment transitions break the invariant "
@@ -160,13 +169,18 @@ def import_path(path: Path, options: dict[str, str]) -> Imported:
         warnings.append(summarize("negative inputs clamped to 0", st.clamped_input))
     if st.clamped_output:
         warnings.append(summarize("completions of 0 tokens raised to 1", st.clamped_output))
+    return warnings
+
+
+def _provenance(files: list[Path], opts: dict[str, str], rate: float | None, seed: int,
+                st: _Stats) -> Provenance:
     notes = [
         f"{len(st.trailing)} requests end with an augmentation call (api_time on the last "
         "segment) that no LLM call consumes: dropped; each trajectory ends at its last LLM call",
         "the file does not name the augmentation of a token-count request; its class is the "
         f"option tool_class ({opts['tool_class']!r})",
     ]
-    prov = Provenance(
+    return Provenance(
         source_format=FORMAT,
         source_files=[str(f) for f in files],
         inferred={
@@ -195,4 +209,3 @@ def import_path(path: Path, options: dict[str, str]) -> Imported:
                "inputs_clamped": len(st.clamped_input),
                "outputs_clamped": len(st.clamped_output), "token_rule": TOKEN_RULE},
     )
-    return Imported(build_frame(trajs), prov, warnings)

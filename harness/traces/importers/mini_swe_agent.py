@@ -220,7 +220,7 @@ def import_path(path: Path, options: dict[str, str]) -> Imported:
         raise InputError(f"{path}: no *.traj.json or *.traj.json.gz files")
     st = _Stats()
     trajs: list[Trajectory] = []
-    firsts: list[float] = []
+    firsts: list[float] = []  # each trajectory's first response time
     for src in files:
         steps, first_ts = _convert(src, read_json(src), st)
         if not steps or first_ts is None:
@@ -235,6 +235,10 @@ def import_path(path: Path, options: dict[str, str]) -> Imported:
         t0 = min(firsts)
         for t, f in zip(trajs, firsts, strict=True):
             t.start_s = round(f - t0, 6)
+    return Imported(build_frame(trajs), _provenance(files, opts, len(trajs), st), _warnings(st))
+
+
+def _warnings(st: _Stats) -> list[str]:
     warnings = []
     if st.empty:
         warnings.append(summarize("files without any LLM call skipped", st.empty))
@@ -246,7 +250,12 @@ def import_path(path: Path, options: dict[str, str]) -> Imported:
     if st.negative_latency:
         warnings.append(summarize("tool results timestamped before their call clamped to 0 s",
                                   st.negative_latency))
-    prov = Provenance(
+    return warnings
+
+
+def _provenance(files: list[Path], opts: dict[str, str], trajectories: int,
+                st: _Stats) -> Provenance:
+    return Provenance(
         source_format=FORMAT,
         source_files=[str(f) for f in files],
         inferred={
@@ -277,10 +286,9 @@ def import_path(path: Path, options: dict[str, str]) -> Imported:
             f"{st.no_tool_between} pairs of calls with no command between got an instant "
             "'format_error' tool step",
         ],
-        extra={"files": len(files), "trajectories": len(trajs), "skipped_empty": len(st.empty),
+        extra={"files": len(files), "trajectories": trajectories, "skipped_empty": len(st.empty),
                "inputs_clamped": len(st.clamped_input),
                "outputs_clamped": len(st.clamped_output),
                "negative_latencies_clamped": len(st.negative_latency),
                "trailing_tools_dropped": st.trailing, "timeouts": st.timeouts},
     )
-    return Imported(build_frame(trajs), prov, warnings)

@@ -13,6 +13,7 @@ Each request is an LLM step; the gap between a session's turns is a `human` tool
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 
 from harness.errors import InputError
@@ -37,6 +38,12 @@ OPTIONS = {"min_blocks": "2"}
 
 
 Row = tuple[float, int, int, tuple[int, ...], int]  # timestamp ms, in, out, hash_ids, line
+
+
+class _Stats:
+    def __init__(self) -> None:
+        self.clamped: list[tuple[int, int]] = []  # (line, negative input)
+        self.zero_out: list[str] = []
 
 
 def _read(path: Path) -> list[Row]:
@@ -71,7 +78,16 @@ def import_path(path: Path, options: dict[str, str]) -> Imported:
         raise InputError(f"{path}: no requests")
     unsorted = any(rows[i][0] > rows[i + 1][0] for i in range(len(rows) - 1))
     order = sorted(range(len(rows)), key=lambda i: rows[i][0]) if unsorted else range(len(rows))
+    sessions = _sessions(rows, order, min_blocks)
+    st = _Stats()
+    trajs = _trajectories(path, rows, sessions, opts, st)
+    return Imported(build_frame(trajs),
+                    _provenance(path, opts, min_blocks, len(rows), sessions, unsorted, st),
+                    _warnings(st))
 
+
+def _sessions(rows: list[Row], order: Iterable[int], min_blocks: int) -> list[list[int]]:
+    """The rows (indices) of each inferred session, taking the rows in `order` (by time)."""
     # Open session tips by the id of their key's last full block: (key length, key, session).
     tips: dict[int, list[tuple[int, tuple[int, ...], int]]] = defaultdict(list)
     sessions: list[list[int]] = []  # row indices per session
@@ -99,10 +115,12 @@ def import_path(path: Path, options: dict[str, str]) -> Imported:
         full = min(inp // BLOCK_TOKENS, len(h))
         if full >= min_blocks:
             tips[h[full - 1]].append((full, h[:full], sess))
+    return sessions
 
-    clamped: list[tuple[int, int]] = []
-    zero_out: list[str] = []
-    gaps: list[float] = []
+
+def _trajectories(path: Path, rows: list[Row], sessions: list[list[int]],
+                  opts: dict[str, str], st: _Stats) -> list[Trajectory]:
+    """One trajectory per session: its requests as LLM steps, the gaps as `human` tool steps."""
     width = len(str(len(sessions) - 1))
     trajs = []
     for s, members in enumerate(sessions):
@@ -112,29 +130,37 @@ def import_path(path: Path, options: dict[str, str]) -> Imported:
             ts, inp, out, _, line = rows[i]
             if prev is not None:
                 gap = (ts - prev[0]) / 1000.0
-                gaps.append(gap)
                 steps.append(Tool("user_turn", "human", round(gap, 6)))
                 grown = inp - prev[1] - prev[2]
                 if grown < 0:
-                    clamped.append((line, grown))
+                    st.clamped.append((line, grown))
                     grown = 0
                 inp = grown
             if out < 1:
-                zero_out.append(f"line {line}")
+                st.zero_out.append(f"line {line}")
             steps.append(LLM(inp, max(out, 1)))
             prev = rows[i]
         trajs.append(Trajectory(f"{path.stem}-{s:0{width}d}", steps,
                                 start_s=round(rows[members[0]][0] / 1000.0, 6),
                                 priority=opts["priority"], tenant=opts["tenant"]))
-    multi = sum(1 for m in sessions if len(m) > 1)
+    return trajs
+
+
+def _warnings(st: _Stats) -> list[str]:
     warnings = []
-    if clamped:
+    if st.clamped:
         warnings.append(summarize("continuing turns shorter than the previous input + output: "
                                   "input tokens clamped to 0",
-                                  [f"line {n}: {g}" for n, g in sorted(clamped)]))
-    if zero_out:
-        warnings.append(summarize("requests with output_length 0 raised to 1", zero_out))
-    prov = Provenance(
+                                  [f"line {n}: {g}" for n, g in sorted(st.clamped)]))
+    if st.zero_out:
+        warnings.append(summarize("requests with output_length 0 raised to 1", st.zero_out))
+    return warnings
+
+
+def _provenance(path: Path, opts: dict[str, str], min_blocks: int, requests: int,
+                sessions: list[list[int]], unsorted: bool, st: _Stats) -> Provenance:
+    multi = sum(1 for m in sessions if len(m) > 1)
+    return Provenance(
         source_format=FORMAT,
         source_files=[str(path)],
         inferred={
@@ -161,11 +187,10 @@ def import_path(path: Path, options: dict[str, str]) -> Imported:
             "tool steps here are user think time between conversation turns, NOT tool time; "
             "they also include the previous reply's generation time, and the conversation "
             "trace's timestamps are bucketed at about 3 s",
-            f"{len(rows)} requests became {len(sessions)} sessions, {multi} of them multi-turn",
+            f"{requests} requests became {len(sessions)} sessions, {multi} of them multi-turn",
         ] + (["rows were not in timestamp order: sorted (stable)"] if unsorted else []),
-        extra={"requests": len(rows), "sessions": len(sessions), "multi_turn_sessions": multi,
-               "continuations": len(rows) - len(sessions), "inputs_clamped": len(clamped),
-               "outputs_clamped": len(zero_out), "min_blocks": min_blocks,
+        extra={"requests": requests, "sessions": len(sessions), "multi_turn_sessions": multi,
+               "continuations": requests - len(sessions), "inputs_clamped": len(st.clamped),
+               "outputs_clamped": len(st.zero_out), "min_blocks": min_blocks,
                "block_tokens": BLOCK_TOKENS},
     )
-    return Imported(build_frame(trajs), prov, warnings)

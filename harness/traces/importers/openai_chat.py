@@ -208,7 +208,24 @@ def import_path(path: Path, options: dict[str, str]) -> Imported:
         raise InputError(f"{path}: no *.json or *.jsonl files")
     stats = dict.fromkeys(("merged_assistant", "unanswered_calls", "user_folded",
                            "outputs_clamped", "trailing_dropped", "empty"), 0)
-    parsed: list[tuple[str, list[LLM | _Pause]]] = []
+    parsed = _parse(files, opts["default_class"], stats)
+    if not parsed:
+        raise InputError(f"{path}: no conversation with an assistant message")
+    latencies = _Latencies(parsed, profile, opts, np.random.default_rng(seed))
+    trajs = [Trajectory(tid, latencies.timed(steps), start_s=float(start),
+                        priority=opts["priority"], tenant=opts["tenant"])
+             for (tid, steps), start in zip(parsed, arrival_offsets(len(parsed), rate, seed),
+                                            strict=True)]
+    prov = _provenance(files, opts, profile, seed, rate, latencies.sources, len(parsed), stats)
+    return Imported(build_frame(trajs), prov, _warnings(stats))
+
+
+Parsed = list[tuple[str, list[LLM | _Pause]]]  # (trajectory id, steps) per conversation
+
+
+def _parse(files: list[Path], default_class: str, stats: dict[str, int]) -> Parsed:
+    """Every conversation with an assistant message, as steps (pauses not yet timed)."""
+    parsed: Parsed = []
     seen: set[str] = set()
     for src in files:
         for i, (rec, msgs) in enumerate(_conversations(src)):
@@ -217,37 +234,47 @@ def import_path(path: Path, options: dict[str, str]) -> Imported:
             if tid in seen:
                 tid = f"{tid}#{i}"
             seen.add(tid)
-            steps = _conversation(msgs, f"{src}: conversation {i}", opts["default_class"], stats)
+            steps = _conversation(msgs, f"{src}: conversation {i}", default_class, stats)
             if not steps:
                 stats["empty"] += 1
                 continue
             parsed.append((tid, steps))
-    if not parsed:
-        raise InputError(f"{path}: no conversation with an assistant message")
-    # Draw latencies per profile class in bulk (sorted class order: deterministic for a seed).
-    rng = np.random.default_rng(seed)
-    pauses = [s for _, steps in parsed for s in steps if isinstance(s, _Pause)]
-    wanted = sorted({c for p in pauses for c in p.classes})
-    sources = {c: _class_dist(profile, c, opts["latency_class"], opts["human_profile"])
-               for c in wanted}
-    dists = {c: tc for c, (_, tc) in sources.items()}
-    draws = {c: iter(sample(dists[c].latency_s, sum(p.classes.count(c) for p in pauses), rng))
-             for c in wanted}
-    trajs = []
-    for (tid, steps), start in zip(parsed, arrival_offsets(len(parsed), rate, seed), strict=True):
+    return parsed
+
+
+class _Latencies:
+    """Synthetic latencies for the pauses, drawn per profile class in bulk (sorted class
+    order: deterministic for a seed), handed out in step order."""
+
+    def __init__(self, parsed: Parsed, profile: Profile, opts: dict[str, str],
+                 rng: np.random.Generator) -> None:
+        pauses = [s for _, steps in parsed for s in steps if isinstance(s, _Pause)]
+        wanted = sorted({c for p in pauses for c in p.classes})
+        # step class -> (profile:class it is timed by, that class)
+        self.sources = {c: _class_dist(profile, c, opts["latency_class"], opts["human_profile"])
+                        for c in wanted}
+        self.dists = {c: tc for c, (_, tc) in self.sources.items()}
+        self.draws = {c: iter(sample(self.dists[c].latency_s,
+                                     sum(p.classes.count(c) for p in pauses), rng))
+                      for c in wanted}
+
+    def timed(self, steps: list[LLM | _Pause]) -> list[LLM | Tool]:
+        """`steps` with each pause a Tool step of the next draws of its classes."""
         out: list[LLM | Tool] = []
         for s in steps:
             if isinstance(s, LLM):
                 out.append(s)
                 continue
-            lat = max(float(next(draws[c])) for c in s.classes)
+            lat = max(float(next(self.draws[c])) for c in s.classes)
             cls = next((c for c in ("mutating", "remote_read") if c in s.classes), s.classes[0])
-            dl = [d for d in (dists[c].deadline_s for c in s.classes) if d is not None]
+            dl = [d for d in (self.dists[c].deadline_s for c in s.classes) if d is not None]
             out.append(Tool("+".join(s.names), cls, round(lat, 6),
                             "error" if s.error else "ok", "mutating" in s.classes,
                             max(dl) if dl else None))
-        trajs.append(Trajectory(tid, out, start_s=float(start), priority=opts["priority"],
-                                tenant=opts["tenant"]))
+        return out
+
+
+def _warnings(stats: dict[str, int]) -> list[str]:
     warnings = []
     if stats["unanswered_calls"]:
         warnings.append(f"{stats['unanswered_calls']} tool steps where the number of results "
@@ -257,8 +284,14 @@ def import_path(path: Path, options: dict[str, str]) -> Imported:
                         "raised to 1")
     if stats["empty"]:
         warnings.append(f"{stats['empty']} conversations without an assistant message skipped")
+    return warnings
+
+
+def _provenance(files: list[Path], opts: dict[str, str], profile: Profile, seed: int,
+                rate: float | None, sources: dict[str, tuple[str, ToolClass]],
+                conversations: int, stats: dict[str, int]) -> Provenance:
     used = {c: where for c, (where, _) in sources.items()}
-    prov = Provenance(
+    return Provenance(
         source_format=FORMAT,
         source_files=[str(f) for f in files],
         inferred={
@@ -289,6 +322,5 @@ def import_path(path: Path, options: dict[str, str]) -> Imported:
             f"{stats['user_folded']} pauses had user messages as well as tool results: their "
             "tokens are in the next call's input",
         ],
-        extra={"profile": profile.name, "seed": seed, "conversations": len(parsed), **stats},
+        extra={"profile": profile.name, "seed": seed, "conversations": conversations, **stats},
     )
-    return Imported(build_frame(trajs), prov, warnings)

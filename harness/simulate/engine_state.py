@@ -1,0 +1,200 @@
+"""What the event loop's engine knows, and the bookkeeping its transitions share.
+
+`EngineState` holds one simulation's inputs as the loop reads them (the workload's per-step
+columns as lists, the trajectories, capacity, server rates, the policy and its fixed decision)
+and its running state (free memory, queues, counters), and does the bookkeeping every transition
+uses: records (a compact row, or a time and seq stamped into a step's row of the per-step
+fields, harness.simulate.steps) and the external event heap. The transitions themselves are
+harness.simulate.engine's `Engine`, a subclass.
+
+Compiled with mypyc together with harness.simulate.engine (see harness.simulate.native): every
+attribute is assigned in `__init__` itself, not in a helper, so that mypyc knows it is always
+defined and reads it without a check.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Final
+
+from harness.model.iteration import IterationCosts
+from harness.policies.base import PauseContext, PausePolicy, ServerRates
+from harness.policies.builtin import Keep, Recompute, Swap
+from harness.simulate.records import RecordSink
+from harness.simulate.scheduler import Event
+from harness.simulate.server import (
+    ACTION_CODE,
+    Capacity,
+    Counters,
+    History,
+    ServerModel,
+    context_factory,
+    resolve,
+)
+from harness.simulate.trajectory import STEP_WIDTH, Trajectory
+from harness.simulate.workload import Workload
+
+# external events
+ARRIVE: Final = 0
+TOOL_END: Final = 1
+DEADLINE: Final = 2
+TTL: Final = 3
+SWAP_OUT_DONE: Final = 4
+SWAP_IN_DONE: Final = 5
+A_KEEP: Final = 0  # action codes (server.ACTION_CODE); anything else drops the KV
+A_SWAP: Final = 1
+# control tasks served between iterations
+T_DROP: Final = 0
+T_SWAP_OUT: Final = 1
+T_RESTORE: Final = 2
+T_FINISH: Final = 3
+NAN: Final = float("nan")
+
+FixedDecision = tuple[bool, int, int, int, float]  # fixed?, action, code, reason text, wait
+
+
+def action_code(action: str) -> int:
+    """KEEP, SWAP or the drop of a decision, as the loop compares it (server.ACTION_CODE)."""
+    return ACTION_CODE[action]
+
+
+StepLists = tuple[list[int], list[int], list[int], list[float], list[float], list[int]]
+
+
+def step_lists(w: Workload) -> StepLists:
+    """The workload's per-step columns the loop reads, as lists (a list's item is quicker to
+    read than an array's): input, output and context tokens, tool latency, deadline, class."""
+    inp: list[int] = w.inp.tolist()
+    out: list[int] = w.out.tolist()
+    ctx: list[int] = w.ctx.tolist()
+    lat: list[float] = w.lat.tolist()
+    dl: list[float] = w.deadline.tolist()
+    cls: list[int] = w.cls.tolist()
+    return inp, out, ctx, lat, dl, cls
+
+
+def decode_costs(w: Workload, costs: IterationCosts) -> list[float]:
+    """What one decode token of each LLM step adds to an iteration (context at mid-output)."""
+    per_step: list[float] = (costs.beta + costs.decode_cell * (w.ctx - w.out / 2.0)).tolist()
+    return per_step
+
+
+def trajectories(w: Workload) -> list[Trajectory]:
+    """The loop's state object of every trajectory, in workload order."""
+    return [Trajectory(ti, f, f + k)
+            for ti, (f, k) in enumerate(zip(w.first, w.n_steps, strict=True))]
+
+
+def fixed_decision(policy: PausePolicy, run_id: str, texts: dict[str, int],
+                   text: Callable[[str], int]) -> FixedDecision:
+    """Keep, swap and recompute decide the same at every pause: their decision, asked once, so
+    that the loop skips building a context; (False, 0, 0, 0, NaN) for any other policy."""
+    if type(policy) not in (Keep, Swap, Recompute):
+        return False, 0, 0, 0, NAN
+    _, _, action, code, reason, wait = resolve(
+        policy.decide(PauseContext(run_id, "", "", None, 0, True, "")), texts, text)
+    return True, action_code(action), code, reason, wait
+
+
+class EngineState:
+    """One simulation's inputs and running state, and the record and event bookkeeping."""
+
+    def __init__(self, w: Workload, server: ServerModel, cap: Capacity, policy: PausePolicy,
+                 open_loop: bool, sink: RecordSink, run_id: str, history_window: int,
+                 agent_handoff: bool) -> None:
+        self.open_loop = open_loop
+        self.agent_handoff = agent_handoff and cap.slot_mode and not open_loop
+        self.barge = False  # the agent that just freed a slot starts its next trajectory on it
+        # per step
+        self.inp, self.out, self.ctx, self.lat, self.dl, self.cls = step_lists(w)
+        self.costs: IterationCosts = server.iteration_costs()
+        self.dcost = decode_costs(w, self.costs)
+        # per trajectory
+        self.ids: list[str] = list(w.ids)
+        self.prio: list[str] = list(w.priority)
+        self.trajs = trajectories(w)
+        self.n = len(self.trajs)
+        self.classes: list[str] = list(w.classes)
+        self.hist: list[History] = [History(history_window) for _ in w.classes]
+        # server, capacity, policy
+        self.bpt: float = server.kv_bytes_per_token
+        self.bw_out: float = server.swap_out_bytes_per_s
+        self.bw_in: float = server.swap_in_bytes_per_s
+        self.rates: ServerRates = server.policy_rates()
+        self.make_ctx: Callable[..., PauseContext] = context_factory()
+        self.policy = policy
+        self.oracle: bool = policy.sees_true_latency
+        self.run_id = run_id
+        self.slot_mode: bool = cap.slot_mode
+        self.limit: int = cap.context_limit
+        self.total: int = cap.units
+        self.free_slots: list[int] = list(range(self.total - 1, -1, -1)) if self.slot_mode else []
+        self.free_tok: int = self.total  # token pool
+        # records
+        self.sink = sink
+        self.rows: list[float] = sink.rows
+        self.rb: Any = sink.cols.buf  # per-step fields of the frequent events (steps.py)
+        self.flush_rows: int = sink.flush_rows
+        self.n_steps = len(self.inp)
+        self.g_lo = self.n_steps  # the steps whose fields changed since the last flush
+        self.g_hi = -1
+        self.cnt = 0  # the next record's seq
+        self.r_policy = sink.text("policy")
+        self.r_ttl = sink.text("ttl-expired")
+        self.r_end = sink.text("trajectory-end")
+        self.r_preempted = sink.text("preempted")
+        self.r_overflow = sink.text("context-overflow")
+        self.texts: dict[str, int] = {}
+        # running state
+        self.ext: list[Event] = []
+        self.queue: deque[Trajectory] = deque()  # waiting for admission
+        self.resume_q: deque[Trajectory] = deque()  # token pool: waiting to grow KV they hold
+        self.c = Counters()
+        self.pauses = 0
+        self.preemptions = 0
+        self.seq = 0  # tie-break of the event heap
+        self.link_out = 0.0  # when each swap link is next free
+        self.link_in = 0.0
+        self.inflight = 0  # swaps in flight
+        self.next_ti = 0  # closed loop: the next trajectory to start
+        self.fixed, self.f_action, self.f_code, self.f_reason, self.f_wait = fixed_decision(
+            policy, run_id, self.texts, sink.text)
+
+    def emit(self, t: float, ev: int, ti: int, step: int, s: int, a: float, b: float,
+             c: float) -> None:
+        """Append a compact row (an event that is not stored in the per-step fields)."""
+        self.rows.extend((self.cnt, t, ev, ti, step, s, a, b, c))
+        self.cnt += 1
+
+    def maybe_flush(self) -> None:
+        """The scheduler's call, now and then: hand a part's worth of records to the sink."""
+        if self.cnt - self.sink.seq >= self.flush_rows:
+            self.sink.flush(self.cnt, self.steps_touched())
+
+    def steps_touched(self) -> tuple[int, int]:
+        """The steps whose fields changed since the last call, as a range (the writer looks
+        for a part's events there only), and start anew."""
+        lo, hi = (self.g_lo, self.g_hi + 1) if self.g_hi >= 0 else (0, 0)
+        self.g_lo, self.g_hi = self.n_steps, -1
+        return lo, hi
+
+    def stamp(self, g: int, f_t: int, t: float, records: int = 1) -> int:
+        """Store time `t` and the next seq in step `g`'s fields `f_t` and `f_t + 1` for an
+        event of `records` records (its seq and the following ones); returns the step's row."""
+        if g < self.g_lo:
+            self.g_lo = g
+        if g > self.g_hi:
+            self.g_hi = g
+        row = g * STEP_WIDTH
+        rb = self.rb
+        rb[row + f_t] = t
+        rb[row + f_t + 1] = self.cnt
+        self.cnt += records
+        return row
+
+    def push(self, t: float, kind: int, tr: Trajectory) -> None:
+        """Schedule external event `kind` of `tr` (for its current generation) at `t`."""
+        self.seq += 1
+        heapq.heappush(self.ext, (t, self.seq, kind, tr, tr.gen))

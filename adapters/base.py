@@ -9,8 +9,12 @@ actions an adapter can execute per pause; the executor never pretends an unsuppo
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
+
+from harness.adapters.http import HttpClient
 
 
 class Unsupported(Exception):
@@ -33,6 +37,9 @@ class ServerInfo:
     slots: int | None
     ctx_per_slot: int | None
     extra: dict[str, Any] = field(default_factory=dict)
+    # Prefix reuse in whole blocks of this many tokens (vLLM): up to one block of a kept
+    # context is prefilled again, and is no cache mismatch.
+    cache_block_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -71,7 +78,7 @@ class Adapter(Protocol):
     async def server_info(self) -> ServerInfo: ...
 
     async def complete(
-        self, req: CompletionRequest, on_first_token: Callable[[], None]
+        self, req: CompletionRequest, on_first_token: Callable[[], object]
     ) -> CompletionResult: ...
 
     async def save_slot(self, slot: int, name: str) -> SlotIO: ...
@@ -85,3 +92,76 @@ class Adapter(Protocol):
     async def scrape(self) -> list[tuple[str, str, str, float]]: ...
 
     async def slots_idle(self) -> bool | None: ...
+
+
+# ---- the runtime seam: what the core asks of a runtime, and what it gets back ---------------
+@dataclass(frozen=True)
+class ServerOptions:
+    """What the core asks of a runtime for one run. The runtime decides how: start a local server
+    (`url` None) with these settings, or reach the one at `url`."""
+
+    policy: str  # the pause policy the run measures
+    run_id: str  # unique per run: cache salts, dump file names
+    url: str | None = None
+    slots: int = 4
+    ctx_per_slot: int = 4096
+    threads: int = 1
+    model: Path | None = None
+    server_args: tuple[str, ...] = ()  # extra flags for a local server
+    server_cpus: str | None = None  # a local server's CPUs (taskset list), decided by the core
+
+
+@dataclass(frozen=True)
+class PolicyRealisation:
+    """How a policy runs on one server: what the executor decides per pause (`harness_policy`)
+    and what run.json says was measured (`label`)."""
+
+    harness_policy: str
+    label: str
+
+
+@dataclass
+class ServerDetails:
+    """What run.json records about the server a run talked to; `flags` is None for a server the
+    harness did not start."""
+
+    url: str
+    flags: list[str] | None = None
+    binary: str | None = None
+    build: str | None = None
+    python: str | None = None
+    env: dict[str, str] | None = None
+    start_s: float | None = None
+    model: dict[str, Any] | None = None  # name, path, geometry, kv_bytes_per_token
+    kv_bytes_per_token: float | None = None  # from the model's geometry, when known
+    extra: dict[str, Any] = field(default_factory=dict)  # runtime-specific settings
+
+
+@dataclass
+class RuntimeSession:
+    """A server ready for a run, yielded by `Runtime.start`.
+
+    `connect` builds the adapter on the run's HTTP client; `realise` says how the run's policy
+    executes once the server's own report is known; `leftover_dumps` lists KV dump files the run
+    left on this machine (None: none can be seen from here); `notes` are for the user."""
+
+    details: ServerDetails
+    connect: Callable[[HttpClient], Adapter]
+    realise: Callable[[ServerInfo], PolicyRealisation]
+    leftover_dumps: Callable[[str], list[str]] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+class Runtime(Protocol):
+    """One runtime the harness can drive: `start` brings up (or reaches) a server and stops
+    whatever it started when the block exits, however it exits."""
+
+    name: str
+    # Whether a local server can be pinned to CPUs of its own (ServerOptions.server_cpus).
+    pins_local_server: bool
+    # Whether the client controls the server's KV slots (what calibrate measures, and what the
+    # simulator models).
+    per_slot_control: bool
+
+    def start(self, options: ServerOptions, out: Path
+              ) -> AbstractContextManager[RuntimeSession]: ...

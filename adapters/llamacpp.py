@@ -12,9 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
-
 from harness.adapters.base import (
     Capabilities,
     CompletionRequest,
@@ -23,25 +20,14 @@ from harness.adapters.base import (
     SlotIO,
     Unsupported,
 )
+from harness.adapters.http import HttpClient, HttpStatusError, Sample
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
-
-
-class _StaleConnection(Exception):
-    """The server closed a reused keep-alive connection before replying."""
-
-
-def client_session() -> aiohttp.ClientSession:
-    """A session for llama-server: one connection per request.
-
-    llama-server closes idle keep-alive connections after a few seconds, shorter than many tool
-    pauses; a pooled connection then fails mid-write. Loopback connects cost microseconds.
-    """
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+DEFAULT_VOCAB = 32000
 
 
 class LlamaCppAdapter:
-    """Talks to one llama-server at `base_url` through an injected aiohttp session.
+    """Talks to one llama-server through the run's HTTP client.
 
     `dump_dir` is the server's --slot-save-path when the server runs on this machine (then dump
     files can be deleted after restore or cancel); None for a remote server.
@@ -49,52 +35,37 @@ class LlamaCppAdapter:
 
     runtime = "llamacpp"
 
-    def __init__(self, session: aiohttp.ClientSession, base_url: str,
-                 dump_dir: Path | None = None, request_timeout_s: float = 600.0) -> None:
-        self._session = session
-        self._base = base_url.rstrip("/")
+    def __init__(self, http: HttpClient, dump_dir: Path | None = None) -> None:
+        self.http = http
         self._dump_dir = dump_dir
-        self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self.capabilities = Capabilities(
             harness_slots=True,
             pause_actions=frozenset({"keep", "swap", "recompute"}),
             local_dump_files=dump_dir is not None,
         )
 
-    async def _get_json(self, path: str) -> Any:
-        for attempt in (0, 1):
-            try:
-                async with self._session.get(self._base + path, timeout=self._timeout) as resp:
-                    resp.raise_for_status()
-                    return await resp.json(content_type=None)
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
-                # llama-server closes idle keep-alive connections; a reused one fails once.
-                if attempt:
-                    raise
-        raise AssertionError("unreachable")
-
     async def server_info(self) -> ServerInfo:
-        props = await self._get_json("/props")
+        props = await self.http.get_json("/props")
         gen = props.get("default_generation_settings", {}) or {}
         vocab = 0
         try:
-            models = await self._get_json("/v1/models")
+            models = await self.http.get_json("/v1/models")
             meta = (models.get("data") or [{}])[0].get("meta") or {}
             vocab = int(meta.get("n_vocab", 0))
-        except (aiohttp.ClientError, ValueError, KeyError, IndexError):
+        except (HttpStatusError, ValueError, KeyError, IndexError, AttributeError):
             vocab = 0
         return ServerInfo(
             runtime=self.runtime,
             server_version=str(props.get("build_info", "unknown")),
             model=Path(str(props.get("model_alias") or props.get("model_path") or "")).name,
-            vocab_size=vocab or 32000,
+            vocab_size=vocab or DEFAULT_VOCAB,
             slots=int(props["total_slots"]) if "total_slots" in props else None,
             ctx_per_slot=int(gen["n_ctx"]) if "n_ctx" in gen else None,
             extra={"model_path": props.get("model_path"), "n_vocab_reported": bool(vocab)},
         )
 
     async def complete(self, req: CompletionRequest,
-                       on_first_token: Callable[[], None]) -> CompletionResult:
+                       on_first_token: Callable[[], object]) -> CompletionResult:
         body: dict[str, Any] = {
             "prompt": req.prompt,
             "n_predict": req.max_tokens,
@@ -106,74 +77,36 @@ class LlamaCppAdapter:
         }
         if req.slot is not None:
             body["id_slot"] = req.slot
-        for attempt in (0, 1):
-            try:
-                return await self._stream(body, req, on_first_token)
-            except _StaleConnection:
-                if attempt:
-                    break
-        return CompletionResult(status="error", error="server disconnected twice before replying")
-
-    async def _stream(self, body: dict[str, Any], req: CompletionRequest,
-                      on_first_token: Callable[[], None]) -> CompletionResult:
         result = CompletionResult(status="ok")
-        first = True
-        try:
-            async with self._session.post(self._base + "/completion", json=body,
-                                          timeout=self._timeout) as resp:
-                if resp.status != 200:
-                    text = (await resp.text())[:300]
-                    return CompletionResult(status="error", error=f"HTTP {resp.status}: {text}")
-                async for raw in resp.content:
-                    line = raw.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    chunk = json.loads(line[5:])
-                    if "error" in chunk:
-                        return CompletionResult(status="error", error=str(chunk["error"])[:300],
-                                                tokens=result.tokens)
-                    toks = chunk.get("tokens") or []
-                    if toks and first:
-                        first = False
-                        on_first_token()
-                        if req.abort_after_first_token:
-                            result.tokens.extend(int(t) for t in toks)
-                            result.status = "aborted"
-                            resp.close()  # hang up: the server stops generating
-                            return result
-                    result.tokens.extend(int(t) for t in toks)
-                    if chunk.get("stop"):
-                        _read_timings(chunk, result)
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            if first:
-                raise _StaleConnection() from exc
-            return CompletionResult(status="error", error=f"server disconnected: {exc}",
-                                    tokens=result.tokens)
-        except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
-            return CompletionResult(status="error", error=f"{type(exc).__name__}: {exc}"[:300],
-                                    tokens=result.tokens)
+
+        def on_chunk(chunk: dict[str, Any]) -> bool:
+            toks = [int(t) for t in chunk.get("tokens") or []]
+            if toks and not result.tokens:
+                on_first_token()
+                if req.abort_after_first_token:
+                    result.tokens.extend(toks)
+                    result.status = "aborted"
+                    return False  # hang up: the server stops generating
+            result.tokens.extend(toks)
+            if chunk.get("stop"):
+                _read_timings(chunk, result)
+            return True
+
+        error = await self.http.stream("/completion", body, on_chunk)
+        if error is not None:
+            return CompletionResult(status="error", error=error, tokens=result.tokens)
         return result
 
     async def _slot_action(self, slot: int, action: str, name: str | None) -> dict[str, Any]:
-        url = f"{self._base}/slots/{slot}?action={action}"
-        payload = {"filename": name} if name is not None else {}
-        for attempt in (0, 1):
-            try:
-                return await self._post_slot(url, action, payload)
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
-                if attempt:  # slot actions are idempotent: one retry on a stale connection
-                    raise
-        raise AssertionError("unreachable")
-
-    async def _post_slot(self, url: str, action: str, payload: dict[str, Any]) -> dict[str, Any]:
-        async with self._session.post(url, json=payload, timeout=self._timeout) as resp:
-            data: dict[str, Any] = await resp.json(content_type=None)
-            if resp.status != 200:
-                if resp.status == 501 or "not supported" in json.dumps(data):
-                    raise Unsupported(f"slot {action}: {data}")
-                raise aiohttp.ClientResponseError(resp.request_info, resp.history,
-                                                  status=resp.status, message=json.dumps(data))
-            return data
+        # Slot actions are idempotent, so the client's one retry on a stale connection is safe.
+        status, data = await self.http.post_json(
+            f"/slots/{slot}?action={action}", {"filename": name} if name is not None else {})
+        if status != 200:
+            text = json.dumps(data)
+            if status == 501 or "not supported" in text:
+                raise Unsupported(f"slot {action}: {data}")
+            raise HttpStatusError(f"/slots/{slot}?action={action}", status, text)
+        return data if isinstance(data, dict) else {}
 
     async def save_slot(self, slot: int, name: str) -> SlotIO:
         _check_name(name)
@@ -201,16 +134,10 @@ class LlamaCppAdapter:
         path.unlink(missing_ok=True)
         return not path.exists()
 
-    async def scrape(self) -> list[tuple[str, str, str, float]]:
+    async def scrape(self) -> list[Sample]:
         """Samples from /metrics and /slots as (source, name, labels, value)."""
-        out: list[tuple[str, str, str, float]] = []
-        async with self._session.get(self._base + "/metrics", timeout=self._timeout) as resp:
-            if resp.status == 200:
-                for fam in text_string_to_metric_families(await resp.text()):
-                    for s in fam.samples:
-                        labels = json.dumps(s.labels, sort_keys=True) if s.labels else ""
-                        out.append(("metrics", s.name, labels, float(s.value)))
-        for slot in await self._get_json("/slots"):
+        out = await self.http.scrape()
+        for slot in await self.http.get_json("/slots"):
             sid = json.dumps({"slot": slot.get("id")})
             out.append(("slots", "is_processing", sid, float(bool(slot.get("is_processing")))))
             n = slot.get("n_prompt_tokens", slot.get("n_past"))
@@ -219,7 +146,7 @@ class LlamaCppAdapter:
         return out
 
     async def slots_idle(self) -> bool | None:
-        slots = await self._get_json("/slots")
+        slots = await self.http.get_json("/slots")
         return not any(s.get("is_processing") for s in slots)
 
 

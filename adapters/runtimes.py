@@ -1,26 +1,27 @@
-"""The runtimes `harness run` knows: name -> module whose `run(ctx: RunContext)` replays.
+"""The runtimes the harness knows: name -> the launcher module whose `RUNTIME` drives it.
 
-Each entry point lives beside its adapter, so nothing runtime-specific sits in the core.
+Adding a runtime is one adapter module (requests and chunk parsing on the shared HTTP core) and
+one launcher module with a `RUNTIME` (see harness.adapters.base.Runtime); nothing in the core
+changes.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 
+from harness.adapters.base import Runtime
 from harness.errors import InputError
-from harness.replay.options import RunContext
 
 RUNTIMES: dict[str, str] = {
-    "llamacpp": "harness.adapters.launchers.llamacpp_run",
-    "vllm": "harness.adapters.launchers.vllm_run",
-    "sglang": "harness.adapters.launchers.sglang_run",
+    "llamacpp": "harness.adapters.launchers.llamacpp_server",
+    "vllm": "harness.adapters.launchers.vllm_server",
+    "sglang": "harness.adapters.launchers.sglang_server",
 }
 
 
-def runtime_entry(name: str) -> Callable[[RunContext], None]:
-    """The `run` function of a runtime; InputError for an unknown name."""
+def get_runtime(name: str) -> Runtime:
+    """The runtime called `name`; InputError for an unknown name."""
     if name not in RUNTIMES:
         raise InputError(f"unknown runtime {name!r}; one of {', '.join(RUNTIMES)}")
-    entry: Callable[[RunContext], None] = importlib.import_module(RUNTIMES[name]).run
-    return entry
+    runtime: Runtime = importlib.import_module(RUNTIMES[name]).RUNTIME
+    return runtime

@@ -14,13 +14,8 @@ per-pause action; see `harness.adapters.launchers.sglang_server`.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
-
-import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
 from harness.adapters.base import (
     Capabilities,
@@ -30,6 +25,8 @@ from harness.adapters.base import (
     SlotIO,
     Unsupported,
 )
+from harness.adapters.http import HttpClient, HttpStatusError, Sample
+from harness.adapters.models import local_vocab
 
 # Used when the model's vocabulary cannot be read: SGLang 0.5.23 does not check prompt ids, and
 # one id beyond the vocabulary crashes its scheduler, so the fallback is small enough for any
@@ -54,13 +51,11 @@ _SERVER_KEYS = ("version", "disable_radix_cache", "enable_hierarchical_cache", "
                 "hicache_write_policy")
 
 
-def client_session() -> aiohttp.ClientSession:
-    """A session for SGLang's HTTP server (uvicorn keeps connections alive for 5 s only)."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+_BUSY = frozenset({"sglang:num_running_reqs", "sglang:num_queue_reqs"})
 
 
 class SglangAdapter:
-    """Talks to one SGLang server at `base_url` through an injected session.
+    """Talks to one SGLang server through the run's HTTP client.
 
     `salt`: an extra_key sent on every request that has none of its own (e.g. the run id), so a
     run never reuses KV cached by an earlier run on the same server; None sends none.
@@ -71,33 +66,19 @@ class SglangAdapter:
 
     runtime = "sglang"
 
-    def __init__(self, session: aiohttp.ClientSession, base_url: str, salt: str | None = None,
-                 vocab_size: int | None = None, request_timeout_s: float = 600.0) -> None:
-        self._session = session
-        self._base = base_url.rstrip("/")
+    def __init__(self, http: HttpClient, salt: str | None = None,
+                 vocab_size: int | None = None) -> None:
+        self.http = http
         self._salt = salt
         self._vocab = vocab_size
-        self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self.capabilities = Capabilities(harness_slots=False, pause_actions=KEEP_AND_RECOMPUTE)
 
-    async def _get_json(self, *paths: str) -> Any:
-        """JSON from the first of `paths` the server serves (endpoints were renamed)."""
-        err: Exception | None = None
-        for path in paths:
-            try:
-                async with self._session.get(self._base + path, timeout=self._timeout) as resp:
-                    resp.raise_for_status()
-                    return await resp.json(content_type=None)
-            except aiohttp.ClientResponseError as exc:
-                err = exc
-        assert err is not None
-        raise err
-
     async def server_info(self) -> ServerInfo:
-        model = await self._get_json("/model_info", "/get_model_info")
+        # Endpoints were renamed between releases: the new name first, then the old one.
+        model = await self.http.get_json("/model_info", "/get_model_info")
         args: dict[str, Any] = {}
-        with contextlib.suppress(aiohttp.ClientError, ValueError):
-            args = await self._get_json("/server_info", "/get_server_info")
+        with contextlib.suppress(HttpStatusError, ValueError):
+            args = await self.http.get_json("/server_info", "/get_server_info")
         extra: dict[str, Any] = {"model_path": model.get("model_path")}
         extra.update({k: args[k] for k in _SERVER_KEYS if k in args})
         extra["cache_salt"] = "extra_key"
@@ -107,7 +88,7 @@ class SglangAdapter:
                                              pause_actions=frozenset({"recompute"}))
         vocab = self._vocab
         if vocab is None:
-            vocab = _local_vocab(model.get("model_path"))
+            vocab = local_vocab(model.get("model_path"))
             extra["vocab_from"] = ("model_path config.json" if vocab
                                    else f"fallback {SAFE_VOCAB} (model config not readable here)")
         ctx = args.get("context_length") or await self._gauge("sglang:context_len")
@@ -118,13 +99,12 @@ class SglangAdapter:
             extra=extra)
 
     async def _gauge(self, name: str) -> float | None:
-        with contextlib.suppress(aiohttp.ClientError, ValueError):
-            for *_, v in await self.scrape(frozenset({name})):
-                return v
+        for *_, v in await self.http.scrape(lambda n: n == name):
+            return v
         return None
 
     async def complete(self, req: CompletionRequest,
-                       on_first_token: Callable[[], None]) -> CompletionResult:
+                       on_first_token: Callable[[], object]) -> CompletionResult:
         if req.slot is not None:
             raise Unsupported("SGLang has no client-chosen slots")
         body: dict[str, Any] = {
@@ -136,44 +116,27 @@ class SglangAdapter:
         salt = req.cache_salt or self._salt
         if salt:
             body["extra_key"] = salt
-        try:
-            return await self._stream(body, req, on_first_token)
-        except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
-            return CompletionResult(status="error", error=f"{type(exc).__name__}: {exc}"[:300])
-
-    async def _stream(self, body: dict[str, Any], req: CompletionRequest,
-                      on_first_token: Callable[[], None]) -> CompletionResult:
         result = CompletionResult(status="ok")
-        async with self._session.post(self._base + "/generate", json=body,
-                                      timeout=self._timeout) as resp:
-            if resp.status != 200:
-                text = (await resp.text())[:300]
-                return CompletionResult(status="error", error=f"HTTP {resp.status}: {text}")
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    break
-                chunk = json.loads(payload)
-                if "error" in chunk:
-                    return CompletionResult(status="error", error=str(chunk["error"])[:300],
-                                            tokens=result.tokens)
-                meta = chunk.get("meta_info") or {}
-                had = len(result.tokens)
-                result.tokens.extend(_new_tokens(chunk.get("output_ids") or [], meta, had))
-                if had == 0 and result.tokens:
-                    on_first_token()
-                    if req.abort_after_first_token:
-                        result.status = "aborted"
-                        resp.close()  # hang up: SGLang aborts a request whose client left
-                        return result
-                _read_meta(meta, result)
-                finish = meta.get("finish_reason")
-                if isinstance(finish, dict) and finish.get("type") == "abort":
-                    result.status = "error"
-                    result.error = f"aborted by the server: {finish.get('message')}"[:300]
+
+        def on_chunk(chunk: dict[str, Any]) -> bool:
+            meta = chunk.get("meta_info") or {}
+            had = len(result.tokens)
+            result.tokens.extend(_new_tokens(chunk.get("output_ids") or [], meta, had))
+            if had == 0 and result.tokens:
+                on_first_token()
+                if req.abort_after_first_token:
+                    result.status = "aborted"
+                    return False  # hang up: SGLang aborts a request whose client left
+            _read_meta(meta, result)
+            finish = meta.get("finish_reason")
+            if isinstance(finish, dict) and finish.get("type") == "abort":
+                result.status = "error"
+                result.error = f"aborted by the server: {finish.get('message')}"[:300]
+            return True
+
+        error = await self.http.stream("/generate", body, on_chunk)
+        if error is not None:
+            return CompletionResult(status="error", error=error, tokens=result.tokens)
         return result
 
     async def save_slot(self, slot: int, name: str) -> SlotIO:
@@ -190,35 +153,19 @@ class SglangAdapter:
         """No dump files: the harness never saves KV on an SGLang server."""
         return False
 
-    async def scrape(self, names: frozenset[str] = SCRAPED
-                     ) -> list[tuple[str, str, str, float]]:
-        """The `names` samples from /metrics as (source, name, labels, value)."""
-        out: list[tuple[str, str, str, float]] = []
-        async with self._session.get(self._base + "/metrics", timeout=self._timeout) as resp:
-            if resp.status != 200:
-                return out
-            for fam in text_string_to_metric_families(await resp.text()):
-                for s in fam.samples:
-                    if s.name in names:
-                        labels = json.dumps(s.labels, sort_keys=True) if s.labels else ""
-                        out.append(("metrics", s.name, labels, float(s.value)))
-        return out
+    async def scrape(self) -> list[Sample]:
+        """The SCRAPED samples from /metrics as (source, name, labels, value)."""
+        return await self.http.scrape(SCRAPED.__contains__)
 
     async def slots_idle(self) -> bool | None:
         """True when the server runs and queues no request (from /metrics)."""
-        busy = 0.0
-        seen = False
-        for _, _, _, value in await self.scrape(
-                frozenset({"sglang:num_running_reqs", "sglang:num_queue_reqs"})):
-            busy += value
-            seen = True
-        return busy == 0 if seen else None
+        busy = [v for *_, v in await self.http.scrape(_BUSY.__contains__)]
+        return sum(busy) == 0 if busy else None
 
     async def flush_cache(self) -> bool:
         """Drop every cached prefix (refused while requests run); True when the server did."""
-        async with self._session.post(self._base + "/flush_cache",
-                                      timeout=self._timeout) as resp:
-            return resp.status == 200
+        status, _ = await self.http.post_json("/flush_cache")
+        return status == 200
 
 
 def _new_tokens(ids: list[Any], meta: dict[str, Any], had: int) -> list[int]:
@@ -242,11 +189,3 @@ def _read_meta(meta: dict[str, Any], result: CompletionResult) -> None:
     done = meta.get("request_finished_ts")
     if done and prefilled:
         result.decode_ms = max(0.0, (float(done) - float(prefilled)) * 1000.0)
-
-
-def _local_vocab(root: Any) -> int | None:
-    try:
-        cfg = json.loads((Path(str(root)) / "config.json").read_text())
-        return int(cfg.get("text_config", cfg)["vocab_size"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from harness.model.calibration import Calibration
+from harness.records.manifest import Outcome
 from harness.simulate import native
 from harness.simulate.run import Arrivals, check_capacity, run_simulation
 from harness.traces.generator import generate, provenance_for
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                                  CALIBRATION, None, Arrivals("closed", args.concurrency), args.seed,
                                  out, write_summary=False)
             wall = time.perf_counter() - t1
-            s, o = run["simulator"], run["outcome"]
+            s, o = run.simulator or {}, (run.outcome or Outcome()).__dict__
             timed = wall - s["wall_s"]["load"]  # simulation + records written
             line = (f"{policy:>10}: {timed:6.2f} s simulation + records (loop "
                     f"{s['wall_s']['loop']:.2f}, then the writer's last parts "
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"records, {s['events']} loop events, "
                     f"{1e6 * timed / max(s['pauses'], 1):.2f} us/pause; {o['completed']} "
                     f"completed, {o['cancelled']} cancelled, {s['preemptions']} preemptions, "
-                    f"{run['duration_s']:.0f} s simulated")
+                    f"{run.duration_s or 0:.0f} s simulated")
             print(line)
             if args.summary:
                 from harness.simulate.run import summarize_into

@@ -1,48 +1,44 @@
-"""Start and stop a local llama-server (built by install_llamacpp.sh) for a run.
+"""The llama.cpp runtime: a local llama-server (built by install_llamacpp.sh) per run, or one at
+--url.
 
-The server listens on 127.0.0.1 only, keeps slot dumps in a private 0700 directory (files 0600),
-and is stopped (SIGTERM, then SIGKILL) however the run ends.
+The local server listens on 127.0.0.1 only, in its own process group, keeps slot dumps in a
+private 0700 directory (files 0600, removed at stop), and is stopped (SIGTERM to the group, then
+SIGKILL) however the run ends. Every pause action executes per request on llama-server's slots,
+so a policy is decided by the harness and never a server configuration.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import subprocess
-import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 
-from harness.adapters.launchers.process import free_port, log_tail, wait_healthy
-from harness.errors import ServerError
+from harness.adapters.base import (
+    PolicyRealisation,
+    RuntimeSession,
+    ServerDetails,
+    ServerInfo,
+    ServerOptions,
+)
+from harness.adapters.http import HttpClient
+from harness.adapters.launchers.installs import script_output
+from harness.adapters.launchers.process import ServerProcess, pinned
+from harness.adapters.llamacpp import LlamaCppAdapter
+from harness.adapters.models import gguf_geometry, kv_bytes_per_token, model_record
 
-LAUNCHERS = Path(__file__).resolve().parent
-
-
-def _script_output(script: str, env_override: str) -> Path:
-    """Path printed by an install script (last stdout line); an env variable overrides it."""
-    if os.environ.get(env_override):
-        p = Path(os.environ[env_override])
-        if not p.exists():
-            raise ServerError(f"{env_override}={p} does not exist")
-        return p
-    proc = subprocess.run(["bash", str(LAUNCHERS / script)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-        raise ServerError(f"{script} failed (exit {proc.returncode}):\n{tail}")
-    return Path(proc.stdout.strip().splitlines()[-1])
+REMOTE_NOTE = ("note: remote server: the harness cannot delete slot dump files on its disk; "
+               "swap dumps are left to the server's --slot-save-path")
 
 
 def llama_server_binary() -> Path:
     """The llama-server binary: $HARNESS_LLAMA_SERVER, or built once and cached."""
-    return _script_output("install_llamacpp.sh", "HARNESS_LLAMA_SERVER")
+    return script_output("install_llamacpp.sh", "HARNESS_LLAMA_SERVER")
 
 
 def default_model() -> Path:
     """The default GGUF model: $HARNESS_MODEL, or SmolLM2-135M-Instruct fetched once."""
-    return _script_output("fetch_model.sh", "HARNESS_MODEL")
+    return script_output("fetch_model.sh", "HARNESS_MODEL")
 
 
 @dataclass
@@ -56,20 +52,17 @@ class LlamaServerConfig:
     server_cpus: str | None = None  # taskset list for the server, e.g. "1"
 
 
-class LocalLlamaServer:
+class LocalLlamaServer(ServerProcess):
     """Context manager: a running llama-server; `url`, `dump_dir`, `flags` describe it."""
 
     def __init__(self, config: LlamaServerConfig, log_path: Path, binary: Path | None = None,
                  startup_timeout_s: float = 180.0) -> None:
         self.config = config
         self.binary = binary or llama_server_binary()
-        self.log_path = log_path
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.dump_dir = Path(tempfile.mkdtemp(prefix="harness-slots-"))
-        os.chmod(self.dump_dir, 0o700)
         self.startup_timeout_s = startup_timeout_s
-        self._proc: subprocess.Popen[bytes] | None = None
+        # tmp_dir: the slot dumps (--slot-save-path); llama-server leaks no shared memory
+        super().__init__("llama-server", log_path, "harness-slots-", ())
+        self.dump_dir = self.tmp_dir
         c = config
         self.flags = ["-m", str(c.model), "--host", "127.0.0.1", "--port", str(self.port),
                       "-c", str(c.slots * c.ctx_per_slot), "-np", str(c.slots),
@@ -78,47 +71,65 @@ class LocalLlamaServer:
                       *c.extra_args]
 
     def command(self) -> list[str]:
-        cmd = [str(self.binary), *self.flags]
-        if self.config.server_cpus and shutil.which("taskset"):
-            cmd = ["taskset", "-c", self.config.server_cpus, *cmd]
-        return cmd
+        return pinned([str(self.binary), *self.flags], self.config.server_cpus)
 
     def __enter__(self) -> LocalLlamaServer:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self._log = log
-        self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL,
-                                      preexec_fn=lambda: os.umask(0o077))
-        try:
-            wait_healthy(self._proc, self.url + "/health", "llama-server",
-                         self.startup_timeout_s, lambda: log_tail(self.log_path, 12),
-                         poll_s=0.25)
-        except BaseException:
-            self.stop()
-            raise
+        # umask 077: slot dumps hold prompt-derived KV, readable by this user only
+        self.start(self.command(), {}, self.url + "/health", self.startup_timeout_s,
+                   poll_s=0.25, umask=0o077)
         return self
 
     def build_label(self) -> str:
         """The llama.cpp build, from the cache directory the install script chose."""
         return self.binary.parent.name if self.binary.parent.name.startswith("b") else "unknown"
 
-    def leftover_dumps(self) -> list[str]:
-        return sorted(p.name for p in self.dump_dir.iterdir()) if self.dump_dir.exists() else []
+    def leftover_dumps(self, prefix: str = "") -> list[str]:
+        """Dump files in the server's dump folder (those named `prefix`...)."""
+        if not self.dump_dir.exists():
+            return []
+        return sorted(p.name for p in self.dump_dir.glob(f"{prefix}*"))
 
-    def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        if getattr(self, "_log", None) is not None:
-            self._log.close()
-        shutil.rmtree(self.dump_dir, ignore_errors=True)
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
+def _realise(policy: str) -> PolicyRealisation:
+    return PolicyRealisation(policy, f"{policy}: decided per pause by the harness; keep, swap "
+                             "(slot save, then erase) and recompute (erase) execute on "
+                             "llama-server's slots")
+
+
+class LlamaCppRuntime:
+    """`harness run --runtime llamacpp`."""
+
+    name = "llamacpp"
+    pins_local_server = True
+    per_slot_control = True
+
+    @contextmanager
+    def start(self, options: ServerOptions, out: Path) -> Iterator[RuntimeSession]:
+        """A local llama-server for the run (stopped on exit), or the one at options.url."""
+        def realise(_: ServerInfo) -> PolicyRealisation:
+            return _realise(options.policy)
+
+        if options.url:
+            yield RuntimeSession(ServerDetails(options.url), LlamaCppAdapter, realise,
+                                 notes=[REMOTE_NOTE])
+            return
+        model = options.model or default_model()
+        geometry = gguf_geometry(model)
+        cfg = LlamaServerConfig(model=model, slots=options.slots,
+                                ctx_per_slot=options.ctx_per_slot, threads=options.threads,
+                                server_cpus=options.server_cpus,
+                                extra_args=list(options.server_args))
+        with LocalLlamaServer(cfg, out / "server.log") as server:
+            details = ServerDetails(
+                url=server.url, flags=server.flags, binary=str(server.binary),
+                build=server.build_label(), start_s=server.start_s,
+                model=model_record(model, geometry),
+                kv_bytes_per_token=kv_bytes_per_token(geometry))
+
+            def connect(http: HttpClient) -> LlamaCppAdapter:
+                return LlamaCppAdapter(http, dump_dir=server.dump_dir)
+
+            yield RuntimeSession(details, connect, realise, leftover_dumps=server.leftover_dumps)
+
+
+RUNTIME = LlamaCppRuntime()

@@ -128,12 +128,26 @@ def remove_leaked_shm(before: set[str], prefixes: tuple[str, ...],
     return removed
 
 
+def _masked(umask: int) -> Callable[[], None]:
+    def preexec() -> None:
+        os.umask(umask)
+
+    return preexec
+
+
+def pinned(cmd: list[str], cpus: str | None) -> list[str]:
+    """`cmd` run on the CPUs `cpus` (a taskset list) when given and taskset is installed."""
+    if cpus and shutil.which("taskset"):
+        return ["taskset", "-c", cpus, *cmd]
+    return cmd
+
+
 class ServerProcess:
     """One local server run as a process group of its own: its port on 127.0.0.1 (`url`), its
     log file, its private temporary folder (`tmp_dir`, named `tmp_prefix`...), start-up until
     healthy, and a stop that leaves nothing behind (the group ended, the shared memory its
-    killed processes left removed, the folder deleted). The vLLM and SGLang launchers are this
-    with their command line; as context managers they stop on exit."""
+    killed processes left removed, the folder deleted). Each runtime's launcher is this with
+    its command line; as context managers they stop on exit."""
 
     def __init__(self, name: str, log_path: Path, tmp_prefix: str, leaked_shm: tuple[str, ...],
                  log_keep: Callable[[str], bool] = lambda _: True) -> None:
@@ -157,20 +171,23 @@ class ServerProcess:
         return self._proc.pid if self._proc is not None else None
 
     def start(self, cmd: list[str], env: dict[str, str], health_url: str, timeout_s: float,
-              probe_timeout_s: float = 2.0) -> None:
-        """Start `cmd` (environment: ours plus `env`) and wait until `health_url` answers 200;
-        on failure the server is stopped and ServerError names it with its log's tail."""
+              probe_timeout_s: float = 2.0, poll_s: float = 0.5,
+              umask: int | None = None) -> None:
+        """Start `cmd` (environment: ours plus `env`; files it creates masked by `umask` when
+        given) and wait until `health_url` answers 200; on failure the server is stopped and
+        ServerError names it with its log's tail."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         t0 = time.monotonic()
         self._shm_before = shm_entries()
         self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, env={**os.environ, **env},
-                                      start_new_session=True)
+                                      start_new_session=True,
+                                      preexec_fn=None if umask is None else _masked(umask))
         self._pgid = self._proc.pid  # start_new_session: the group id is the leader's pid
         try:
             wait_healthy(self._proc, health_url, self.name, timeout_s, self.log_tail,
-                         probe_timeout_s=probe_timeout_s)
+                         poll_s=poll_s, probe_timeout_s=probe_timeout_s)
         except BaseException:
             self.stop()
             raise

@@ -1,4 +1,5 @@
-"""Start and stop a local SGLang server (CPU engine, installed by install_sglang.sh) for a run.
+"""The SGLang runtime: a local SGLang server (CPU engine, installed by install_sglang.sh) per
+run, or one at --url.
 
 The server runs the SGLang virtualenv's python (never the harness's) with SGLang's CPU engine
 (SGLANG_USE_CPU_ENGINE=1) and the harness's `sgl_kernel` CPU stand-in on its PYTHONPATH. It
@@ -13,14 +14,24 @@ are pinned in install_sglang.sh to the releases it was verified with.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from harness.adapters.launchers.llamacpp_server import LAUNCHERS, _script_output
-from harness.adapters.launchers.process import ServerProcess
-from harness.errors import ServerError
+from harness.adapters.base import (
+    PolicyRealisation,
+    RuntimeSession,
+    ServerDetails,
+    ServerInfo,
+    ServerOptions,
+)
+from harness.adapters.http import HttpClient
+from harness.adapters.launchers.installs import LAUNCHERS, script_output, tiny_model
+from harness.adapters.launchers.process import ServerProcess, pinned
+from harness.adapters.models import hf_geometry, kv_bytes_per_token, model_record
+from harness.adapters.sglang import SglangAdapter
 
 SERVED_NAME = "tiny"
 STAND_IN = LAUNCHERS / "sgl_kernel_cpu"  # holds the `sgl_kernel` stand-in package
@@ -65,23 +76,13 @@ def server_policy(policy: str) -> ServerPolicy:
 
 def sglang_python() -> Path:
     """The SGLang virtualenv's python: $HARNESS_SGLANG_PYTHON, or installed once and cached."""
-    return _script_output("install_sglang.sh", "HARNESS_SGLANG_PYTHON")
+    return script_output("install_sglang.sh", "HARNESS_SGLANG_PYTHON")
 
 
-def tiny_model(python: Path) -> Path:
+def sglang_model(python: Path) -> Path:
     """The local random-weight model: $HARNESS_SGLANG_MODEL, or made once by the shared
     make_tiny_model.py (run with SGLang's python; the same recipe as the vLLM side's)."""
-    if os.environ.get("HARNESS_SGLANG_MODEL"):
-        p = Path(os.environ["HARNESS_SGLANG_MODEL"])
-        if not p.is_dir():
-            raise ServerError(f"HARNESS_SGLANG_MODEL={p} is not a model folder")
-        return p
-    proc = subprocess.run([str(python), str(LAUNCHERS / "make_tiny_model.py")],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-        raise ServerError(f"make_tiny_model.py failed (exit {proc.returncode}):\n{tail}")
-    return Path(proc.stdout.strip().splitlines()[-1])
+    return tiny_model(python, "HARNESS_SGLANG_MODEL")
 
 
 @dataclass
@@ -130,12 +131,68 @@ class LocalSglangServer(ServerProcess):
                     "TMPDIR": str(self.tmp_dir)}
 
     def command(self) -> list[str]:
-        cmd = [str(self.python), "-m", "sglang.launch_server", *self.flags]
-        if self.config.server_cpus and shutil.which("taskset"):
-            cmd = ["taskset", "-c", self.config.server_cpus, *cmd]
-        return cmd
+        return pinned([str(self.python), "-m", "sglang.launch_server", *self.flags],
+                      self.config.server_cpus)
 
     def __enter__(self) -> LocalSglangServer:
         self.start(self.command(), self.env, self.url + "/health", self.startup_timeout_s,
                    probe_timeout_s=5.0)
         return self
+
+
+def remote_policy(policy: str, server_extra: dict[str, Any], url: str) -> ServerPolicy:
+    """The realisation of `policy` on a running server, from what /server_info reported."""
+    if policy == "swap" and server_extra.get("enable_hierarchical_cache"):
+        return ServerPolicy("keep", f"swap via HiCache on the server at {url} (host-memory KV "
+                            "tier, the server's own write and load-back policy); the harness "
+                            "keeps per pause")
+    sp = server_policy(policy)
+    if server_extra.get("disable_radix_cache"):
+        return ServerPolicy(sp.harness_policy, f"{sp.label} -- but the server at {url} runs "
+                            "with --disable-radix-cache: keep decisions are recorded as "
+                            "unsupported, every call is prefilled in full")
+    if policy == "swap":
+        return ServerPolicy("swap", f"swap: the server at {url} runs without HiCache; every "
+                            "swap decision is recorded as unsupported")
+    return sp
+
+
+class SglangRuntime:
+    """`harness run --runtime sglang`: keep and recompute per pause, swap only where the server
+    runs HiCache."""
+
+    name = "sglang"
+    # SGLang's CPU engine binds its threads to cores itself; it is never pinned here.
+    pins_local_server = False
+    per_slot_control = False
+
+    @contextmanager
+    def start(self, options: ServerOptions, out: Path) -> Iterator[RuntimeSession]:
+        """A local SGLang server (stopped on exit), or the one at options.url."""
+        def realise(info: ServerInfo) -> PolicyRealisation:
+            sp = (remote_policy(options.policy, info.extra, options.url) if options.url
+                  else server_policy(options.policy))
+            return PolicyRealisation(sp.harness_policy, sp.label)
+
+        def connect(http: HttpClient) -> SglangAdapter:
+            return SglangAdapter(http, salt=options.run_id)
+
+        if options.url:
+            yield RuntimeSession(ServerDetails(options.url), connect, realise)
+            return
+        python = sglang_python()
+        model = options.model or sglang_model(python)
+        geometry = hf_geometry(model)
+        cfg = SglangServerConfig(model=model, context_length=options.ctx_per_slot,
+                                 server_cpus=options.server_cpus,
+                                 extra_args=list(options.server_args))
+        with LocalSglangServer(cfg, out / "server.log", python=python) as server:
+            # KV in the model's dtype (SGLang's --kv-cache-dtype auto)
+            details = ServerDetails(
+                url=server.url, flags=server.flags, python=str(python), env=server.env,
+                start_s=server.start_s, model=model_record(model, geometry),
+                kv_bytes_per_token=kv_bytes_per_token(geometry))
+            yield RuntimeSession(details, connect, realise)
+
+
+RUNTIME = SglangRuntime()

@@ -1,4 +1,5 @@
-"""Start and stop a local vLLM server (CPU build, installed by install_vllm.sh) for a run.
+"""The vLLM runtime: a local vLLM server (CPU build, installed by install_vllm.sh) per run, or
+one at --url.
 
 The server runs the vLLM virtualenv's python (never the harness's), listens on 127.0.0.1 only, in
 its own process group (vLLM forks an engine-core process), and is stopped (SIGTERM to the group,
@@ -12,15 +13,23 @@ save or restore a request's KV blocks.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.adapters.launchers.llamacpp_server import LAUNCHERS, _script_output
-from harness.adapters.launchers.process import ServerProcess
-from harness.errors import ServerError
+from harness.adapters.base import (
+    PolicyRealisation,
+    RuntimeSession,
+    ServerDetails,
+    ServerInfo,
+    ServerOptions,
+)
+from harness.adapters.http import HttpClient
+from harness.adapters.launchers.installs import script_output, tiny_model
+from harness.adapters.launchers.process import ServerProcess, pinned
+from harness.adapters.models import hf_geometry, kv_bytes_per_token, local_vocab, model_record
+from harness.adapters.vllm import VllmAdapter
 
 SERVED_NAME = "tiny"
 
@@ -64,31 +73,12 @@ def server_policy(policy: str) -> ServerPolicy:
 
 def vllm_python() -> Path:
     """The vLLM virtualenv's python: $HARNESS_VLLM_PYTHON, or installed once and cached."""
-    return _script_output("install_vllm.sh", "HARNESS_VLLM_PYTHON")
+    return script_output("install_vllm.sh", "HARNESS_VLLM_PYTHON")
 
 
-def tiny_model(python: Path) -> Path:
+def vllm_model(python: Path) -> Path:
     """The local random-weight model: $HARNESS_VLLM_MODEL, or made once by make_tiny_model.py."""
-    if os.environ.get("HARNESS_VLLM_MODEL"):
-        p = Path(os.environ["HARNESS_VLLM_MODEL"])
-        if not p.is_dir():
-            raise ServerError(f"HARNESS_VLLM_MODEL={p} is not a model folder")
-        return p
-    proc = subprocess.run([str(python), str(LAUNCHERS / "make_tiny_model.py")],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-        raise ServerError(f"make_tiny_model.py failed (exit {proc.returncode}):\n{tail}")
-    return Path(proc.stdout.strip().splitlines()[-1])
-
-
-def model_vocab(model: Path) -> int | None:
-    """vocab_size from a Hugging Face model folder's config.json."""
-    try:
-        cfg = json.loads((model / "config.json").read_text())
-        return int(cfg.get("text_config", cfg)["vocab_size"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    return tiny_model(python, "HARNESS_VLLM_MODEL")
 
 
 @dataclass
@@ -140,13 +130,65 @@ class LocalVllmServer(ServerProcess):
                     "TMPDIR": str(self.tmp_dir)}
 
     def command(self) -> list[str]:
-        cmd = [str(self.python), "-m", "vllm.entrypoints.openai.api_server", *self.flags]
-        if self.config.server_cpus and shutil.which("taskset"):
-            cmd = ["taskset", "-c", self.config.server_cpus, *cmd]
-        return cmd
+        return pinned([str(self.python), "-m", "vllm.entrypoints.openai.api_server",
+                       *self.flags], self.config.server_cpus)
 
     def __enter__(self) -> LocalVllmServer:
         self.start(self.command(), self.env, self.url + "/health", self.startup_timeout_s)
         return self
 
 
+def _remote_realisation(policy: str, url: str) -> PolicyRealisation:
+    sp = server_policy(policy)
+    if not sp.connector:
+        return PolicyRealisation(sp.harness_policy, sp.label)
+    return PolicyRealisation(sp.harness_policy, f"{sp.label} -- if the server at {url} runs a "
+                             "connector")
+
+
+class VllmRuntime:
+    """`harness run --runtime vllm`: each policy is a server configuration (SERVER_POLICIES)."""
+
+    name = "vllm"
+    # vLLM's CPU backend binds its OpenMP threads to cores itself; it is never pinned here.
+    pins_local_server = False
+    per_slot_control = False
+
+    @contextmanager
+    def start(self, options: ServerOptions, out: Path) -> Iterator[RuntimeSession]:
+        """A local vLLM server configured for the run's policy (stopped on exit), or the one
+        at options.url."""
+        sp = server_policy(options.policy)
+
+        def session(details: ServerDetails, vocab: int | None) -> RuntimeSession:
+            def connect(http: HttpClient) -> VllmAdapter:
+                return VllmAdapter(http, salt=options.run_id, vocab_size=vocab)
+
+            def realise(_: ServerInfo) -> PolicyRealisation:
+                return (_remote_realisation(options.policy, details.url) if options.url
+                        else PolicyRealisation(sp.harness_policy, sp.label))
+
+            notes = [f"note: remote vLLM: {options.policy} needs the server started with a KV "
+                     f"connector ({sp.connector}); the harness keeps per pause"
+                     ] if options.url and sp.connector else []
+            details.extra["kv_connector"] = sp.connector
+            return RuntimeSession(details, connect, realise, notes=notes)
+
+        if options.url:
+            yield session(ServerDetails(options.url), None)
+            return
+        python = vllm_python()
+        model = options.model or vllm_model(python)
+        geometry = hf_geometry(model)
+        cfg = VllmServerConfig(model=model, max_model_len=options.ctx_per_slot,
+                               connector=sp.connector, server_cpus=options.server_cpus,
+                               extra_args=list(options.server_args))
+        with LocalVllmServer(cfg, out / "server.log", python=python) as server:
+            details = ServerDetails(
+                url=server.url, flags=server.flags, python=str(python), env=server.env,
+                start_s=server.start_s, model=model_record(model, geometry),
+                kv_bytes_per_token=kv_bytes_per_token(geometry))
+            yield session(details, local_vocab(model))
+
+
+RUNTIME = VllmRuntime()

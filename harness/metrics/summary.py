@@ -16,7 +16,8 @@ import pyarrow as pa
 from harness.errors import InputError
 from harness.metrics import latency, occupancy, outcomes
 from harness.metrics.frames import Frames, build_frames
-from harness.records.store import RUN_JSON, read_json, read_records, read_server_metrics
+from harness.records.manifest import RunManifest, read_manifest
+from harness.records.store import read_records, read_server_metrics
 
 SUMMARY_VERSION = "1"
 
@@ -32,19 +33,9 @@ SUMMARY_KEYS: tuple[str, ...] = (
 )
 
 
-def kv_bytes_per_token(run: dict[str, Any]) -> float | None:
-    """run.json model.kv_bytes_per_token as a float, or None when absent."""
-    model = run.get("model") if isinstance(run, dict) else None
-    value = model.get("kv_bytes_per_token") if isinstance(model, dict) else None
-    try:
-        return float(value) if value is not None else None
-    except (TypeError, ValueError):
-        return None
-
-
 def summarize(
     records: pd.DataFrame,
-    run: dict[str, Any],
+    run: RunManifest,
     server_metrics: pd.DataFrame | None,
     slo: dict[str, float] | None = None,
     *,
@@ -55,9 +46,9 @@ def summarize(
 ) -> dict[str, Any]:
     """The headline metrics of one run (keys listed in the module's SUMMARY_KEYS).
 
-    Pure: reads nothing, writes nothing. `run` is run.json (any key may be missing);
+    Pure: reads nothing, writes nothing. `run` is run.json (any field may be unknown);
     `slo` maps SLO_KEYS to bounds. Cache mismatches are judged with a tolerance of
-    max(mismatch_abs_tokens, mismatch_rel x retained tokens, run["cache_block_tokens"]):
+    max(mismatch_abs_tokens, mismatch_rel x retained tokens, run.cache_block_tokens):
     a runtime that reuses whole blocks leaves up to a block of a kept context uncached.
     """
     bounds = outcomes.check_slo(slo)
@@ -68,7 +59,7 @@ def summarize(
 
 def summarize_frames(
     frames: Frames,
-    run: dict[str, Any],
+    run: RunManifest,
     server_metrics: pd.DataFrame | None,
     slo: dict[str, float],
     mismatch_abs_tokens: int = outcomes.MISMATCH_ABS_TOKENS,
@@ -77,19 +68,19 @@ def summarize_frames(
     seed: int = 0,
 ) -> dict[str, Any]:
     """`summarize` on already-linked frames (the report reuses them for its plots)."""
-    bpt = kv_bytes_per_token(run)
+    bpt = run.kv_bytes_per_token
     duration = frames.duration_s
     calls, pauses = frames.calls, frames.pauses
     traj = outcomes.trajectory_outcomes(frames, slo)
-    block = run.get("cache_block_tokens") if isinstance(run, dict) else None
+    block = run.cache_block_tokens
     if isinstance(block, int | float) and not isinstance(block, bool) and block > 0:
         mismatch_abs_tokens = max(mismatch_abs_tokens, int(block))
     mism = outcomes.cache_mismatches(frames, mismatch_abs_tokens, mismatch_rel)
     mem = occupancy.memory_time(frames.kv, duration, bpt)
     lat = latency.call_latency(calls)
     out: dict[str, Any] = {
-        "runtime": run.get("runtime"),
-        "policy": run.get("policy"),
+        "runtime": run.runtime,
+        "policy": run.policy,
         "trajectories": traj,
         "resume_latency_ms": latency.resume_latency(calls, n_resamples, seed),
         "resume_parts_ms": latency.resume_parts(calls),
@@ -114,7 +105,7 @@ def summarize_frames(
                           pauses["action"].astype(object).value_counts().sort_index().items()},
         "slo": dict(slo),
         "kv_bytes_per_token": bpt,
-        "run_id": run.get("run_id"),
+        "run_id": run.run_id,
         "summary_version": SUMMARY_VERSION,
     }
     return out
@@ -148,8 +139,8 @@ def _by_pause_bucket(frames: Frames, bpt: float | None) -> dict[str, Any]:
     return {label: stats.get(label, empty) for label, _, _ in latency.PAUSE_BUCKETS}
 
 
-def load_dir(results_dir: Path) -> tuple[pd.DataFrame, dict[str, Any], pd.DataFrame | None]:
-    """Records, run.json (empty dict when absent) and server metrics (None when none).
+def load_dir(results_dir: Path) -> tuple[pd.DataFrame, RunManifest, pd.DataFrame | None]:
+    """Records, run.json (`RunManifest()` when absent) and server metrics (None when none).
 
     InputError when the directory is missing or holds no records.
     """
@@ -163,12 +154,7 @@ def load_dir(results_dir: Path) -> tuple[pd.DataFrame, dict[str, Any], pd.DataFr
         raise InputError(f"{results_dir}: unreadable records ({exc})") from None
     if records.empty:
         raise InputError(f"{results_dir}: no records (expected records/part-*.parquet)")
-    run_path = results_dir / RUN_JSON
-    try:
-        run = read_json(run_path) if run_path.is_file() else {}
-    except ValueError as exc:
-        raise InputError(f"{run_path}: not valid JSON ({exc})") from None
-    return records, run, (server if len(server) else None)
+    return records, read_manifest(results_dir), (server if len(server) else None)
 
 
 def summarize_dir(results_dir: Path | str, slo: dict[str, float] | None = None) -> dict[str, Any]:

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-RECORDS_SCHEMA_VERSION = "1"
+# Written into every records part's Parquet metadata and checked on read; a part without it
+# predates the key and has version 1's columns.
+RECORDS_SCHEMA_VERSION = 1
+RECORDS_VERSION_KEY = b"harness.records_schema_version"
 
 # Events and the columns each one fills (besides run_id, seq, t_ns, event, trajectory_id, traffic).
 EVENTS: dict[str, str] = {
@@ -74,7 +77,8 @@ RECORDS_SCHEMA = pa.schema(
         pa.field("value_s", pa.float64()),
         pa.field("deadline_s", pa.float64()),
         pa.field("detail", pa.string()),
-    ]
+    ],
+    metadata={RECORDS_VERSION_KEY: str(RECORDS_SCHEMA_VERSION).encode()},
 )
 RECORD_COLUMNS: tuple[str, ...] = tuple(RECORDS_SCHEMA.names)
 

@@ -17,7 +17,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness.records.schema import RECORDS_SCHEMA, SERVER_METRICS_SCHEMA
+from harness.errors import InputError
+from harness.records.schema import (
+    RECORDS_SCHEMA,
+    RECORDS_SCHEMA_VERSION,
+    RECORDS_VERSION_KEY,
+    SERVER_METRICS_SCHEMA,
+)
 
 RECORDS_DIR = "records"
 SERVER_METRICS_DIR = "server_metrics"
@@ -68,14 +74,34 @@ def read_parts(directory: Path, schema: pa.Schema) -> pd.DataFrame:
     """All whole parts of a directory as one frame (empty frame with the schema when none)."""
     parts = sorted(directory.glob("part-*.parquet")) if directory.is_dir() else []
     if not parts:
-        return schema.empty_table().to_pandas()
+        empty: pd.DataFrame = schema.empty_table().to_pandas()
+        return empty
     tables = [pq.read_table(p, schema=schema) for p in parts]
-    return pa.concat_tables(tables).to_pandas()
+    frame: pd.DataFrame = pa.concat_tables(tables).to_pandas()
+    return frame
+
+
+def records_version(part: Path) -> int:
+    """The records schema version a part was written with (1 for parts that predate the key);
+    InputError for a version this harness cannot read."""
+    meta = pq.read_schema(part).metadata or {}
+    raw = meta.get(RECORDS_VERSION_KEY, b"1")
+    try:
+        version = int(raw)
+    except ValueError:
+        raise InputError(f"{part}: records schema version {raw!r} is not a number") from None
+    if version > RECORDS_SCHEMA_VERSION:
+        raise InputError(f"{part}: records schema version {version} is newer than this harness "
+                         f"reads ({RECORDS_SCHEMA_VERSION}); upgrade the harness")
+    return version
 
 
 def read_records(results_dir: Path) -> pd.DataFrame:
     """The event records of a results directory, ordered by seq."""
-    df = read_parts(results_dir / RECORDS_DIR, RECORDS_SCHEMA)
+    directory = results_dir / RECORDS_DIR
+    for part in sorted(directory.glob("part-*.parquet")) if directory.is_dir() else []:
+        records_version(part)
+    df = read_parts(directory, RECORDS_SCHEMA)
     return df.sort_values("seq", kind="stable").reset_index(drop=True)
 
 

@@ -7,17 +7,25 @@ cache mismatches per policy), and writes one HTML report comparing the policies.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import click
 
-from harness.adapters.runtimes import RUNTIMES
+from harness.adapters.base import Runtime
+from harness.adapters.runtimes import RUNTIMES, get_runtime
 from harness.errors import InputError
+from harness.model.calibration import read_calibration
+from harness.plan.injection import load_injection
 from harness.policies import POLICIES, make_policy
+from harness.records.manifest import CpuPinning, RunManifest, read_manifest
 from harness.records.store import SUMMARY_JSON, read_json, write_json
+from harness.replay import pinning
 from harness.replay.cli import RunOptions, arrivals_from_flags, execute_run, parse_kv
+from harness.traces.validate import load_trajectories
 
 DEFAULT_POLICIES = ("keep", "swap", "recompute")
 
@@ -37,7 +45,6 @@ def predict(trace: Path, policy: str, calibration: Path) -> dict[str, Any]:
     or re-prefill; queueing and the appended tokens' prefill are not modelled), bytes moved,
     tokens recomputed."""
     from harness.model.analytical import Rates, evaluate
-    from harness.model.calibration import read_calibration
     from harness.model.inputs import pauses_from_trace
     from harness.plan.injection import Injection
 
@@ -57,17 +64,18 @@ def predict(trace: Path, policy: str, calibration: Path) -> dict[str, Any]:
 
 
 def simulate_like(real_dir: Path, trace: Path, policy: str, policy_args: dict[str, str],
-                  calibration: Path, out: Path) -> dict[str, Any]:
+                  calibration: Path, out: Path) -> RunManifest:
     """The simulator on what a llama.cpp replay in `real_dir` ran: the same trace, policy,
     slots x context, closed-loop agents and seed, its costs from `calibration` only."""
-    from harness.model.calibration import read_calibration
     from harness.simulate.run import Arrivals, check_capacity, run_simulation
 
-    real = read_json(real_dir / "run.json")
-    cap = check_capacity(None, real["slots"], real["ctx_per_slot"])
-    arrivals = Arrivals("closed", int(real["arrivals"]["concurrency"]))
+    real = read_manifest(real_dir)
+    if real.arrivals is None or real.seed is None:
+        raise InputError(f"{real_dir}: run.json lacks the arrivals or seed to simulate it")
+    cap = check_capacity(None, real.slots, real.ctx_per_slot)
+    arrivals = Arrivals("closed", int(real.arrivals.concurrency))
     return run_simulation(trace, policy, policy_args, cap, read_calibration(calibration),
-                          calibration, arrivals, int(real["seed"]), out)
+                          calibration, arrivals, int(real.seed), out)
 
 
 def _ms(q: dict[str, Any] | None, key: str) -> str:
@@ -94,15 +102,139 @@ def headline_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def scoped_policy_args(policies: list[str], pairs: tuple[str, ...]) -> dict[str, dict[str, str]]:
+    """Each bench policy's `--policy-arg`s: `POLICY.KEY=VALUE` goes to that policy, a plain
+    `KEY=VALUE` to every policy of the bench that takes KEY. InputError for an argument that
+    no policy of the bench takes, or one scoped to a policy the bench does not run."""
+    out: dict[str, dict[str, str]] = {p: {} for p in policies}
+    for key, value in parse_kv(pairs, "--policy-arg").items():
+        scope, dot, name = key.partition(".")
+        if dot and scope in POLICIES:
+            if scope not in out:
+                raise InputError(f"--policy-arg {key}={value}: the bench does not run {scope!r} "
+                                 f"(--policies {','.join(policies)})")
+            out[scope][name] = value
+            continue
+        takers = [p for p in policies if key in POLICIES[p][1]]
+        if not takers:
+            raise InputError(f"--policy-arg {key}={value}: no policy of the bench takes "
+                             f"{key!r} (--policies {','.join(policies)}); scope it as "
+                             "POLICY.KEY=VALUE")
+        for p in takers:
+            out[p][key] = value
+    return out
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """A bench, validated before its first replay: one RunOptions per policy (with the same
+    CPU pinning), where results go, and what else runs (calibration, simulation)."""
+
+    root: Path
+    trace: Path
+    runtime: Runtime
+    runs: tuple[RunOptions, ...]
+    calibration: Path | None  # a calibration file, or where --calibrate writes one
+    calibrate_first: bool
+    simulable: bool  # the simulator runs each policy too (see bench --calibration)
+    pinning: CpuPinning | None
+
+
+def plan_bench(runtime: str, url: str | None, trace: Path | None, policies: str,
+               policy_args: tuple[str, ...], base: RunOptions, calibration: Path | None,
+               calibrate_first: bool, out: Path | None,
+               runtimes: Callable[[str], Runtime] = get_runtime) -> BenchPlan:
+    """Check every input of a bench (policies and their arguments, the trace, the injection
+    profile, the calibration file) and decide its CPU pinning once; InputError on the first
+    problem, before anything is started."""
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    unknown = [p for p in names if p not in POLICIES]
+    if unknown or not names:
+        raise InputError(f"unknown policy {', '.join(unknown) or '(none)'}; "
+                         f"one of {', '.join(POLICIES)}")
+    if len(set(names)) != len(names):
+        raise InputError(f"--policies {policies}: a policy is named twice")
+    rt = runtimes(runtime)
+    if calibrate_first and (calibration is not None or not rt.per_slot_control):
+        raise InputError("--calibrate measures a server whose slots the harness controls "
+                         "(llama.cpp); it replaces --calibration")
+    args = scoped_policy_args(names, policy_args)
+    for p in names:
+        make_policy(p, args[p])
+    trace = trace or shipped_trace()
+    load_trajectories(trace)
+    load_injection(base.inject)
+    if calibration is not None:
+        read_calibration(calibration)
+    root = out or Path("reports") / f"bench-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
+    pin = pinning.decide(pinning.available_cpus(), url is None, rt.pins_local_server)
+    if calibrate_first:
+        calibration = root / "calibration.json"
+    runs = tuple(replace(base, trace=trace, policy=p, out=root / p, runtime=runtime, url=url,
+                         policy_args=args[p], calibration=calibration, pinning=pin)
+                 for p in names)
+    # The simulator models slots the harness controls, a closed loop and the trace's own tools.
+    simulable = (rt.per_slot_control and base.inject == "none"
+                 and base.arrivals.time_scale == 1.0)
+    return BenchPlan(root, trace, rt, runs, calibration, calibrate_first, simulable, pin)
+
+
+def run_bench(plan: BenchPlan, echo: Callable[[str], None] = click.echo
+              ) -> list[tuple[str, dict[str, Any]]]:
+    """Run a bench plan: calibrate first if asked, replay each policy (and simulate it where
+    that applies), render one report; returns each policy's summary."""
+    if plan.calibrate_first and plan.calibration is not None:
+        from harness.replay.calibrate import calibrate
+
+        first = plan.runs[0]
+        echo(f"calibrating {first.url or 'a local server'} ...")
+        plan.root.mkdir(parents=True, exist_ok=True)
+        calibrate(plan.calibration, first.runtime, first.url, server_args=first.server_args,
+                  pin=plan.pinning)
+    rows: list[tuple[str, dict[str, Any]]] = []
+    dirs: list[Path] = []
+    t0 = time.monotonic()
+    for o in plan.runs:
+        echo(f"[{time.monotonic() - t0:6.0f}s] {o.policy}: replaying {plan.trace} ...")
+        run = execute_run(o, lambda m: click.echo(m, err=True), plan.runtime)
+        dirs.append(o.out)
+        if plan.calibration is not None:
+            write_json(o.out / "prediction.json", predict(plan.trace, o.policy, plan.calibration))
+            if plan.simulable:
+                sim = plan.root / f"{o.policy}-simulated"
+                simulate_like(o.out, plan.trace, o.policy, o.policy_args, plan.calibration, sim)
+                dirs.append(sim)
+        summary = read_json(o.out / SUMMARY_JSON) if (o.out / SUMMARY_JSON).exists() else {}
+        rows.append((o.policy, summary))
+        c = run.outcome
+        echo(f"[{time.monotonic() - t0:6.0f}s] {o.policy}: {c.completed if c else 0} "
+             f"completed, {c.cancelled if c else 0} cancelled, {c.failed if c else 0} failed")
+    check_same_pinning([read_manifest(o.out) for o in plan.runs])
+    from harness.report.render import render_report
+
+    (plan.root / "report.html").write_text(render_report(dirs), encoding="utf-8")
+    return rows
+
+
+def check_same_pinning(runs: list[RunManifest]) -> None:
+    """RuntimeError when the runs of one bench did not all run under the same CPU pinning:
+    their numbers would not be comparable."""
+    seen = {repr(r.cpu_pinning) for r in runs}
+    if len(seen) > 1:
+        raise RuntimeError(f"the bench's policies ran under different CPU pinning: {seen}")
+
+
 @click.command("bench")
 @click.option("--runtime", type=click.Choice(list(RUNTIMES)), default="llamacpp",
               show_default=True)
-@click.option("--url", help="A running server (default: start a local llama-server per policy).")
+@click.option("--url", help="A running server (default: start a local server per policy).")
 @click.option("--trace", "trace_path", type=click.Path(path_type=Path),
               help="Trajectory file (default: the shipped traces/bench-small.parquet).")
 @click.option("--policies", default=",".join(DEFAULT_POLICIES), show_default=True,
               help=f"Comma-separated, from: {', '.join(POLICIES)}.")
-@click.option("--policy-arg", "policy_args", multiple=True, metavar="KEY=VALUE")
+@click.option("--policy-arg", "policy_args", multiple=True, metavar="[POLICY.]KEY=VALUE",
+              help="A policy argument; POLICY.KEY=VALUE for one policy (e.g. ttl.tau=2), "
+                   "KEY=VALUE for every policy of the bench that takes KEY.")
 @click.option("--inject", default="none", show_default=True)
 @click.option("--concurrency", type=int, default=6, show_default=True)
 @click.option("--time-scale", type=float, default=1.0, show_default=True)
@@ -127,53 +259,13 @@ def bench_cmd(runtime: str, url: str | None, trace_path: Path | None, policies: 
               seed: int, slots: int, ctx_per_slot: int, calibration: Path | None,
               calibrate_first: bool, server_args: tuple[str, ...], out: Path | None) -> None:
     """Replay one trace under several policies and compare them in one report."""
-    names = [p.strip() for p in policies.split(",") if p.strip()]
-    unknown = [p for p in names if p not in POLICIES]
-    if unknown or not names:
-        raise InputError(f"unknown policy {', '.join(unknown) or '(none)'}; "
-                         f"one of {', '.join(POLICIES)}")
-    if calibrate_first and (calibration is not None or runtime != "llamacpp"):
-        raise InputError("--calibrate measures a llama.cpp server; it replaces --calibration")
-    trace = trace_path or shipped_trace()
-    root = out or Path("reports") / f"bench-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
-    if calibrate_first:
-        from harness.replay.calibrate import calibrate
-
-        click.echo(f"calibrating {url or 'a local llama-server'} ...")
-        root.mkdir(parents=True, exist_ok=True)
-        calibration = root / "calibration.json"
-        calibrate(calibration, url, server_args=server_args)
-    arrivals = arrivals_from_flags(concurrency, None, False, time_scale)
-    rows: list[tuple[str, dict[str, Any]]] = []
-    dirs: list[Path] = []
-    # The simulator models llama.cpp's slots, a closed loop and the trace's own tool latencies.
-    simulable = runtime == "llamacpp" and inject == "none" and time_scale == 1.0
-    t0 = time.monotonic()
-    for policy in names:
-        d = root / policy
-        click.echo(f"[{time.monotonic() - t0:6.0f}s] {policy}: replaying {trace} ...")
-        args = (parse_kv(policy_args, "--policy-arg")
-                if policy in ("ttl", "threshold", "min-waste") else {})
-        run = execute_run(RunOptions(
-            trace=trace, policy=policy, out=d, runtime=runtime, url=url, policy_args=args,
-            inject=inject, arrivals=arrivals, seed=seed, slots=slots,
-            ctx_per_slot=ctx_per_slot, calibration=calibration, server_args=server_args),
-            lambda m: click.echo(m, err=True))
-        dirs.append(d)
-        if calibration is not None:
-            write_json(d / "prediction.json", predict(trace, policy, calibration))
-            if simulable:
-                simulate_like(d, trace, policy, args, calibration, root / f"{policy}-simulated")
-                dirs.append(root / f"{policy}-simulated")
-        summary = read_json(d / SUMMARY_JSON) if (d / SUMMARY_JSON).exists() else {}
-        rows.append((policy, summary))
-        o = run.get("outcome", {})
-        click.echo(f"[{time.monotonic() - t0:6.0f}s] {policy}: {o.get('completed', 0)} "
-                   f"completed, {o.get('cancelled', 0)} cancelled, {o.get('failed', 0)} failed")
-    from harness.report.render import render_report
-
-    report = root / "report.html"
-    report.write_text(render_report(dirs), encoding="utf-8")
+    base = RunOptions(trace=Path(), policy="", out=Path(), inject=inject,
+                      arrivals=arrivals_from_flags(concurrency, None, False, time_scale),
+                      seed=seed, slots=slots, ctx_per_slot=ctx_per_slot,
+                      server_args=server_args)
+    plan = plan_bench(runtime, url, trace_path, policies, policy_args, base, calibration,
+                      calibrate_first, out)
+    rows = run_bench(plan)
     click.echo("")
     click.echo(headline_table(rows))
-    click.echo(f"\nresults: {root}\nreport:  {report}")
+    click.echo(f"\nresults: {plan.root}\nreport:  {plan.root / 'report.html'}")

@@ -13,16 +13,25 @@ import statistics
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import click
 
-from harness.adapters.base import CompletionRequest
-from harness.adapters.llamacpp import LlamaCppAdapter, client_session
-from harness.errors import ServerError
+from harness.adapters.base import (
+    Adapter,
+    CompletionRequest,
+    Runtime,
+    RuntimeSession,
+    ServerOptions,
+)
+from harness.adapters.http import connect
+from harness.adapters.runtimes import RUNTIMES, get_runtime
+from harness.errors import InputError, ServerError
 from harness.model.calibration import Calibration, write_calibration
 from harness.model.iteration import APPEND_TOKENS
 from harness.plan.tokens import stable_seed, token_ids
+from harness.records.manifest import CpuPinning
+from harness.replay import pinning
+from harness.replay.runner import server_info
 
 CONTEXTS = (128, 512, 1024, 2048)
 SWAP_CONTEXT = 1024
@@ -41,7 +50,7 @@ class Measured:
     model: str
 
 
-async def _prefill(ad: LlamaCppAdapter, n: int, vocab: int, seed: int,
+async def _prefill(ad: Adapter, n: int, vocab: int, seed: int,
                    decode_tokens: int = 1) -> tuple[float, float | None]:
     """Cold prefill of n tokens, then `decode_tokens` generated at that context:
     (prefill tok/s, decode tok/s or None when only one token was generated)."""
@@ -55,7 +64,7 @@ async def _prefill(ad: LlamaCppAdapter, n: int, vocab: int, seed: int,
     return res.prompt_n / (res.prompt_ms / 1000.0), decode
 
 
-async def _append(ad: LlamaCppAdapter, n: int, vocab: int, seed: int) -> float | None:
+async def _append(ad: Adapter, n: int, vocab: int, seed: int) -> float | None:
     """APPEND_TOKENS new prompt tokens after the n cached by `_prefill(n, seed)`: tokens/s, or
     None when the server did not reuse the cached prefix."""
     ids = token_ids(seed, n, vocab) + token_ids(stable_seed("cal-append", seed), APPEND_TOKENS,
@@ -66,9 +75,13 @@ async def _append(ad: LlamaCppAdapter, n: int, vocab: int, seed: int) -> float |
     return APPEND_TOKENS / (res.prompt_ms / 1000.0)
 
 
-async def measure(ad: LlamaCppAdapter, contexts: tuple[int, ...] = CONTEXTS,
+async def measure(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS,
                   repeats: int = 3, decode_tokens: int = 32) -> Measured:
-    """Measure one llama-server through its adapter (slot 0 is used and erased)."""
+    """Measure one server through its adapter (slot 0 is used and erased); the adapter must
+    give the client its slots (InputError otherwise)."""
+    if not ad.capabilities.harness_slots:
+        raise InputError(f"calibrate measures a server whose slots the harness controls; "
+                         f"{ad.runtime} has none")
     info = await ad.server_info()
     limit = (info.ctx_per_slot or 4096) - decode_tokens - 8
     points, decode_points, append_points = [], [], []
@@ -118,10 +131,11 @@ async def measure(ad: LlamaCppAdapter, contexts: tuple[int, ...] = CONTEXTS,
 
 
 def to_calibration(m: Measured, kv_bytes_per_token: float | None,
-                   server_version: str | None = None) -> Calibration:
+                   server_version: str | None = None, runtime: str = "llamacpp"
+                   ) -> Calibration:
     """A Calibration from measurements; the headline prefill rate is at the largest context."""
     return Calibration(
-        runtime="llamacpp", server_version=server_version or m.server_version, model=m.model,
+        runtime=runtime, server_version=server_version or m.server_version, model=m.model,
         kv_bytes_per_token=kv_bytes_per_token or m.dump_bytes_per_token,
         prefill_tok_s=m.prefill_points[-1][1], decode_tok_s=m.decode_tok_s,
         swap_out_bytes_per_s=m.swap_out_bytes_per_s, swap_in_bytes_per_s=m.swap_in_bytes_per_s,
@@ -131,56 +145,55 @@ def to_calibration(m: Measured, kv_bytes_per_token: float | None,
         append_points=tuple(m.append_points))
 
 
-async def _measure_url(url: str, dump_dir: Path | None, repeats: int) -> Measured:
-    async with client_session() as session:
-        return await measure(LlamaCppAdapter(session, url, dump_dir=dump_dir), repeats=repeats)
+def _measure_on(runtime: Runtime, options: ServerOptions, out: Path,
+                repeats: int) -> tuple[Measured, float | None, str | None]:
+    """Measure the runtime's server: (measurements, KV bytes per token of the model, build)."""
+    async def go(session: RuntimeSession) -> Measured:
+        async with connect(session.details.url, 2) as http:
+            adapter = session.connect(http)
+            await server_info(adapter, session.details.url)
+            return await measure(adapter, repeats=repeats)
+
+    with runtime.start(options, out) as session:
+        measured = asyncio.run(go(session))
+        return measured, session.details.kv_bytes_per_token, session.details.build
 
 
-def calibrate(out: Path, url: str | None = None, repeats: int = 3,
-              model_path: Path | None = None,
-              server_args: tuple[str, ...] = ()) -> tuple[Calibration, Measured]:
-    """Measure a llama-server (`url`, or a local one started and stopped here, pinned as a
-    replay pins it, with `server_args` added) and write the calibration file `out`."""
-    from harness.adapters.launchers.llamacpp_run import model_geometry, pin_harness_cpu
-
-    geometry: dict[str, Any] | None = None
-    if url:
-        measured = asyncio.run(_measure_url(url, None, repeats))
-        version = None
-    else:
-        from harness.adapters.launchers.llamacpp_server import (
-            LlamaServerConfig,
-            LocalLlamaServer,
-            default_model,
-        )
-
-        model = model_path or default_model()
-        geometry = model_geometry(model)
-        # Pinned as in a replay, so the rates are those the replays will see.
-        cfg = LlamaServerConfig(model=model, slots=1, server_cpus=pin_harness_cpu(),
-                                extra_args=list(server_args))
-        with LocalLlamaServer(cfg, out.with_suffix(".server.log")) as server:
-            measured = asyncio.run(_measure_url(server.url, server.dump_dir, repeats))
-            version = server.build_label()
-    bpt = float(geometry["kv_bytes_per_token"]) if geometry and \
-        "kv_bytes_per_token" in geometry else None
-    cal = to_calibration(measured, bpt, version)
+def calibrate(out: Path, runtime: str = "llamacpp", url: str | None = None, repeats: int = 3,
+              model_path: Path | None = None, server_args: tuple[str, ...] = (),
+              pin: CpuPinning | None | str = "auto") -> tuple[Calibration, Measured]:
+    """Measure a server (`url`, or a local one started and stopped here with `server_args`
+    added, pinned as the replays are: `pin`, or decided here) and write the calibration file
+    `out`."""
+    rt = get_runtime(runtime)
+    if not isinstance(pin, CpuPinning) and pin is not None:
+        pin = pinning.decide(pinning.available_cpus(), url is None, rt.pins_local_server)
+    pinning.apply(pin)
+    options = ServerOptions(policy="keep", run_id="calibration", url=url, slots=1,
+                            model=model_path, server_args=server_args,
+                            server_cpus=pin.server if pin else None)
+    log_dir = out.parent / f"{out.stem}.server"
+    measured, bpt, build = _measure_on(rt, options, log_dir, repeats)
+    cal = to_calibration(measured, bpt, build, rt.name)
     write_calibration(out, cal)
     return cal, measured
 
 
 @click.command("calibrate")
-@click.option("--runtime", type=click.Choice(["llamacpp"]), default="llamacpp",
-              show_default=True)
-@click.option("--url", help="A running llama-server started with --slot-save-path "
-                            "(default: start a local one).")
+@click.option("--runtime", type=click.Choice(list(RUNTIMES)), default="llamacpp",
+              show_default=True, help="A runtime whose slots the harness controls (llamacpp).")
+@click.option("--url", help="A running server (a llama-server started with --slot-save-path); "
+                            "default: start a local one.")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="JSON to write.")
 @click.option("--repeats", type=int, default=3, show_default=True)
 @click.option("--model", "model_path", type=click.Path(path_type=Path))
 def calibrate_cmd(runtime: str, url: str | None, out: Path, repeats: int,
                   model_path: Path | None) -> None:
     """Measure prefill and decode rates and slot save/restore bandwidth on a live server."""
-    cal, measured = calibrate(out, url, repeats, model_path)
+    if not get_runtime(runtime).per_slot_control:
+        raise InputError(f"calibrate measures a server whose slots the harness controls; "
+                         f"{runtime} has none")
+    cal, measured = calibrate(out, runtime, url, repeats, model_path)
     pts = ", ".join(f"{n}: {r:,.0f}" for n, r in cal.prefill_points)
     dec = ", ".join(f"{n}: {r:,.1f}" for n, r in cal.decode_points)
     app = ", ".join(f"{n}: {r:,.1f}" for n, r in cal.append_points)

@@ -7,22 +7,27 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import click
 
 from harness import __version__
-from harness.adapters.runtimes import RUNTIMES, runtime_entry
+from harness.adapters.base import Runtime, ServerOptions
+from harness.adapters.runtimes import RUNTIMES, get_runtime
 from harness.errors import InputError
 from harness.model.calibration import read_calibration
 from harness.plan.injection import load_injection
 from harness.plan.planner import Arrivals, make_plan
 from harness.policies import POLICIES, make_policy
-from harness.replay.options import RunContext, RunOptions
+from harness.records.manifest import ArrivalsRef, Outcome, RunManifest, TraceRef
+from harness.replay import pinning
+from harness.replay.options import AUTO, RunOptions
+from harness.replay.runner import run_on_runtime
 from harness.traces.schema import file_sha256
 from harness.traces.validate import load_trajectories
 
 __all__ = ["RunOptions", "execute_run", "arrivals_from_flags", "parse_kv", "run_cmd"]
+
 
 def parse_kv(pairs: tuple[str, ...], flag: str) -> dict[str, str]:
     out: dict[str, str] = {}
@@ -48,31 +53,39 @@ def git_commit() -> str | None:
     return out.stdout.strip() + ("-dirty" if dirty else "")
 
 
-def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo) -> dict[str, Any]:
-    """Validate inputs, plan, replay (starting a local server unless `url`); returns run.json."""
+def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo,
+                runtime: Runtime | None = None) -> RunManifest:
+    """Validate inputs, plan, replay (starting a local server unless `url`); returns run.json.
+    `runtime`: the runtime to drive (default: the registry's `o.runtime`)."""
     pol = make_policy(o.policy, o.policy_args)
     steps = load_trajectories(o.trace)
     injection = load_injection(o.inject)
     plan = make_plan(steps, injection, o.arrivals, o.seed)
+    rt = runtime or get_runtime(o.runtime)
+    pin = (pinning.decide(pinning.available_cpus(), o.url is None, rt.pins_local_server)
+           if o.pinning == AUTO else o.pinning)
+    pinning.apply(pin)
     a = o.arrivals
-    run: dict[str, Any] = {
-        "run_id": f"{o.policy}-{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}",
-        "policy": o.policy, "policy_args": dict(o.policy_args),
-        "policy_sees_true_latency": pol.sees_true_latency,
-        "trace": {"path": str(o.trace), "sha256": file_sha256(o.trace),
-                  "trajectories": len(plan.trajectories), "steps": int(len(steps))},
-        "seed": o.seed, "injection": injection.as_dict(),
-        "arrivals": {"mode": a.mode, "concurrency": a.concurrency, "rate": a.rate,
-                     "time_scale": a.time_scale},
-        "harness_version": __version__, "git_commit": git_commit(),
-        "started_at": datetime.now(UTC).isoformat(),
-    }
+    run = RunManifest(
+        run_id=f"{o.policy}-{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}",
+        runtime=rt.name, policy=o.policy, policy_args=dict(o.policy_args),
+        policy_sees_true_latency=pol.sees_true_latency,
+        trace=TraceRef(str(o.trace), file_sha256(o.trace), len(plan.trajectories),
+                       int(len(steps))),
+        seed=o.seed, injection=injection.as_dict(),
+        arrivals=ArrivalsRef(a.mode, a.concurrency, a.rate, a.time_scale),
+        harness_version=__version__, git_commit=git_commit(),
+        started_at=datetime.now(UTC).isoformat(), cpu_pinning=pin)
     cal = read_calibration(o.calibration) if o.calibration else None
     if o.calibration and cal:
-        run["calibration"] = {"path": str(o.calibration), **cal.to_dict()}
+        run.calibration = {"path": str(o.calibration), **cal.to_dict()}
     o.out.mkdir(parents=True, exist_ok=True)
-    runtime_entry(o.runtime)(RunContext(o, plan, pol, run, echo, cal.rates() if cal else None))
-    return run
+    server = ServerOptions(policy=o.policy, run_id=str(run.run_id), url=o.url, slots=o.slots,
+                           ctx_per_slot=o.ctx_per_slot, threads=o.threads, model=o.model,
+                           server_args=o.server_args,
+                           server_cpus=pin.server if pin else None)
+    return run_on_runtime(rt, server, plan, o.policy_args, run, o.out,
+                          cal.rates() if cal else None, o.scrape_interval_s, echo)
 
 
 def arrivals_from_flags(concurrency: int | None, rate: float | None, trace_timing: bool,
@@ -129,11 +142,10 @@ def run_cmd(runtime: str, url: str | None, trace_path: Path, policy: str,
     _print_result(out, run)
 
 
-def _print_result(out: Path, run: dict[str, Any]) -> None:
-    o = run.get("outcome", {})
-    click.echo(f"{run['policy']}: {o.get('completed', 0)} completed, "
-               f"{o.get('cancelled', 0)} cancelled, {o.get('failed', 0)} failed in "
-               f"{run.get('duration_s', 0):.1f}s -> {out}")
-    c = run.get("cleanup") or {}
-    if c.get("dump_files_left") or c.get("errors") or c.get("slots_idle") is False:
+def _print_result(out: Path, run: RunManifest) -> None:
+    o = run.outcome or Outcome()
+    click.echo(f"{run.policy}: {o.completed} completed, {o.cancelled} cancelled, "
+               f"{o.failed} failed in {run.duration_s or 0:.1f}s -> {out}")
+    c = run.cleanup
+    if c and (c.dump_files_left or c.errors or c.slots_idle is False):
         click.echo(f"warning: cleanup incomplete: {c}", err=True)

@@ -1,19 +1,23 @@
-"""What one replay run is asked to do, and what a runtime's entry point receives."""
+"""What one replay run is asked to do: `harness run` and `harness bench` both build these."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
-from harness.plan.planner import Arrivals, Plan
-from harness.policies.base import PausePolicy, ServerRates
+from harness.plan.planner import Arrivals
+from harness.records.manifest import CpuPinning
+
+AUTO: Literal["auto"] = "auto"
 
 
 @dataclass
 class RunOptions:
-    """Everything one replay run needs; `harness run` and `harness bench` both build these."""
+    """Everything one replay run needs.
+
+    `pinning`: AUTO decides from the CPUs this process may use now (a lone `harness run`);
+    a bench decides once and passes the same decision (or None) to every run."""
 
     trace: Path
     policy: str
@@ -31,17 +35,4 @@ class RunOptions:
     scrape_interval_s: float = 0.2
     calibration: Path | None = None
     server_args: tuple[str, ...] = ()  # extra flags for a local server (e.g. -ngl 99)
-
-
-@dataclass
-class RunContext:
-    """Handed to a runtime's entry point: it starts (or reaches) the server, builds its adapter
-    and calls harness.replay.runner.replay. `run` is run.json, to be completed with the server's
-    details; `rates` are calibrated rates when a calibration file was given."""
-
-    options: RunOptions
-    plan: Plan
-    policy: PausePolicy
-    run: dict[str, Any]
-    echo: Callable[[str], None]
-    rates: ServerRates | None = None
+    pinning: CpuPinning | None | Literal["auto"] = AUTO

@@ -1,4 +1,6 @@
-"""One replay run: results directory, run metadata, server scraping, executor, summary.
+"""One replay run: the server a runtime brings up, the run's HTTP client, run.json, server
+scraping, the executor and the summary. The core drives the runtime (harness.adapters.base.
+Runtime) here, the same way for every runtime.
 
 Everything measured is on disk as it happens (record parts flushed every second); run.json is
 written at the start and rewritten at the end, so a killed run leaves readable, labelled results.
@@ -12,13 +14,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.adapters.base import Adapter
+import aiohttp
+
+from harness.adapters.base import Adapter, Runtime, RuntimeSession, ServerInfo, ServerOptions
+from harness.adapters.http import KEEPALIVE_S, HttpStatusError, connect
+from harness.errors import InputError, ServerError
 from harness.plan.planner import Plan
+from harness.policies import make_policy
 from harness.policies.base import PausePolicy, ServerRates
+from harness.policies.builtin import FALLBACK_RATES
+from harness.records.manifest import Cleanup, Outcome, RunManifest
 from harness.records.schema import RECORDS_SCHEMA, SERVER_METRICS_SCHEMA
 from harness.records.store import (
     RECORDS_DIR,
-    RUN_JSON,
     SERVER_METRICS_DIR,
     SUMMARY_JSON,
     PartWriter,
@@ -26,9 +34,77 @@ from harness.records.store import (
     read_server_metrics,
     write_json,
 )
-from harness.replay.clock import NS, Clock, sleep_s
+from harness.replay.clock import NS, Clock, RealClock, sleep_s
 from harness.replay.executor import Executor, RunCounters
 from harness.replay.recorder import Recorder
+
+SCRAPE_CONNECTIONS = 1  # the server-metrics sampler's own request
+
+
+def max_in_flight(plan: Plan) -> int:
+    """The most requests the plan can have in flight at once: one per concurrent agent, one per
+    bystander, and the scrape. The connection pool is this large, so it never queues."""
+    trajectories = len(plan.trajectories)
+    agents = (min(plan.arrivals.concurrency, trajectories) if plan.arrivals.mode == "closed"
+              else trajectories)
+    return max(1, agents) + len(plan.bystanders) + SCRAPE_CONNECTIONS
+
+
+def run_on_runtime(runtime: Runtime, server: ServerOptions, plan: Plan,
+                   policy_args: dict[str, str], run: RunManifest, out: Path,
+                   rates: ServerRates | None, scrape_interval_s: float,
+                   echo: Callable[[str], None]) -> RunManifest:
+    """Start (or reach) the runtime's server, replay `plan` on it and stop what was started;
+    returns the final run.json. `rates`: calibrated rates, else defaults with the model's KV
+    bytes per token."""
+    with runtime.start(server, out) as session:
+        for note in session.notes:
+            echo(note)
+        _record_details(run, session)
+        bpt = session.details.kv_bytes_per_token
+        rates = rates or ServerRates(FALLBACK_RATES.prefill_tok_s,
+                                     FALLBACK_RATES.swap_bytes_per_s,
+                                     bpt or FALLBACK_RATES.kv_bytes_per_token)
+        asyncio.run(_replay_session(session, plan, server.policy, policy_args, run, out, rates,
+                                    scrape_interval_s))
+    return run
+
+
+async def _replay_session(session: RuntimeSession, plan: Plan, policy_name: str,
+                          policy_args: dict[str, str], run: RunManifest, out: Path,
+                          rates: ServerRates, scrape_interval_s: float) -> None:
+    limit = max_in_flight(plan)
+    run.http = {"connection_limit": limit, "keepalive_s": KEEPALIVE_S, "pooled": True}
+    async with connect(session.details.url, limit) as http:
+        adapter = session.connect(http)
+        info = await server_info(adapter, session.details.url)
+        how = session.realise(info)
+        run.harness_policy, run.server_policy = how.harness_policy, how.label
+        same = how.harness_policy == policy_name
+        policy = make_policy(how.harness_policy, policy_args if same else {})
+        leftover = session.leftover_dumps
+        await replay(adapter, RealClock(), plan, policy, out, run, rates, scrape_interval_s,
+                     leftover_dumps=(lambda: leftover(str(run.run_id))) if leftover else None,
+                     info=info)
+
+
+async def server_info(adapter: Adapter, url: str) -> ServerInfo:
+    """The server's own report; ServerError (one line) when it cannot be had."""
+    try:
+        return await adapter.server_info()
+    except (aiohttp.ClientError, HttpStatusError, TimeoutError, ValueError, KeyError,
+            TypeError, AttributeError) as exc:
+        raise ServerError(f"{url}: no usable answer to the server-info request "
+                          f"({type(exc).__name__}: {exc})"[:400]) from None
+
+
+def _record_details(run: RunManifest, session: RuntimeSession) -> None:
+    d = session.details
+    run.server_url, run.server_flags, run.server_binary = d.url, d.flags, d.binary
+    run.server_build, run.server_python, run.server_env = d.build, d.python, d.env
+    run.server_start_s, run.model = d.start_s, d.model
+    if d.extra:
+        run.server_extra = {**(run.server_extra or {}), **d.extra}
 
 
 async def _scrape_loop(adapter: Adapter, clock: Clock, writer: PartWriter, interval_s: float,
@@ -47,7 +123,7 @@ async def _scrape_loop(adapter: Adapter, clock: Clock, writer: PartWriter, inter
         await sleep_s(clock, interval_s)
 
 
-def write_summary(out_dir: Path, run: dict[str, Any]) -> dict[str, Any] | None:
+def write_summary(out_dir: Path, run: RunManifest) -> dict[str, Any] | None:
     """Recompute summary.json from the records on disk (None if metrics are unavailable)."""
     try:
         from harness.metrics.summary import summarize
@@ -58,36 +134,42 @@ def write_summary(out_dir: Path, run: dict[str, Any]) -> dict[str, Any] | None:
     return summary
 
 
+def _record_info(run: RunManifest, adapter: Adapter, info: ServerInfo, clock: Clock) -> None:
+    run.runtime, run.server_version, run.server_model = (info.runtime, info.server_version,
+                                                         info.model)
+    run.vocab_size, run.slots, run.ctx_per_slot = info.vocab_size, info.slots, info.ctx_per_slot
+    run.cache_block_tokens = info.cache_block_tokens
+    if info.extra:
+        run.server_extra = {**(run.server_extra or {}), **info.extra}
+    run.capabilities = {"harness_slots": adapter.capabilities.harness_slots,
+                        "pause_actions": sorted(adapter.capabilities.pause_actions)}
+    run.wall_anchor_ns = getattr(clock, "wall_anchor_ns", None)
+    run.status = "running"
+
+
 async def replay(adapter: Adapter, clock: Clock, plan: Plan, policy: PausePolicy, out_dir: Path,
-                 run: dict[str, Any], rates: ServerRates, scrape_interval_s: float = 0.2,
-                 leftover_dumps: Callable[[], list[str]] | None = None) -> dict[str, Any]:
-    """Replay `plan` through `adapter`; returns run.json's final content."""
+                 run: RunManifest, rates: ServerRates, scrape_interval_s: float = 0.2,
+                 leftover_dumps: Callable[[], list[str]] | None = None,
+                 info: ServerInfo | None = None) -> RunManifest:
+    """Replay `plan` through `adapter` (whose `info` is asked for when not given); returns
+    run.json's final content."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if any((out_dir / RECORDS_DIR).glob("part-*.parquet")):
-        from harness.errors import InputError
-
         raise InputError(f"{out_dir} already holds records; choose a new --out directory")
-    info = await adapter.server_info()
-    run.update({
-        "runtime": info.runtime, "server_version": info.server_version,
-        "server_model": info.model, "vocab_size": info.vocab_size,
-        "slots": info.slots, "ctx_per_slot": info.ctx_per_slot, "status": "running",
-        "capabilities": {"harness_slots": adapter.capabilities.harness_slots,
-                         "pause_actions": sorted(adapter.capabilities.pause_actions)},
-        "wall_anchor_ns": getattr(clock, "wall_anchor_ns", None),
-    })
-    write_json(out_dir / RUN_JSON, run)
-    recorder = Recorder(PartWriter(out_dir / RECORDS_DIR, RECORDS_SCHEMA), run["run_id"], clock)
+    info = info or await adapter.server_info()
+    _record_info(run, adapter, info, clock)
+    run.write(out_dir)
+    recorder = Recorder(PartWriter(out_dir / RECORDS_DIR, RECORDS_SCHEMA), str(run.run_id),
+                        clock)
     metrics_writer = PartWriter(out_dir / SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA)
     scrape_errors: list[str] = []
     scraper = asyncio.create_task(
         _scrape_loop(adapter, clock, metrics_writer, scrape_interval_s, scrape_errors))
-    executor = Executor(adapter, clock, recorder, policy, plan, run["run_id"], info.vocab_size,
-                        info.slots, info.ctx_per_slot, rates)
-    counters = RunCounters()
+    executor = Executor(adapter, clock, recorder, policy, plan, str(run.run_id),
+                        info.vocab_size, info.slots, info.ctx_per_slot, rates)
     status = "interrupted"
     try:
-        counters = await executor.run()
+        await executor.run()
         status = "finished"
     finally:
         scraper.cancel()
@@ -98,28 +180,19 @@ async def replay(adapter: Adapter, clock: Clock, plan: Plan, policy: PausePolicy
         idle: bool | None = None
         with contextlib.suppress(Exception):
             idle = await adapter.slots_idle()
-        counters = executor.counters
-        run.update({
-            "status": status,
-            "duration_s": clock.now_ns() / NS,
-            "outcome": {"completed": counters.completed, "cancelled": counters.cancelled,
-                        "failed": counters.failed, "unsupported_actions": counters.unsupported},
-            "final_rates": {"prefill_tok_s": executor.rates.prefill_tok_s,
-                            "swap_bytes_per_s": executor.rates.swap_bytes_per_s},
-            "cleanup": {"slots_idle": idle,
-                        "dump_files_left": leftover_dumps() if leftover_dumps else None,
-                        "errors": counters.cleanup_errors},
-            "scrape_errors": scrape_errors,
-        })
-        write_json(out_dir / RUN_JSON, run)
+        _record_end(run, executor, clock, status, Cleanup(
+            idle, leftover_dumps() if leftover_dumps else None,
+            executor.counters.cleanup_errors), scrape_errors)
+        run.write(out_dir)
     write_summary(out_dir, run)
     return run
 
 
-def dumps_for_run(dump_dir: Path | None, run_id: str) -> Callable[[], list[str]] | None:
-    """A check for dump files of this run left on the local server's disk."""
-    if dump_dir is None:
-        return None
-    return lambda: sorted(p.name for p in dump_dir.glob(f"{run_id}*"))
-
-
+def _record_end(run: RunManifest, executor: Executor, clock: Clock, status: str,
+                cleanup: Cleanup, scrape_errors: list[str]) -> None:
+    c: RunCounters = executor.counters
+    run.status, run.duration_s = status, clock.now_ns() / NS
+    run.outcome = Outcome(c.completed, c.cancelled, c.failed, c.unsupported)
+    run.final_rates = {"prefill_tok_s": executor.rates.prefill_tok_s,
+                       "swap_bytes_per_s": executor.rates.swap_bytes_per_s}
+    run.cleanup, run.scrape_errors = cleanup, scrape_errors

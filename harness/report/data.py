@@ -10,6 +10,7 @@ from harness.errors import InputError
 from harness.metrics.frames import Frames, build_frames
 from harness.metrics.outcomes import check_slo
 from harness.metrics.summary import load_dir, summarize_frames
+from harness.records.manifest import RunManifest
 from harness.records.store import SUMMARY_JSON, read_json, write_json
 
 PREDICTION_JSON = "prediction.json"
@@ -20,7 +21,7 @@ class RunData:
     """One results directory, read and summarised."""
 
     path: Path
-    run: dict[str, Any]
+    run: RunManifest
     frames: Frames
     summary: dict[str, Any]
     prediction: dict[str, Any] | None = None
@@ -28,7 +29,7 @@ class RunData:
 
     @property
     def simulated(self) -> bool:
-        return str(self.run.get("runtime", "")).lower() == "simulator"
+        return str(self.run.runtime or "").lower() == "simulator"
 
 
 def load_run(
@@ -51,9 +52,9 @@ def load_run(
     return RunData(path, run, frames, summary, prediction, base_label(run, path))
 
 
-def base_label(run: dict[str, Any], path: Path) -> str:
+def base_label(run: RunManifest, path: Path) -> str:
     """'runtime/policy' from run.json, or the directory name when neither is known."""
-    runtime, policy = run.get("runtime"), run.get("policy")
+    runtime, policy = run.runtime, run.policy
     if runtime is None and policy is None:
         return path.name
     return f"{runtime or '?'}/{policy or '?'}"

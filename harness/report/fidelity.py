@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from harness.records.manifest import RunManifest
 from harness.report.data import RunData
 from harness.report.fmt import fmt, table
 
@@ -27,7 +28,7 @@ class Pair:
 
 
 def _key(r: RunData) -> tuple[Any, Any]:
-    return ((r.run.get("trace") or {}).get("sha256"), r.run.get("policy"))
+    return (r.run.trace.sha256 if r.run.trace else None, r.run.policy)
 
 
 def pairs(runs: list[RunData]) -> list[Pair]:
@@ -47,12 +48,12 @@ def relative_error(simulated: Any, measured: Any) -> float | None:
     return sim / real - 1
 
 
-def calibration_age_s(simulated_run: dict[str, Any], measured_run: dict[str, Any]) -> float | None:
+def calibration_age_s(simulated_run: RunManifest, measured_run: RunManifest) -> float | None:
     """Seconds from the simulator's calibration to the start of the real run (negative: the
     calibration came after it); None where either time is unknown."""
     try:
-        cal = datetime.fromisoformat(str((simulated_run.get("calibration") or {})["measured_at"]))
-        started = datetime.fromisoformat(str(measured_run["started_at"]))
+        cal = datetime.fromisoformat(str((simulated_run.calibration or {})["measured_at"]))
+        started = datetime.fromisoformat(str(measured_run.started_at))
         return (started - cal).total_seconds()
     except (KeyError, TypeError, ValueError):
         return None
@@ -84,7 +85,7 @@ def fidelity_section(runs: list[RunData]) -> str:
     for p in found:
         sim, real = p.simulated.summary, p.measured.summary
         sr, mr = sim["resume_latency_ms"] or {}, real["resume_latency_ms"] or {}
-        rows.append([html.escape(str(p.measured.run.get("policy"))),
+        rows.append([html.escape(str(p.measured.run.policy)),
                      html.escape(p.simulated.label), html.escape(p.measured.label),
                      *(_cell(sr, mr, q) for q in PERCENTILES),
                      _cell(sim["ttft_ms"] or {}, real["ttft_ms"] or {}, "p50"),

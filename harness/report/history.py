@@ -23,8 +23,8 @@ from harness.report.render import CSS
 
 def order_runs(runs: list[RunData]) -> list[RunData]:
     """Chronological order: started_at, then git_commit, then directory."""
-    return sorted(runs, key=lambda r: (str(r.run.get("started_at") or ""),
-                                       str(r.run.get("git_commit") or ""), str(r.path)))
+    return sorted(runs, key=lambda r: (str(r.run.started_at or ""),
+                                       str(r.run.git_commit or ""), str(r.path)))
 
 
 def detect_steps(
@@ -49,7 +49,7 @@ def detect_steps(
 
 def commit(r: RunData) -> str:
     """Short commit (or the directory name when run.json has none)."""
-    c = r.run.get("git_commit")
+    c = r.run.git_commit
     return str(c)[:9] if c else r.path.name
 
 
@@ -92,7 +92,7 @@ def render_history(runs: list[RunData], threshold: float = DEFAULT_THRESHOLD) ->
     step_rows = [[html.escape(s["series"]), html.escape(s["metric"]), html.escape(s["from"]),
                   html.escape(s["to"]), fmt(s["base"]), fmt(s["new"]), fmt(s["ratio"]),
                   s["verdict"]] for s in steps]
-    run_rows = [[html.escape(commit(r)), html.escape(str(r.run.get("started_at") or "-")),
+    run_rows = [[html.escape(commit(r)), html.escape(str(r.run.started_at or "-")),
                  html.escape(r.label), html.escape(str(r.path))] for r in runs]
     steps_html = table(["series", "metric", "from", "to", "before", "after", "ratio", "verdict"],
                        step_rows, 4) if step_rows else "<p class='note'>No steps detected.</p>"

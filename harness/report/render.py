@@ -248,8 +248,9 @@ def _meta_value(value: Any) -> str:
 
 
 def metadata_section(runs: list[RunData]) -> str:
-    keys = [k for k in META_KEYS if any(k in r.run for r in runs)]
-    rows = [[html.escape(k)] + [_meta_value(r.run.get(k)) for r in runs] for k in keys]
+    metas = [r.run.to_dict() for r in runs]
+    keys = [k for k in META_KEYS if any(m.get(k) is not None for m in metas)]
+    rows = [[html.escape(k)] + [_meta_value(m.get(k)) for m in metas] for k in keys]
     rows.append(["duration (s)"] + [fmt(r.summary["duration_s"]) for r in runs])
     rows.append(["records dir"] + [html.escape(str(r.path)) for r in runs])
     heads = ["run.json"] + [_label(r) for r in runs]

@@ -8,6 +8,7 @@ import click
 
 from harness.errors import InputError
 from harness.model.calibration import read_calibration
+from harness.records.manifest import Outcome
 from harness.simulate.run import DEFAULT_DEADLINE_S, Arrivals, check_capacity, run_simulation
 
 
@@ -86,10 +87,7 @@ def simulate_cmd(trace: Path, policy: str, policy_args: tuple[str, ...],
                          _int("--history-window", history_window) or 0,
                          _float("--default-deadline-s", default_deadline_s) or 0.0,
                          write_summary=not no_summary, slot_handoff=slot_handoff)
-    o, s = run["outcome"], run["simulator"]
-    click.echo(f"{policy}: {o['completed']} completed, {o['cancelled']} cancelled, "
-               f"{o['failed']} failed; {s['pauses']} pauses, {s['preemptions']} preemptions; "
-               f"{run['duration_s']:.1f} s simulated in {s['wall_s']['total']:.2f} s -> {out}")
-    if not no_summary and not run.get("summary_written"):
-        click.echo("note: harness.metrics.summary is not available: summary.json not written",
-                   err=True)
+    o, s = run.outcome or Outcome(), run.simulator or {}
+    click.echo(f"{policy}: {o.completed} completed, {o.cancelled} cancelled, "
+               f"{o.failed} failed; {s['pauses']} pauses, {s['preemptions']} preemptions; "
+               f"{run.duration_s or 0:.1f} s simulated in {s['wall_s']['total']:.2f} s -> {out}")

@@ -7,7 +7,6 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -15,7 +14,8 @@ from harness import __version__
 from harness.errors import InputError
 from harness.model.calibration import Calibration
 from harness.policies import make_policy
-from harness.records.store import RECORDS_DIR, RUN_JSON, SUMMARY_JSON, read_records, write_json
+from harness.records.manifest import ArrivalsRef, Outcome, RunManifest, TraceRef
+from harness.records.store import RECORDS_DIR, SUMMARY_JSON, read_records, write_json
 from harness.simulate import native
 from harness.simulate.engine import SLOT_HANDOFFS, simulate
 from harness.simulate.records import RecordSink
@@ -76,7 +76,7 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
                    capacity: Capacity, calibration: Calibration, calibration_path: Path | None,
                    arrivals: Arrivals, seed: int, out: Path, history_window: int = 1000,
                    default_deadline_s: float = DEFAULT_DEADLINE_S,
-                   write_summary: bool = True, slot_handoff: str = "fifo") -> dict[str, Any]:
+                   write_summary: bool = True, slot_handoff: str = "fifo") -> RunManifest:
     """Simulate `trace` under a policy and write a results directory; returns run.json.
 
     `slot_handoff`: how a freed slot is handed on in a closed loop (see engine.simulate)."""
@@ -93,77 +93,78 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     df = load_trajectories(trace)
     w = build_workload(df, default_deadline_s)
     arrival_s = arrivals.times(w, len(df), seed)
-    sha = file_sha256(trace)
     server = ServerModel(calibration.prefill_tok_s, calibration.decode_tok_s,
                          calibration.swap_out_bytes_per_s, calibration.swap_in_bytes_per_s,
                          calibration.kv_bytes_per_token, calibration.prefill_points,
                          calibration.decode_points, calibration.append_points)
-    run_id = f"sim-{policy_name}-{sha[:8]}-s{seed}"
-    run: dict[str, Any] = {
-        "run_id": run_id, "runtime": "simulator",
-        "server_version": f"harness-simulator {__version__}",
-        "model": {"name": calibration.model, "kv_bytes_per_token": calibration.kv_bytes_per_token,
-                  "source": "calibration"},
-        "policy": policy_name, "policy_args": dict(policy_args),
-        "policy_sees_true_latency": policy.sees_true_latency,
-        "capacity": {"mode": "slots" if capacity.slot_mode else "tokens",
-                     "tokens": capacity.tokens, "slots": capacity.slots,
-                     "ctx_per_slot": capacity.ctx_per_slot},
-        "slots": capacity.slots, "ctx_per_slot": capacity.ctx_per_slot,
-        "calibration": {**calibration.to_dict(),
-                        "path": str(calibration_path) if calibration_path else None},
-        "trace": {"path": str(trace), "sha256": sha, "trajectories": w.n_trajectories,
-                  "steps": int(len(df))},
-        "seed": seed,
-        "arrivals": {"mode": arrivals.mode, "concurrency": arrivals.concurrency,
-                     "rate": arrivals.rate, "time_scale": 1.0},
-        "harness_version": __version__,
-        "started_at": datetime.now(UTC).isoformat(),
-        "wall_anchor_ns": None,
-        "status": "running",
-        "simulator": {"engine": f"heapq event loop, {native.ENGINE}",
-                      "server_model": SERVER_MODEL_DOC,
-                      "iteration_costs": server.iteration_costs().to_dict(),
-                      "history_window": history_window, "slot_handoff": slot_handoff,
-                      "default_deadline_s": default_deadline_s},
-    }
+    run = _manifest(trace, TraceRef(str(trace), file_sha256(trace), w.n_trajectories,
+                                    int(len(df))), policy_name, policy_args,
+                    policy.sees_true_latency, capacity, calibration, calibration_path, arrivals,
+                    seed)
+    run.simulator = {"engine": f"heapq event loop, {native.ENGINE}",
+                     "server_model": SERVER_MODEL_DOC,
+                     "iteration_costs": server.iteration_costs().to_dict(),
+                     "history_window": history_window, "slot_handoff": slot_handoff,
+                     "default_deadline_s": default_deadline_s}
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / RUN_JSON, run)
+    run.write(out)
     del df
     t_load = time.perf_counter() - t0
-    sink = RecordSink(out / RECORDS_DIR, run_id, w, calibration.kv_bytes_per_token,
+    sink = RecordSink(out / RECORDS_DIR, str(run.run_id), w, calibration.kv_bytes_per_token,
                       capacity.context_limit)
     t1 = time.perf_counter()
     try:
         counters: Counters = simulate(w, server, capacity, policy, arrival_s,
-                                      arrivals.concurrency, sink, run_id, history_window,
-                                      slot_handoff)
+                                      arrivals.concurrency, sink, str(run.run_id),
+                                      history_window, slot_handoff)
     finally:
         t_loop = time.perf_counter() - t1
         sink.close()  # whatever was simulated is on disk, even when the loop failed
-    t_total = time.perf_counter() - t0
-    run.update({
-        "status": "finished", "duration_s": counters.sim_time_s,
-        "outcome": {"completed": counters.completed, "cancelled": counters.cancelled,
-                    "failed": counters.failed, "unsupported_actions": 0},
-    })
-    run["simulator"].update({
-        "pauses": counters.pauses, "preemptions": counters.preemptions,
-        "events": counters.events, "records": sink.n_rows, "record_writer": sink.writer,
-        "wall_s": {"load": round(t_load, 3), "loop": round(t_loop, 3),
-                   "total": round(t_total, 3)},
-    })
-    write_json(out / RUN_JSON, run)
+    _record_end(run, counters, sink, (t_load, t_loop, time.perf_counter() - t0))
+    run.write(out)
     if write_summary:
-        run["summary_written"] = summarize_into(out, run)
+        summarize_into(out, run)
     return run
 
 
-def summarize_into(out: Path, run: dict[str, Any]) -> bool:
-    """summary.json from the records, when harness.metrics.summary is available."""
-    try:
-        from harness.metrics.summary import summarize
-    except ImportError:
-        return False
+def _manifest(trace: Path, ref: TraceRef, policy_name: str, policy_args: dict[str, str],
+              sees_true_latency: bool, capacity: Capacity, calibration: Calibration,
+              calibration_path: Path | None, arrivals: Arrivals, seed: int) -> RunManifest:
+    """run.json of a simulation as it starts."""
+    return RunManifest(
+        run_id=f"sim-{policy_name}-{ref.sha256[:8]}-s{seed}", runtime="simulator",
+        server_version=f"harness-simulator {__version__}",
+        model={"name": calibration.model, "kv_bytes_per_token": calibration.kv_bytes_per_token,
+               "source": "calibration"},
+        policy=policy_name, policy_args=dict(policy_args),
+        policy_sees_true_latency=sees_true_latency,
+        capacity={"mode": "slots" if capacity.slot_mode else "tokens",
+                  "tokens": capacity.tokens, "slots": capacity.slots,
+                  "ctx_per_slot": capacity.ctx_per_slot},
+        slots=capacity.slots, ctx_per_slot=capacity.ctx_per_slot,
+        calibration={**calibration.to_dict(),
+                     "path": str(calibration_path) if calibration_path else None},
+        trace=ref, seed=seed,
+        arrivals=ArrivalsRef(arrivals.mode, arrivals.concurrency, arrivals.rate, 1.0),
+        harness_version=__version__, started_at=datetime.now(UTC).isoformat(),
+        status="running")
+
+
+def _record_end(run: RunManifest, counters: Counters, sink: RecordSink,
+                wall_s: tuple[float, float, float]) -> None:
+    run.status, run.duration_s = "finished", counters.sim_time_s
+    run.outcome = Outcome(counters.completed, counters.cancelled, counters.failed, 0)
+    load, loop, total = wall_s
+    assert run.simulator is not None
+    run.simulator.update({
+        "pauses": counters.pauses, "preemptions": counters.preemptions,
+        "events": counters.events, "records": sink.n_rows, "record_writer": sink.writer,
+        "wall_s": {"load": round(load, 3), "loop": round(loop, 3), "total": round(total, 3)},
+    })
+
+
+def summarize_into(out: Path, run: RunManifest) -> None:
+    """summary.json from the records."""
+    from harness.metrics.summary import summarize
+
     write_json(out / SUMMARY_JSON, summarize(read_records(out), run, None))
-    return True

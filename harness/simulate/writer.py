@@ -32,6 +32,9 @@ from harness.simulate.decode import RunStatics, decode
 from harness.simulate.steps import StepColumns, blocks, step_trajectory
 from harness.simulate.workload import Workload
 
+# The records schema version, as the Parquet key-value metadata of every part.
+RECORDS_METADATA = {k.decode(): v.decode() for k, v in (RECORDS_SCHEMA.metadata or {}).items()}
+
 MAX_PENDING = 2  # parts handed over and not yet written (bounds the memory they hold)
 _STRING_COLUMNS = [f.name for f in RECORDS_SCHEMA if pa.types.is_string(f.type)]
 Texts = list[str | None]
@@ -68,8 +71,11 @@ class PartEncoder:
         final = self.directory / f"part-{part:05d}.parquet"
         tmp = final.with_name(final.name + ".tmp")
         # Without the stored Arrow schema the dictionary columns read back as plain strings.
-        pq.write_table(table, tmp, compression="zstd", use_dictionary=_STRING_COLUMNS,
-                       write_statistics=False, store_schema=False)
+        with pq.ParquetWriter(tmp, table.schema, compression="zstd",
+                              use_dictionary=_STRING_COLUMNS, write_statistics=False,
+                              store_schema=False) as writer:
+            writer.write_table(table)
+            writer.add_key_value_metadata(RECORDS_METADATA)
         os.replace(tmp, final)
 
 

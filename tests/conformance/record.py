@@ -61,10 +61,11 @@ def record_tiny(runtime: str, work: Path) -> dict[str, Any]:
     if runtime == "vllm":
         launcher, config, python = mod.LocalVllmServer, mod.VllmServerConfig, mod.vllm_python()
         setup: dict[str, Any] = {"block_size": 32}
+        model = mod.vllm_model(python)
     else:
         launcher, config = mod.LocalSglangServer, mod.SglangServerConfig
         python, setup = mod.sglang_python(), {"page_size": 1}
-    model = mod.tiny_model(python)
+        model = mod.sglang_model(python)
     with launcher(config(model=model), work / f"{runtime}.log", python=python) as s:
         return asyncio.run(_record(runtime, s.url, {"model": "tiny-llama (make_tiny_model.py)",
                                                     **setup}, work))

@@ -23,6 +23,7 @@ import pandas as pd
 from aiohttp import web
 
 from harness.adapters.base import CompletionRequest
+from harness.adapters.http import HttpClient, connect
 from harness.plan.injection import Injection
 from harness.plan.planner import Arrivals, CallStep, Plan, ToolStep, TrajectoryPlan
 from harness.plan.tokens import stable_seed
@@ -84,7 +85,7 @@ class Recording:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    async def complete(self, req: CompletionRequest, on_first_token: Callable[[], None]) -> Any:
+    async def complete(self, req: CompletionRequest, on_first_token: Callable[[], object]) -> Any:
         res = await self.inner.complete(req, on_first_token)
         self.results.append(["complete", asdict(res)])
         return res
@@ -311,35 +312,34 @@ ACTIONS = {"llamacpp": ["keep", "swap", "recompute"], "vllm": ["keep", "recomput
 TINY_VOCAB = 2048  # the tiny model's (make_tiny_model.py), served by vLLM and SGLang
 
 
-def make_adapter(runtime: str, session: aiohttp.ClientSession, url: str) -> Any:
+def make_adapter(runtime: str, http: HttpClient) -> Any:
     """The adapter under test, configured the same way when recording and replaying."""
     if runtime == "llamacpp":
         from harness.adapters.llamacpp import LlamaCppAdapter
 
-        return LlamaCppAdapter(session, url)
+        return LlamaCppAdapter(http)
     if runtime == "sglang":
         from harness.adapters.sglang import SglangAdapter
 
-        return SglangAdapter(session, url, salt=RUN_ID, vocab_size=TINY_VOCAB)
+        return SglangAdapter(http, salt=RUN_ID, vocab_size=TINY_VOCAB)
     from harness.adapters.vllm import VllmAdapter
 
-    return VllmAdapter(session, url, salt=RUN_ID, vocab_size=TINY_VOCAB)
+    return VllmAdapter(http, salt=RUN_ID, vocab_size=TINY_VOCAB)
 
 
 async def run_plan(runtime: str, url: str, out: Path) -> dict[str, Any]:
     """Replay the fixed plan through `runtime`'s adapter at `url` (real clock, no scraping
     after the first sample); returns the adapter's results, the events and run.json."""
-    from harness.adapters import llamacpp, sglang
     from harness.policies.builtin import FALLBACK_RATES
+    from harness.records.manifest import RunManifest
     from harness.records.store import read_records
     from harness.replay.clock import RealClock
-    from harness.replay.runner import replay
+    from harness.replay.runner import max_in_flight, replay
 
-    run: dict[str, Any] = {"run_id": RUN_ID, "policy": "scripted"}
-    # SGLang's uvicorn keeps idle connections 5 s only: its adapter's session closes them
-    client_session = sglang.client_session if runtime == "sglang" else llamacpp.client_session
-    async with client_session() as session:
-        adapter = Recording(make_adapter(runtime, session, url))
+    run = RunManifest(run_id=RUN_ID, policy="scripted")
+    async with connect(url, max_in_flight(plan())) as http:
+        adapter = Recording(make_adapter(runtime, http))
         await replay(adapter, RealClock(), plan(), ScriptedPolicy(ACTIONS[runtime]), out, run,
                      FALLBACK_RATES, scrape_interval_s=3600.0)
-    return {"results": adapter.results, "events": events(read_records(out)), "run": run}
+    return {"results": adapter.results, "events": events(read_records(out)),
+            "run": run.to_dict()}

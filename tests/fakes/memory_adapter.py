@@ -48,7 +48,7 @@ class MemoryAdapter:
         return ServerInfo(self.runtime, "mem-1", "mem-model", 1000, self.slots, self.ctx)
 
     async def complete(self, req: CompletionRequest,
-                       on_first_token: Callable[[], None]) -> CompletionResult:
+                       on_first_token: Callable[[], object]) -> CompletionResult:
         index = len(self.calls)
         self.calls.append(req)
         if index in self.fail_calls:

@@ -15,17 +15,19 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
+from harness.adapters.http import connect
 from harness.adapters.launchers.llamacpp_server import LocalLlamaServer
-from harness.adapters.llamacpp import LlamaCppAdapter, client_session
+from harness.adapters.llamacpp import LlamaCppAdapter
 from harness.cli import main
 from harness.plan.injection import Injection
 from harness.plan.planner import Arrivals, CallStep, Plan, ToolStep, TrajectoryPlan
 from harness.plan.tokens import stable_seed
 from harness.policies import make_policy
 from harness.policies.builtin import FALLBACK_RATES
+from harness.records.manifest import RunManifest
 from harness.records.store import read_json, read_records
 from harness.replay.clock import RealClock
-from harness.replay.runner import dumps_for_run, replay
+from harness.replay.runner import replay
 from tests.live.traces import write_one_pause_trace
 
 pytestmark = pytest.mark.live
@@ -52,16 +54,16 @@ def _plan() -> Plan:
 
 def _replay(server: LocalLlamaServer, policy: str, args: dict[str, str], out: Path
             ) -> tuple[pd.DataFrame, dict[str, Any]]:
-    run: dict[str, Any] = {"run_id": f"live-{policy}", "policy": policy}
+    run = RunManifest(run_id=f"live-{policy}", policy=policy)
 
     async def go() -> None:
-        async with client_session() as session:
-            adapter = LlamaCppAdapter(session, server.url, dump_dir=server.dump_dir)
+        async with connect(server.url, 8) as http:
+            adapter = LlamaCppAdapter(http, dump_dir=server.dump_dir)
             await replay(adapter, RealClock(), _plan(), make_policy(policy, args), out, run,
-                         FALLBACK_RATES, 0.1, dumps_for_run(server.dump_dir, run["run_id"]))
+                         FALLBACK_RATES, 0.1, lambda: server.leftover_dumps(str(run.run_id)))
 
     asyncio.run(go())
-    return read_records(out), run
+    return read_records(out), run.to_dict()
 
 
 def _resumed(rec: pd.DataFrame) -> pd.DataFrame:
@@ -166,8 +168,8 @@ def test_killed_run_leaves_readable_results(llama_server: LocalLlamaServer,
     assert json.loads((out / "run.json").read_text())["status"] == "running"
     # The harness was killed, so it could not clean up: the server is reset for the next test.
     async def reset() -> None:
-        async with client_session() as session:
-            adapter = LlamaCppAdapter(session, llama_server.url, dump_dir=llama_server.dump_dir)
+        async with connect(llama_server.url, 8) as http:
+            adapter = LlamaCppAdapter(http, dump_dir=llama_server.dump_dir)
             for slot in range(2):
                 await adapter.erase_slot(slot)
     time.sleep(2)
@@ -182,8 +184,8 @@ def test_calibrate_measures_the_real_server(llama_server: LocalLlamaServer) -> N
     from harness.replay.calibrate import measure
 
     async def go() -> Any:
-        async with client_session() as session:
-            ad = LlamaCppAdapter(session, llama_server.url, dump_dir=llama_server.dump_dir)
+        async with connect(llama_server.url, 8) as http:
+            ad = LlamaCppAdapter(http, dump_dir=llama_server.dump_dir)
             return await measure(ad, contexts=(64, 1024), repeats=1, decode_tokens=8)
 
     m = asyncio.run(go())

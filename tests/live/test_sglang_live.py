@@ -27,16 +27,17 @@ from aiohttp.test_utils import TestServer
 from click.testing import CliRunner
 
 from harness.adapters.base import CompletionRequest
+from harness.adapters.http import connect
 from harness.adapters.launchers.process import remove_leaked_shm, shm_entries
 from harness.adapters.launchers.sglang_server import (
     LEAKED_SHM,
     STAND_IN,
     LocalSglangServer,
     SglangServerConfig,
+    sglang_model,
     sglang_python,
-    tiny_model,
 )
-from harness.adapters.sglang import SglangAdapter, client_session
+from harness.adapters.sglang import SglangAdapter
 from harness.cli import main
 from harness.errors import ServerError
 from harness.plan.injection import Injection
@@ -44,6 +45,7 @@ from harness.plan.planner import Arrivals, CallStep, Plan, ToolStep, TrajectoryP
 from harness.plan.tokens import stable_seed
 from harness.policies import make_policy
 from harness.policies.builtin import FALLBACK_RATES
+from harness.records.manifest import RunManifest
 from harness.records.store import read_json, read_records
 from harness.replay.clock import RealClock
 from harness.replay.runner import replay
@@ -63,7 +65,7 @@ def sglang_env() -> tuple[Path, Path]:
     """The SGLang virtualenv's python and the tiny model (installed / made once, cached)."""
     try:
         python = sglang_python()
-        return python, tiny_model(python)
+        return python, sglang_model(python)
     except ServerError as exc:
         pytest.fail(f"{UNSUPPORTED}: {exc}")
 
@@ -170,15 +172,16 @@ def test_keep_and_recompute_for_real(sglang_server: LocalSglangServer, tmp_path:
     plan = Plan((_traj("s-a", 0.3), _traj("s-b", 0.2), _traj("s-gone", None, 0.5)), (),
                 Arrivals(mode="closed", concurrency=3), 0, Injection())
     out = tmp_path / policy
-    run: dict[str, Any] = {"run_id": f"live-{policy}", "policy": policy}
+    manifest = RunManifest(run_id=f"live-{policy}", policy=policy)
 
     async def go() -> None:
-        async with client_session() as session:
-            adapter = SglangAdapter(session, sglang_server.url, salt=run["run_id"])
-            await replay(adapter, RealClock(), plan, make_policy(policy), out, run,
+        async with connect(sglang_server.url, 8) as http:
+            adapter = SglangAdapter(http, salt=manifest.run_id)
+            await replay(adapter, RealClock(), plan, make_policy(policy), out, manifest,
                          FALLBACK_RATES, 0.1)
 
     asyncio.run(go())
+    run = manifest.to_dict()
     rec = read_records(out)
     assert run["outcome"] == {"completed": 2, "cancelled": 1, "failed": 0,
                               "unsupported_actions": 0}
@@ -204,8 +207,8 @@ def test_keep_and_recompute_for_real(sglang_server: LocalSglangServer, tmp_path:
 
 def test_hang_up_aborts_the_request_on_the_server(sglang_server: LocalSglangServer) -> None:
     async def go() -> tuple[str, int, bool | None]:
-        async with client_session() as session:
-            ad = SglangAdapter(session, sglang_server.url, salt="hangup", vocab_size=2048)
+        async with connect(sglang_server.url, 8) as http:
+            ad = SglangAdapter(http, salt="hangup", vocab_size=2048)
             r = await ad.complete(CompletionRequest(list(range(300, 364)), 2000,
                                                     abort_after_first_token=True), lambda: None)
             idle: bool | None = False

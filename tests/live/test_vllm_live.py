@@ -20,22 +20,24 @@ import pytest
 from click.testing import CliRunner
 
 from harness.adapters.base import CompletionRequest, CompletionResult
+from harness.adapters.http import connect
 from harness.adapters.launchers.process import remove_leaked_shm, shm_entries
 from harness.adapters.launchers.vllm_server import (
     LEAKED_SHM,
     LocalVllmServer,
     VllmServerConfig,
-    model_vocab,
-    tiny_model,
+    vllm_model,
     vllm_python,
 )
-from harness.adapters.vllm import VllmAdapter, client_session
+from harness.adapters.models import local_vocab
+from harness.adapters.vllm import VllmAdapter
 from harness.cli import main
 from harness.plan.injection import Injection
 from harness.plan.planner import Arrivals, CallStep, Plan, ToolStep, TrajectoryPlan
 from harness.plan.tokens import stable_seed
 from harness.policies import make_policy
 from harness.policies.builtin import FALLBACK_RATES
+from harness.records.manifest import RunManifest
 from harness.records.store import read_json, read_records
 from harness.replay.clock import RealClock
 from harness.replay.runner import replay
@@ -50,7 +52,7 @@ BLOCK = 32  # VllmServerConfig.block_size: reuse is counted in whole blocks
 def vllm_env() -> tuple[Path, Path]:
     """The vLLM virtualenv's python and the tiny model (installed / made once, cached)."""
     python = vllm_python()
-    return python, tiny_model(python)
+    return python, vllm_model(python)
 
 
 @contextlib.contextmanager
@@ -108,16 +110,16 @@ async def _metric(ad: VllmAdapter, name: str) -> float:
 def _replay(url: str, plan: Plan, policy: str, out: Path, run_id: str,
             wrap: Callable[[VllmAdapter], Any] = lambda a: a
             ) -> tuple[pd.DataFrame, dict[str, Any]]:
-    run: dict[str, Any] = {"run_id": run_id, "policy": policy}
+    run = RunManifest(run_id=run_id, policy=policy)
 
     async def go() -> None:
-        async with client_session() as session:
-            adapter = VllmAdapter(session, url, salt=run_id)
+        async with connect(url, 8) as http:
+            adapter = VllmAdapter(http, salt=run_id)
             await replay(wrap(adapter), RealClock(), plan, make_policy(policy), out, run,
                          FALLBACK_RATES, 0.1)
 
     asyncio.run(go())
-    return read_records(out), run
+    return read_records(out), run.to_dict()
 
 
 @pytest.mark.parametrize("policy", ["keep", "recompute"])
@@ -171,7 +173,7 @@ class _EvictBeforeEachCall:
         return getattr(self.inner, name)
 
     async def complete(self, req: CompletionRequest,
-                       on_first_token: Callable[[], None]) -> CompletionResult:
+                       on_first_token: Callable[[], object]) -> CompletionResult:
         assert await self.inner.reset_prefix_cache()
         return await self.inner.complete(req, on_first_token)
 
@@ -197,8 +199,8 @@ def test_swap_via_disk_connector(vllm_env: tuple[Path, Path], vllm_server: Local
         assert any(server.store_dir.iterdir())
 
         async def hits() -> float:
-            async with client_session() as s:
-                return await _metric(VllmAdapter(s, server.url),
+            async with connect(server.url, 8) as http:
+                return await _metric(VllmAdapter(http),
                                      "vllm:external_prefix_cache_hits_total")
 
         assert asyncio.run(hits()) == 192
@@ -212,12 +214,12 @@ def test_memory_pressure_evicts_kept_blocks(vllm_env: tuple[Path, Path],
     loaded machine) preempt."""
     python, model = vllm_env
     cfg = VllmServerConfig(model=model, max_model_len=320, num_gpu_blocks_override=12)
-    vocab = model_vocab(model)
+    vocab = local_vocab(model)
     with _started(cfg, tmp_path / "pressure.log", python) as server:
         async def go() -> tuple[CompletionResult, CompletionResult, list[CompletionResult],
                                 float]:
-            async with client_session() as s:
-                ad = VllmAdapter(s, server.url, salt="pressure", vocab_size=vocab)
+            async with connect(server.url, 8) as http:
+                ad = VllmAdapter(http, salt="pressure", vocab_size=vocab)
                 prompt = list(range(300, 400))
                 first = await ad.complete(CompletionRequest(prompt, 4), lambda: None)
                 others = await asyncio.gather(*(ad.complete(CompletionRequest(

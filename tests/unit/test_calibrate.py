@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestServer
 
-from harness.adapters.llamacpp import LlamaCppAdapter, client_session
+from harness.adapters.http import connect
+from harness.adapters.llamacpp import LlamaCppAdapter
 from harness.model.calibration import read_calibration, write_calibration
 from harness.replay.calibrate import Measured, measure, to_calibration
 from tests.fakes.llamacpp_server import BYTES_PER_TOKEN, STATE, FakeConfig, make_app
@@ -23,8 +24,8 @@ def test_measure_reads_the_servers_own_timings(tmp_path: Path) -> None:
         server = TestServer(app)
         await server.start_server()
         try:
-            async with client_session() as session:
-                ad = LlamaCppAdapter(session, str(server.make_url("")), dump_dir=dumps)
+            async with connect(str(server.make_url("")), 8) as http:
+                ad = LlamaCppAdapter(http, dump_dir=dumps)
                 m = await measure(ad, contexts=(128, 512), repeats=2, decode_tokens=4)
         finally:
             await server.close()
@@ -56,5 +57,5 @@ def test_bench_calibrate_is_for_llamacpp_without_a_calibration_file(extra: list[
 
     res = CliRunner().invoke(main, ["bench", "--calibrate", "--out", str(tmp_path / "b"),
                                     *extra])
-    assert res.exit_code == 2 and "--calibrate measures a llama.cpp server" in res.output
+    assert res.exit_code == 2 and "--calibrate measures a server whose slots" in res.output
     assert not (tmp_path / "b").exists()

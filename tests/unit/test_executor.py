@@ -15,6 +15,7 @@ from harness.plan.planner import Arrivals, CallStep, Plan, ToolStep, TrajectoryP
 from harness.plan.tokens import stable_seed
 from harness.policies import Decision, PauseContext, make_policy
 from harness.policies.base import ServerRates
+from harness.records.manifest import RunManifest
 from harness.records.store import read_json, read_records
 from harness.replay.clock import NS, VirtualClock
 from harness.replay.runner import replay
@@ -42,9 +43,9 @@ def run_plan(tmp_path: Path, plan: Plan, policy: Any, **adapter_kw: Any
     async def go() -> tuple[dict[str, Any], MemoryAdapter]:
         clock = VirtualClock()
         adapter = MemoryAdapter(clock, **adapter_kw)
-        run: dict[str, Any] = {"run_id": "run1", "policy": getattr(policy, "name", "x")}
-        await replay(adapter, clock, plan, policy, tmp_path / "out", run, RATES, 0.5)
-        return run, adapter
+        manifest = RunManifest(run_id="run1", policy=getattr(policy, "name", "x"))
+        await replay(adapter, clock, plan, policy, tmp_path / "out", manifest, RATES, 0.5)
+        return manifest.to_dict(), adapter
 
     run, adapter = asyncio.run(go())
     return read_records(tmp_path / "out"), run, adapter
@@ -199,9 +200,9 @@ def test_interrupted_run_releases_and_keeps_records(tmp_path: Path) -> None:
     async def go() -> MemoryAdapter:
         clock = VirtualClock()
         adapter = MemoryAdapter(clock)
-        run: dict[str, Any] = {"run_id": "run1", "policy": "swap"}
+        manifest = RunManifest(run_id="run1", policy="swap")
         task = asyncio.create_task(replay(adapter, clock, plan_of(traj("a", latency=100.0)),
-                                          make_policy("swap"), tmp_path / "out", run, RATES))
+                                          make_policy("swap"), tmp_path / "out", manifest, RATES))
         while clock.now_ns() < 10 * NS:
             await asyncio.sleep(0)
         task.cancel()
@@ -225,10 +226,10 @@ def test_ttl_expiry_without_harness_slots_uses_a_fresh_salt(tmp_path: Path) -> N
         adapter = MemoryAdapter(clock)
         adapter.capabilities = Capabilities(harness_slots=False,
                                             pause_actions=frozenset({"keep", "recompute"}))
-        run: dict[str, Any] = {"run_id": "run1", "policy": "ttl"}
+        manifest = RunManifest(run_id="run1", policy="ttl")
         await replay(adapter, clock, plan_of(traj("a", latency=2.0)),
                      make_policy("ttl", {"tau": "1", "after": "recompute"}),
-                     tmp_path / "out", run, RATES)
+                     tmp_path / "out", manifest, RATES)
         return adapter
 
     adapter = asyncio.run(go())

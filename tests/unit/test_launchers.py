@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.adapters.launchers.llamacpp_server import free_port
-from harness.adapters.launchers.process import log_tail, wait_healthy
+from harness.adapters.launchers.process import free_port, log_tail, wait_healthy
 from harness.errors import ServerError
 
 

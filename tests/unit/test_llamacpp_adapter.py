@@ -11,14 +11,16 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from harness.adapters.base import CompletionRequest, Unsupported
-from harness.adapters.llamacpp import LlamaCppAdapter, client_session
+from harness.adapters.http import connect
+from harness.adapters.llamacpp import LlamaCppAdapter
 from harness.plan.injection import Injection
 from harness.plan.planner import Arrivals, make_plan
 from harness.policies import make_policy
 from harness.policies.builtin import FALLBACK_RATES
+from harness.records.manifest import RunManifest
 from harness.records.store import read_records, read_server_metrics
 from harness.replay.clock import RealClock
-from harness.replay.runner import dumps_for_run, replay
+from harness.replay.runner import replay
 from harness.traces.generator import generate
 from harness.traces.profiles import load_profile
 from tests.fakes.llamacpp_server import BYTES_PER_TOKEN, STATE, FakeConfig, make_app
@@ -34,8 +36,8 @@ def with_server(tmp_path: Path, cfg: FakeConfig, body: Body) -> None:
         server = TestServer(app)
         await server.start_server()
         try:
-            async with client_session() as session:
-                adapter = LlamaCppAdapter(session, str(server.make_url("")), dump_dir=dumps)
+            async with connect(str(server.make_url("")), 8) as http:
+                adapter = LlamaCppAdapter(http, dump_dir=dumps)
                 await body(adapter, app[STATE], dumps)
         finally:
             await server.close()
@@ -116,14 +118,15 @@ def test_replay_over_http_cleans_up(tmp_path: Path, policy: str) -> None:
     plan = make_plan(steps, Injection(never_return_fraction=0.2, default_deadline_s=0.2),
                      Arrivals(concurrency=3, time_scale=0.02), 1)
     out = tmp_path / "out"
-    run: dict[str, Any] = {"run_id": "http", "policy": policy}
+    manifest = RunManifest(run_id="http", policy=policy)
 
     async def body(ad: LlamaCppAdapter, state: Any, dumps: Path) -> None:
-        await replay(ad, RealClock(), plan, make_policy(policy), out, run, FALLBACK_RATES,
-                     0.02, dumps_for_run(dumps, "http"))
+        await replay(ad, RealClock(), plan, make_policy(policy), out, manifest, FALLBACK_RATES,
+                     0.02, lambda: sorted(p.name for p in dumps.glob("http*")))
         assert state.cache == {} and list(dumps.iterdir()) == []
 
     with_server(tmp_path, FakeConfig(slots=2), body)
+    run = manifest.to_dict()
     rec = read_records(out)
     assert run["status"] == "finished"
     assert run["cleanup"] == {"slots_idle": True, "dump_files_left": [], "errors": []}

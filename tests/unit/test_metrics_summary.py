@@ -12,7 +12,15 @@ import pytest
 from records_factory import KV_BPT, Records, default_run
 
 from harness.errors import InputError
-from harness.metrics.summary import SUMMARY_KEYS, summarize, summarize_dir
+from harness.metrics.summary import SUMMARY_KEYS, summarize_dir
+from harness.metrics.summary import summarize as summarize_manifest
+from harness.records.manifest import RunManifest
+
+
+def summarize(records: pd.DataFrame, run: dict[str, Any], *args: Any, **kw: Any
+              ) -> dict[str, Any]:
+    """summarize() with the run given as run.json's content."""
+    return summarize_manifest(records, RunManifest.from_dict(run), *args, **kw)
 
 approx = pytest.approx
 

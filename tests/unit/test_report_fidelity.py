@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.model.calibration import read_calibration
+from harness.records.manifest import RunManifest
 from harness.report.data import load_run
 from harness.report.fidelity import fidelity_section, pairs, relative_error
 from harness.report.render import render_runs
@@ -55,7 +56,7 @@ def test_bench_simulates_what_a_replay_ran(tmp_path: Path) -> None:
     from harness.replay.bench import simulate_like
 
     run = simulate_like(DATA / "recompute", TRACE, "recompute", {}, DATA / "calibration.json",
-                        tmp_path / "recompute-simulated")
+                        tmp_path / "recompute-simulated").to_dict()
     real = json.loads((DATA / "recompute" / "run.json").read_text())
     assert run["runtime"] == "simulator" and run["policy"] == "recompute"
     assert (run["slots"], run["ctx_per_slot"], run["seed"]) == (real["slots"],
@@ -69,8 +70,9 @@ def test_bench_simulates_what_a_replay_ran(tmp_path: Path) -> None:
 def test_calibration_age() -> None:
     from harness.report.fidelity import calibration_age_s
 
-    sim = {"calibration": {"measured_at": "2026-11-30T00:44:55+00:00"}}
-    assert calibration_age_s(sim, {"started_at": "2026-11-30T00:46:55+00:00"}) == 120.0
-    assert calibration_age_s(sim, {"started_at": "2026-11-30T00:43:55+00:00"}) == -60.0
-    assert calibration_age_s({}, {"started_at": "2026-11-30T00:43:55+00:00"}) is None
-    assert calibration_age_s(sim, {"started_at": "not a time"}) is None
+    sim = RunManifest(calibration={"measured_at": "2026-11-30T00:44:55+00:00"})
+    assert calibration_age_s(sim, RunManifest(started_at="2026-11-30T00:46:55+00:00")) == 120.0
+    assert calibration_age_s(sim, RunManifest(started_at="2026-11-30T00:43:55+00:00")) == -60.0
+    assert calibration_age_s(RunManifest(),
+                             RunManifest(started_at="2026-11-30T00:43:55+00:00")) is None
+    assert calibration_age_s(sim, RunManifest(started_at="not a time")) is None

@@ -15,21 +15,23 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from harness.adapters.base import CompletionRequest, Unsupported
+from harness.adapters.http import connect
 from harness.adapters.launchers.sgl_kernel_cpu import sgl_kernel
 from harness.adapters.launchers.sgl_kernel_cpu.sgl_kernel import mamba
-from harness.adapters.launchers.sglang_run import remote_policy
 from harness.adapters.launchers.sglang_server import (
     SERVER_POLICIES,
     STAND_IN,
     LocalSglangServer,
     SglangServerConfig,
+    remote_policy,
     server_policy,
 )
-from harness.adapters.sglang import SAFE_VOCAB, SglangAdapter, client_session
+from harness.adapters.sglang import SAFE_VOCAB, SglangAdapter
 from harness.plan.injection import Injection
 from harness.plan.planner import Arrivals, make_plan
 from harness.policies import make_policy
 from harness.policies.builtin import FALLBACK_RATES
+from harness.records.manifest import RunManifest
 from harness.records.store import read_json, read_records, read_server_metrics
 from harness.replay.clock import RealClock
 from harness.replay.runner import replay
@@ -51,8 +53,8 @@ def with_server(cfg: FakeSglangConfig, body: Body, salt: str | None = "run-1",
         server = TestServer(app)
         await server.start_server()
         try:
-            async with client_session() as session:
-                adapter = SglangAdapter(session, str(server.make_url("")), salt=salt,
+            async with connect(str(server.make_url("")), 8) as http:
+                adapter = SglangAdapter(http, salt=salt,
                                         vocab_size=vocab)
                 await body(adapter, app[STATE])
         finally:
@@ -168,8 +170,8 @@ def test_errors_become_results() -> None:
     with_server(FakeSglangConfig(abort_generate_after=0), aborted)
 
     async def dead() -> None:
-        async with client_session() as session:
-            ad = SglangAdapter(session, "http://127.0.0.1:9", vocab_size=2048)
+        async with connect("http://127.0.0.1:9", 8) as http:
+            ad = SglangAdapter(http, vocab_size=2048)
             r = await ad.complete(CompletionRequest([300] * 4, 1), lambda: None)
             assert r.status == "error" and "Connect" in (r.error or "")
 
@@ -219,13 +221,15 @@ def test_replay_over_http(tmp_path: Path, policy: str) -> None:
     plan = make_plan(steps, Injection(never_return_fraction=0.2, default_deadline_s=0.2),
                      Arrivals(concurrency=3, time_scale=0.02), 1)
     out = tmp_path / "out"
-    run: dict[str, Any] = {"run_id": "http", "policy": policy}
+    manifest = RunManifest(run_id="http", policy=policy)
 
     async def body(ad: SglangAdapter, state: Any) -> None:
-        await replay(ad, RealClock(), plan, make_policy(policy), out, run, FALLBACK_RATES, 0.02)
+        await replay(ad, RealClock(), plan, make_policy(policy), out, manifest, FALLBACK_RATES,
+                     0.02)
         assert state.running == 0
 
     with_server(FakeSglangConfig(), body, salt="http")
+    run = manifest.to_dict()
     rec = read_records(out)
     assert run["status"] == "finished" and run["slots"] is None
     assert run["capabilities"] == {"harness_slots": False, "pause_actions": ["keep", "recompute"]}

@@ -17,8 +17,13 @@ from harness.cli import main
 from harness.model.calibration import Calibration, write_calibration
 from harness.policies import PauseContext
 from harness.policies.base import Decision
-from harness.records.schema import EVENTS, RECORDS_SCHEMA
-from harness.records.store import RUN_JSON, read_records
+from harness.records.schema import (
+    EVENTS,
+    RECORDS_SCHEMA,
+    RECORDS_SCHEMA_VERSION,
+    RECORDS_VERSION_KEY,
+)
+from harness.records.store import RUN_JSON, read_records, records_version
 from harness.simulate.engine import simulate
 from harness.simulate.records import RecordSink
 from harness.simulate.run import Arrivals, check_capacity, run_simulation
@@ -76,7 +81,7 @@ def sim(tmp: Path, path: Path, policy: str, cap: Capacity, args: dict[str, str] 
     out = tmp / name
     run = run_simulation(path, policy, args or {}, cap, cal, None,
                          arrivals or Arrivals("closed", 8), seed, out, write_summary=False)
-    return read_records(out), run
+    return read_records(out), run.to_dict()
 
 
 def ev(df: pd.DataFrame, event: str, tid: str | None = None) -> pd.DataFrame:
@@ -267,6 +272,8 @@ def test_deterministic_for_a_seed_and_schema(tmp_path: Path) -> None:
     assert not a["t_ns"].equals(c["t_ns"])
     for part in sorted((tmp_path / "out" / "records").glob("part-*.parquet")):
         assert pq.read_schema(part).remove_metadata().equals(RECORDS_SCHEMA)
+        assert records_version(part) == RECORDS_SCHEMA_VERSION  # written, not defaulted
+        assert RECORDS_VERSION_KEY in (pq.read_schema(part).metadata or {})
     assert set(a["event"]) <= set(EVENTS)
     assert (np.diff(a["seq"]) == 1).all() and (np.diff(a["t_ns"]) >= 0).all()
     assert run["runtime"] == "simulator" and run["seed"] == 7

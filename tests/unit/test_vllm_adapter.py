@@ -11,18 +11,20 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from harness.adapters.base import CompletionRequest, Unsupported
+from harness.adapters.http import connect
 from harness.adapters.launchers.vllm_server import (
     SERVER_POLICIES,
     LocalVllmServer,
     VllmServerConfig,
-    model_vocab,
     server_policy,
 )
-from harness.adapters.vllm import VllmAdapter, client_session
+from harness.adapters.models import local_vocab
+from harness.adapters.vllm import VllmAdapter
 from harness.plan.injection import Injection
 from harness.plan.planner import Arrivals, make_plan
 from harness.policies import make_policy
 from harness.policies.builtin import FALLBACK_RATES
+from harness.records.manifest import RunManifest
 from harness.records.store import read_records, read_server_metrics
 from harness.replay.clock import RealClock
 from harness.replay.runner import replay
@@ -40,8 +42,8 @@ def with_server(cfg: FakeVllmConfig, body: Body, salt: str | None = "run-1",
         server = TestServer(app)
         await server.start_server()
         try:
-            async with client_session() as session:
-                adapter = VllmAdapter(session, str(server.make_url("")), salt=salt,
+            async with connect(str(server.make_url("")), 8) as http:
+                adapter = VllmAdapter(http, salt=salt,
                                       vocab_size=vocab)
                 await body(adapter, app[STATE])
         finally:
@@ -117,8 +119,8 @@ def test_injected_failure_and_dead_server() -> None:
     with_server(FakeVllmConfig(fail_completion_after=0), body)
 
     async def dead() -> None:
-        async with client_session() as session:
-            ad = VllmAdapter(session, "http://127.0.0.1:9", vocab_size=2048)
+        async with connect("http://127.0.0.1:9", 8) as http:
+            ad = VllmAdapter(http, vocab_size=2048)
             r = await ad.complete(CompletionRequest([300] * 4, 1), lambda: None)
             assert r.status == "error" and "Connect" in (r.error or "")
 
@@ -164,13 +166,15 @@ def test_replay_over_http(tmp_path: Path, policy: str) -> None:
     plan = make_plan(steps, Injection(never_return_fraction=0.2, default_deadline_s=0.2),
                      Arrivals(concurrency=3, time_scale=0.02), 1)
     out = tmp_path / "out"
-    run: dict[str, Any] = {"run_id": "http", "policy": policy}
+    manifest = RunManifest(run_id="http", policy=policy)
 
     async def body(ad: VllmAdapter, state: Any) -> None:
-        await replay(ad, RealClock(), plan, make_policy(policy), out, run, FALLBACK_RATES, 0.02)
+        await replay(ad, RealClock(), plan, make_policy(policy), out, manifest, FALLBACK_RATES,
+                     0.02)
         assert state.running == 0
 
     with_server(FakeVllmConfig(), body, salt="http")
+    run = manifest.to_dict()
     rec = read_records(out)
     assert run["status"] == "finished" and run["slots"] is None
     assert run["capabilities"] == {"harness_slots": False, "pause_actions": ["keep", "recompute"]}
@@ -204,7 +208,7 @@ def test_launcher_flags_and_vocab(tmp_path: Path) -> None:
     model = tmp_path / "m"
     model.mkdir()
     (model / "config.json").write_text('{"vocab_size": 2048}')
-    assert model_vocab(model) == 2048 and model_vocab(tmp_path) is None
+    assert local_vocab(model) == 2048 and local_vocab(tmp_path) is None
     cfg = VllmServerConfig(model=model, num_gpu_blocks_override=17, max_model_len=512,
                            connector="ExampleConnector")
     srv = LocalVllmServer(cfg, tmp_path / "log", python=Path("/usr/bin/python3"))

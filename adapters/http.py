@@ -1,0 +1,185 @@
+"""The HTTP core every adapter shares: one pooled client per server.
+
+An adapter keeps only what is its runtime's own (its request bodies and its chunk parser); the
+client session and its connector, JSON requests with one retry on a stale keep-alive connection,
+the server-sent-events reader and the Prometheus scrape live here, once.
+
+Connections are pooled and kept alive. The pool's limit is set by the caller from the run's
+largest number of requests in flight, so the client never queues a request behind a cap of its
+own (aiohttp's default of 100 would report that queue as server latency). Idle connections are
+closed by the client after `KEEPALIVE_S`, shorter than the servers' own keep-alive (5 s for
+uvicorn and llama-server's httplib), so a reused connection is rarely one the server has already
+closed; the one that is gets one retry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any, TypeVar
+
+import aiohttp
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+T = TypeVar("T")
+KEEPALIVE_S = 3.0
+DEFAULT_REQUEST_TIMEOUT_S = 600.0
+# A reused keep-alive connection the server closed fails with one of these before any reply.
+_STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+
+Sample = tuple[str, str, str, float]  # (source, name, labels as sorted JSON or "", value)
+
+
+class HttpStatusError(Exception):
+    """The server answered with a status that is not 2xx."""
+
+    def __init__(self, path: str, status: int, body: str) -> None:
+        super().__init__(f"{path}: HTTP {status}: {body[:300]}")
+        self.path = path
+        self.status = status
+        self.body = body
+
+
+# What a request through HttpClient can fail with: the transport, a timeout, a non-2xx status,
+# an answer that is not JSON.
+REQUEST_ERRORS: tuple[type[Exception], ...] = (aiohttp.ClientError, TimeoutError,
+                                               HttpStatusError, ValueError)
+
+
+class HttpClient:
+    """Requests to one server at `base_url` through an injected aiohttp session."""
+
+    def __init__(self, session: aiohttp.ClientSession, base_url: str,
+                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> None:
+        self.session = session
+        self.base_url = base_url.rstrip("/")
+        self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
+
+    def url(self, path: str) -> str:
+        return self.base_url + path
+
+    async def get_json(self, *paths: str) -> Any:
+        """JSON from the first of `paths` that the server serves (2xx): endpoints get renamed
+        between releases. HttpStatusError when none does."""
+        err: HttpStatusError | None = None
+        for path in paths:
+            try:
+                return await self._retry_stale(functools.partial(self._get_json, path))
+            except HttpStatusError as exc:
+                err = exc
+        assert err is not None, "get_json needs a path"
+        raise err
+
+    async def _get_json(self, path: str) -> Any:
+        async with self.session.get(self.url(path), timeout=self._timeout) as resp:
+            if not 200 <= resp.status < 300:
+                raise HttpStatusError(path, resp.status, await resp.text())
+            return await resp.json(content_type=None)
+
+    async def post_json(self, path: str, payload: dict[str, Any] | None = None
+                        ) -> tuple[int, Any]:
+        """POST `payload` as JSON (no body for None): (status, the answer's JSON or None when
+        it is not JSON).
+        For idempotent requests only: a stale connection is retried once."""
+        async def post() -> tuple[int, Any]:
+            async with self.session.post(self.url(path), json=payload,
+                                         timeout=self._timeout) as resp:
+                text = await resp.text()
+                try:
+                    return resp.status, json.loads(text) if text else None
+                except ValueError:
+                    return resp.status, None
+
+        return await self._retry_stale(post)
+
+    async def text(self, path: str) -> str | None:
+        """The body of GET `path`, or None when the status is not 200."""
+        async def get() -> str | None:
+            async with self.session.get(self.url(path), timeout=self._timeout) as resp:
+                return await resp.text() if resp.status == 200 else None
+
+        return await self._retry_stale(get)
+
+    async def _retry_stale(self, request: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await request()
+        except aiohttp.ClientConnectorError:
+            raise  # a new connection that failed: nothing stale to retry
+        except _STALE:
+            return await request()
+
+    async def stream(self, path: str, body: dict[str, Any],
+                     on_chunk: Callable[[dict[str, Any]], bool]) -> str | None:
+        """POST `body` and hand each server-sent `data:` JSON object to `on_chunk` until the
+        stream ends (`[DONE]` or EOF) or `on_chunk` returns False, when the client hangs up (the
+        server then stops the request). Returns None, or the error: a non-200 status, an
+        `{"error": ...}` chunk, a broken connection or an unparseable chunk. A connection that
+        fails before the first chunk (a stale keep-alive one) is retried once."""
+        for attempt in (0, 1):
+            received = False
+            try:
+                async with self.session.post(self.url(path), json=body,
+                                             timeout=self._timeout) as resp:
+                    if resp.status != 200:
+                        return f"HTTP {resp.status}: {(await resp.text())[:300]}"
+                    async for raw in resp.content:
+                        line = raw.strip()
+                        if not line.startswith(b"data:"):
+                            continue
+                        payload = line[5:].strip()
+                        if payload == b"[DONE]":
+                            return None
+                        received = True
+                        chunk = json.loads(payload)
+                        if isinstance(chunk, dict) and "error" in chunk:
+                            return str(chunk["error"])[:300]
+                        if not on_chunk(chunk):
+                            resp.close()  # hang up
+                            return None
+                return None
+            except aiohttp.ClientConnectorError as exc:
+                return f"{type(exc).__name__}: {exc}"[:300]
+            except _STALE as exc:
+                if received or attempt:
+                    return f"server disconnected: {exc}"[:300]
+            except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
+                return f"{type(exc).__name__}: {exc}"[:300]
+        raise AssertionError("unreachable")
+
+    async def metric_families(self, path: str = "/metrics") -> list[Metric]:
+        """The Prometheus families the server exports ([] when it exports none)."""
+        text = await self.text(path)
+        return list(text_string_to_metric_families(text)) if text else []
+
+    async def scrape(self, keep: Callable[[str], bool] = lambda _: True,
+                     path: str = "/metrics") -> list[Sample]:
+        """The samples of `path` whose name `keep` accepts, as ("metrics", name, labels, v)."""
+        return samples(await self.metric_families(path), keep)
+
+
+def samples(families: Iterable[Metric], keep: Callable[[str], bool]) -> list[Sample]:
+    """Prometheus samples as (source, name, labels, value) rows, labels as sorted JSON."""
+    out: list[Sample] = []
+    for fam in families:
+        for s in fam.samples:
+            if keep(s.name):
+                labels = json.dumps(s.labels, sort_keys=True) if s.labels else ""
+                out.append(("metrics", s.name, labels, float(s.value)))
+    return out
+
+
+@contextlib.asynccontextmanager
+async def connect(base_url: str, connection_limit: int,
+                  request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+                  ) -> AsyncIterator[HttpClient]:
+    """An HttpClient on a pooled keep-alive session of at most `connection_limit` connections,
+    closed on exit."""
+    if connection_limit < 1:
+        raise ValueError(f"connection_limit must be >= 1, got {connection_limit}")
+    connector = aiohttp.TCPConnector(limit=connection_limit, limit_per_host=0,
+                                     keepalive_timeout=KEEPALIVE_S)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        yield HttpClient(session, base_url, request_timeout_s)

@@ -1,0 +1,202 @@
+"""run.json as a typed, versioned manifest: what a run was asked to do, what it ran on, how it
+ended.
+
+A replay writes it at the start (status `running`) and again at the end, so a killed run leaves
+a labelled, readable results directory; the simulator writes the same file. Reading checks the
+schema version: a file of an older version is migrated, a newer one is refused with one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.errors import InputError
+from harness.records.store import RUN_JSON, write_json
+
+MANIFEST_VERSION = 2
+# Version 1: the same fields without `schema_version` (and a top-level `kv_connector`).
+OLDEST_READABLE = 1
+
+
+@dataclass
+class TraceRef:
+    path: str
+    sha256: str
+    trajectories: int
+    steps: int
+
+
+@dataclass
+class ArrivalsRef:
+    mode: str  # closed | poisson | trace
+    concurrency: int
+    rate: float | None
+    time_scale: float = 1.0
+
+
+@dataclass
+class CpuPinning:
+    """The CPUs the harness and a local server were pinned to (one decision per bench)."""
+
+    harness: list[int]
+    server: str  # taskset list
+
+
+@dataclass
+class Outcome:
+    completed: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    unsupported_actions: int = 0
+
+
+@dataclass
+class Cleanup:
+    slots_idle: bool | None = None
+    dump_files_left: list[str] | None = None  # None: the server's disk is not visible here
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunManifest:
+    """run.json. Every field may be unknown (None) in a directory written by hand or by an
+    interrupted run; `RunManifest()` stands for a directory without run.json."""
+
+    run_id: str | None = None
+    status: str | None = None  # running | finished | interrupted
+    runtime: str | None = None  # llamacpp | vllm | sglang | simulator | ...
+    policy: str | None = None
+    policy_args: dict[str, str] = field(default_factory=dict)
+    policy_sees_true_latency: bool | None = None
+    harness_policy: str | None = None  # what the executor decided per pause, if not `policy`
+    server_policy: str | None = None  # how the policy ran on this server, in words
+    trace: TraceRef | None = None
+    seed: int | None = None
+    injection: dict[str, Any] | None = None
+    arrivals: ArrivalsRef | None = None
+    harness_version: str | None = None
+    git_commit: str | None = None
+    started_at: str | None = None
+    calibration: dict[str, Any] | None = None
+    # the server
+    server_url: str | None = None
+    server_flags: list[str] | None = None  # None: a server the harness did not start
+    server_binary: str | None = None
+    server_build: str | None = None
+    server_python: str | None = None
+    server_env: dict[str, str] | None = None
+    server_start_s: float | None = None
+    server_version: str | None = None
+    server_model: str | None = None
+    server_extra: dict[str, Any] | None = None
+    model: dict[str, Any] | None = None  # name, path, geometry, kv_bytes_per_token
+    vocab_size: int | None = None
+    slots: int | None = None
+    ctx_per_slot: int | None = None
+    cache_block_tokens: int | None = None
+    capabilities: dict[str, Any] | None = None
+    cpu_pinning: CpuPinning | None = None
+    http: dict[str, Any] | None = None  # the client's connection pool
+    # how it went
+    wall_anchor_ns: int | None = None
+    duration_s: float | None = None
+    outcome: Outcome | None = None
+    final_rates: dict[str, float] | None = None
+    cleanup: Cleanup | None = None
+    scrape_errors: list[str] = field(default_factory=list)
+    # the simulator's own
+    capacity: dict[str, Any] | None = None
+    simulator: dict[str, Any] | None = None
+    schema_version: int = MANIFEST_VERSION
+
+    @property
+    def kv_bytes_per_token(self) -> float | None:
+        """model.kv_bytes_per_token as a float, None when unknown."""
+        value = (self.model or {}).get("kv_bytes_per_token")
+        try:
+            return float(value) if value is not None else None
+        except (TypeError, ValueError):
+            return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def write(self, directory: Path) -> None:
+        """Write run.json into `directory` atomically."""
+        write_json(directory / RUN_JSON, self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = RUN_JSON) -> RunManifest:
+        """A manifest from run.json's content; InputError naming `where` for a version this
+        harness cannot read or a field it does not know."""
+        manifest: RunManifest = _build(cls, migrate(data, where), where)
+        return manifest
+
+
+def migrate(data: dict[str, Any], where: str = RUN_JSON) -> dict[str, Any]:
+    """run.json content of any readable version as the current version's fields."""
+    if not isinstance(data, dict):
+        raise InputError(f"{where}: expected a JSON object")
+    version = data.get("schema_version", 1)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise InputError(f"{where}: schema_version must be an integer, got {version!r}")
+    if version > MANIFEST_VERSION:
+        raise InputError(f"{where}: run.json schema version {version} is newer than this "
+                         f"harness reads ({MANIFEST_VERSION}); upgrade the harness")
+    if version < OLDEST_READABLE:
+        raise InputError(f"{where}: run.json schema version {version} is older than this "
+                         f"harness reads ({OLDEST_READABLE}-{MANIFEST_VERSION})")
+    data = dict(data)
+    if version == 1:
+        connector = data.pop("kv_connector", None)
+        if connector is not None:
+            data["server_extra"] = {**(data.get("server_extra") or {}),
+                                    "kv_connector": connector}
+        data.pop("summary_written", None)
+    data["schema_version"] = MANIFEST_VERSION
+    return data
+
+
+def read_manifest(results_dir: Path) -> RunManifest:
+    """The run.json of a results directory (`RunManifest()` when there is none)."""
+    path = Path(results_dir) / RUN_JSON
+    if not path.is_file():
+        return RunManifest()
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: not valid JSON ({exc})") from None
+    return RunManifest.from_dict(data, str(path))
+
+
+def _build(cls: type[Any], data: dict[str, Any], where: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise InputError(f"{where}: unknown field {unknown[0]!r} in {cls.__name__}")
+    values = {}
+    for key, value in data.items():
+        sub = _dataclass_of(hints[key])
+        if sub is not None and isinstance(value, dict):
+            value = _build(sub, value, where)
+        values[key] = value
+    try:
+        return cls(**values)
+    except TypeError as exc:
+        raise InputError(f"{where}: {cls.__name__}: {exc}") from None
+
+
+def _dataclass_of(hint: Any) -> type[Any] | None:
+    """The dataclass in a hint `X` or `X | None`, else None."""
+    args = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    for arg in args:
+        if isinstance(arg, type) and dataclasses.is_dataclass(arg):
+            return arg
+    return None

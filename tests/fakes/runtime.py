@@ -1,0 +1,50 @@
+"""A Runtime whose server is the in-memory adapter: the seam driven end to end without a
+process, recording every ServerOptions it was started with."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from harness.adapters.base import (
+    Adapter,
+    PolicyRealisation,
+    RuntimeSession,
+    ServerDetails,
+    ServerInfo,
+    ServerOptions,
+)
+from harness.adapters.http import HttpClient
+from harness.replay.clock import RealClock
+from tests.fakes.memory_adapter import MemoryAdapter
+
+
+class MemoryRuntime:
+    name = "memory"
+    pins_local_server = True
+    per_slot_control = True
+
+    def __init__(self, slots: int = 2) -> None:
+        self.slots = slots
+        self.started: list[ServerOptions] = []
+        self.stopped = 0
+
+    @contextmanager
+    def start(self, options: ServerOptions, out: Path) -> Iterator[RuntimeSession]:
+        self.started.append(options)
+
+        def connect(http: HttpClient) -> Adapter:
+            return MemoryAdapter(RealClock(), slots=self.slots, prefill_s_per_token=1e-5,
+                                 decode_s_per_token=1e-4)
+
+        def realise(_: ServerInfo) -> PolicyRealisation:
+            return PolicyRealisation(options.policy, f"{options.policy}: in memory")
+
+        try:
+            yield RuntimeSession(ServerDetails(url=options.url or "http://127.0.0.1:9",
+                                               flags=[] if options.url is None else None,
+                                               kv_bytes_per_token=100.0),
+                                 connect, realise)
+        finally:
+            self.stopped += 1

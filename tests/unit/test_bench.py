@@ -1,0 +1,115 @@
+"""`harness bench` as data: every input checked before the first replay, policy arguments
+scoped to their policy, one CPU pinning for every policy."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from harness.cli import main
+from harness.errors import InputError
+from harness.records.manifest import CpuPinning, RunManifest, read_manifest
+from harness.replay import pinning
+from harness.replay.bench import check_same_pinning, plan_bench, run_bench, scoped_policy_args
+from harness.replay.cli import RunOptions, arrivals_from_flags
+from tests.fakes.runtime import MemoryRuntime
+from tests.live.traces import write_one_pause_trace
+
+
+@pytest.fixture(autouse=True)
+def _restore_affinity() -> Iterator[None]:
+    """A bench pins this process to one CPU: give the test process all of them back."""
+    before = pinning.available_cpus()
+    yield
+    if before and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, set(before))
+
+
+def _base() -> RunOptions:
+    return RunOptions(trace=Path(), policy="", out=Path(), scrape_interval_s=0.05,
+                      arrivals=arrivals_from_flags(2, None, False, 1.0))
+
+
+def test_policy_arguments_go_to_the_policies_that_take_them() -> None:
+    got = scoped_policy_args(["keep", "ttl", "threshold"],
+                             ("ttl.tau=2", "quantile=0.9", "threshold.keep_max_s=3"))
+    assert got == {"keep": {}, "ttl": {"tau": "2", "quantile": "0.9"},
+                   "threshold": {"quantile": "0.9", "keep_max_s": "3"}}
+
+
+@pytest.mark.parametrize(("policies", "args", "message"), [
+    ("keep,swap", ("ttl.tau=2",), "the bench does not run 'ttl'"),
+    ("keep,ttl", ("bogus=1",), "no policy of the bench takes 'bogus'"),
+    ("keep,ttl", ("ttl.bogus=1",), "policy 'ttl' takes no argument 'bogus'"),
+    ("keep,ttl", ("ttl.tau=-1",), "must be a finite number > 0"),
+    ("keep,nope", (), "unknown policy nope"),
+    ("keep,keep", (), "a policy is named twice"),
+])
+def test_bad_policies_and_arguments_are_refused_before_anything_starts(
+        tmp_path: Path, policies: str, args: tuple[str, ...], message: str) -> None:
+    runtime = MemoryRuntime()
+    trace = write_one_pause_trace(tmp_path / "t.parquet")
+    with pytest.raises(InputError, match=message):
+        plan_bench("memory", None, trace, policies, args, _base(), None, False, tmp_path / "b",
+                   lambda _: runtime)
+    assert runtime.started == []
+
+
+def test_a_bad_trace_or_injection_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    runtime = MemoryRuntime()
+    with pytest.raises(InputError):
+        plan_bench("memory", None, tmp_path / "missing.parquet", "keep", (), _base(), None,
+                   False, tmp_path / "b", lambda _: runtime)
+    trace = write_one_pause_trace(tmp_path / "t.parquet")
+    base = _base()
+    base.inject = "no-such-profile"
+    with pytest.raises(InputError):
+        plan_bench("memory", None, trace, "keep", (), base, None, False, tmp_path / "b",
+                   lambda _: runtime)
+    assert runtime.started == []
+
+
+def test_every_policy_of_a_bench_runs_under_one_pinning(tmp_path: Path) -> None:
+    cpus = pinning.available_cpus()
+    runtime = MemoryRuntime()
+    trace = write_one_pause_trace(tmp_path / "t.parquet")
+    plan = plan_bench("memory", None, trace, "keep,swap,recompute", (), _base(), None, False,
+                      tmp_path / "b", lambda _: runtime)
+    expected = pinning.decide(cpus, True, True)
+    assert plan.pinning == expected
+    rows = run_bench(plan, lambda _: None)
+    assert [p for p, _ in rows] == ["keep", "swap", "recompute"]
+    manifests = [read_manifest(tmp_path / "b" / p) for p in ("keep", "swap", "recompute")]
+    assert [m.status for m in manifests] == ["finished"] * 3
+    assert [m.cpu_pinning for m in manifests] == [expected] * 3
+    assert [o.server_cpus for o in runtime.started] == [
+        expected.server if expected else None] * 3
+    assert runtime.stopped == 3 and (tmp_path / "b" / "report.html").is_file()
+    if expected is not None:  # a 2+ CPU machine: the harness holds its CPU, the server the rest
+        assert pinning.available_cpus() == expected.harness
+
+
+def test_runs_under_different_pinning_are_not_comparable() -> None:
+    same = [RunManifest(cpu_pinning=CpuPinning([0], "1")) for _ in range(2)]
+    check_same_pinning(same)
+    with pytest.raises(RuntimeError, match="different CPU pinning"):
+        check_same_pinning([*same, RunManifest(cpu_pinning=None)])
+
+
+def test_pinning_is_decided_from_the_cpus_alone() -> None:
+    assert pinning.decide([0, 1, 2], True, True) == CpuPinning([0], "1,2")
+    assert pinning.decide([0], True, True) is None
+    assert pinning.decide([0, 1], False, True) is None  # a remote server: nothing to pin
+    assert pinning.decide([0, 1], True, False) is None  # the runtime pins itself
+
+
+def test_the_bench_command_refuses_a_misplaced_argument_in_one_line(tmp_path: Path) -> None:
+    res = CliRunner().invoke(main, ["bench", "--policies", "keep,swap", "--policy-arg",
+                                    "ttl.tau=2", "--out", str(tmp_path / "b")])
+    assert res.exit_code == 2
+    assert res.output.strip().splitlines() == [
+        "error: --policy-arg ttl.tau=2: the bench does not run 'ttl' (--policies keep,swap)"]

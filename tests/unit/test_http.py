@@ -1,0 +1,203 @@
+"""The adapters' shared HTTP core: pooled keep-alive connections, a limit the run sets, one retry
+on a stale connection, the server-sent-events reader."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from harness.adapters.http import HttpStatusError, connect
+from harness.plan.injection import Injection
+from harness.plan.planner import Arrivals, BystanderPlan, CallStep, Plan, TrajectoryPlan
+from harness.replay.runner import max_in_flight
+
+
+async def _serve(app: web.Application) -> TestServer:
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    return server
+
+
+def _counting_app(hold_s: float = 0.0) -> tuple[web.Application, dict[str, Any]]:
+    seen: dict[str, Any] = {"peers": set(), "now": 0, "max": 0}
+
+    async def handler(request: web.Request) -> web.Response:
+        seen["peers"].add(request.transport.get_extra_info("peername") if request.transport
+                          else None)
+        seen["now"] += 1
+        seen["max"] = max(seen["max"], seen["now"])
+        await asyncio.sleep(hold_s)
+        seen["now"] -= 1
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_get("/x", handler)
+    return app, seen
+
+
+def test_sequential_requests_reuse_one_connection() -> None:
+    async def go() -> dict[str, Any]:
+        app, seen = _counting_app()
+        server = await _serve(app)
+        try:
+            async with connect(str(server.make_url("")), 4) as http:
+                for _ in range(20):
+                    assert await http.get_json("/x") == {"ok": True}
+        finally:
+            await server.close()
+        return seen
+
+    assert len(asyncio.run(go())["peers"]) == 1
+
+
+def test_the_pool_holds_exactly_the_limit_in_flight() -> None:
+    async def go() -> int:
+        app, seen = _counting_app(hold_s=0.3)
+        server = await _serve(app)
+        try:
+            async with connect(str(server.make_url("")), 3) as http:
+                await asyncio.gather(*(http.get_json("/x") for _ in range(12)))
+        finally:
+            await server.close()
+        return int(seen["max"])
+
+    assert asyncio.run(go()) == 3
+
+
+def test_no_silent_cap_of_100() -> None:
+    """aiohttp's default connector stops at 100 connections: 150 concurrent requests of a run
+    whose limit is 150 must be in flight at the server together beyond that."""
+    async def go() -> tuple[int, int]:
+        app, seen = _counting_app(hold_s=1.5)
+        server = await _serve(app)
+        try:
+            async with connect(str(server.make_url("")), 150) as http:
+                limit = http.session.connector.limit if http.session.connector else 0
+                await asyncio.gather(*(http.get_json("/x") for _ in range(150)))
+        finally:
+            await server.close()
+        return limit, int(seen["max"])
+
+    limit, most = asyncio.run(go())
+    assert limit == 150 and most > 100
+
+
+def test_the_pool_is_as_large_as_the_plan_can_have_in_flight() -> None:
+    calls = (CallStep(0, 8, 1, 2),)
+    trajs = tuple(TrajectoryPlan(f"t{i}", 0.0, "interactive", "x", calls) for i in range(300))
+    bystanders = tuple(BystanderPlan(f"b{i}", 0.1 * i, 8, 2, i) for i in range(5))
+    closed = Plan(trajs, bystanders, Arrivals(mode="closed", concurrency=200), 0, Injection())
+    assert max_in_flight(closed) == 200 + 5 + 1
+    opened = Plan(trajs, (), Arrivals(mode="poisson", rate=5.0), 0, Injection())
+    assert max_in_flight(opened) == 300 + 1
+
+
+async def _stale_server(replies: list[int]) -> tuple[asyncio.Server, int]:
+    """Answers one request per connection with keep-alive headers, then closes the socket
+    without saying so: the client's pooled connection is stale on its next use."""
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.readline() not in (b"\r\n", b""):
+            pass
+        replies.append(1)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 11\r\nConnection: keep-alive\r\n\r\n{\"n\": 1}   ")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+def test_a_stale_pooled_connection_is_retried_once() -> None:
+    async def go() -> list[int]:
+        replies: list[int] = []
+        server, port = await _stale_server(replies)
+        try:
+            async with connect(f"http://127.0.0.1:{port}", 2) as http:
+                for _ in range(3):
+                    assert await http.get_json("/x") == {"n": 1}
+                    await asyncio.sleep(0.2)  # the server has closed the pooled connection
+        finally:
+            server.close()
+        return replies
+
+    assert len(asyncio.run(go())) == 3
+
+
+def _sse_app(status: int = 200, lines: tuple[bytes, ...] = ()) -> web.Application:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if status != 200:
+            return web.Response(status=status, text="no such model")
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        for line in lines:
+            await resp.write(line + b"\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/s", handler)
+    return app
+
+
+def _stream(app: web.Application, stop_after: int | None = None
+            ) -> tuple[str | None, list[Any]]:
+    async def go() -> tuple[str | None, list[Any]]:
+        server = await _serve(app)
+        got: list[Any] = []
+
+        def on_chunk(chunk: dict[str, Any]) -> bool:
+            got.append(chunk)
+            return stop_after is None or len(got) < stop_after
+
+        try:
+            async with connect(str(server.make_url("")), 2) as http:
+                return await http.stream("/s", {"q": 1}, on_chunk), got
+        finally:
+            await server.close()
+
+    return asyncio.run(go())
+
+
+def test_stream_reads_data_lines_until_done() -> None:
+    app = _sse_app(lines=(b": comment", b'data: {"a": 1}', b'data: {"a": 2}', b"data: [DONE]",
+                          b'data: {"a": 3}'))
+    assert _stream(app) == (None, [{"a": 1}, {"a": 2}])
+
+
+def test_stream_hangs_up_when_the_parser_says_so() -> None:
+    app = _sse_app(lines=(b'data: {"a": 1}', b'data: {"a": 2}', b'data: {"a": 3}'))
+    assert _stream(app, stop_after=1) == (None, [{"a": 1}])
+
+
+@pytest.mark.parametrize(("app", "error"), [
+    (_sse_app(status=404), "HTTP 404: no such model"),
+    (_sse_app(lines=(b'data: {"a": 1}', b'data: {"error": "out of memory"}')), "out of memory"),
+    (_sse_app(lines=(b"data: {not json",)), "JSONDecodeError"),
+])
+def test_stream_errors_are_one_line(app: web.Application, error: str) -> None:
+    err, _ = _stream(app)
+    assert err is not None and error in err and "\n" not in err
+
+
+def test_get_json_tries_each_path_and_names_the_last_status() -> None:
+    async def go() -> Any:
+        app = web.Application()
+        async def new(_: web.Request) -> web.Response:
+            return web.json_response({"v": 2})
+
+        app.router.add_get("/new", new)
+        server = await _serve(app)
+        try:
+            async with connect(str(server.make_url("")), 2) as http:
+                assert await http.get_json("/old", "/new") == {"v": 2}
+                with pytest.raises(HttpStatusError, match="/gone: HTTP 404"):
+                    await http.get_json("/gone")
+        finally:
+            await server.close()
+
+    asyncio.run(go())

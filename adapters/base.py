@@ -62,6 +62,21 @@ class CompletionResult:
     error: str | None = None
 
 
+def add_streamed_tokens(result: CompletionResult, tokens: list[int], req: CompletionRequest,
+                        on_first_token: Callable[[], object]) -> bool:
+    """Append a streamed chunk's tokens to `result`. At the first tokens, call
+    `on_first_token`; when `req` asks to hang up after them, mark the result aborted and return
+    False (the caller stops reading, so the server stops generating)."""
+    first = bool(tokens) and not result.tokens
+    result.tokens.extend(tokens)
+    if first:
+        on_first_token()
+        if req.abort_after_first_token:
+            result.status = "aborted"
+            return False
+    return True
+
+
 @dataclass(frozen=True)
 class SlotIO:
     bytes: int

@@ -19,6 +19,7 @@ from harness.adapters.base import (
     ServerInfo,
     SlotIO,
     Unsupported,
+    add_streamed_tokens,
 )
 from harness.adapters.http import HttpClient, HttpStatusError, Sample
 
@@ -81,13 +82,8 @@ class LlamaCppAdapter:
 
         def on_chunk(chunk: dict[str, Any]) -> bool:
             toks = [int(t) for t in chunk.get("tokens") or []]
-            if toks and not result.tokens:
-                on_first_token()
-                if req.abort_after_first_token:
-                    result.tokens.extend(toks)
-                    result.status = "aborted"
-                    return False  # hang up: the server stops generating
-            result.tokens.extend(toks)
+            if not add_streamed_tokens(result, toks, req, on_first_token):
+                return False  # hang up: the server stops generating
             if chunk.get("stop"):
                 _read_timings(chunk, result)
             return True

@@ -24,6 +24,7 @@ from harness.adapters.base import (
     ServerInfo,
     SlotIO,
     Unsupported,
+    add_streamed_tokens,
 )
 from harness.adapters.http import HttpClient, HttpStatusError, Sample
 from harness.adapters.models import local_vocab
@@ -120,13 +121,9 @@ class SglangAdapter:
 
         def on_chunk(chunk: dict[str, Any]) -> bool:
             meta = chunk.get("meta_info") or {}
-            had = len(result.tokens)
-            result.tokens.extend(_new_tokens(chunk.get("output_ids") or [], meta, had))
-            if had == 0 and result.tokens:
-                on_first_token()
-                if req.abort_after_first_token:
-                    result.status = "aborted"
-                    return False  # hang up: SGLang aborts a request whose client left
+            toks = _new_tokens(chunk.get("output_ids") or [], meta, len(result.tokens))
+            if not add_streamed_tokens(result, toks, req, on_first_token):
+                return False  # hang up: SGLang aborts a request whose client left
             _read_meta(meta, result)
             finish = meta.get("finish_reason")
             if isinstance(finish, dict) and finish.get("type") == "abort":

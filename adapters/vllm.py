@@ -24,6 +24,7 @@ from harness.adapters.base import (
     ServerInfo,
     SlotIO,
     Unsupported,
+    add_streamed_tokens,
 )
 from harness.adapters.http import REQUEST_ERRORS, HttpClient, HttpStatusError, Sample
 from harness.adapters.models import local_vocab
@@ -138,13 +139,8 @@ class VllmAdapter:
         def on_chunk(chunk: dict[str, Any]) -> bool:
             for choice in chunk.get("choices") or []:
                 toks = [int(t) for t in choice.get("token_ids") or []]
-                if toks and not result.tokens:
-                    on_first_token()
-                    if req.abort_after_first_token:
-                        result.tokens.extend(toks)
-                        result.status = "aborted"
-                        return False  # hang up: vLLM aborts the request
-                result.tokens.extend(toks)
+                if not add_streamed_tokens(result, toks, req, on_first_token):
+                    return False  # hang up: vLLM aborts the request
             if chunk.get("usage"):
                 _read_usage(chunk, result)
             return True

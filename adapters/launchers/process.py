@@ -160,7 +160,6 @@ class ServerProcess:
         self.leaked_shm = leaked_shm
         self.log_keep = log_keep
         self.start_s: float | None = None
-        self.leaked_shm_removed: list[str] = []
         self._proc: subprocess.Popen[bytes] | None = None
         self._pgid: int | None = None
         self._log: IO[bytes] | None = None
@@ -206,7 +205,7 @@ class ServerProcess:
         proc, self._proc = self._proc, None
         if proc is not None:
             stop_group(proc)
-            self.leaked_shm_removed = remove_leaked_shm(self._shm_before, self.leaked_shm)
+            remove_leaked_shm(self._shm_before, self.leaked_shm)
         if self._log is not None:
             self._log.close()
             self._log = None

@@ -33,7 +33,6 @@ class _State:
     slot: int | None = None
     dump: str | None = None
     salt: str | None = None
-    kept_tokens: int = 0
 
 
 @dataclass
@@ -194,7 +193,6 @@ class Executor:
         if supported and d.action != KEEP:
             await self._evict(st, d.action, tool.step, "policy")
         else:
-            st.kept_tokens = len(st.context)
             self.rec.emit("kv_state", trajectory_id=st.tid, traffic="agent",
                           kv_tokens=len(st.context), status="paused")
         returns = tool.latency_s is not None and tool.latency_s <= tool.deadline_s
@@ -287,17 +285,23 @@ class Executor:
                 name):
             self.counters.cleanup_errors.append(f"dump file {name} still exists")
 
+    async def _free_slot(self, st: _State, reason: str, traffic: str) -> None:
+        """Erase the request's slot (recorded) and give it back to the pool, even when the
+        erase fails."""
+        if st.slot is None or self.pool is None:
+            return
+        slot, st.slot = st.slot, None
+        try:
+            await self.adapter.erase_slot(slot)
+            self.rec.emit("erase", trajectory_id=st.tid, traffic=traffic, slot=slot,
+                          reason=reason)
+        finally:
+            await self.pool.release(slot)
+
     async def _release(self, st: _State, reason: str) -> None:
         """Erase the slot and delete any dump file: runs on every trajectory end."""
         try:
-            if st.slot is not None and self.pool is not None:
-                slot, st.slot = st.slot, None
-                try:
-                    await self.adapter.erase_slot(slot)
-                    self.rec.emit("erase", trajectory_id=st.tid, traffic="agent", slot=slot,
-                                  reason=reason)
-                finally:
-                    await self.pool.release(slot)
+            await self._free_slot(st, reason, "agent")
             await self._delete_dump(st)
         except Exception as exc:
             self.counters.cleanup_errors.append(f"{st.tid}: {type(exc).__name__}: {exc}")
@@ -339,11 +343,7 @@ class Executor:
                           cached_tokens=res.cached_tokens, prompt_n=res.prompt_n,
                           server_ms=res.prompt_ms, decode_ms=res.decode_ms, detail=res.error)
         finally:
-            if st.slot is not None and self.pool is not None:
-                slot, st.slot = st.slot, None
-                try:
-                    await self.adapter.erase_slot(slot)
-                except Exception as exc:
-                    self.counters.cleanup_errors.append(f"{rid}: {exc}")
-                finally:
-                    await self.pool.release(slot)
+            try:
+                await self._free_slot(st, "request-end", "bystander")
+            except Exception as exc:
+                self.counters.cleanup_errors.append(f"{rid}: {type(exc).__name__}: {exc}")

@@ -35,13 +35,6 @@ def fmt_bytes(n: Any) -> str:
     return f"{x:.4g} TiB"  # pragma: no cover
 
 
-def fmt_q(q: dict[str, Any] | None) -> str:
-    """'p50 / p95 / p99' of a percentile object, '-' when empty."""
-    if not q or not q.get("n"):
-        return "-"
-    return " / ".join(fmt(q.get(k)) for k in ("p50", "p95", "p99"))
-
-
 def table(heads: list[str], rows: list[list[str]], text_cols: int = 1) -> str:
     """An HTML table; heads and cells are trusted HTML; the first text_cols align left."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import click
 
@@ -79,7 +80,8 @@ def simulate_cmd(trace: Path, policy: str, policy_args: tuple[str, ...],
         raise InputError("--concurrency must be >= 1")
     if r is not None and not (r > 0 and r < float("inf")):
         raise InputError("--rate must be a finite number > 0")
-    mode = "poisson" if r is not None else "trace" if trace_timing else "closed"
+    mode: Literal["closed", "poisson", "trace"] = (
+        "poisson" if r is not None else "trace" if trace_timing else "closed")
     arrivals = Arrivals(mode, conc or 4, r or 1.0)
     cal = read_calibration(calibration)
     run = run_simulation(trace, policy, _kv(policy_args), cap, cal, calibration, arrivals,

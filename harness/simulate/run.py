@@ -1,10 +1,12 @@
-"""One simulated run: the same results directory a replay writes (records, run.json, summary)."""
+"""One simulated run: the same results directory a replay writes (records, run.json, summary).
+
+`Arrivals` is the replay plan's (harness.plan.planner), re-exported for the simulator's callers.
+"""
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import numpy as np
 from harness import __version__
 from harness.errors import InputError
 from harness.model.calibration import Calibration
+from harness.plan.planner import Arrivals
 from harness.policies import make_policy
 from harness.records.manifest import ArrivalsRef, Outcome, RunManifest, TraceRef
 from harness.records.store import RECORDS_DIR, SUMMARY_JSON, read_records, write_json
@@ -23,6 +26,8 @@ from harness.simulate.server import Capacity, Counters, ServerModel
 from harness.simulate.workload import Workload, build_workload
 from harness.traces.schema import file_sha256
 from harness.traces.validate import load_trajectories
+
+__all__ = ["Arrivals", "arrival_times", "check_capacity", "run_simulation", "summarize_into"]
 
 DEFAULT_DEADLINE_S = 30.0  # as the replay plan's default injection
 SERVER_MODEL_DOC = (
@@ -37,24 +42,18 @@ SERVER_MODEL_DOC = (
     "one cannot grow (token pool)")
 
 
-@dataclass(frozen=True)
-class Arrivals:
-    """closed: `concurrency` agents in turn; poisson: `rate` per second; trace: start_s."""
-
-    mode: str = "closed"
-    concurrency: int = 4
-    rate: float = 1.0
-
-    def times(self, w: Workload, n_steps: int, seed: int) -> np.ndarray | None:
-        """Arrival times (None for closed loop); Poisson draws follow harness.plan's order."""
-        if self.mode == "closed":
-            return None
-        if self.mode == "trace":
-            return np.asarray(w.start_s, dtype=float)
-        rng = np.random.default_rng(seed)
-        for _ in range(4):  # the planner draws four per-step uniforms first
-            rng.random(n_steps)
-        return np.cumsum(rng.exponential(1.0 / self.rate, size=w.n_trajectories))
+def arrival_times(arrivals: Arrivals, w: Workload, n_steps: int, seed: int
+                  ) -> np.ndarray | None:
+    """Arrival times (None for a closed loop); Poisson draws follow harness.plan's order, so a
+    simulation and a replay of one trace and seed see the same arrivals."""
+    if arrivals.mode == "closed":
+        return None
+    if arrivals.mode == "trace":
+        return np.asarray(w.start_s, dtype=float)
+    rng = np.random.default_rng(seed)
+    for _ in range(4):  # the planner draws four per-step uniforms first
+        rng.random(n_steps)
+    return np.cumsum(rng.exponential(1.0 / arrivals.rate, size=w.n_trajectories))
 
 
 def check_capacity(tokens: int | None, slots: int | None, ctx_per_slot: int | None) -> Capacity:
@@ -86,13 +85,15 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
         raise InputError("--history-window must be >= 0 (0: every observation)")
     if not (math.isfinite(default_deadline_s) and default_deadline_s > 0):
         raise InputError("--default-deadline-s must be a finite number > 0")
+    if arrivals.time_scale != 1.0:
+        raise InputError("the simulator runs the trace's own times: time scale 1 only")
     policy = make_policy(policy_name, policy_args)
     if any((out / RECORDS_DIR).glob("part-*.parquet")):
         raise InputError(f"{out} already holds records; choose a new --out directory")
     t0 = time.perf_counter()
     df = load_trajectories(trace)
     w = build_workload(df, default_deadline_s)
-    arrival_s = arrivals.times(w, len(df), seed)
+    arrival_s = arrival_times(arrivals, w, len(df), seed)
     server = ServerModel(calibration.prefill_tok_s, calibration.decode_tok_s,
                          calibration.swap_out_bytes_per_s, calibration.swap_in_bytes_per_s,
                          calibration.kv_bytes_per_token, calibration.prefill_points,

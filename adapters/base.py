@@ -124,6 +124,9 @@ class ServerOptions:
     model: Path | None = None
     server_args: tuple[str, ...] = ()  # extra flags for a local server
     server_cpus: str | None = None  # a local server's CPUs (taskset list), decided by the core
+    # The most connections the run's client opens at once: a local server whose HTTP layer
+    # serves one connection per thread is given at least as many threads.
+    connections: int = 8
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ largest number of requests in flight, so the client never queues a request behin
 own (aiohttp's default of 100 would report that queue as server latency). Idle connections are
 closed by the client after `KEEPALIVE_S`, shorter than the servers' own keep-alive (5 s for
 uvicorn and llama-server's httplib), so a reused connection is rarely one the server has already
-closed; the one that is gets one retry.
+closed; a request that meets one is retried once, on a new connection (several pooled
+connections can be stale at once, so the retry never takes another from the pool).
 """
 
 from __future__ import annotations
@@ -53,8 +54,12 @@ class HttpClient:
     """Requests to one server at `base_url` through an injected aiohttp session."""
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str,
-                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> None:
+                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+                 fresh: aiohttp.ClientSession | None = None) -> None:
+        """`session`: the pooled one; `fresh`: one that opens a new connection per request,
+        for retries after a stale connection (default: `session`)."""
         self.session = session
+        self.fresh = fresh or session
         self.base_url = base_url.rstrip("/")
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
 
@@ -73,8 +78,8 @@ class HttpClient:
         assert err is not None, "get_json needs a path"
         raise err
 
-    async def _get_json(self, path: str) -> Any:
-        async with self.session.get(self.url(path), timeout=self._timeout) as resp:
+    async def _get_json(self, path: str, session: aiohttp.ClientSession) -> Any:
+        async with session.get(self.url(path), timeout=self._timeout) as resp:
             if not 200 <= resp.status < 300:
                 raise HttpStatusError(path, resp.status, await resp.text())
             return await resp.json(content_type=None)
@@ -84,9 +89,9 @@ class HttpClient:
         """POST `payload` as JSON (no body for None): (status, the answer's JSON or None when
         it is not JSON).
         For idempotent requests only: a stale connection is retried once."""
-        async def post() -> tuple[int, Any]:
-            async with self.session.post(self.url(path), json=payload,
-                                         timeout=self._timeout) as resp:
+        async def post(session: aiohttp.ClientSession) -> tuple[int, Any]:
+            async with session.post(self.url(path), json=payload,
+                                    timeout=self._timeout) as resp:
                 text = await resp.text()
                 try:
                     return resp.status, json.loads(text) if text else None
@@ -97,19 +102,20 @@ class HttpClient:
 
     async def text(self, path: str) -> str | None:
         """The body of GET `path`, or None when the status is not 200."""
-        async def get() -> str | None:
-            async with self.session.get(self.url(path), timeout=self._timeout) as resp:
+        async def get(session: aiohttp.ClientSession) -> str | None:
+            async with session.get(self.url(path), timeout=self._timeout) as resp:
                 return await resp.text() if resp.status == 200 else None
 
         return await self._retry_stale(get)
 
-    async def _retry_stale(self, request: Callable[[], Awaitable[T]]) -> T:
+    async def _retry_stale(self, request: Callable[[aiohttp.ClientSession], Awaitable[T]]
+                           ) -> T:
         try:
-            return await request()
+            return await request(self.session)
         except aiohttp.ClientConnectorError:
             raise  # a new connection that failed: nothing stale to retry
         except _STALE:
-            return await request()
+            return await request(self.fresh)
 
     async def stream(self, path: str, body: dict[str, Any],
                      on_chunk: Callable[[dict[str, Any]], bool]) -> str | None:
@@ -118,11 +124,11 @@ class HttpClient:
         server then stops the request). Returns None, or the error: a non-200 status, an
         `{"error": ...}` chunk, a broken connection or an unparseable chunk. A connection that
         fails before the first chunk (a stale keep-alive one) is retried once."""
-        for attempt in (0, 1):
+        for attempt, session in enumerate((self.session, self.fresh)):
             received = False
             try:
-                async with self.session.post(self.url(path), json=body,
-                                             timeout=self._timeout) as resp:
+                async with session.post(self.url(path), json=body,
+                                        timeout=self._timeout) as resp:
                     if resp.status != 200:
                         return f"HTTP {resp.status}: {(await resp.text())[:300]}"
                     async for raw in resp.content:
@@ -181,5 +187,7 @@ async def connect(base_url: str, connection_limit: int,
         raise ValueError(f"connection_limit must be >= 1, got {connection_limit}")
     connector = aiohttp.TCPConnector(limit=connection_limit, limit_per_host=0,
                                      keepalive_timeout=KEEPALIVE_S)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        yield HttpClient(session, base_url, request_timeout_s)
+    fresh = aiohttp.TCPConnector(limit=connection_limit, force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as session, \
+            aiohttp.ClientSession(connector=fresh) as retries:
+        yield HttpClient(session, base_url, request_timeout_s, retries)

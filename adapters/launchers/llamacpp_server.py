@@ -50,6 +50,13 @@ class LlamaServerConfig:
     cache_ram_mib: int = 0  # 0: no host-RAM prompt cache, so keep/recompute stay distinct
     extra_args: list[str] = field(default_factory=list)
     server_cpus: str | None = None  # taskset list for the server, e.g. "1"
+    # httplib serves a keep-alive connection on one thread for as long as it stays open: with
+    # fewer threads than the client's pooled connections, requests would queue in the server's
+    # HTTP layer. llama-server's own default is max(slots + 2, cores - 1).
+    client_connections: int = 0
+
+    def threads_http(self) -> int:
+        return max(self.slots + 2, self.client_connections + 2)
 
 
 class LocalLlamaServer(ServerProcess):
@@ -68,6 +75,8 @@ class LocalLlamaServer(ServerProcess):
                       "-c", str(c.slots * c.ctx_per_slot), "-np", str(c.slots),
                       "-t", str(c.threads), "--slot-save-path", str(self.dump_dir),
                       "--metrics", "--cache-ram", str(c.cache_ram_mib), "--no-webui",
+                      *([] if "--threads-http" in c.extra_args
+                        else ["--threads-http", str(c.threads_http())]),
                       *c.extra_args]
 
     def command(self) -> list[str]:
@@ -118,7 +127,8 @@ class LlamaCppRuntime:
         cfg = LlamaServerConfig(model=model, slots=options.slots,
                                 ctx_per_slot=options.ctx_per_slot, threads=options.threads,
                                 server_cpus=options.server_cpus,
-                                extra_args=list(options.server_args))
+                                extra_args=list(options.server_args),
+                                client_connections=options.connections)
         with LocalLlamaServer(cfg, out / "server.log") as server:
             details = ServerDetails(
                 url=server.url, flags=server.flags, binary=str(server.binary),

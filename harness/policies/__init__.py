@@ -7,7 +7,7 @@ from harness.policies.base import (
     PausePolicy,
     ServerRates,
 )
-from harness.policies.builtin import POLICIES, make_policy
+from harness.policies.builtin import POLICIES, make_policy, parse_policy_args
 
 __all__ = [
     "ACTIONS",
@@ -17,4 +17,5 @@ __all__ = [
     "POLICIES",
     "ServerRates",
     "make_policy",
+    "parse_policy_args",
 ]

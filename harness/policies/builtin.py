@@ -220,6 +220,17 @@ POLICIES: dict[str, tuple[Callable[..., PausePolicy], dict[str, str]]] = {
 }
 
 
+def parse_policy_args(pairs: tuple[str, ...], flag: str = "--policy-arg") -> dict[str, str]:
+    """`KEY=VALUE` flag values as a dict; InputError naming `flag` for one without `=`."""
+    out: dict[str, str] = {}
+    for p in pairs:
+        if "=" not in p:
+            raise InputError(f"{flag} {p!r}: expected KEY=VALUE")
+        k, v = p.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
 def make_policy(name: str, args: dict[str, str] | None = None) -> PausePolicy:
     """A built-in policy by name with `--policy-arg` values; InputError for anything unknown."""
     if name not in POLICIES:

@@ -20,11 +20,11 @@ from harness.adapters.runtimes import RUNTIMES, get_runtime
 from harness.errors import InputError
 from harness.model.calibration import read_calibration
 from harness.plan.injection import load_injection
-from harness.policies import POLICIES, make_policy
+from harness.policies import POLICIES, make_policy, parse_policy_args
 from harness.records.manifest import CpuPinning, RunManifest, read_manifest
 from harness.records.store import SUMMARY_JSON, read_json, write_json
 from harness.replay import pinning
-from harness.replay.cli import RunOptions, arrivals_from_flags, execute_run, parse_kv
+from harness.replay.cli import RunOptions, arrivals_from_flags, execute_run
 from harness.traces.validate import load_trajectories
 
 DEFAULT_POLICIES = ("keep", "swap", "recompute")
@@ -107,7 +107,7 @@ def scoped_policy_args(policies: list[str], pairs: tuple[str, ...]) -> dict[str,
     `KEY=VALUE` to every policy of the bench that takes KEY. InputError for an argument that
     no policy of the bench takes, or one scoped to a policy the bench does not run."""
     out: dict[str, dict[str, str]] = {p: {} for p in policies}
-    for key, value in parse_kv(pairs, "--policy-arg").items():
+    for key, value in parse_policy_args(pairs).items():
         scope, dot, name = key.partition(".")
         if dot and scope in POLICIES:
             if scope not in out:

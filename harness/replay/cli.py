@@ -18,25 +18,15 @@ from harness.errors import InputError
 from harness.model.calibration import read_calibration
 from harness.plan.injection import load_injection
 from harness.plan.planner import Arrivals, make_plan
-from harness.policies import POLICIES, make_policy
+from harness.policies import POLICIES, make_policy, parse_policy_args
 from harness.records.manifest import ArrivalsRef, Outcome, RunManifest, TraceRef
 from harness.replay import pinning
 from harness.replay.options import AUTO, RunOptions
-from harness.replay.runner import run_on_runtime
+from harness.replay.runner import max_in_flight, run_on_runtime
 from harness.traces.schema import file_sha256
 from harness.traces.validate import load_trajectories
 
-__all__ = ["RunOptions", "execute_run", "arrivals_from_flags", "parse_kv", "run_cmd"]
-
-
-def parse_kv(pairs: tuple[str, ...], flag: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for p in pairs:
-        if "=" not in p:
-            raise InputError(f"{flag} {p!r}: expected KEY=VALUE")
-        k, v = p.split("=", 1)
-        out[k.strip()] = v.strip()
-    return out
+__all__ = ["RunOptions", "execute_run", "arrivals_from_flags", "run_cmd"]
 
 
 def git_commit() -> str | None:
@@ -83,7 +73,8 @@ def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo,
     server = ServerOptions(policy=o.policy, run_id=str(run.run_id), url=o.url, slots=o.slots,
                            ctx_per_slot=o.ctx_per_slot, threads=o.threads, model=o.model,
                            server_args=o.server_args,
-                           server_cpus=pin.server if pin else None)
+                           server_cpus=pin.server if pin else None,
+                           connections=max_in_flight(plan))
     return run_on_runtime(rt, server, plan, o.policy_args, run, o.out,
                           cal.rates() if cal else None, o.scrape_interval_s, echo)
 
@@ -134,7 +125,7 @@ def run_cmd(runtime: str, url: str | None, trace_path: Path, policy: str,
     """Replay TRACE against a runtime under POLICY and write a results directory."""
     opts = RunOptions(
         trace=trace_path, policy=policy, out=out, runtime=runtime, url=url,
-        policy_args=parse_kv(policy_args, "--policy-arg"), inject=inject,
+        policy_args=parse_policy_args(policy_args), inject=inject,
         arrivals=arrivals_from_flags(concurrency, rate, trace_timing, time_scale), seed=seed,
         slots=slots, ctx_per_slot=ctx_per_slot, threads=threads, model=model_path,
         scrape_interval_s=scrape_interval, calibration=calibration, server_args=server_args)

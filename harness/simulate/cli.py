@@ -9,18 +9,9 @@ import click
 
 from harness.errors import InputError
 from harness.model.calibration import read_calibration
+from harness.policies import parse_policy_args
 from harness.records.manifest import Outcome
 from harness.simulate.run import DEFAULT_DEADLINE_S, Arrivals, check_capacity, run_simulation
-
-
-def _kv(pairs: tuple[str, ...]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for p in pairs:
-        if "=" not in p:
-            raise InputError(f"--policy-arg {p!r}: expected KEY=VALUE")
-        k, v = p.split("=", 1)
-        out[k.strip()] = v.strip()
-    return out
 
 
 def _int(flag: str, raw: str | None) -> int | None:
@@ -84,8 +75,8 @@ def simulate_cmd(trace: Path, policy: str, policy_args: tuple[str, ...],
         "poisson" if r is not None else "trace" if trace_timing else "closed")
     arrivals = Arrivals(mode, conc or 4, r or 1.0)
     cal = read_calibration(calibration)
-    run = run_simulation(trace, policy, _kv(policy_args), cap, cal, calibration, arrivals,
-                         _int("--seed", seed) or 0, out,
+    run = run_simulation(trace, policy, parse_policy_args(policy_args), cap, cal, calibration,
+                         arrivals, _int("--seed", seed) or 0, out,
                          _int("--history-window", history_window) or 0,
                          _float("--default-deadline-s", default_deadline_s) or 0.0,
                          write_summary=not no_summary, slot_handoff=slot_handoff)

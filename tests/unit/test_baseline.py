@@ -22,8 +22,19 @@ def test_baseline_against_itself_is_not_a_regression() -> None:
 
 
 def test_the_gate_fails_on_a_real_regression() -> None:
-    # swap resumes ~4x slower than keep on this workload: the gate must catch it
+    # swap resumes ~3x slower than keep on this workload: the gate must catch it
     res = CliRunner().invoke(main, ["compare", str(BASELINE / "keep"), str(BASELINE / "swap"),
                                     "--fail-on-regression"])
     assert res.exit_code == 1, res.output
     assert "regressed" in res.output
+
+
+def test_the_baseline_s_policies_ran_under_one_cpu_pinning() -> None:
+    """The gate compares policies and commits against this baseline: all of its servers had the
+    same CPUs, recorded in a run.json of the current version."""
+    from harness.records.manifest import MANIFEST_VERSION, read_manifest
+
+    runs = [read_manifest(BASELINE / p) for p in ("keep", "swap", "recompute")]
+    assert {r.schema_version for r in runs} == {MANIFEST_VERSION}
+    assert all(r.cpu_pinning is not None for r in runs)
+    assert len({repr(r.cpu_pinning) for r in runs}) == 1

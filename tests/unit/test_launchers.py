@@ -56,8 +56,21 @@ def test_llama_server_flags(tmp_path: Path) -> None:
         assert f[f.index("--slot-save-path") + 1] == str(server.dump_dir)
         assert (server.dump_dir.stat().st_mode & 0o777) == 0o700
         assert f[-2:] == ["-ngl", "99"]
+        # one HTTP thread per slot + 2 at least, more when the client pools more connections
+        assert f[f.index("--threads-http") + 1] == "5"
     finally:
         server.stop()
+    def flags_of(cfg: LlamaServerConfig) -> list[str]:
+        s = LocalLlamaServer(cfg, tmp_path / "log", binary=tmp_path / "llama-server")
+        s.stop()  # removes its private folder
+        return s.flags
+
+    many = flags_of(LlamaServerConfig(model=tmp_path / "m.gguf", slots=3,
+                                      client_connections=40))
+    assert many[many.index("--threads-http") + 1] == "42"
+    own = flags_of(LlamaServerConfig(model=tmp_path / "m.gguf",
+                                     extra_args=["--threads-http", "9"]))
+    assert own.count("--threads-http") == 1 and own[-2:] == ["--threads-http", "9"]
     assert not server.dump_dir.exists()
 
 

@@ -178,8 +178,10 @@ def _pauses(df: pd.DataFrame, ev: EventMask, t_max: int) -> pd.DataFrame:
     for col in ("action", "reason", "retained_tokens", "predicted_s"):
         pauses[col] = dec[col].reindex(index)
     pauses["start_ns"] = _num(pauses["start_ns"]).fillna(_num(dec["decision_ns"].reindex(index)))
-    end = _first_per_pause(df, ev("tool_end"), ["t_ns", "status"], "last")
+    end = _first_per_pause(df, ev("tool_end"), ["t_ns", "status", "planned_ns"], "last")
     pauses["end_ns"] = _num(end["t_ns"].reindex(index))
+    # How late the harness woke to the tool's end (NaN where the records carry no plan).
+    pauses["lag_ms"] = (pauses["end_ns"] - _num(end["planned_ns"].reindex(index))) / NS_PER_MS
     pauses["tool_status"] = end["status"].reindex(index)
     pauses["wait_s"] = (pauses["end_ns"].fillna(float(t_max)) - pauses["start_ns"]) / NS_PER_S
     swap_out, swap_in = ev("swap_out"), ev("swap_in")

@@ -19,17 +19,21 @@ from harness.metrics.frames import Frames, build_frames
 from harness.records.manifest import RunManifest, read_manifest
 from harness.records.store import read_records, read_server_metrics
 
-SUMMARY_VERSION = "1"
+SUMMARY_VERSION = "2"
+# Client lag (how late the harness woke to a tool's end) above this P99 is warned about: the
+# load the run offered was late by that much, whatever the server did.
+CLIENT_LAG_WARN_MS = 1.0
 
 # The keys of summary.json, in order: the stable core first, then breakdowns and provenance.
 SUMMARY_KEYS: tuple[str, ...] = (
-    "runtime", "policy", "trajectories", "resume_latency_ms", "resume_parts_ms", "ttft_ms",
+    "runtime", "policy", "trajectories", "resume_latency_ms", "resume_parts_ms",
+    "client_lag_ms", "ttft_ms",
     "tpot_ms", "itl_ms", "e2e_ms", "request_throughput_per_s", "output_token_throughput_per_s",
     "tokens_recomputed", "bytes_moved", "cache_mismatches", "cache_mismatch_list",
     "memory_time_token_s", "memory_time_mib_s", "kv_paused_peak_tokens", "kv_paused_mean_tokens",
     "kv_active_peak_tokens", "kv_active_mean_tokens", "goodput_per_min", "bystander_ttft_ms",
     "by_tool_class", "by_pause_bucket", "server_occupancy", "duration_s", "pauses",
-    "pause_actions", "slo", "kv_bytes_per_token", "run_id", "summary_version",
+    "pause_actions", "slo", "kv_bytes_per_token", "warnings", "run_id", "summary_version",
 )
 
 
@@ -78,12 +82,14 @@ def summarize_frames(
     mism = outcomes.cache_mismatches(frames, mismatch_abs_tokens, mismatch_rel)
     mem = occupancy.memory_time(frames.kv, duration, bpt)
     lat = latency.call_latency(calls)
+    lag = latency.pct(pauses["lag_ms"].dropna())
     out: dict[str, Any] = {
         "runtime": run.runtime,
         "policy": run.policy,
         "trajectories": traj,
         "resume_latency_ms": latency.resume_latency(calls, n_resamples, seed),
         "resume_parts_ms": latency.resume_parts(calls),
+        "client_lag_ms": lag,
         "ttft_ms": lat["ttft_ms"],
         "tpot_ms": lat["tpot_ms"],
         "itl_ms": lat["itl_ms"],
@@ -105,9 +111,21 @@ def summarize_frames(
                           pauses["action"].astype(object).value_counts().sort_index().items()},
         "slo": dict(slo),
         "kv_bytes_per_token": bpt,
+        "warnings": _warnings(lag),
         "run_id": run.run_id,
         "summary_version": SUMMARY_VERSION,
     }
+    return out
+
+
+def _warnings(client_lag: dict[str, Any]) -> list[str]:
+    """What a reader must know before trusting the numbers."""
+    out = []
+    p99 = client_lag.get("p99")
+    if p99 is not None and p99 > CLIENT_LAG_WARN_MS:
+        out.append(f"client lag P99 {p99:.1f} ms > {CLIENT_LAG_WARN_MS:g} ms: the harness woke "
+                   "late to tool ends (an overloaded client); resume latency is timed from the "
+                   "wake, but the load was offered late by that much")
     return out
 
 

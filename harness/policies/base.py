@@ -43,6 +43,9 @@ class PauseContext:
     retained_tokens: int
     resume_required: bool
     priority: str
+    # The tool class's observed latencies up to now, oldest first (the last DEFAULT_WINDOW of
+    # them). Valid while decide() runs: the replay and the simulator pass their live history,
+    # so a policy that wants to keep it copies it.
     history_s: Sequence[float] = field(default_factory=tuple)
     free_slots: int = 0
     total_slots: int = 1

@@ -103,6 +103,8 @@ class RunManifest:
     capabilities: dict[str, Any] | None = None
     cpu_pinning: CpuPinning | None = None
     http: dict[str, Any] | None = None  # the client's connection pool
+    event_loop: str | None = None  # uvloop <version> | asyncio
+    history_window: int | None = None  # tool latencies per class a policy sees (0: all)
     # how it went
     wall_anchor_ns: int | None = None
     duration_s: float | None = None

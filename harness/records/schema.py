@@ -30,7 +30,9 @@ EVENTS: dict[str, str] = {
                 "decode_ms, detail (error text)",
     "tool_start": "step, tool_class, tool_name, value_s (planned latency; hidden from policies), "
                   "deadline_s",
-    "tool_end": "step, tool_class, status (ok|error|timeout|abandoned)",
+    "tool_end": "step, tool_class, status (ok|error|timeout|abandoned), planned_ns (when the "
+                "tool was due to end; t_ns is when the harness woke to it, the difference its "
+                "client lag)",
     "pause_decision": "step, tool_class, action (keep|swap|recompute|ttl|cancel), reason, "
                       "retained_tokens, value_s (predicted wait s), slot",
     "swap_out": "step, slot, bytes, server_ms, retained_tokens",

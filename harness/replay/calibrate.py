@@ -8,7 +8,6 @@ and slot save / restore bandwidth from the server's own timings. Each point is t
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -30,7 +29,7 @@ from harness.model.calibration import Calibration, write_calibration
 from harness.model.iteration import APPEND_TOKENS
 from harness.plan.tokens import stable_seed, token_ids
 from harness.records.manifest import CpuPinning
-from harness.replay import pinning
+from harness.replay import loop, pinning
 from harness.replay.runner import server_info
 
 CONTEXTS = (128, 512, 1024, 2048)
@@ -155,7 +154,7 @@ def _measure_on(runtime: Runtime, options: ServerOptions, out: Path,
             return await measure(adapter, repeats=repeats)
 
     with runtime.start(options, out) as session:
-        measured = asyncio.run(go(session))
+        measured = loop.run(go(session))
         return measured, session.details.kv_bytes_per_token, session.details.build
 
 

@@ -17,6 +17,7 @@ from harness.adapters.base import Adapter, CompletionRequest, Unsupported
 from harness.plan.planner import CallStep, Plan, ToolStep, TrajectoryPlan
 from harness.plan.tokens import token_ids
 from harness.policies.base import KEEP, RECOMPUTE, SWAP, PauseContext, PausePolicy, ServerRates
+from harness.policies.history import DEFAULT_WINDOW, History
 from harness.replay.clock import NS, Clock
 from harness.replay.recorder import Recorder, SlotPool
 
@@ -49,7 +50,8 @@ class Executor:
 
     def __init__(self, adapter: Adapter, clock: Clock, recorder: Recorder, policy: PausePolicy,
                  plan: Plan, run_id: str, vocab_size: int, slots: int | None,
-                 ctx_per_slot: int | None, rates: ServerRates) -> None:
+                 ctx_per_slot: int | None, rates: ServerRates,
+                 history_window: int = DEFAULT_WINDOW) -> None:
         self.adapter = adapter
         self.clock = clock
         self.rec = recorder
@@ -61,7 +63,9 @@ class Executor:
         self.rates = rates
         caps = adapter.capabilities
         self.pool = SlotPool(slots) if caps.harness_slots and slots else None
-        self.history: dict[str, list[float]] = defaultdict(list)
+        # Each pause hands the policy the live window (no copy): decide() is synchronous.
+        self.history_window = history_window
+        self.history: dict[str, History] = defaultdict(lambda: History(history_window))
         self.counters = RunCounters()
         self._agents_done = asyncio.Event()
         self._bystander_tasks: set[asyncio.Task[None]] = set()
@@ -172,7 +176,7 @@ class Executor:
             run_id=self.run_id, trajectory_id=st.tid, tool_class=tool.tool_class,
             deadline_ms=tool.deadline_s * 1000.0, retained_tokens=len(st.context),
             resume_required=tool.resume_required, priority=traj.priority,
-            history_s=tuple(self.history[tool.tool_class]),
+            history_s=self.history[tool.tool_class],
             free_slots=self.pool.free if self.pool else 0,
             total_slots=self.pool.total if self.pool else 1, rates=self.rates,
             true_latency_s=tool.latency_s if self.policy.sees_true_latency else None)
@@ -203,15 +207,17 @@ class Executor:
             if st.slot is not None or self.pool is None:
                 await self._evict(st, d.after, tool.step, "ttl-expired")
         await self.clock.sleep_until(end_ns)
+        # Stamped when the harness woke, not when it meant to: resume latency runs from the
+        # moment the harness could act, and the lag (t_ns - planned_ns) is the client's own.
         if not returns:
             status = "abandoned" if tool.latency_s is None else "timeout"
-            self.rec.emit("tool_end", t_ns=end_ns, trajectory_id=st.tid, traffic="agent",
-                          step=tool.step, tool_class=tool.tool_class, status=status)
+            self.rec.emit("tool_end", trajectory_id=st.tid, traffic="agent", step=tool.step,
+                          tool_class=tool.tool_class, status=status, planned_ns=end_ns)
             return "cancelled", f"tool {status}: deadline {tool.deadline_s:g}s", end_ns
         assert tool.latency_s is not None
-        self.history[tool.tool_class].append(tool.latency_s)
-        self.rec.emit("tool_end", t_ns=end_ns, trajectory_id=st.tid, traffic="agent",
-                      step=tool.step, tool_class=tool.tool_class, status=tool.outcome)
+        self.history[tool.tool_class].add(tool.latency_s)
+        self.rec.emit("tool_end", trajectory_id=st.tid, traffic="agent", step=tool.step,
+                      tool_class=tool.tool_class, status=tool.outcome, planned_ns=end_ns)
         return "completed", None, end_ns
 
     # ---- KV actions ----------------------------------------------------------------------

@@ -34,6 +34,7 @@ from harness.records.store import (
     read_server_metrics,
     write_json,
 )
+from harness.replay import loop
 from harness.replay.clock import NS, Clock, RealClock, sleep_s
 from harness.replay.executor import Executor, RunCounters
 from harness.replay.recorder import Recorder
@@ -65,8 +66,9 @@ def run_on_runtime(runtime: Runtime, server: ServerOptions, plan: Plan,
         rates = rates or ServerRates(FALLBACK_RATES.prefill_tok_s,
                                      FALLBACK_RATES.swap_bytes_per_s,
                                      bpt or FALLBACK_RATES.kv_bytes_per_token)
-        asyncio.run(_replay_session(session, plan, server.policy, policy_args, run, out, rates,
-                                    scrape_interval_s))
+        run.event_loop = loop.loop_name()
+        loop.run(_replay_session(session, plan, server.policy, policy_args, run, out, rates,
+                                 scrape_interval_s))
     return run
 
 
@@ -167,6 +169,7 @@ async def replay(adapter: Adapter, clock: Clock, plan: Plan, policy: PausePolicy
         _scrape_loop(adapter, clock, metrics_writer, scrape_interval_s, scrape_errors))
     executor = Executor(adapter, clock, recorder, policy, plan, str(run.run_id),
                         info.vocab_size, info.slots, info.ctx_per_slot, rates)
+    run.history_window = executor.history_window
     status = "interrupted"
     try:
         await executor.run()

@@ -99,7 +99,9 @@ def headline(runs: list[RunData]) -> str:
     note = ("<p class='note'>Resume latency: tool result available to the first token of the "
             "next call (tool wait excluded); brackets: bootstrap 95% CI. Memory-time: device KV "
             "held by paused trajectories. Success: completed within deadlines and SLOs.</p>")
-    return "<h2 id='headline'>Headline</h2>" + table(heads, rows) + note
+    warnings = "".join(f"<p class='note'><b>warning</b> ({html.escape(_label(r))}): "
+                       f"{html.escape(w)}</p>" for r in runs for w in r.summary["warnings"])
+    return "<h2 id='headline'>Headline</h2>" + table(heads, rows) + note + warnings
 
 
 def cdf_section(runs: list[RunData]) -> str:
@@ -129,7 +131,7 @@ def bucket_grid(runs: list[RunData]) -> str:
 def parts_section(runs: list[RunData]) -> str:
     heads = ["run", "restore P50", "restore P95", "queue P50", "queue P95", "prefill P50",
              "prefill P95", "TTFT P95", "TPOT P50", "ITL P50", "E2E P50", "bystander TTFT P50",
-             "bystander TTFT P95"]
+             "bystander TTFT P95", "client lag P50", "client lag P99"]
     rows = []
     for r in runs:
         s = r.summary
@@ -138,10 +140,12 @@ def parts_section(runs: list[RunData]) -> str:
                                    for q in ("p50", "p95")]
                     + [fmt(s["ttft_ms"]["p95"]), fmt(s["tpot_ms"]["p50"]),
                        fmt(s["itl_ms"]["p50"]), fmt(s["e2e_ms"]["p50"]),
-                       fmt(s["bystander_ttft_ms"]["p50"]), fmt(s["bystander_ttft_ms"]["p95"])])
+                       fmt(s["bystander_ttft_ms"]["p50"]), fmt(s["bystander_ttft_ms"]["p95"]),
+                       fmt(s["client_lag_ms"]["p50"]), fmt(s["client_lag_ms"]["p99"])])
     return ("<h2 id='parts'>Resume latency parts and call latency (ms)</h2>" + table(heads, rows)
             + "<p class='note'>restore = swap-in or re-prefill of the retained context; queue = "
-              "wait before the call was sent; prefill = the rest up to the first token.</p>")
+              "wait before the call was sent; prefill = the rest up to the first token; client "
+              "lag = how late the harness woke to a tool's end (not part of resume latency).</p>")
 
 
 def occupancy_section(runs: list[RunData]) -> str:

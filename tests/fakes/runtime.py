@@ -3,6 +3,7 @@ process, recording every ServerOptions it was started with."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,12 +30,14 @@ class MemoryRuntime:
         self.slots = slots
         self.started: list[ServerOptions] = []
         self.stopped = 0
+        self.loops: list[str] = []  # the module of the event loop each run connected on
 
     @contextmanager
     def start(self, options: ServerOptions, out: Path) -> Iterator[RuntimeSession]:
         self.started.append(options)
 
         def connect(http: HttpClient) -> Adapter:
+            self.loops.append(type(asyncio.get_running_loop()).__module__)
             return MemoryAdapter(RealClock(), slots=self.slots, prefill_s_per_token=1e-5,
                                  decode_s_per_token=1e-4)
 

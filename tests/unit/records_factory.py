@@ -122,13 +122,14 @@ class Trajectory:
              swap_out_ms: float = 0.0, swap_in_ms: float = 0.0, recompute: bool = False,
              queue: float = 0.0, ttl_expire_after: float | None = None,
              ttl_after: str = "recompute", planned: float | None = None,
-             name: str = "tool") -> Trajectory:
+             name: str = "tool", lag: float | None = None) -> Trajectory:
         """A tool step: decision, tool_start, KV moves, tool_end after `wait` s, resume prep.
 
         keep/ttl hold `retained` tokens paused (ttl erases them after ttl_expire_after s, after
         swapping them out first when ttl_after is "swap");
         swap swaps out then in (swap_in_ms delays the next call); recompute erases and records
-        a recompute of the retained tokens; queue adds a slot wait before the next call.
+        a recompute of the retained tokens; queue adds a slot wait before the next call; `lag`
+        s: the harness woke that much after the tool's planned end (tool_end carries planned_ns).
         """
         retained = self.context if retained is None else retained
         st = self.step
@@ -154,7 +155,11 @@ class Trajectory:
             self._add("erase", step=st, slot=0, reason="ttl-expired")
             self._add("kv_state", kv_tokens=0, status="released")
         self.t = t0 + wait
-        self._add("tool_end", step=st, tool_class=cls, status=status)
+        if lag is None:
+            self._add("tool_end", step=st, tool_class=cls, status=status)
+        else:
+            self._add("tool_end", step=st, tool_class=cls, status=status,
+                      planned_ns=ns(self.t - lag))
         self.step += 1
         if queue:
             self.t += queue

@@ -113,3 +113,21 @@ def test_the_bench_command_refuses_a_misplaced_argument_in_one_line(tmp_path: Pa
     assert res.exit_code == 2
     assert res.output.strip().splitlines() == [
         "error: --policy-arg ttl.tau=2: the bench does not run 'ttl' (--policies keep,swap)"]
+
+
+def test_the_replay_runs_on_the_loop_run_json_names(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvloop where installed (it is a dependency), asyncio's own loop when asked for."""
+    from harness.replay import loop
+
+    trace = write_one_pause_trace(tmp_path / "t.parquet")
+    for forced, expect in (("", "uvloop"), ("asyncio", "asyncio")):
+        monkeypatch.setenv("HARNESS_EVENT_LOOP", forced)
+        runtime = MemoryRuntime()
+        plan = plan_bench("memory", None, trace, "keep", (), _base(), None, False,
+                          tmp_path / f"b-{expect}", lambda _, rt=runtime: rt)
+        run_bench(plan, lambda _: None)
+        assert [m.split(".")[0] for m in runtime.loops] == [expect]
+        assert str(read_manifest(tmp_path / f"b-{expect}" / "keep").event_loop).startswith(
+            expect)
+        assert loop.loop_name().startswith(expect)

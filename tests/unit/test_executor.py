@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -175,7 +176,8 @@ class Spy:
         self.seen: list[PauseContext] = []
 
     def decide(self, ctx: PauseContext) -> Decision:
-        self.seen.append(ctx)
+        # history_s is live (valid during decide): keep a copy, as a policy must
+        self.seen.append(dataclasses.replace(ctx, history_s=tuple(ctx.history_s)))
         return Decision("keep", "spy")
 
 
@@ -281,3 +283,61 @@ def test_cancelled_waiter_does_not_lose_a_slot() -> None:
         return pool.free
 
     assert asyncio.run(go()) == 1
+
+
+class _LateClock:
+    """A virtual clock whose every wake-up comes `late_ns` after the time asked for, as an
+    overloaded event loop's would."""
+
+    def __init__(self, late_ns: int) -> None:
+        self.inner = VirtualClock()
+        self.late_ns = late_ns
+
+    def now_ns(self) -> int:
+        return self.inner.now_ns()
+
+    async def sleep_until(self, t_ns: int) -> None:
+        await self.inner.sleep_until(t_ns + self.late_ns)
+
+
+def test_tool_end_is_stamped_at_the_wake_and_the_lag_kept_apart(tmp_path: Path) -> None:
+    """Resume latency excludes the harness's own wake-up lag; the lag is recorded (t_ns -
+    planned_ns of tool_end) and summarised as client lag."""
+    async def go() -> None:
+        clock = _LateClock(3_000_000)
+        adapter = MemoryAdapter(clock.inner)
+        await replay(adapter, clock, plan_of(traj("a")), make_policy("keep"), tmp_path / "out",
+                     RunManifest(run_id="late", policy="keep"), RATES)
+
+    asyncio.run(go())
+    rec = read_records(tmp_path / "out")
+    end = rec[rec.event == "tool_end"].iloc[0]
+    assert end.t_ns - end.planned_ns == 3_000_000
+    assert resume_ms(rec) == [pytest.approx(20.0, abs=1e-6)]  # as with an exact clock
+    summary = read_json(tmp_path / "out" / "summary.json")
+    assert summary["client_lag_ms"]["p50"] == pytest.approx(3.0)
+    assert summary["warnings"] and "client lag P99 3.0 ms" in summary["warnings"][0]
+    exact, _, _ = run_plan(tmp_path / "exact", plan_of(traj("a")), make_policy("keep"))
+    e = exact[exact.event == "tool_end"].iloc[0]
+    assert e.t_ns == e.planned_ns
+
+
+def test_each_pause_gets_the_live_windowed_history_not_a_copy(tmp_path: Path) -> None:
+    """O(1) per pause: the policy sees the tool class's History itself (the simulator's, with
+    the same window), and run.json records the window."""
+    from harness.policies.history import DEFAULT_WINDOW, History
+
+    kinds: list[type] = []
+
+    class Typed(Spy):
+        def decide(self, ctx: PauseContext) -> Decision:
+            kinds.append(type(ctx.history_s))
+            return super().decide(ctx)
+
+    spy = Typed(False)
+    _, run, _ = run_plan(tmp_path, plan_of(traj("a", latency=1.0), traj("b", latency=3.0,
+                                                                          arrival=5.0),
+                                           mode="trace"), spy)
+    assert kinds == [History, History]
+    assert [c.history_s for c in spy.seen] == [(), (1.0,)]
+    assert run["history_window"] == DEFAULT_WINDOW

@@ -120,6 +120,29 @@ def test_queue_part_from_slot_wait() -> None:
     assert s["resume_parts_ms"]["prefill"]["p50"] == approx(100.0)
 
 
+def test_client_lag_is_reported_apart_from_resume_latency() -> None:
+    """tool_end is stamped when the harness woke (t_ns), planned_ns when the tool was due:
+    resume latency runs from the wake, the difference is client lag, warned about over 1 ms."""
+    b = Records()
+    b.agent("a").call().tool(wait=0.5, lag=0.004).call(ttft=0.1).end()
+    b.agent("b").call().tool(wait=0.5, lag=0.0002).call(ttft=0.1).end()
+    s = summarize(b.frame(), default_run(), None)
+    assert s["resume_latency_ms"]["p50"] == approx(100.0)
+    assert s["client_lag_ms"]["n"] == 2
+    assert s["client_lag_ms"]["p50"] == approx(2.1)
+    assert s["client_lag_ms"]["p99"] == approx(0.2 + 0.99 * 3.8)
+    assert len(s["warnings"]) == 1 and s["warnings"][0].startswith("client lag P99 4.0 ms")
+    quiet = Records()
+    quiet.agent("a").call().tool(wait=0.5, lag=0.0005).call(ttft=0.1).end()
+    assert summarize(quiet.frame(), default_run(), None)["warnings"] == []
+
+
+def test_records_without_planned_tool_ends_have_no_client_lag() -> None:
+    s = summarize(keep_run().frame(), default_run(), None)
+    assert s["client_lag_ms"] == {"n": 0, "p50": None, "p95": None, "p99": None}
+    assert s["warnings"] == []
+
+
 @pytest.mark.parametrize(
     ("action", "cached", "kw", "mismatch"),
     [

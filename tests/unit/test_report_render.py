@@ -111,3 +111,16 @@ def test_report_of_edge_runs(tmp_path: Path) -> None:
     doc = render_report(dirs)
     check_self_contained(doc)
     assert "No resumed calls." in doc and "No agent trajectories." in doc
+
+
+def test_the_report_shows_client_lag_and_warns_about_it(tmp_path: Path) -> None:
+    from records_factory import Records
+
+    late = Records()
+    late.agent("a").call().tool(wait=0.5, lag=0.006).call().end()
+    html = render_report([late.write(tmp_path / "late")])
+    assert "client lag P99" in html
+    assert "<b>warning</b>" in html and "client lag P99 6.0 ms" in html
+    ok = Records()
+    ok.agent("a").call().tool(wait=0.5, lag=0.0001).call().end()
+    assert "<b>warning</b>" not in render_report([ok.write(tmp_path / "ok")])

@@ -166,12 +166,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     from harness.metrics.summary import summarize
+    from harness.records.manifest import RunManifest
 
     t0 = time.perf_counter()
     df = synthetic_records(args.records)
     t1 = time.perf_counter()
     print(f"built {len(df):,} records in {t1 - t0:.2f} s")
-    summary = summarize(df, bench_run(), None)
+    summary = summarize(df, RunManifest.from_dict(bench_run()), None)
     t2 = time.perf_counter()
     res = summary["resume_latency_ms"]
     print(f"summarize: {t2 - t1:.2f} s  (trajectories {summary['trajectories']['total']:,}, "

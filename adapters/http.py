@@ -18,7 +18,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import aiohttp
@@ -44,6 +47,37 @@ class HttpStatusError(Exception):
         self.body = body
 
 
+@dataclass
+class PoolWaits:
+    """Requests that waited for a free connection of the pool, and how long: client time, never
+    the server's. With the pool sized to the run's most requests in flight, none should."""
+
+    requests: int = 0
+    total_s: float = 0.0
+    max_s: float = 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {"queued_requests": self.requests, "queued_ms_total": 1e3 * self.total_s,
+                "queued_ms_max": 1e3 * self.max_s}
+
+
+def _pool_tracing(waits: PoolWaits) -> aiohttp.TraceConfig:
+    trace = aiohttp.TraceConfig()
+
+    async def queued(_: aiohttp.ClientSession, ctx: SimpleNamespace, __: Any) -> None:
+        ctx.queued_at = time.monotonic()
+
+    async def dequeued(_: aiohttp.ClientSession, ctx: SimpleNamespace, __: Any) -> None:
+        waited = time.monotonic() - getattr(ctx, "queued_at", time.monotonic())
+        waits.requests += 1
+        waits.total_s += waited
+        waits.max_s = max(waits.max_s, waited)
+
+    trace.on_connection_queued_start.append(queued)
+    trace.on_connection_queued_end.append(dequeued)
+    return trace
+
+
 # What a request through HttpClient can fail with: the transport, a timeout, a non-2xx status,
 # an answer that is not JSON.
 REQUEST_ERRORS: tuple[type[Exception], ...] = (aiohttp.ClientError, TimeoutError,
@@ -55,10 +89,13 @@ class HttpClient:
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str,
                  request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
-                 fresh: aiohttp.ClientSession | None = None) -> None:
+                 fresh: aiohttp.ClientSession | None = None,
+                 pool_waits: PoolWaits | None = None) -> None:
         """`session`: the pooled one; `fresh`: one that opens a new connection per request,
-        for retries after a stale connection (default: `session`)."""
+        for retries after a stale connection (default: `session`); `pool_waits`: what the
+        pooled session's tracing counts."""
         self.session = session
+        self.pool_waits = pool_waits or PoolWaits()
         self.fresh = fresh or session
         self.base_url = base_url.rstrip("/")
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
@@ -188,6 +225,8 @@ async def connect(base_url: str, connection_limit: int,
     connector = aiohttp.TCPConnector(limit=connection_limit, limit_per_host=0,
                                      keepalive_timeout=KEEPALIVE_S)
     fresh = aiohttp.TCPConnector(limit=connection_limit, force_close=True)
-    async with aiohttp.ClientSession(connector=connector) as session, \
+    waits = PoolWaits()
+    async with aiohttp.ClientSession(connector=connector,
+                                     trace_configs=[_pool_tracing(waits)]) as session, \
             aiohttp.ClientSession(connector=fresh) as retries:
-        yield HttpClient(session, base_url, request_timeout_s, retries)
+        yield HttpClient(session, base_url, request_timeout_s, retries, waits)

@@ -85,9 +85,14 @@ async def _replay_session(session: RuntimeSession, plan: Plan, policy_name: str,
         same = how.harness_policy == policy_name
         policy = make_policy(how.harness_policy, policy_args if same else {})
         leftover = session.leftover_dumps
-        await replay(adapter, RealClock(), plan, policy, out, run, rates, scrape_interval_s,
-                     leftover_dumps=(lambda: leftover(str(run.run_id))) if leftover else None,
-                     info=info)
+        try:
+            await replay(adapter, RealClock(), plan, policy, out, run, rates, scrape_interval_s,
+                         leftover_dumps=(lambda: leftover(str(run.run_id))) if leftover else None,
+                         info=info)
+        finally:
+            if run.status is not None:  # the replay began: its run.json gets the pool's waits
+                run.http.update(http.pool_waits.to_dict())
+                run.write(out)
 
 
 async def server_info(adapter: Adapter, url: str) -> ServerInfo:

@@ -134,6 +134,9 @@ def test_run_command_against_a_running_server(llama_server: LocalLlamaServer,
     run = json.loads((out / "run.json").read_text())
     assert run["runtime"] == "llamacpp" and run["status"] == "finished"
     assert run["outcome"]["completed"] == 1
+    # one agent + the scrape: a pool of 2 keep-alive connections, no request waited for one
+    assert run["http"]["connection_limit"] == 2 and run["http"]["queued_requests"] == 0
+    assert run["event_loop"].startswith("uvloop")
     rec = read_records(out)
     assert rec[(rec.event == "call_end") & (rec.step == 2)].cached_tokens.iloc[0] >= 66
     sm = (out / "server_metrics")

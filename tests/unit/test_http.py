@@ -54,18 +54,23 @@ def test_sequential_requests_reuse_one_connection() -> None:
     assert len(asyncio.run(go())["peers"]) == 1
 
 
-def test_the_pool_holds_exactly_the_limit_in_flight() -> None:
-    async def go() -> int:
+def test_the_pool_holds_exactly_the_limit_in_flight_and_counts_who_waited() -> None:
+    """12 requests through 3 connections: 3 in flight at once, 9 waited for a connection (client
+    time, counted apart)."""
+    async def go() -> tuple[int, dict[str, float]]:
         app, seen = _counting_app(hold_s=0.3)
         server = await _serve(app)
         try:
             async with connect(str(server.make_url("")), 3) as http:
                 await asyncio.gather(*(http.get_json("/x") for _ in range(12)))
+                waits = http.pool_waits.to_dict()
         finally:
             await server.close()
-        return int(seen["max"])
+        return int(seen["max"]), waits
 
-    assert asyncio.run(go()) == 3
+    most, waits = asyncio.run(go())
+    assert most == 3 and waits["queued_requests"] == 9
+    assert 250 < waits["queued_ms_max"] < 2000
 
 
 def test_no_silent_cap_of_100() -> None:

@@ -10,6 +10,8 @@ from harness.records.schema import RECORD_COLUMNS
 from harness.records.store import PartWriter
 from harness.replay.clock import Clock
 
+_KNOWN = frozenset(RECORD_COLUMNS)
+
 
 class Recorder:
     """Stamps events with run id, sequence number and clock time, and appends them."""
@@ -22,9 +24,8 @@ class Recorder:
 
     def emit(self, event: str, t_ns: int | None = None, **cols: Any) -> int:
         """Append one event; returns its timestamp. Unknown columns are a programming error."""
-        unknown = set(cols) - set(RECORD_COLUMNS)
-        if unknown:
-            raise KeyError(f"unknown record columns: {sorted(unknown)}")
+        if not _KNOWN.issuperset(cols):
+            raise KeyError(f"unknown record columns: {sorted(set(cols) - _KNOWN)}")
         t = self._clock.now_ns() if t_ns is None else t_ns
         row = {"run_id": self._run_id, "seq": self._seq, "t_ns": t, "event": event}
         row.update(cols)

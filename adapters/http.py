@@ -15,13 +15,13 @@ connections can be stale at once, so the retry never takes another from the pool
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import aiohttp
@@ -51,7 +51,9 @@ class HttpStatusError(Exception):
 @dataclass
 class PoolWaits:
     """Requests that waited for a free connection of the pool, and how long: client time, never
-    the server's. With the pool sized to the run's most requests in flight, none should."""
+    the server's. With the pool sized to the run's most requests in flight, none should.
+    (Counted at the client's own gate in front of aiohttp's pool: aiohttp's tracing hooks cost
+    tens of microseconds on every request.)"""
 
     requests: int = 0
     total_s: float = 0.0
@@ -60,23 +62,6 @@ class PoolWaits:
     def to_dict(self) -> dict[str, float]:
         return {"queued_requests": self.requests, "queued_ms_total": 1e3 * self.total_s,
                 "queued_ms_max": 1e3 * self.max_s}
-
-
-def _pool_tracing(waits: PoolWaits) -> aiohttp.TraceConfig:
-    trace = aiohttp.TraceConfig()
-
-    async def queued(_: aiohttp.ClientSession, ctx: SimpleNamespace, __: Any) -> None:
-        ctx.queued_at = time.monotonic()
-
-    async def dequeued(_: aiohttp.ClientSession, ctx: SimpleNamespace, __: Any) -> None:
-        waited = time.monotonic() - getattr(ctx, "queued_at", time.monotonic())
-        waits.requests += 1
-        waits.total_s += waited
-        waits.max_s = max(waits.max_s, waited)
-
-    trace.on_connection_queued_start.append(queued)
-    trace.on_connection_queued_end.append(dequeued)
-    return trace
 
 
 # What a request through HttpClient can fail with: the transport, a timeout, a non-2xx status,
@@ -91,18 +76,43 @@ class HttpClient:
     def __init__(self, session: aiohttp.ClientSession, base_url: str,
                  request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
                  fresh: aiohttp.ClientSession | None = None,
-                 pool_waits: PoolWaits | None = None) -> None:
+                 connection_limit: int | None = None) -> None:
         """`session`: the pooled one; `fresh`: one that opens a new connection per request,
-        for retries after a stale connection (default: `session`); `pool_waits`: what the
-        pooled session's tracing counts."""
+        for retries after a stale connection (default: `session`); `connection_limit`: the
+        pool's size, at which further requests wait (counted in `pool_waits`)."""
         self.session = session
-        self.pool_waits = pool_waits or PoolWaits()
+        self.pool_waits = PoolWaits()
+        self._limit = connection_limit
+        self._gate: asyncio.Semaphore | None = None
         self.fresh = fresh or session
         self.base_url = base_url.rstrip("/")
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
 
     def url(self, path: str) -> str:
         return self.base_url + path
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[None]:
+        """Holds one of the pool's connections for a request (a retry included)."""
+        if self._limit is None:
+            yield
+            return
+        if self._gate is None:
+            self._gate = asyncio.Semaphore(self._limit)
+        if self._gate.locked():
+            t0 = time.monotonic()
+            await self._gate.acquire()
+            waited = time.monotonic() - t0
+            w = self.pool_waits
+            w.requests += 1
+            w.total_s += waited
+            w.max_s = max(w.max_s, waited)
+        else:
+            await self._gate.acquire()
+        try:
+            yield
+        finally:
+            self._gate.release()
 
     async def get_json(self, *paths: str) -> Any:
         """JSON from the first of `paths` that the server serves (2xx): endpoints get renamed
@@ -148,12 +158,13 @@ class HttpClient:
 
     async def _retry_stale(self, request: Callable[[aiohttp.ClientSession], Awaitable[T]]
                            ) -> T:
-        try:
-            return await request(self.session)
-        except aiohttp.ClientConnectorError:
-            raise  # a new connection that failed: nothing stale to retry
-        except _STALE:
-            return await request(self.fresh)
+        async with self._connection():
+            try:
+                return await request(self.session)
+            except aiohttp.ClientConnectorError:
+                raise  # a new connection that failed: nothing stale to retry
+            except _STALE:
+                return await request(self.fresh)
 
     async def stream(self, path: str, body: dict[str, Any],
                      on_chunk: Callable[[dict[str, Any]], bool]) -> str | None:
@@ -165,6 +176,11 @@ class HttpClient:
         # orjson: a resumed call's body carries its whole context as token ids, and the stream
         # one JSON object per token; the stdlib's json was the client's largest cost per call.
         data = orjson.dumps(body)
+        async with self._connection():
+            return await self._stream(path, data, on_chunk)
+
+    async def _stream(self, path: str, data: bytes,
+                      on_chunk: Callable[[dict[str, Any]], bool]) -> str | None:
         for attempt, session in enumerate((self.session, self.fresh)):
             reader = _SseReader(on_chunk)
             try:
@@ -267,8 +283,6 @@ async def connect(base_url: str, connection_limit: int,
     connector = aiohttp.TCPConnector(limit=connection_limit, limit_per_host=0,
                                      keepalive_timeout=KEEPALIVE_S)
     fresh = aiohttp.TCPConnector(limit=connection_limit, force_close=True)
-    waits = PoolWaits()
-    async with aiohttp.ClientSession(connector=connector,
-                                     trace_configs=[_pool_tracing(waits)]) as session, \
+    async with aiohttp.ClientSession(connector=connector) as session, \
             aiohttp.ClientSession(connector=fresh) as retries:
-        yield HttpClient(session, base_url, request_timeout_s, retries, waits)
+        yield HttpClient(session, base_url, request_timeout_s, retries, connection_limit)

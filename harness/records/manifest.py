@@ -112,6 +112,7 @@ class RunManifest:
     final_rates: dict[str, float] | None = None
     cleanup: Cleanup | None = None
     scrape_errors: list[str] = field(default_factory=list)
+    scrape: dict[str, float] | None = None  # the server sampler: interval, samples, cost
     # the simulator's own
     capacity: dict[str, Any] | None = None
     simulator: dict[str, Any] | None = None

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +43,7 @@ from harness.replay.executor import Executor, RunCounters
 from harness.replay.recorder import Recorder
 
 SCRAPE_CONNECTIONS = 1  # the server-metrics sampler's own request
+SCRAPE_SHARE = 0.02  # the most of the client's time a server sample may take
 
 
 def max_in_flight(plan: Plan) -> int:
@@ -114,20 +118,43 @@ def _record_details(run: RunManifest, session: RuntimeSession) -> None:
         run.server_extra = {**(run.server_extra or {}), **d.extra}
 
 
-async def _scrape_loop(adapter: Adapter, clock: Clock, writer: PartWriter, interval_s: float,
+@dataclass
+class ScrapeStats:
+    """What the server sampler did: its samples, and how far it stretched its interval."""
+
+    interval_s: float
+    samples: int = 0
+    cost_ms_max: float = 0.0
+    longest_interval_s: float = 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+async def _scrape_loop(adapter: Adapter, clock: Clock, writer: PartWriter, stats: ScrapeStats,
                        errors: list[str]) -> None:
+    """Sample the server every stats.interval_s, or less often where a sample costs more than
+    SCRAPE_SHARE of the time between samples: the sampler's cost on the client stays bounded
+    whatever the server exports (a /slots of thousands of slots, a /metrics of hundreds of
+    series)."""
     while True:
         t = clock.now_ns()
+        began = time.perf_counter()
         try:
             for source, name, labels, value in await adapter.scrape():
                 writer.append({"t_ns": t, "source": source, "name": name, "labels": labels,
                                "value": value})
+            stats.samples += 1
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a missed sample is noted, never fatal
             if len(errors) < 20:
                 errors.append(f"{type(exc).__name__}: {exc}"[:200])
-        await sleep_s(clock, interval_s)
+        cost = time.perf_counter() - began
+        interval = max(stats.interval_s, cost / SCRAPE_SHARE)
+        stats.cost_ms_max = max(stats.cost_ms_max, 1e3 * cost)
+        stats.longest_interval_s = max(stats.longest_interval_s, interval)
+        await sleep_s(clock, interval)
 
 
 def write_summary(out_dir: Path, run: RunManifest) -> dict[str, Any] | None:
@@ -170,8 +197,9 @@ async def replay(adapter: Adapter, clock: Clock, plan: Plan, policy: PausePolicy
                         clock)
     metrics_writer = PartWriter(out_dir / SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA)
     scrape_errors: list[str] = []
+    scrape = ScrapeStats(scrape_interval_s)
     scraper = asyncio.create_task(
-        _scrape_loop(adapter, clock, metrics_writer, scrape_interval_s, scrape_errors))
+        _scrape_loop(adapter, clock, metrics_writer, scrape, scrape_errors))
     executor = Executor(adapter, clock, recorder, policy, plan, str(run.run_id),
                         info.vocab_size, info.slots, info.ctx_per_slot, rates)
     run.history_window = executor.history_window
@@ -191,6 +219,7 @@ async def replay(adapter: Adapter, clock: Clock, plan: Plan, policy: PausePolicy
         _record_end(run, executor, clock, status, Cleanup(
             idle, leftover_dumps() if leftover_dumps else None,
             executor.counters.cleanup_errors), scrape_errors)
+        run.scrape = scrape.to_dict()
         run.write(out_dir)
     write_summary(out_dir, run)
     return run

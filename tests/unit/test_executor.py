@@ -341,3 +341,28 @@ def test_each_pause_gets_the_live_windowed_history_not_a_copy(tmp_path: Path) ->
     assert kinds == [History, History]
     assert [c.history_s for c in spy.seen] == [(), (1.0,)]
     assert run["history_window"] == DEFAULT_WINDOW
+
+
+def test_a_costly_server_sample_stretches_the_sampler_interval(tmp_path: Path) -> None:
+    """A scrape that costs 10 ms of client time is taken at most every 0.5 s (2% of the
+    client), not every 0.1 s as asked; run.json says how many samples were taken."""
+    import time
+
+    class SlowScrape(MemoryAdapter):
+        async def scrape(self) -> list[tuple[str, str, str, float]]:
+            time.sleep(0.01)  # a large /slots parse, as the client pays it
+            return await super().scrape()
+
+    async def go(slow: bool) -> dict[str, float]:
+        clock = VirtualClock()
+        adapter = (SlowScrape if slow else MemoryAdapter)(clock)
+        run = RunManifest(run_id="s", policy="keep")
+        await replay(adapter, clock, plan_of(traj("a", latency=10.0)), make_policy("keep"),
+                     tmp_path / f"out-{slow}", run, RATES, scrape_interval_s=0.1)
+        assert run.scrape is not None and run.duration_s is not None
+        return {**run.scrape, "duration_s": run.duration_s}
+
+    fast, slow = asyncio.run(go(False)), asyncio.run(go(True))
+    assert fast["samples"] >= fast["duration_s"] / 0.1 - 1
+    assert slow["longest_interval_s"] >= 0.5 and slow["cost_ms_max"] >= 10.0
+    assert slow["samples"] <= slow["duration_s"] / 0.5 + 1

@@ -19,6 +19,7 @@ from harness.plan.tokens import token_ids
 from harness.policies.base import KEEP, RECOMPUTE, SWAP, PauseContext, PausePolicy, ServerRates
 from harness.policies.history import DEFAULT_WINDOW, History
 from harness.replay.clock import NS, Clock
+from harness.replay.progress import Progress
 from harness.replay.recorder import Recorder, SlotPool
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -67,6 +68,8 @@ class Executor:
         self.history_window = history_window
         self.history: dict[str, History] = defaultdict(lambda: History(history_window))
         self.counters = RunCounters()
+        self.progress = Progress(sum(isinstance(s, CallStep) for t in plan.trajectories
+                                     for s in t.steps))
         self._agents_done = asyncio.Event()
         self._bystander_tasks: set[asyncio.Task[None]] = set()
 
@@ -107,6 +110,7 @@ class Executor:
     async def trajectory(self, traj: TrajectoryPlan, planned_ns: int) -> str:
         """Run one trajectory; returns completed | cancelled | failed."""
         st = _State(traj.trajectory_id)
+        self.progress.agents_active += 1
         self.rec.emit("trajectory_start", trajectory_id=st.tid, traffic="agent",
                       planned_ns=planned_ns, detail=traj.priority)
         status, reason = "completed", None
@@ -131,6 +135,8 @@ class Executor:
             self.rec.emit("trajectory_end", trajectory_id=st.tid, traffic="agent", status=status,
                           reason=reason)
             setattr(self.counters, status, getattr(self.counters, status) + 1)
+            self.progress.agents_active -= 1
+            self.progress.trajectories_done += 1
         return status
 
     async def _call(self, st: _State, call: CallStep, due_ns: int,
@@ -161,6 +167,8 @@ class Executor:
                       cached_tokens=res.cached_tokens, prompt_n=res.prompt_n,
                       server_ms=res.prompt_ms, decode_ms=res.decode_ms, detail=res.error)
         self._learn_prefill(res.prompt_n, res.prompt_ms)
+        self.progress.calls_done += 1
+        self.progress.call_errors += res.status == "error"
         if res.status == "aborted":
             return "cancelled", "client-disconnect"
         if res.status != "ok":
@@ -207,6 +215,7 @@ class Executor:
             if st.slot is not None or self.pool is None:
                 await self._evict(st, d.after, tool.step, "ttl-expired")
         await self.clock.sleep_until(end_ns)
+        self.progress.lags_ms.append((self.clock.now_ns() - end_ns) / 1e6)
         # Stamped when the harness woke, not when it meant to: resume latency runs from the
         # moment the harness could act, and the lag (t_ns - planned_ns) is the client's own.
         if not returns:

@@ -37,7 +37,7 @@ from harness.records.store import (
     read_server_metrics,
     write_json,
 )
-from harness.replay import loop
+from harness.replay import loop, progress
 from harness.replay.clock import NS, Clock, RealClock, sleep_s
 from harness.replay.executor import Executor, RunCounters
 from harness.replay.recorder import Recorder
@@ -92,7 +92,7 @@ async def _replay_session(session: RuntimeSession, plan: Plan, policy_name: str,
         try:
             await replay(adapter, RealClock(), plan, policy, out, run, rates, scrape_interval_s,
                          leftover_dumps=(lambda: leftover(str(run.run_id))) if leftover else None,
-                         info=info)
+                         info=info, progress_every_s=progress.interval_s())
         finally:
             if run.status is not None:  # the replay began: its run.json gets the pool's waits
                 run.http.update(http.pool_waits.to_dict())
@@ -184,9 +184,10 @@ def _record_info(run: RunManifest, adapter: Adapter, info: ServerInfo, clock: Cl
 async def replay(adapter: Adapter, clock: Clock, plan: Plan, policy: PausePolicy, out_dir: Path,
                  run: RunManifest, rates: ServerRates, scrape_interval_s: float = 0.2,
                  leftover_dumps: Callable[[], list[str]] | None = None,
-                 info: ServerInfo | None = None) -> RunManifest:
+                 info: ServerInfo | None = None, progress_every_s: float | None = None
+                 ) -> RunManifest:
     """Replay `plan` through `adapter` (whose `info` is asked for when not given); returns
-    run.json's final content."""
+    run.json's final content. `progress_every_s`: print a progress line that often (stderr)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if any((out_dir / RECORDS_DIR).glob("part-*.parquet")):
         raise InputError(f"{out_dir} already holds records; choose a new --out directory")
@@ -203,14 +204,18 @@ async def replay(adapter: Adapter, clock: Clock, plan: Plan, policy: PausePolicy
     executor = Executor(adapter, clock, recorder, policy, plan, str(run.run_id),
                         info.vocab_size, info.slots, info.ctx_per_slot, rates)
     run.history_window = executor.history_window
+    shown = (asyncio.create_task(progress.report(executor.progress, clock, progress_every_s))
+             if progress_every_s else None)
     status = "interrupted"
     try:
         await executor.run()
         status = "finished"
     finally:
-        scraper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await scraper
+        for task in (scraper, shown):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         metrics_writer.flush()
         recorder.flush()
         idle: bool | None = None

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from harness.adapters.http import HttpClient
+from harness.adapters.models import kv_bytes_per_token
 
 
 class Unsupported(Exception):
@@ -151,8 +152,12 @@ class ServerDetails:
     env: dict[str, str] | None = None
     start_s: float | None = None
     model: dict[str, Any] | None = None  # name, path, geometry, kv_bytes_per_token
-    kv_bytes_per_token: float | None = None  # from the model's geometry, when known
     extra: dict[str, Any] = field(default_factory=dict)  # runtime-specific settings
+
+    @property
+    def kv_bytes_per_token(self) -> float | None:
+        """The model's KV bytes per token, from its geometry, when known."""
+        return kv_bytes_per_token(self.model or {})
 
 
 @dataclass

@@ -21,10 +21,12 @@ from harness.adapters.base import (
     Unsupported,
     add_streamed_tokens,
 )
-from harness.adapters.http import HttpClient, HttpStatusError, Sample
+from harness.adapters.http import REQUEST_ERRORS, HttpClient, HttpStatusError, Sample
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 DEFAULT_VOCAB = 32000
+_VOCAB_ERRORS: tuple[type[Exception], ...] = (*REQUEST_ERRORS, KeyError, IndexError,
+                                              AttributeError)
 
 
 class LlamaCppAdapter:
@@ -53,7 +55,7 @@ class LlamaCppAdapter:
             models = await self.http.get_json("/v1/models")
             meta = (models.get("data") or [{}])[0].get("meta") or {}
             vocab = int(meta.get("n_vocab", 0))
-        except (HttpStatusError, ValueError, KeyError, IndexError, AttributeError):
+        except _VOCAB_ERRORS:
             vocab = 0
         return ServerInfo(
             runtime=self.runtime,

@@ -37,7 +37,7 @@ def hf_geometry(folder: Path) -> dict[str, Any]:
 
 
 def kv_bytes_per_token(geometry: dict[str, Any]) -> float | None:
-    """The geometry's KV bytes per token, None when it could not be read."""
+    """The KV bytes per token a geometry (or a model record) gives, None when unknown."""
     value = geometry.get("kv_bytes_per_token")
     return float(value) if value is not None else None
 

@@ -26,7 +26,7 @@ from harness.adapters.base import (
     Unsupported,
     add_streamed_tokens,
 )
-from harness.adapters.http import HttpClient, HttpStatusError, Sample
+from harness.adapters.http import REQUEST_ERRORS, HttpClient, Sample
 from harness.adapters.models import local_vocab
 
 # Used when the model's vocabulary cannot be read: SGLang 0.5.23 does not check prompt ids, and
@@ -78,7 +78,7 @@ class SglangAdapter:
         # Endpoints were renamed between releases: the new name first, then the old one.
         model = await self.http.get_json("/model_info", "/get_model_info")
         args: dict[str, Any] = {}
-        with contextlib.suppress(HttpStatusError, ValueError):
+        with contextlib.suppress(*REQUEST_ERRORS):
             args = await self.http.get_json("/server_info", "/get_server_info")
         extra: dict[str, Any] = {"model_path": model.get("model_path")}
         extra.update({k: args[k] for k in _SERVER_KEYS if k in args})
@@ -100,8 +100,9 @@ class SglangAdapter:
             extra=extra)
 
     async def _gauge(self, name: str) -> float | None:
-        for *_, v in await self.http.scrape(lambda n: n == name):
-            return v
+        with contextlib.suppress(*REQUEST_ERRORS):
+            for *_, v in await self.http.scrape(lambda n: n == name):
+                return v
         return None
 
     async def complete(self, req: CompletionRequest,

@@ -26,7 +26,7 @@ from harness.adapters.base import (
     Unsupported,
     add_streamed_tokens,
 )
-from harness.adapters.http import REQUEST_ERRORS, HttpClient, HttpStatusError, Sample
+from harness.adapters.http import REQUEST_ERRORS, HttpClient, Sample
 from harness.adapters.models import local_vocab
 
 DEFAULT_VOCAB = 32000
@@ -38,6 +38,7 @@ _CACHE_KEYS = ("block_size", "num_gpu_blocks", "num_gpu_blocks_override", "enabl
                "prefix_caching_hash_algo")
 _BUSY = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 _MODEL_LOOKUP_ERRORS: tuple[type[Exception], ...] = (*REQUEST_ERRORS, KeyError, IndexError)
+_CONFIG_ERRORS: tuple[type[Exception], ...] = (*REQUEST_ERRORS, KeyError, TypeError)
 
 
 def _scraped(name: str) -> bool:
@@ -76,7 +77,7 @@ class VllmAdapter:
         card = (models.get("data") or [{}])[0]
         self._model = str(card.get("id", ""))
         version = "unknown"
-        with contextlib.suppress(HttpStatusError, ValueError, AttributeError):
+        with contextlib.suppress(*REQUEST_ERRORS, AttributeError):
             version = str((await self.http.get_json("/version")).get("version", "unknown"))
         extra: dict[str, Any] = {"model_root": card.get("root")}
         cache = await self._cache_config()
@@ -98,7 +99,11 @@ class VllmAdapter:
 
     async def _cache_config(self) -> dict[str, str]:
         """The labels of `vllm:cache_config_info` (block size, blocks, prefix caching, ...)."""
-        for fam in await self.http.metric_families():
+        try:
+            families = await self.http.metric_families()
+        except REQUEST_ERRORS:
+            return {}
+        for fam in families:
             if fam.name == "vllm:cache_config_info":
                 for s in fam.samples:
                     return dict(s.labels)
@@ -108,7 +113,7 @@ class VllmAdapter:
         """KV-related settings from `/server_info` (served only with VLLM_SERVER_DEV_MODE=1)."""
         try:
             cfg = (await self.http.get_json("/server_info?config_format=json"))["vllm_config"]
-        except (HttpStatusError, KeyError, TypeError, ValueError):
+        except _CONFIG_ERRORS:
             return {}
         return {"kv_transfer_config": cfg.get("kv_transfer_config"),
                 "scheduler_max_num_seqs": (cfg.get("scheduler_config") or {}).get("max_num_seqs")}

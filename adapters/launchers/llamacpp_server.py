@@ -25,7 +25,7 @@ from harness.adapters.http import HttpClient
 from harness.adapters.launchers.installs import script_output
 from harness.adapters.launchers.process import ServerProcess, pinned
 from harness.adapters.llamacpp import LlamaCppAdapter
-from harness.adapters.models import gguf_geometry, kv_bytes_per_token, model_record
+from harness.adapters.models import gguf_geometry, model_record
 
 REMOTE_NOTE = ("note: remote server: the harness cannot delete slot dump files on its disk; "
                "swap dumps are left to the server's --slot-save-path")
@@ -133,8 +133,7 @@ class LlamaCppRuntime:
             details = ServerDetails(
                 url=server.url, flags=server.flags, binary=str(server.binary),
                 build=server.build_label(), start_s=server.start_s,
-                model=model_record(model, geometry),
-                kv_bytes_per_token=kv_bytes_per_token(geometry))
+                model=model_record(model, geometry))
 
             def connect(http: HttpClient) -> LlamaCppAdapter:
                 return LlamaCppAdapter(http, dump_dir=server.dump_dir)

@@ -30,7 +30,7 @@ from harness.adapters.base import (
 from harness.adapters.http import HttpClient
 from harness.adapters.launchers.installs import LAUNCHERS, script_output, tiny_model
 from harness.adapters.launchers.process import ServerProcess, pinned
-from harness.adapters.models import hf_geometry, kv_bytes_per_token, model_record
+from harness.adapters.models import hf_geometry, model_record
 from harness.adapters.sglang import SglangAdapter
 
 SERVED_NAME = "tiny"
@@ -190,8 +190,7 @@ class SglangRuntime:
             # KV in the model's dtype (SGLang's --kv-cache-dtype auto)
             details = ServerDetails(
                 url=server.url, flags=server.flags, python=str(python), env=server.env,
-                start_s=server.start_s, model=model_record(model, geometry),
-                kv_bytes_per_token=kv_bytes_per_token(geometry))
+                start_s=server.start_s, model=model_record(model, geometry))
             yield RuntimeSession(details, connect, realise)
 
 

@@ -28,7 +28,7 @@ from harness.adapters.base import (
 from harness.adapters.http import HttpClient
 from harness.adapters.launchers.installs import script_output, tiny_model
 from harness.adapters.launchers.process import ServerProcess, pinned
-from harness.adapters.models import hf_geometry, kv_bytes_per_token, local_vocab, model_record
+from harness.adapters.models import hf_geometry, local_vocab, model_record
 from harness.adapters.vllm import VllmAdapter
 
 SERVED_NAME = "tiny"
@@ -186,8 +186,7 @@ class VllmRuntime:
         with LocalVllmServer(cfg, out / "server.log", python=python) as server:
             details = ServerDetails(
                 url=server.url, flags=server.flags, python=str(python), env=server.env,
-                start_s=server.start_s, model=model_record(model, geometry),
-                kv_bytes_per_token=kv_bytes_per_token(geometry))
+                start_s=server.start_s, model=model_record(model, geometry))
             yield session(details, local_vocab(model))
 
 

@@ -193,10 +193,12 @@ def run_bench(plan: BenchPlan, echo: Callable[[str], None] = click.echo
                   pin=plan.pinning)
     rows: list[tuple[str, dict[str, Any]]] = []
     dirs: list[Path] = []
+    runs: list[RunManifest] = []
     t0 = time.monotonic()
     for o in plan.runs:
         echo(f"[{time.monotonic() - t0:6.0f}s] {o.policy}: replaying {plan.trace} ...")
         run = execute_run(o, lambda m: click.echo(m, err=True), plan.runtime)
+        runs.append(run)
         dirs.append(o.out)
         if plan.calibration is not None:
             write_json(o.out / "prediction.json", predict(plan.trace, o.policy, plan.calibration))
@@ -209,7 +211,7 @@ def run_bench(plan: BenchPlan, echo: Callable[[str], None] = click.echo
         c = run.outcome
         echo(f"[{time.monotonic() - t0:6.0f}s] {o.policy}: {c.completed if c else 0} "
              f"completed, {c.cancelled if c else 0} cancelled, {c.failed if c else 0} failed")
-    check_same_pinning([read_manifest(o.out) for o in plan.runs])
+    check_same_pinning(runs)
     from harness.report.render import render_report
 
     (plan.root / "report.html").write_text(render_report(dirs), encoding="utf-8")

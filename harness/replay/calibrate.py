@@ -12,6 +12,7 @@ import statistics
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
 
 import click
 
@@ -30,6 +31,7 @@ from harness.model.iteration import APPEND_TOKENS
 from harness.plan.tokens import stable_seed, token_ids
 from harness.records.manifest import CpuPinning
 from harness.replay import loop, pinning
+from harness.replay.options import AUTO
 from harness.replay.runner import server_info
 
 CONTEXTS = (128, 512, 1024, 2048)
@@ -160,12 +162,13 @@ def _measure_on(runtime: Runtime, options: ServerOptions, out: Path,
 
 def calibrate(out: Path, runtime: str = "llamacpp", url: str | None = None, repeats: int = 3,
               model_path: Path | None = None, server_args: tuple[str, ...] = (),
-              pin: CpuPinning | None | str = "auto") -> tuple[Calibration, Measured]:
+              pin: CpuPinning | None | Literal["auto"] = AUTO
+              ) -> tuple[Calibration, Measured]:
     """Measure a server (`url`, or a local one started and stopped here with `server_args`
     added, pinned as the replays are: `pin`, or decided here) and write the calibration file
     `out`."""
     rt = get_runtime(runtime)
-    if not isinstance(pin, CpuPinning) and pin is not None:
+    if pin == AUTO:
         pin = pinning.decide(pinning.available_cpus(), url is None, rt.pins_local_server)
     pinning.apply(pin)
     options = ServerOptions(policy="keep", run_id="calibration", url=url, slots=1,

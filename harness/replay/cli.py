@@ -22,7 +22,7 @@ from harness.policies import POLICIES, make_policy, parse_policy_args
 from harness.records.manifest import ArrivalsRef, Outcome, RunManifest, TraceRef
 from harness.replay import pinning
 from harness.replay.options import AUTO, RunOptions
-from harness.replay.runner import max_in_flight, run_on_runtime
+from harness.replay.runner import run_on_runtime
 from harness.traces.schema import file_sha256
 from harness.traces.validate import load_trajectories
 
@@ -73,8 +73,7 @@ def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo,
     server = ServerOptions(policy=o.policy, run_id=str(run.run_id), url=o.url, slots=o.slots,
                            ctx_per_slot=o.ctx_per_slot, threads=o.threads, model=o.model,
                            server_args=o.server_args,
-                           server_cpus=pin.server if pin else None,
-                           connections=max_in_flight(plan))
+                           server_cpus=pin.server if pin else None)
     return run_on_runtime(rt, server, plan, o.policy_args, run, o.out,
                           cal.rates() if cal else None, o.scrape_interval_s, echo)
 

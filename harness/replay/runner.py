@@ -61,7 +61,9 @@ def run_on_runtime(runtime: Runtime, server: ServerOptions, plan: Plan,
                    echo: Callable[[str], None]) -> RunManifest:
     """Start (or reach) the runtime's server, replay `plan` on it and stop what was started;
     returns the final run.json. `rates`: calibrated rates, else defaults with the model's KV
-    bytes per token."""
+    bytes per token. The client's pool and the server are sized for the plan's most requests in
+    flight (`server.connections` is set here)."""
+    server = dataclasses.replace(server, connections=max_in_flight(plan))
     with runtime.start(server, out) as session:
         for note in session.notes:
             echo(note)
@@ -71,22 +73,22 @@ def run_on_runtime(runtime: Runtime, server: ServerOptions, plan: Plan,
                                      FALLBACK_RATES.swap_bytes_per_s,
                                      bpt or FALLBACK_RATES.kv_bytes_per_token)
         run.event_loop = loop.loop_name()
-        loop.run(_replay_session(session, plan, server.policy, policy_args, run, out, rates,
+        loop.run(_replay_session(session, plan, server, policy_args, run, out, rates,
                                  scrape_interval_s))
     return run
 
 
-async def _replay_session(session: RuntimeSession, plan: Plan, policy_name: str,
+async def _replay_session(session: RuntimeSession, plan: Plan, server: ServerOptions,
                           policy_args: dict[str, str], run: RunManifest, out: Path,
                           rates: ServerRates, scrape_interval_s: float) -> None:
-    limit = max_in_flight(plan)
+    limit = server.connections
     run.http = {"connection_limit": limit, "keepalive_s": KEEPALIVE_S, "pooled": True}
     async with connect(session.details.url, limit) as http:
         adapter = session.connect(http)
         info = await server_info(adapter, session.details.url)
         how = session.realise(info)
         run.harness_policy, run.server_policy = how.harness_policy, how.label
-        same = how.harness_policy == policy_name
+        same = how.harness_policy == server.policy
         policy = make_policy(how.harness_policy, policy_args if same else {})
         leftover = session.leftover_dumps
         try:

@@ -47,7 +47,7 @@ class MemoryRuntime:
         try:
             yield RuntimeSession(ServerDetails(url=options.url or "http://127.0.0.1:9",
                                                flags=[] if options.url is None else None,
-                                               kv_bytes_per_token=100.0),
+                                               model={"kv_bytes_per_token": 100.0}),
                                  connect, realise)
         finally:
             self.stopped += 1

@@ -15,7 +15,7 @@ import pandas as pd
 
 from harness.errors import InputError
 from harness.plan.injection import Injection
-from harness.plan.tokens import stable_seed, token_ids
+from harness.plan.tokens import shared_token_ids, stable_seed, token_ids
 from harness.traces.schema import KIND_LLM
 
 SHARED_PREFIX_TOKENS = 128
@@ -36,7 +36,7 @@ class CallStep:
     def append_ids(self, vocab_size: int) -> list[int]:
         """The ids this call appends; a shared system prompt first when the trajectory has one."""
         k = min(self.shared_prefix, self.append_tokens)
-        return (token_ids(self.prefix_seed, k, vocab_size)
+        return (shared_token_ids(self.prefix_seed, k, vocab_size)
                 + token_ids(self.append_seed, self.append_tokens - k, vocab_size))
 
 

@@ -16,6 +16,7 @@ connections can be stale at once, so the retry never takes another from the pool
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import json
@@ -83,7 +84,7 @@ class HttpClient:
         self.session = session
         self.pool_waits = PoolWaits()
         self._limit = connection_limit
-        self._gate: asyncio.Semaphore | None = None
+        self._gate: _Gate | None = None
         self.fresh = fresh or session
         self.base_url = base_url.rstrip("/")
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
@@ -98,17 +99,14 @@ class HttpClient:
             yield
             return
         if self._gate is None:
-            self._gate = asyncio.Semaphore(self._limit)
-        if self._gate.locked():
-            t0 = time.monotonic()
-            await self._gate.acquire()
+            self._gate = _Gate(self._limit)
+        t0 = time.monotonic()
+        if await self._gate.acquire():
             waited = time.monotonic() - t0
             w = self.pool_waits
             w.requests += 1
             w.total_s += waited
             w.max_s = max(w.max_s, waited)
-        else:
-            await self._gate.acquire()
         try:
             yield
         finally:
@@ -130,7 +128,8 @@ class HttpClient:
         async with session.get(self.url(path), timeout=self._timeout) as resp:
             if not 200 <= resp.status < 300:
                 raise HttpStatusError(path, resp.status, await resp.text())
-            return await resp.json(content_type=None)
+            body = (await resp.read()).strip()
+            return orjson.loads(body) if body else None
 
     async def post_json(self, path: str, payload: dict[str, Any] | None = None
                         ) -> tuple[int, Any]:
@@ -218,6 +217,41 @@ class HttpClient:
 
 
 _JSON = {"Content-Type": "application/json"}
+
+
+class _Gate:
+    """At most `limit` holders at once, the others waiting first come, first served. Cheaper
+    than asyncio.Semaphore, whose acquire walks its waiters on every call."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    async def acquire(self) -> bool:
+        """Hold one place; returns whether it had to wait for it."""
+        if self.held < self.limit and not self._waiters:
+            self.held += 1
+            return False
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()  # handed over as we were cancelled: pass it on
+            else:
+                self._waiters.remove(fut)
+            raise
+        return True
+
+    def release(self) -> None:
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)  # the place passes straight to the longest waiter
+                return
+        self.held -= 1
 
 
 class _SseReader:

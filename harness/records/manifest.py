@@ -105,6 +105,9 @@ class RunManifest:
     http: dict[str, Any] | None = None  # the client's connection pool
     event_loop: str | None = None  # uvloop <version> | asyncio
     history_window: int | None = None  # tool latencies per class a policy sees (0: all)
+    # the client's own error on this machine (`harness selftest`, via --selftest): TTFT,
+    # resume and client-lag error statistics, when, where and with how many agents measured
+    instrument_error: dict[str, Any] | None = None
     # how it went
     wall_anchor_ns: int | None = None
     duration_s: float | None = None
@@ -113,6 +116,7 @@ class RunManifest:
     cleanup: Cleanup | None = None
     scrape_errors: list[str] = field(default_factory=list)
     scrape: dict[str, float] | None = None  # the server sampler: interval, samples, cost
+    client_cpu_s: float | None = None  # the harness process's CPU (all threads) over the replay
     # the simulator's own
     capacity: dict[str, Any] | None = None
     simulator: dict[str, Any] | None = None

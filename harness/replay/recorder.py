@@ -6,8 +6,8 @@ import asyncio
 from collections import deque
 from typing import Any
 
+from harness.records.parts import PartWriter
 from harness.records.schema import RECORD_COLUMNS
-from harness.records.store import PartWriter
 from harness.replay.clock import Clock
 
 _KNOWN = frozenset(RECORD_COLUMNS)
@@ -27,14 +27,19 @@ class Recorder:
         if not _KNOWN.issuperset(cols):
             raise KeyError(f"unknown record columns: {sorted(set(cols) - _KNOWN)}")
         t = self._clock.now_ns() if t_ns is None else t_ns
-        row = {"run_id": self._run_id, "seq": self._seq, "t_ns": t, "event": event}
-        row.update(cols)
+        # The keyword dict is the caller's own: it becomes the row (one dict per event).
+        cols["run_id"], cols["seq"], cols["t_ns"], cols["event"] = self._run_id, self._seq, t, event
         self._seq += 1
-        self._writer.append(row)
+        self._writer.append(cols)
         return t
 
     def flush(self) -> None:
+        """Hand what is buffered to the writer (written in the background)."""
         self._writer.flush()
+
+    def close(self) -> None:
+        """Flush and wait until every record is on disk."""
+        self._writer.close()
 
 
 class SlotPool:
@@ -49,6 +54,7 @@ class SlotPool:
             raise ValueError("a slot pool needs at least one slot")
         self.total = slots
         self._free = list(range(slots - 1, -1, -1))
+        self._is_free = [True] * slots  # membership in O(1): pools of thousands of slots
         self._waiters: deque[asyncio.Future[int]] = deque()
 
     @property
@@ -57,7 +63,9 @@ class SlotPool:
 
     async def acquire(self) -> int:
         if self._free and not self._waiters:
-            return self._free.pop()
+            slot = self._free.pop()
+            self._is_free[slot] = False
+            return slot
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
         try:
@@ -70,7 +78,7 @@ class SlotPool:
             raise
 
     async def release(self, slot: int) -> None:
-        if slot in self._free:
+        if self._is_free[slot]:
             raise RuntimeError(f"slot {slot} released twice")
         self._give(slot)
 
@@ -81,3 +89,4 @@ class SlotPool:
                 fut.set_result(slot)
                 return
         self._free.append(slot)
+        self._is_free[slot] = True

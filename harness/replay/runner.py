@@ -27,12 +27,12 @@ from harness.policies import make_policy
 from harness.policies.base import PausePolicy, ServerRates
 from harness.policies.builtin import FALLBACK_RATES
 from harness.records.manifest import Cleanup, Outcome, RunManifest
+from harness.records.parts import PartWriter
 from harness.records.schema import RECORDS_SCHEMA, SERVER_METRICS_SCHEMA
 from harness.records.store import (
     RECORDS_DIR,
     SERVER_METRICS_DIR,
     SUMMARY_JSON,
-    PartWriter,
     read_records,
     read_server_metrics,
     write_json,
@@ -44,6 +44,9 @@ from harness.replay.recorder import Recorder
 
 SCRAPE_CONNECTIONS = 1  # the server-metrics sampler's own request
 SCRAPE_SHARE = 0.02  # the most of the client's time a server sample may take
+# ... but never starved: the interval stretches to at most this many times the one asked for
+# (a sample's cost is its wall time, which a saturated client inflates).
+SCRAPE_MAX_STRETCH = 20.0
 
 
 def max_in_flight(plan: Plan) -> int:
@@ -138,7 +141,7 @@ async def _scrape_loop(adapter: Adapter, clock: Clock, writer: PartWriter, stats
     """Sample the server every stats.interval_s, or less often where a sample costs more than
     SCRAPE_SHARE of the time between samples: the sampler's cost on the client stays bounded
     whatever the server exports (a /slots of thousands of slots, a /metrics of hundreds of
-    series)."""
+    series), and never more than SCRAPE_MAX_STRETCH times less often."""
     while True:
         t = clock.now_ns()
         began = time.perf_counter()
@@ -153,7 +156,8 @@ async def _scrape_loop(adapter: Adapter, clock: Clock, writer: PartWriter, stats
             if len(errors) < 20:
                 errors.append(f"{type(exc).__name__}: {exc}"[:200])
         cost = time.perf_counter() - began
-        interval = max(stats.interval_s, cost / SCRAPE_SHARE)
+        interval = min(max(stats.interval_s, cost / SCRAPE_SHARE),
+                       SCRAPE_MAX_STRETCH * stats.interval_s)
         stats.cost_ms_max = max(stats.cost_ms_max, 1e3 * cost)
         stats.longest_interval_s = max(stats.longest_interval_s, interval)
         await sleep_s(clock, interval)
@@ -209,6 +213,7 @@ async def replay(adapter: Adapter, clock: Clock, plan: Plan, policy: PausePolicy
     shown = (asyncio.create_task(progress.report(executor.progress, clock, progress_every_s))
              if progress_every_s else None)
     status = "interrupted"
+    cpu0 = time.process_time()
     try:
         await executor.run()
         status = "finished"
@@ -218,8 +223,8 @@ async def replay(adapter: Adapter, clock: Clock, plan: Plan, policy: PausePolicy
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        metrics_writer.flush()
-        recorder.flush()
+        metrics_writer.close()
+        recorder.close()
         idle: bool | None = None
         with contextlib.suppress(Exception):
             idle = await adapter.slots_idle()
@@ -227,6 +232,7 @@ async def replay(adapter: Adapter, clock: Clock, plan: Plan, policy: PausePolicy
             idle, leftover_dumps() if leftover_dumps else None,
             executor.counters.cleanup_errors), scrape_errors)
         run.scrape = scrape.to_dict()
+        run.client_cpu_s = time.process_time() - cpu0
         run.write(out_dir)
     write_summary(out_dir, run)
     return run

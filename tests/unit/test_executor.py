@@ -366,3 +366,27 @@ def test_a_costly_server_sample_stretches_the_sampler_interval(tmp_path: Path) -
     assert fast["samples"] >= fast["duration_s"] / 0.1 - 1
     assert slow["longest_interval_s"] >= 0.5 and slow["cost_ms_max"] >= 10.0
     assert slow["samples"] <= slow["duration_s"] / 0.5 + 1
+
+
+def test_the_sampler_is_never_starved(tmp_path: Path) -> None:
+    """A sample that costs 100 ms would stretch the interval to 5 s; it stops at 20 x 0.1 s."""
+    import time
+
+    from harness.replay.runner import SCRAPE_MAX_STRETCH
+
+    class CostlyScrape(MemoryAdapter):
+        async def scrape(self) -> list[tuple[str, str, str, float]]:
+            time.sleep(0.1)
+            return await super().scrape()
+
+    async def go() -> dict[str, float]:
+        clock = VirtualClock()
+        run = RunManifest(run_id="s", policy="keep")
+        await replay(CostlyScrape(clock), clock, plan_of(traj("a", latency=10.0)),
+                     make_policy("keep"), tmp_path / "out", run, RATES, scrape_interval_s=0.1)
+        assert run.scrape is not None and run.duration_s is not None
+        return {**run.scrape, "duration_s": run.duration_s}
+
+    got = asyncio.run(go())
+    assert got["longest_interval_s"] == pytest.approx(SCRAPE_MAX_STRETCH * 0.1)
+    assert got["samples"] >= got["duration_s"] / (SCRAPE_MAX_STRETCH * 0.1)

@@ -216,3 +216,27 @@ def test_get_json_tries_each_path_and_names_the_last_status() -> None:
             await server.close()
 
     asyncio.run(go())
+
+
+def test_the_gate_hands_places_over_in_order_and_survives_cancellation() -> None:
+    from harness.adapters.http import _Gate
+
+    async def go() -> list[str]:
+        gate, order = _Gate(1), []
+        assert await gate.acquire() is False
+
+        async def waiter(name: str) -> None:
+            assert await gate.acquire() is True
+            order.append(name)
+            gate.release()
+
+        tasks = [asyncio.create_task(waiter(n)) for n in ("a", "b", "c")]
+        await asyncio.sleep(0)
+        tasks[1].cancel()  # b gives up its turn while waiting
+        await asyncio.sleep(0)
+        gate.release()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert gate.held == 0
+        return order
+
+    assert asyncio.run(go()) == ["a", "c"]

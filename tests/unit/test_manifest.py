@@ -20,8 +20,9 @@ from harness.records.manifest import (
     TraceRef,
     read_manifest,
 )
+from harness.records.parts import PartWriter
 from harness.records.schema import RECORDS_SCHEMA, RECORDS_SCHEMA_VERSION, RECORDS_VERSION_KEY
-from harness.records.store import PartWriter, read_records, records_version
+from harness.records.store import read_records, records_version
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "llamacpp-bench-small"
 
@@ -75,7 +76,7 @@ def test_unreadable_manifests_are_refused_in_one_line(tmp_path: Path, data: obje
 def test_records_parts_carry_their_schema_version(tmp_path: Path) -> None:
     writer = PartWriter(tmp_path / "records", RECORDS_SCHEMA)
     writer.append({"run_id": "r", "seq": 0, "t_ns": 0, "event": "trajectory_start"})
-    writer.flush()
+    writer.close()
     part = next((tmp_path / "records").glob("part-*.parquet"))
     meta = pq.read_schema(part).metadata
     assert meta[RECORDS_VERSION_KEY] == str(RECORDS_SCHEMA_VERSION).encode()

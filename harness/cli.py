@@ -34,6 +34,7 @@ def _register() -> None:
     from harness.replay.calibrate import calibrate_cmd
     from harness.replay.cli import run_cmd
     from harness.report.cli import compare, export_cmd, history_cmd, report
+    from harness.selftest.cli import selftest_cmd
     from harness.simulate.cli import simulate_cmd
     from harness.traces.cli import traces
 
@@ -45,6 +46,7 @@ def _register() -> None:
     main.add_command(run_cmd)
     main.add_command(bench_cmd)
     main.add_command(calibrate_cmd)
+    main.add_command(selftest_cmd)
 
 
 _register()

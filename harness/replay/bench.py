@@ -25,6 +25,7 @@ from harness.records.manifest import CpuPinning, RunManifest, read_manifest
 from harness.records.store import SUMMARY_JSON, read_json, write_json
 from harness.replay import pinning
 from harness.replay.cli import RunOptions, arrivals_from_flags, execute_run
+from harness.selftest.result import read_selftest
 from harness.traces.validate import load_trajectories
 
 DEFAULT_POLICIES = ("keep", "swap", "recompute")
@@ -256,15 +257,19 @@ def check_same_pinning(runs: list[RunManifest]) -> None:
               help="Extra flag for the local server, repeatable (e.g. -ngl 99).")
 @click.option("--out", type=click.Path(path_type=Path),
               help="Results root (default: reports/bench-<UTC time>).")
+@click.option("--selftest", "selftest", type=click.Path(path_type=Path),
+              help="A `harness selftest` file: its instrument error goes into each run.json.")
 def bench_cmd(runtime: str, url: str | None, trace_path: Path | None, policies: str,
               policy_args: tuple[str, ...], inject: str, concurrency: int, time_scale: float,
               seed: int, slots: int, ctx_per_slot: int, calibration: Path | None,
-              calibrate_first: bool, server_args: tuple[str, ...], out: Path | None) -> None:
+              calibrate_first: bool, server_args: tuple[str, ...], out: Path | None,
+              selftest: Path | None) -> None:
     """Replay one trace under several policies and compare them in one report."""
     base = RunOptions(trace=Path(), policy="", out=Path(), inject=inject,
                       arrivals=arrivals_from_flags(concurrency, None, False, time_scale),
                       seed=seed, slots=slots, ctx_per_slot=ctx_per_slot,
-                      server_args=server_args)
+                      server_args=server_args,
+                      instrument_error=read_selftest(selftest) if selftest else None)
     plan = plan_bench(runtime, url, trace_path, policies, policy_args, base, calibration,
                       calibrate_first, out)
     rows = run_bench(plan)

@@ -23,6 +23,7 @@ from harness.records.manifest import ArrivalsRef, Outcome, RunManifest, TraceRef
 from harness.replay import pinning
 from harness.replay.options import AUTO, RunOptions
 from harness.replay.runner import run_on_runtime
+from harness.selftest.result import read_selftest
 from harness.traces.schema import file_sha256
 from harness.traces.validate import load_trajectories
 
@@ -65,7 +66,8 @@ def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo,
         seed=o.seed, injection=injection.as_dict(),
         arrivals=ArrivalsRef(a.mode, a.concurrency, a.rate, a.time_scale),
         harness_version=__version__, git_commit=git_commit(),
-        started_at=datetime.now(UTC).isoformat(), cpu_pinning=pin)
+        started_at=datetime.now(UTC).isoformat(), cpu_pinning=pin,
+        instrument_error=o.instrument_error)
     cal = read_calibration(o.calibration) if o.calibration else None
     if o.calibration and cal:
         run.calibration = {"path": str(o.calibration), **cal.to_dict()}
@@ -115,19 +117,23 @@ def arrivals_from_flags(concurrency: int | None, rate: float | None, trace_timin
 @click.option("--server-arg", "server_args", multiple=True,
               help="Extra flag for the local server, repeatable (e.g. --server-arg=-ngl "
                    "--server-arg=99 to offload a llama-server to the GPU).")
+@click.option("--selftest", "selftest", type=click.Path(path_type=Path),
+              help="A `harness selftest` file: its instrument error goes into run.json.")
 def run_cmd(runtime: str, url: str | None, trace_path: Path, policy: str,
             policy_args: tuple[str, ...], inject: str, concurrency: int | None,
             rate: float | None, trace_timing: bool, time_scale: float, seed: int, out: Path,
             slots: int, ctx_per_slot: int, threads: int, model_path: Path | None,
             scrape_interval: float, calibration: Path | None,
-            server_args: tuple[str, ...]) -> None:
+            server_args: tuple[str, ...], selftest: Path | None) -> None:
     """Replay TRACE against a runtime under POLICY and write a results directory."""
+    instrument = read_selftest(selftest) if selftest else None
     opts = RunOptions(
         trace=trace_path, policy=policy, out=out, runtime=runtime, url=url,
         policy_args=parse_policy_args(policy_args), inject=inject,
         arrivals=arrivals_from_flags(concurrency, rate, trace_timing, time_scale), seed=seed,
         slots=slots, ctx_per_slot=ctx_per_slot, threads=threads, model=model_path,
-        scrape_interval_s=scrape_interval, calibration=calibration, server_args=server_args)
+        scrape_interval_s=scrape_interval, calibration=calibration, server_args=server_args,
+        instrument_error=instrument)
     run = execute_run(opts, lambda m: click.echo(m, err=True))
     _print_result(out, run)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from harness.plan.planner import Arrivals
 from harness.records.manifest import CpuPinning
@@ -36,3 +36,5 @@ class RunOptions:
     calibration: Path | None = None
     server_args: tuple[str, ...] = ()  # extra flags for a local server (e.g. -ngl 99)
     pinning: CpuPinning | None | Literal["auto"] = AUTO
+    # a `harness selftest` file's figures, read and checked up front (--selftest)
+    instrument_error: dict[str, Any] | None = None

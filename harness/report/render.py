@@ -54,10 +54,10 @@ def render_runs(runs: list[RunData]) -> str:
     if any(r.simulated for r in runs):
         parts.append("<p class='banner'>Runs marked <span class='badge'>simulated</span> come "
                      "from the simulator, not a live server.</p>")
-    parts += [headline(runs), cdf_section(runs), bucket_grid(runs), parts_section(runs),
-              occupancy_section(runs), timeline_section(runs), tools_section(runs),
-              by_class_section(runs), prediction_section(runs), fidelity_section(runs),
-              metadata_section(runs)]
+    parts += [headline(runs), instrument_section(runs), cdf_section(runs), bucket_grid(runs),
+              parts_section(runs), occupancy_section(runs), timeline_section(runs),
+              tools_section(runs), by_class_section(runs), prediction_section(runs),
+              fidelity_section(runs), metadata_section(runs)]
     parts.append("</body></html>")
     return "\n".join(p for p in parts if p)
 
@@ -102,6 +102,48 @@ def headline(runs: list[RunData]) -> str:
     warnings = "".join(f"<p class='note'><b>warning</b> ({html.escape(_label(r))}): "
                        f"{html.escape(w)}</p>" for r in runs for w in r.summary["warnings"])
     return "<h2 id='headline'>Headline</h2>" + table(heads, rows) + note + warnings
+
+
+def _err_cell(err: dict[str, Any], key: str, stat: str) -> str:
+    """One signed figure of run.json's instrument_error ('-' where absent: hand-written)."""
+    stats = err.get(key)
+    value = stats.get(stat) if isinstance(stats, dict) else None
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    return f"{value:+.2f}" if ok else "-"
+
+
+def instrument_section(runs: list[RunData]) -> str:
+    """The client's own error on the machine that ran each replay (run.json
+    `instrument_error`, from `harness selftest` via --selftest), or that it was not measured.
+    Simulated runs have no client to err and are left out."""
+    live = [r for r in runs if not r.simulated]
+    if not live:
+        return ""
+    rows: list[list[str]] = []
+    missing: list[str] = []
+    for r in live:
+        err = r.run.instrument_error
+        if not isinstance(err, dict):
+            missing.append(_label(r))
+            continue
+        rows.append([_label(r)] + [_err_cell(err, k, q) for k in
+                                   ("ttft_ms", "resume_ms", "client_lag_ms")
+                                   for q in ("mean", "p99")]
+                    + [html.escape(str(err.get("measured_at") or "-")),
+                       fmt(err.get("agents")), fmt(err.get("stub_ttft_ms"))])
+    absent = "" if not missing else (
+        "<p class='note'>" + (", ".join(missing) + ": " if rows or len(live) > 1 else "")
+        + "instrument error not measured (harness selftest)</p>")
+    if not rows:
+        return "<h2 id='instrument'>Instrument error</h2>" + absent
+    heads = ["run", "TTFT error mean", "TTFT error P99", "resume error mean",
+             "resume error P99", "client lag mean", "client lag P99", "measured at", "agents",
+             "stub TTFT"]
+    note = ("<p class='note'>The harness's own error (ms) on the machine measured, by "
+            "<code>harness selftest</code> against a server of known delays and recorded with "
+            "<code>--selftest</code>: TTFT and resume latency above include about this much "
+            "of the client's own time; client lag is how late it woke to tool ends.</p>")
+    return "<h2 id='instrument'>Instrument error</h2>" + table(heads, rows) + note + absent
 
 
 def cdf_section(runs: list[RunData]) -> str:

@@ -12,10 +12,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+# How early the loop's timer is asked to wake before a delay ends: more than its resolution.
+_TIMER_SLACK_S = 0.002
 _REASONS = {200: "OK", 404: "Not Found", 400: "Bad Request"}
 
 
@@ -103,7 +106,19 @@ def _slot_action(state: _State, path: str, body: dict[str, Any]) -> bytes:
     return _json(400, {"error": f"unknown action {action}"})
 
 
-async def _complete(state: _State, body: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+async def _sleep_exactly(until: float) -> None:
+    """Sleep until perf_counter() reaches `until`, to within tens of microseconds: the loop's
+    timers fire on whole milliseconds (libuv's and epoll's resolution), so the last stretch is
+    spent yielding to the loop. The stub has a core of its own; the spin costs only the stub."""
+    coarse = until - time.perf_counter() - _TIMER_SLACK_S
+    if coarse > 0:
+        await asyncio.sleep(coarse)
+    while time.perf_counter() < until:
+        await asyncio.sleep(0)
+
+
+async def _complete(state: _State, body: dict[str, Any], writer: asyncio.StreamWriter,
+                    received: float) -> None:
     cfg = state.cfg
     prompt = [int(t) for t in body.get("prompt") or []]
     slot = int(body.get("id_slot", 0))
@@ -118,12 +133,12 @@ async def _complete(state: _State, body: dict[str, Any], writer: asyncio.StreamW
     state.requests += 1
     writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                  b"Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n")
-    await asyncio.sleep(cfg.ttft_ms / 1000.0)
+    await _sleep_exactly(received + cfg.ttft_ms / 1000.0)
     out: list[int] = []
     for i in range(n_predict):
         if i and cfg.itl_ms > 0:
             await writer.drain()
-            await asyncio.sleep(cfg.itl_ms / 1000.0)
+            await _sleep_exactly(time.perf_counter() + cfg.itl_ms / 1000.0)
         token = 300 + (len(prompt) + i) % 1000
         out.append(token)
         if i < n_predict - 1:
@@ -145,10 +160,11 @@ async def _serve_connection(state: _State, reader: asyncio.StreamReader,
                             writer: asyncio.StreamWriter) -> None:
     try:
         while (req := await _read_request(reader)) is not None:
+            received = time.perf_counter()
             method, path, raw = req
             body = json.loads(raw) if raw else {}
             if method == "POST" and path == "/completion":
-                await _complete(state, body, writer)
+                await _complete(state, body, writer, received)
             elif method == "POST" and path.startswith("/slots/"):
                 writer.write(_slot_action(state, path, body))
             elif method == "GET":

@@ -153,6 +153,8 @@ class ServerDetails:
     start_s: float | None = None
     model: dict[str, Any] | None = None  # name, path, geometry, kv_bytes_per_token
     extra: dict[str, Any] = field(default_factory=dict)  # runtime-specific settings
+    # a local server's pid, process group and private folder: what to remove if the run dies
+    process: dict[str, Any] | None = None
 
     @property
     def kv_bytes_per_token(self) -> float | None:

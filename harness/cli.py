@@ -7,19 +7,26 @@ from typing import Any
 
 import click
 
-from harness import __version__
-from harness.errors import HarnessError
+from harness import __version__, signals
+from harness.errors import HarnessError, Terminated
 
 
 class _Root(click.Group):
     """Turns HarnessError into one line on stderr and its exit code: users never see a traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        signals.install()
         try:
             return super().invoke(ctx)
         except HarnessError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("error: interrupted (SIGINT); what was measured is kept", err=True)
+            sys.exit(130)
+        except Terminated:
+            click.echo("error: terminated (SIGTERM); what was measured is kept", err=True)
+            sys.exit(Terminated.exit_code)
 
 
 @click.group(cls=_Root)

@@ -17,3 +17,12 @@ class ServerError(HarnessError):
     """A runtime server misbehaved or could not be reached."""
 
     exit_code = 3
+
+
+class Terminated(BaseException):
+    """SIGTERM: stop now, as Ctrl-C (KeyboardInterrupt) does, and exit 143.
+
+    A BaseException, like KeyboardInterrupt, so that no `except Exception` swallows it on its
+    way out while every `finally` and context manager (the local server's stop) still runs."""
+
+    exit_code = 143

@@ -133,6 +133,7 @@ class LlamaCppRuntime:
             details = ServerDetails(
                 url=server.url, flags=server.flags, binary=str(server.binary),
                 build=server.build_label(), start_s=server.start_s,
+                process=server.process_record(),
                 model=model_record(model, geometry))
 
             def connect(http: HttpClient) -> LlamaCppAdapter:

@@ -16,7 +16,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Any
 
 from harness.errors import ServerError
 
@@ -80,6 +80,19 @@ def stop_group(proc: subprocess.Popen[bytes], term_wait_s: float = 20.0,
 
 
 SHM_DIR = Path("/dev/shm")
+# The process groups of the servers this process started and has not stopped yet: a forced
+# exit (a second Ctrl-C or SIGTERM) kills them before it leaves.
+LIVE_GROUPS: set[int] = set()
+# How long a server gets to stop on SIGTERM when the run itself is being interrupted.
+INTERRUPTED_TERM_WAIT_S = 3.0
+
+
+def kill_live_groups() -> None:
+    """SIGKILL every server group still registered (the forced-exit path)."""
+    for pgid in list(LIVE_GROUPS):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        LIVE_GROUPS.discard(pgid)
 
 
 def free_port() -> int:
@@ -184,6 +197,7 @@ class ServerProcess:
                                       start_new_session=True,
                                       preexec_fn=None if umask is None else _masked(umask))
         self._pgid = self._proc.pid  # start_new_session: the group id is the leader's pid
+        LIVE_GROUPS.add(self._pgid)
         try:
             wait_healthy(self._proc, health_url, self.name, timeout_s, self.log_tail,
                          poll_s=poll_s, probe_timeout_s=probe_timeout_s)
@@ -191,6 +205,10 @@ class ServerProcess:
             self.stop()
             raise
         self.start_s = round(time.monotonic() - t0, 3)
+
+    def process_record(self) -> dict[str, Any]:
+        """The server's pid, process group and private folder, for run.json."""
+        return {"pid": self.pid, "pgid": self._pgid, "tmp_dir": str(self.tmp_dir)}
 
     def log_tail(self, n: int = 15) -> str:
         """The server log's last `n` lines (those `log_keep` keeps)."""
@@ -200,11 +218,13 @@ class ServerProcess:
         """Whether any process of the server's process group is still running."""
         return group_alive(self._pgid)
 
-    def stop(self) -> None:
-        """SIGTERM the process group, SIGKILL what is left after 20 s; remove what it left."""
+    def stop(self, term_wait_s: float = 20.0) -> None:
+        """SIGTERM the process group, SIGKILL what is left after `term_wait_s`; remove what it
+        left."""
         proc, self._proc = self._proc, None
         if proc is not None:
-            stop_group(proc)
+            stop_group(proc, term_wait_s, linger_s=min(5.0, term_wait_s))
+            LIVE_GROUPS.discard(proc.pid)
             remove_leaked_shm(self._shm_before, self.leaked_shm)
         if self._log is not None:
             self._log.close()
@@ -213,4 +233,6 @@ class ServerProcess:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.stop()
+        # Interrupted (Ctrl-C, SIGTERM: not an Exception): the whole stop fits in a few seconds.
+        interrupted = exc is not None and not isinstance(exc, Exception)
+        self.stop(INTERRUPTED_TERM_WAIT_S if interrupted else 20.0)

@@ -190,7 +190,8 @@ class SglangRuntime:
             # KV in the model's dtype (SGLang's --kv-cache-dtype auto)
             details = ServerDetails(
                 url=server.url, flags=server.flags, python=str(python), env=server.env,
-                start_s=server.start_s, model=model_record(model, geometry))
+                start_s=server.start_s, process=server.process_record(),
+                model=model_record(model, geometry))
             yield RuntimeSession(details, connect, realise)
 
 

@@ -186,7 +186,8 @@ class VllmRuntime:
         with LocalVllmServer(cfg, out / "server.log", python=python) as server:
             details = ServerDetails(
                 url=server.url, flags=server.flags, python=str(python), env=server.env,
-                start_s=server.start_s, model=model_record(model, geometry))
+                start_s=server.start_s, process=server.process_record(),
+                model=model_record(model, geometry))
             yield session(details, local_vocab(model))
 
 

@@ -116,6 +116,8 @@ class RunManifest:
     cleanup: Cleanup | None = None
     scrape_errors: list[str] = field(default_factory=list)
     scrape: dict[str, float] | None = None  # the server sampler: interval, samples, cost
+    # a local server's pid, process group and private folder (what a killed run would leave)
+    server_process: dict[str, Any] | None = None
     client_cpu_s: float | None = None  # the harness process's CPU (all threads) over the replay
     # the simulator's own
     capacity: dict[str, Any] | None = None

@@ -8,7 +8,6 @@ contents, dump files) is released when a trajectory ends, however it ends.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -46,6 +45,27 @@ class RunCounters:
     cleanup_errors: list[str] = field(default_factory=list)
 
 
+async def _settle(tasks: list[asyncio.Task[None]], cancel: bool) -> None:
+    """Wait until every task is done (first cancelling, when `cancel`, those not cancelled
+    yet: a second cancel would cut their cleanup short); a cancel that arrives meanwhile is
+    passed on to them, and the wait goes on until they have ended."""
+    if cancel:
+        for t in tasks:
+            if not t.cancelling():
+                t.cancel()
+    cancelled = False
+    while True:
+        try:
+            await asyncio.gather(*tasks, return_exceptions=True)
+            break
+        except asyncio.CancelledError:
+            cancelled = True
+            for t in tasks:
+                t.cancel()
+    if cancelled:
+        raise asyncio.CancelledError()  # the cancel that arrived is not lost
+
+
 class Executor:
     """Replays a plan through an adapter. Clock, adapter (and its HTTP session) are injected."""
 
@@ -75,24 +95,30 @@ class Executor:
 
     # ---- the run -------------------------------------------------------------------------
     async def run(self) -> RunCounters:
-        """Run every trajectory (and bystanders) to its end; returns the outcome counters."""
+        """Run every trajectory (and bystanders) to its end; returns the outcome counters.
+        Cancelled (an interrupted run), every trajectory's own cleanup finishes, and records
+        its end, before this returns; a second cancel cuts those cleanups short."""
         bystanders = asyncio.create_task(self._bystanders())
+        if self.plan.arrivals.mode == "closed":
+            queue: asyncio.Queue[TrajectoryPlan] = asyncio.Queue()
+            for t in self.plan.trajectories:
+                queue.put_nowait(t)
+            n = min(self.plan.arrivals.concurrency, len(self.plan.trajectories))
+            tasks = [asyncio.create_task(self._agent(queue)) for _ in range(n)]
+        else:
+            tasks = [asyncio.create_task(self._open_loop(t)) for t in self.plan.trajectories]
+        interrupted = True
         try:
-            if self.plan.arrivals.mode == "closed":
-                queue: asyncio.Queue[TrajectoryPlan] = asyncio.Queue()
-                for t in self.plan.trajectories:
-                    queue.put_nowait(t)
-                n = min(self.plan.arrivals.concurrency, len(self.plan.trajectories))
-                await asyncio.gather(*(self._agent(queue) for _ in range(n)))
-            else:
-                await asyncio.gather(*(self._open_loop(t) for t in self.plan.trajectories))
+            await asyncio.gather(*tasks)
+            interrupted = False
         finally:
             self._agents_done.set()
             bystanders.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await bystanders
-            # Requests already sent finish (and free their slots) before the run ends.
-            await asyncio.gather(*self._bystander_tasks, return_exceptions=True)
+            # A cancelled gather returns at once; the trajectories' cleanups may still run.
+            await _settle([*tasks, bystanders], cancel=interrupted)
+            # Requests already sent finish (and free their slots) before the run ends; an
+            # interrupted run stops them.
+            await _settle(list(self._bystander_tasks), cancel=interrupted)
             self.rec.flush()
         return self.counters
 
@@ -131,9 +157,12 @@ class Executor:
         finally:
             if status == "cancelled":
                 self.rec.emit("cancel", trajectory_id=st.tid, traffic="agent", reason=reason)
-            await self._release(st, "trajectory-end")
-            self.rec.emit("trajectory_end", trajectory_id=st.tid, traffic="agent", status=status,
-                          reason=reason)
+            try:
+                await self._release(st, "trajectory-end")
+            finally:
+                # Recorded even when an interrupted run cuts its cleanup short.
+                self.rec.emit("trajectory_end", trajectory_id=st.tid, traffic="agent",
+                              status=status, reason=reason)
             setattr(self.counters, status, getattr(self.counters, status) + 1)
             self.progress.agents_active -= 1
             self.progress.trajectories_done += 1

@@ -119,6 +119,7 @@ def _record_details(run: RunManifest, session: RuntimeSession) -> None:
     run.server_url, run.server_flags, run.server_binary = d.url, d.flags, d.binary
     run.server_build, run.server_python, run.server_env = d.build, d.python, d.env
     run.server_start_s, run.model = d.start_s, d.model
+    run.server_process = d.process
     if d.extra:
         run.server_extra = {**(run.server_extra or {}), **d.extra}
 

@@ -390,3 +390,38 @@ def test_the_sampler_is_never_starved(tmp_path: Path) -> None:
     got = asyncio.run(go())
     assert got["longest_interval_s"] == pytest.approx(SCRAPE_MAX_STRETCH * 0.1)
     assert got["samples"] >= got["duration_s"] / (SCRAPE_MAX_STRETCH * 0.1)
+
+
+def test_an_interrupted_run_waits_for_every_trajectory_to_record_its_end(tmp_path: Path
+                                                                          ) -> None:
+    """One trajectory's cleanup hangs (its erase never answers): the first cancel lets the
+    others finish theirs, the second cuts the hung one short, and every end is on disk."""
+
+    class HungErase(MemoryAdapter):
+        async def erase_slot(self, slot: int) -> None:
+            if slot == 1:
+                await asyncio.sleep(3600)
+            await super().erase_slot(slot)
+
+    async def go() -> RunManifest:
+        from harness.replay.clock import RealClock
+
+        clock = RealClock()
+        run = RunManifest(run_id="i", policy="keep")
+        task = asyncio.create_task(replay(
+            HungErase(clock), clock, plan_of(traj("a", latency=30.0), traj("b", latency=30.0)),
+            make_policy("keep"), tmp_path / "out", run, RATES, 0.5))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        await asyncio.sleep(0.3)
+        assert not task.done(), "the run ended before a trajectory's cleanup did"
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return run
+
+    run = asyncio.run(go())
+    rec = read_records(tmp_path / "out")
+    ends = rec[rec.event == "trajectory_end"]
+    assert sorted(ends.trajectory_id) == ["a", "b"]
+    assert set(ends.reason) == {"run-interrupted"} and run.status == "interrupted"

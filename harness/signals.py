@@ -1,0 +1,66 @@
+"""SIGINT and SIGTERM mean "stop now, cleanly"; a second one means "stop at once".
+
+The first signal unwinds the command: in a replay the running task is cancelled (in-flight
+requests end, every trajectory is recorded as interrupted, slots are erased, dumps deleted, the
+local server stopped, run.json marked `interrupted`); elsewhere KeyboardInterrupt (SIGINT) or
+`Terminated` (SIGTERM) is raised and the same `finally` blocks run. The command exits 130 or
+143. A second signal while that cleanup runs kills every local server this process started
+(by process group) and exits at once with the same code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from types import FrameType
+
+from harness.errors import Terminated
+
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+_received: list[int] = []
+
+
+def force_exit(signum: int) -> None:
+    """Kill every local server this process started (by process group) and leave now, with
+    the signal's exit code."""
+    from harness.adapters.launchers.process import kill_live_groups
+
+    with contextlib.suppress(Exception):
+        kill_live_groups()
+    sys.stderr.write(f"\nerror: {signal.Signals(signum).name} again: stopped at once\n")
+    sys.stderr.flush()
+    os._exit(EXIT_CODES.get(signal.Signals(signum), 1))
+
+
+def note(signum: int) -> bool:
+    """Record a signal; True when it is the second one (the caller forces the exit)."""
+    _received.append(signum)
+    return len(_received) > 1
+
+
+def received() -> int | None:
+    """The first stop signal received, if any."""
+    return _received[0] if _received else None
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    if note(signum):
+        force_exit(signum)
+    raise Terminated()
+
+
+def _on_sigint(signum: int, frame: FrameType | None) -> None:
+    if note(signum):
+        force_exit(signum)
+    raise KeyboardInterrupt()
+
+
+def install() -> None:
+    """Make SIGTERM unwind like Ctrl-C, and a second signal force the exit (main thread)."""
+    _received.clear()
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_sigint)

@@ -1,14 +1,23 @@
-"""Time summarize() and the HTML report on ~1,000,000 synthetic records (built vectorised).
+"""Time summarize() and the HTML report on ~1,000,000 synthetic records (built vectorised), and
+check the summary's peak memory.
 
     .venv/bin/python benchmarks/bench_metrics_report.py [--records 1000000] [--out DIR]
 
 Each synthetic trajectory alternates LLM calls and tool pauses (keep / swap / recompute, chosen
-per pause), with lognormal tool waits; a tenth of the calls are bystander requests.
+per pause), with lognormal tool waits; a tenth of the calls are bystander requests. The records
+are written as a replay writes them (parts of 2,000 rows), and `summarize_dir` runs on them in a
+process of its own, so its peak RSS is the summary's: the target is < 400 MB over the
+interpreter with its imports and < 1 GB for the whole process (a 10,000-agent run makes about
+1M records). Exits 1 when a target is missed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import resource
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,6 +32,9 @@ from harness.records.schema import RECORDS_SCHEMA
 from harness.records.store import RECORDS_DIR, RUN_JSON, write_json
 
 TOOLS = 10  # tool pauses per trajectory
+PART_ROWS = 2000  # rows per records part, as the replay flushes them
+RSS_ADDED_TARGET_MB = 400.0  # summarize_dir's peak RSS over the interpreter with its imports
+RSS_PEAK_TARGET_MB = 1000.0  # the whole process's peak RSS
 KV_BPT = 36864
 CLASSES = np.array(["local_read", "remote_read", "sandbox", "browser", "human"], dtype=object)
 ACTIONS = np.array(["keep", "swap", "recompute"], dtype=object)
@@ -160,11 +172,62 @@ def bench_run() -> dict[str, Any]:
             "model": {"name": "bench", "kv_bytes_per_token": KV_BPT}, "seed": 0}
 
 
-def main() -> None:
+def write_results(df: pd.DataFrame, out: Path, part_rows: int = PART_ROWS) -> None:
+    """The records as a results directory: numbered parts of `part_rows` rows, and run.json."""
+    (out / RECORDS_DIR).mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pandas(df, schema=RECORDS_SCHEMA, preserve_index=False)
+    for i, start in enumerate(range(0, table.num_rows, part_rows)):
+        pq.write_table(table.slice(start, part_rows), out / RECORDS_DIR / f"part-{i:05d}.parquet",
+                       compression="zstd")
+    write_json(out / RUN_JSON, bench_run())
+
+
+def _peak_mb() -> float:
+    """This process's peak RSS (MB). VmHWM, where there is one: ru_maxrss keeps the peak of the
+    process before exec, here the parent's (which built the records)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024 / 1e6
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6  # KiB on Linux
+
+
+def summary_rss_child(results_dir: Path) -> None:
+    """In a fresh process: summarize_dir's time and peak RSS, as JSON on stdout."""
+    from harness.metrics.summary import summarize_dir
+
+    base = _peak_mb()
+    t0 = time.perf_counter()
+    summarize_dir(results_dir)
+    print(json.dumps({"s": time.perf_counter() - t0, "base_mb": base, "peak_mb": _peak_mb()}))
+
+
+def check_summary_rss(results_dir: Path) -> bool:
+    """Run summarize_dir in a process of its own; print its peak RSS against the targets."""
+    done = subprocess.run([sys.executable, __file__, "--summary-rss", str(results_dir)],
+                          capture_output=True, text=True, check=True)
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    added = got["peak_mb"] - got["base_mb"]
+    ok_added, ok_peak = added < RSS_ADDED_TARGET_MB, got["peak_mb"] < RSS_PEAK_TARGET_MB
+    print(f"summary peak RSS (summarize_dir, own process, {got['s']:.2f} s): "
+          f"{added:,.0f} MB over the interpreter and imports ({got['base_mb']:,.0f} MB), "
+          f"target < {RSS_ADDED_TARGET_MB:,.0f} MB: {'OK' if ok_added else 'MISSED'}; "
+          f"process {got['peak_mb']:,.0f} MB, target < {RSS_PEAK_TARGET_MB:,.0f} MB: "
+          f"{'OK' if ok_peak else 'MISSED'}")
+    return ok_added and ok_peak
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--summary-rss", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.summary_rss is not None:
+        summary_rss_child(args.summary_rss)
+        return 0
     from harness.metrics.summary import summarize
     from harness.records.manifest import RunManifest
 
@@ -180,22 +243,22 @@ def main() -> None:
           f"{summary['memory_time_mib_s']:.4g} MiB·s, {summary['bytes_moved']:,} bytes moved, "
           f"{summary['tokens_recomputed']:,} tokens recomputed)")
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-report-"))
-    (out / RECORDS_DIR).mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pandas(df, schema=RECORDS_SCHEMA, preserve_index=False),
-                   out / RECORDS_DIR / "part-00000.parquet")
-    write_json(out / RUN_JSON, bench_run())
+    write_results(df, out)
+    del df
+    ok = check_summary_rss(out)
     try:
         from harness.report.render import render_report
     except ImportError:
         print("report: not available")
-        return
+        return 0 if ok else 1
     t3 = time.perf_counter()
     html = render_report([out])
     t4 = time.perf_counter()
     (out / "report.html").write_text(html, encoding="utf-8")
     print(f"report (read + summarize + plots + HTML): {t4 - t3:.2f} s, {len(html):,} bytes")
     print(f"total summarize + report: {(t2 - t1) + (t4 - t3):.2f} s")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -10,21 +10,18 @@ Linking rules (records are ordered by `seq`; calls of one trajectory never overl
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
 from harness.arrays import BoolArray
-from harness.records.schema import RECORDS_SCHEMA
+from harness.metrics.events import Events
+from harness.metrics.events import complete_columns as complete_columns
 
 NS_PER_S = 1e9
 NS_PER_MS = 1e6
-
-EventMask = Callable[..., np.ndarray]
 
 _CALL_COLS = ["seq", "t_ns", "trajectory_id", "traffic", "step", "planned_ns", "prompt_tokens",
               "appended_tokens", "is_resume"]
@@ -54,27 +51,32 @@ class Frames:
         return max(self.t_max_ns - self.t_min_ns, 0) / NS_PER_S
 
 
-def complete_columns(records: pd.DataFrame) -> pd.DataFrame:
-    """The records with every schema column present (missing ones null), ordered by seq."""
-    df = records
-    missing = [f for f in RECORDS_SCHEMA if f.name not in df.columns]
-    if missing:
-        extra = {}
-        for f in missing:
-            if pa.types.is_string(f.type):
-                extra[f.name] = pd.Series([None] * len(df), index=df.index, dtype=object)
-            else:
-                extra[f.name] = pd.Series(np.nan, index=df.index, dtype="float64")
-        df = df.assign(**extra)
-    if "seq" in records.columns and not df["seq"].is_monotonic_increasing:
-        df = df.sort_values("seq", kind="stable")
-    return df.reset_index(drop=True)
+class _Latest:
+    """For every row, the seq of the latest row at or before it in its trajectory where a mask
+    holds; the rows are grouped by trajectory once, for every mask.
 
+    Rows sorted stably by trajectory keep record order within one; a running maximum of the
+    marked rows' positions then finds the latest marked row at or before each row, which
+    counts only when it lies in the row's own trajectory (at or after the group's first row).
+    Same values as a groupby-ffill, without a grouping per mask.
+    """
 
-def _latest(mask: np.ndarray, seq: np.ndarray, codes: np.ndarray) -> np.ndarray:
-    """For every row, the seq of the latest row at or before it in its trajectory where mask."""
-    marked = pd.Series(np.where(mask, seq, np.nan))
-    return marked.groupby(codes).ffill().to_numpy()
+    def __init__(self, codes: np.ndarray) -> None:
+        self.order = np.argsort(codes, kind="stable")
+        grouped = codes[self.order]
+        first = np.ones(grouped.size, dtype=bool)
+        first[1:] = grouped[1:] != grouped[:-1]
+        self.start = np.maximum.accumulate(np.where(first, np.arange(grouped.size), 0))
+
+    def __call__(self, mask: np.ndarray, seq: np.ndarray) -> np.ndarray:
+        marked = mask[self.order]
+        pos = np.where(marked, np.arange(marked.size), -1)
+        np.maximum.accumulate(pos, out=pos)
+        found = pos >= self.start
+        values = np.where(found, seq[self.order][np.maximum(pos, 0)], np.nan)
+        out = np.empty(values.size)
+        out[self.order] = values
+        return out
 
 
 def _num(s: pd.Series) -> pd.Series:
@@ -82,53 +84,47 @@ def _num(s: pd.Series) -> pd.Series:
 
 
 def build_frames(records: pd.DataFrame) -> Frames:
-    """Link the events of one run into call, pause, KV and trajectory tables."""
-    df = complete_columns(records)
-    n = len(df)
-    seq = df["seq"].to_numpy(dtype="float64") if n else np.zeros(0)
-    t_ns = df["t_ns"].to_numpy(dtype="int64") if n else np.zeros(0, dtype="int64")
+    """Link the events of one run (an in-memory records table) into call, pause, KV and
+    trajectory tables."""
+    return link_events(Events.from_frame(records))
+
+
+def link_events(events: Events) -> Frames:
+    """build_frames on records already split by event (`harness.metrics.events`)."""
+    n = len(events)
+    seq = events.seq.astype("float64") if n else np.zeros(0)
+    t_ns = events.t_ns.astype("int64") if n else np.zeros(0, dtype="int64")
     t_min = int(t_ns.min()) if n else 0
     t_max = int(t_ns.max()) if n else 0
-    codes, _ = pd.factorize(df["trajectory_id"].astype(object), use_na_sentinel=True)
-    ev_codes, ev_names = pd.factorize(df["event"].astype(object))
-    names = {str(v): i for i, v in enumerate(ev_names)}
-
-    def is_ev(*events: str) -> np.ndarray:
-        idx = [names[e] for e in events if e in names]
-        return np.isin(ev_codes, idx) if idx else np.zeros(n, dtype=bool)
-
-    call_start, call_end = is_ev("call_start"), is_ev("call_end")
-    last_start = _latest(call_start, seq, codes)
-    pause_id = _latest(call_end, seq, codes)
-    tool_end = is_ev("tool_end")
-    last_tool_end = _latest(tool_end, seq, codes)
-    df = df.assign(_code=codes, _last_start=last_start, _pause=pause_id,
-                   _last_tool_end=last_tool_end)
-
-    calls = _calls(df, call_start, is_ev("first_token"), call_end)
-    pauses = _pauses(df, is_ev, t_max)
-    kv = _kv(df, is_ev("kv_state"), call_start, t_max)
+    del t_ns
+    latest = _Latest(events.codes)
+    ev = events.with_extra(_last_start=latest(events.mask("call_start"), seq),
+                           _pause=latest(events.mask("call_end"), seq),
+                           _last_tool_end=latest(events.mask("tool_end"), seq))
+    del seq, latest
+    calls = _calls(ev)
+    pauses = _pauses(ev, t_max)
+    kv = _kv(ev, t_max)
     if len(kv):
         paused = kv[kv["status"] == "paused"]
         tok_s = (paused["kv_tokens"] * paused["dt_ns"] / NS_PER_S).groupby(paused["pause_id"]).sum()
         pauses["paused_token_s"] = tok_s.reindex(pauses.index).fillna(0.0)
     else:
         pauses["paused_token_s"] = 0.0
-    calls, pauses = _link_resumes(calls, pauses, df, tool_end)
-    trajectories = _trajectories(df, is_ev)
+    calls, pauses = _link_resumes(calls, pauses, ev)
+    trajectories = _trajectories(ev)
     return Frames(calls, pauses, kv, trajectories, t_min, t_max)
 
 
-def _calls(
-    df: pd.DataFrame, start: np.ndarray, first: np.ndarray, end: np.ndarray
-) -> pd.DataFrame:
-    calls = df.loc[start, _CALL_COLS + ["_code", "_last_tool_end"]].set_index("seq", drop=False)
+def _calls(ev: Events) -> pd.DataFrame:
+    calls = ev.rows(["call_start"], _CALL_COLS + ["_code", "_last_tool_end"])
+    calls = calls.set_index("seq", drop=False)
     calls = calls.rename(columns={"t_ns": "start_ns", "trajectory_id": "tid"})
     calls["bystander"] = (calls["traffic"].astype(object) == "bystander").to_numpy()
     calls["is_resume"] = calls["is_resume"].astype(object).eq(True).to_numpy()
-    firsts = df.loc[first, ["_last_start", "t_ns"]].dropna(subset=["_last_start"])
+    firsts = ev.rows(["first_token"], ["_last_start", "t_ns"]).dropna(subset=["_last_start"])
     ft = firsts.drop_duplicates("_last_start", keep="first").set_index("_last_start")["t_ns"]
-    ends = df.loc[end, ["_last_start"] + _END_COLS].dropna(subset=["_last_start"])
+    ends = ev.rows(["call_end"], ["_last_start"] + _END_COLS).dropna(subset=["_last_start"])
     ends = ends.drop_duplicates("_last_start", keep="last").set_index("_last_start")
     ends = ends.rename(columns={"t_ns": "end_ns"})
     calls["ft_ns"] = _num(ft.reindex(calls.index))
@@ -149,23 +145,23 @@ def _calls(
 
 
 def _first_per_pause(
-    df: pd.DataFrame, mask: np.ndarray, cols: list[str], keep: Literal["first", "last"]
+    ev: Events, event: str, cols: list[str], keep: Literal["first", "last"]
 ) -> pd.DataFrame:
-    sub = df.loc[mask, ["_pause"] + cols].dropna(subset=["_pause"])
+    sub = ev.rows([event], ["_pause"] + cols).dropna(subset=["_pause"])
     return sub.drop_duplicates("_pause", keep=keep).set_index("_pause")
 
 
-def _sum_per_pause(df: pd.DataFrame, mask: np.ndarray, col: str) -> pd.Series:
-    sub = df.loc[mask, ["_pause", col]].dropna(subset=["_pause"])
+def _sum_per_pause(ev: Events, event: str, col: str) -> pd.Series:
+    sub = ev.rows([event], ["_pause", col]).dropna(subset=["_pause"])
     return _num(sub[col]).fillna(0.0).groupby(sub["_pause"]).sum()
 
 
-def _pauses(df: pd.DataFrame, ev: EventMask, t_max: int) -> pd.DataFrame:
-    start = _first_per_pause(df, ev("tool_start"), ["trajectory_id", "_code", "step", "t_ns",
+def _pauses(ev: Events, t_max: int) -> pd.DataFrame:
+    start = _first_per_pause(ev, "tool_start", ["trajectory_id", "_code", "step", "t_ns",
                              "tool_class", "tool_name", "value_s", "deadline_s"], "first")
     start = start.rename(columns={"trajectory_id": "tid", "t_ns": "start_ns",
                                   "value_s": "planned_s"})
-    dec = _first_per_pause(df, ev("pause_decision"), ["trajectory_id", "_code", "step", "t_ns",
+    dec = _first_per_pause(ev, "pause_decision", ["trajectory_id", "_code", "step", "t_ns",
                            "tool_class", "action", "reason", "retained_tokens", "value_s"], "first")
     dec = dec.rename(columns={"trajectory_id": "tid", "value_s": "predicted_s",
                               "t_ns": "decision_ns"})
@@ -178,38 +174,39 @@ def _pauses(df: pd.DataFrame, ev: EventMask, t_max: int) -> pd.DataFrame:
     for col in ("action", "reason", "retained_tokens", "predicted_s"):
         pauses[col] = dec[col].reindex(index)
     pauses["start_ns"] = _num(pauses["start_ns"]).fillna(_num(dec["decision_ns"].reindex(index)))
-    end = _first_per_pause(df, ev("tool_end"), ["t_ns", "status", "planned_ns"], "last")
+    end = _first_per_pause(ev, "tool_end", ["t_ns", "status", "planned_ns"], "last")
     pauses["end_ns"] = _num(end["t_ns"].reindex(index))
     # How late the harness woke to the tool's end (NaN where the records carry no plan).
     pauses["lag_ms"] = (pauses["end_ns"] - _num(end["planned_ns"].reindex(index))) / NS_PER_MS
     pauses["tool_status"] = end["status"].reindex(index)
     pauses["wait_s"] = (pauses["end_ns"].fillna(float(t_max)) - pauses["start_ns"]) / NS_PER_S
-    swap_out, swap_in = ev("swap_out"), ev("swap_in")
     sums = {
-        "swap_out_bytes": _sum_per_pause(df, swap_out, "bytes"),
-        "swap_out_ms": _sum_per_pause(df, swap_out, "server_ms"),
-        "swap_in_bytes": _sum_per_pause(df, swap_in, "bytes"),
-        "swap_in_ms": _sum_per_pause(df, swap_in, "server_ms"),
-        "recomputed_tokens": _sum_per_pause(df, ev("recompute"), "recomputed_tokens"),
-        "slot_wait_s": _sum_per_pause(df, ev("slot_wait"), "value_s"),
+        "swap_out_bytes": _sum_per_pause(ev, "swap_out", "bytes"),
+        "swap_out_ms": _sum_per_pause(ev, "swap_out", "server_ms"),
+        "swap_in_bytes": _sum_per_pause(ev, "swap_in", "bytes"),
+        "swap_in_ms": _sum_per_pause(ev, "swap_in", "server_ms"),
+        "recomputed_tokens": _sum_per_pause(ev, "recompute", "recomputed_tokens"),
+        "slot_wait_s": _sum_per_pause(ev, "slot_wait", "value_s"),
     }
     for col, s in sums.items():
         pauses[col] = s.reindex(index).fillna(0.0)
-    erases = df.loc[ev("erase"), "_pause"].dropna()
+    erases = ev.rows(["erase"], ["_pause"])["_pause"].dropna()
     pauses["erased"] = index.isin(erases.to_numpy())
     pauses["retained_tokens"] = _num(pauses["retained_tokens"])
     return pauses
 
 
-def _kv(df: pd.DataFrame, state: BoolArray, call_start: BoolArray, t_max: int) -> pd.DataFrame:
+def _kv(ev: Events, t_max: int) -> pd.DataFrame:
     """KV intervals: each kv_state holds until the trajectory's next one (or the run's end).
 
     An agent call_start ends a pause: from it the trajectory's last known tokens count as
     active, whether or not the engine emitted a kv_state there (the tokens held do not change).
     """
-    rows = df.loc[state | call_start, ["t_ns", "_code", "kv_tokens", "status", "_pause",
-                                       "traffic"]]
-    is_state = state[state | call_start]
+    # strings as held (categorical): they are read through astype(object), which then takes
+    # the categories' strings instead of making one per row (a third of all records here)
+    rows = ev.rows(["kv_state", "call_start"], ["t_ns", "_code", "kv_tokens", "status", "_pause",
+                                                "traffic"], plain=False)
+    is_state: BoolArray = ev.mask("kv_state")[rows.index.to_numpy()]
     agent: BoolArray = rows["traffic"].astype(object).to_numpy() != "bystander"
     tokens = _num(rows["kv_tokens"]).where(is_state)
     prev = tokens.groupby(rows["_code"].to_numpy()).ffill()
@@ -228,9 +225,9 @@ def _kv(df: pd.DataFrame, state: BoolArray, call_start: BoolArray, t_max: int) -
 
 
 def _link_resumes(
-    calls: pd.DataFrame, pauses: pd.DataFrame, df: pd.DataFrame, tool_end: np.ndarray
+    calls: pd.DataFrame, pauses: pd.DataFrame, ev: Events
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    te = df.loc[tool_end, ["seq", "t_ns", "_pause"]]
+    te = ev.rows(["tool_end"], ["seq", "t_ns", "_pause"])
     te = te.set_index("seq")
     resumed = calls["is_resume"] & calls["_last_tool_end"].notna()
     links = calls.loc[resumed, "_last_tool_end"]
@@ -260,9 +257,9 @@ def _link_resumes(
     return calls, pauses
 
 
-def _trajectories(df: pd.DataFrame, ev: EventMask) -> pd.DataFrame:
-    rows = df.loc[ev("trajectory_start", "call_start", "trajectory_end"),
-                  ["_code", "trajectory_id", "traffic", "t_ns", "event", "status"]]
+def _trajectories(ev: Events) -> pd.DataFrame:
+    rows = ev.rows(["trajectory_start", "call_start", "trajectory_end"],
+                   ["_code", "trajectory_id", "traffic", "t_ns", "event", "status"])
     rows = rows[rows["_code"] >= 0]
     g = rows.groupby("_code", sort=True)
     traj = pd.DataFrame({"tid": g["trajectory_id"].first(), "traffic": g["traffic"].first(),

@@ -1,7 +1,8 @@
 """summary.json: the headline metrics of one run, a pure function of its records.
 
 `summarize(records, run, server_metrics)` is what the replay writes at the end of a run;
-`summarize_dir(results_dir)` recomputes it from a results directory.
+`summarize_dir(results_dir)` computes the same from a results directory, reading the records
+part by part (a fraction of the memory of the whole records table; summary.json is the same).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import pyarrow as pa
 
 from harness.errors import InputError
 from harness.metrics import latency, occupancy, outcomes
-from harness.metrics.frames import Frames, build_frames
+from harness.metrics.events import read_events
+from harness.metrics.frames import Frames, build_frames, link_events
 from harness.records.manifest import RunManifest, read_manifest
 from harness.records.store import read_records, read_server_metrics
 
@@ -160,11 +162,10 @@ def _by_pause_bucket(frames: Frames, bpt: float | None) -> dict[str, Any]:
 def load_dir(results_dir: Path) -> tuple[pd.DataFrame, RunManifest, pd.DataFrame | None]:
     """Records, run.json (`RunManifest()` when absent) and server metrics (None when none).
 
-    InputError when the directory is missing or holds no records.
+    InputError when the directory is missing or holds no records. (`load_frames` reads only
+    what the metrics need, in a fraction of the memory.)
     """
-    results_dir = Path(results_dir)
-    if not results_dir.is_dir():
-        raise InputError(f"{results_dir}: not a results directory")
+    results_dir = _results_dir(results_dir)
     try:
         records = read_records(results_dir)
         server = read_server_metrics(results_dir)
@@ -175,7 +176,37 @@ def load_dir(results_dir: Path) -> tuple[pd.DataFrame, RunManifest, pd.DataFrame
     return records, read_manifest(results_dir), (server if len(server) else None)
 
 
-def summarize_dir(results_dir: Path | str, slo: dict[str, float] | None = None) -> dict[str, Any]:
-    """summarize() of a results directory's records, run.json and server metrics."""
-    records, run, server = load_dir(Path(results_dir))
-    return summarize(records, run, server, slo)
+def load_frames(results_dir: Path | str) -> tuple[Frames, RunManifest, pd.DataFrame | None]:
+    """`load_dir`, with the records linked into frames as they are read.
+
+    The records are read part by part, split by event type (`read_events`): the whole records
+    table is never in memory, which for a long run is most of the memory a summary needs.
+    """
+    results_dir = _results_dir(results_dir)
+    try:
+        events = read_events(results_dir)
+        server = read_server_metrics(results_dir)
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise InputError(f"{results_dir}: unreadable records ({exc})") from None
+    if not len(events):
+        raise InputError(f"{results_dir}: no records (expected records/part-*.parquet)")
+    frames = link_events(events)
+    del events  # the frames hold what is needed from here on
+    return frames, read_manifest(results_dir), (server if len(server) else None)
+
+
+def _results_dir(results_dir: Path | str) -> Path:
+    path = Path(results_dir)
+    if not path.is_dir():
+        raise InputError(f"{path}: not a results directory")
+    return path
+
+
+def summarize_dir(
+    results_dir: Path | str, slo: dict[str, float] | None = None, *, run: RunManifest | None = None
+) -> dict[str, Any]:
+    """summarize() of a results directory's records, run.json (or `run`, the manifest a run
+    holds in memory) and server metrics."""
+    bounds = outcomes.check_slo(slo)
+    frames, on_disk, server = load_frames(results_dir)
+    return summarize_frames(frames, on_disk if run is None else run, server, bounds)

@@ -33,8 +33,6 @@ from harness.records.store import (
     RECORDS_DIR,
     SERVER_METRICS_DIR,
     SUMMARY_JSON,
-    read_records,
-    read_server_metrics,
     write_json,
 )
 from harness.replay import loop, progress
@@ -167,10 +165,11 @@ async def _scrape_loop(adapter: Adapter, clock: Clock, writer: PartWriter, stats
 def write_summary(out_dir: Path, run: RunManifest) -> dict[str, Any] | None:
     """Recompute summary.json from the records on disk (None if metrics are unavailable)."""
     try:
-        from harness.metrics.summary import summarize
+        from harness.metrics.summary import summarize_dir
     except ImportError:
         return None
-    summary: dict[str, Any] = summarize(read_records(out_dir), run, read_server_metrics(out_dir))
+    # Streamed over the record parts: memory stays flat however long the run was.
+    summary: dict[str, Any] = summarize_dir(out_dir, run=run)
     write_json(out_dir / SUMMARY_JSON, summary)
     return summary
 

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import InputError
-from harness.metrics.frames import Frames, build_frames
+from harness.metrics.frames import Frames
 from harness.metrics.outcomes import check_slo
-from harness.metrics.summary import load_dir, summarize_frames
+from harness.metrics.summary import load_frames, summarize_frames
 from harness.records.manifest import RunManifest
 from harness.records.store import SUMMARY_JSON, read_json, write_json
 
@@ -37,8 +37,7 @@ def load_run(
 ) -> RunData:
     """Read a results directory; with write_summary, (re)write its summary.json."""
     path = Path(path)
-    records, run, server = load_dir(path)
-    frames = build_frames(records)
+    frames, run, server = load_frames(path)
     summary = summarize_frames(frames, run, server, check_slo(slo))
     if write_summary:
         write_json(path / SUMMARY_JSON, summary)

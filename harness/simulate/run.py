@@ -18,7 +18,7 @@ from harness.model.calibration import Calibration
 from harness.plan.planner import Arrivals
 from harness.policies import make_policy
 from harness.records.manifest import ArrivalsRef, Outcome, RunManifest, TraceRef
-from harness.records.store import RECORDS_DIR, SUMMARY_JSON, read_records, write_json
+from harness.records.store import RECORDS_DIR, SUMMARY_JSON, write_json
 from harness.simulate import native
 from harness.simulate.engine import SLOT_HANDOFFS, simulate
 from harness.simulate.records import RecordSink
@@ -166,6 +166,6 @@ def _record_end(run: RunManifest, counters: Counters, sink: RecordSink,
 
 def summarize_into(out: Path, run: RunManifest) -> None:
     """summary.json from the records."""
-    from harness.metrics.summary import summarize
+    from harness.metrics.summary import summarize_dir
 
-    write_json(out / SUMMARY_JSON, summarize(read_records(out), run, None))
+    write_json(out / SUMMARY_JSON, summarize_dir(out, run=run))

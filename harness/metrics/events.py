@@ -1,0 +1,322 @@
+"""One run's records split by event type: what the frames read, without the wide table.
+
+A records table is wide (29 columns) and sparse: each event fills a few of them. The frames read,
+for every row, its seq, time, trajectory and event, and from each event type a handful of
+columns (EVENT_COLUMNS). `Events` holds just that: four arrays over all rows and one small
+table per event type. `Events.from_frame` splits an in-memory records table; `read_events`
+builds the same thing from a results directory a batch of rows at a time, so the wide table is
+never in memory (a 1M-record run: ~70 MB of tables instead of a ~170 MB frame, strings
+categorical in both).
+
+Either way `Events.rows` serves every column with the dtype it has in a whole in-memory table
+(an int column with a null in any row is float64, a bool column with one is object, strings are
+str), so the frames, and so summary.json, do not depend on how the records were read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from harness.arrays import BoolArray
+from harness.records.schema import RECORD_COLUMNS, RECORDS_SCHEMA
+from harness.records.store import RECORDS_DIR, records_version, string_codes
+
+# The record columns the frames read (all but run_id, slot and detail).
+FRAME_COLUMNS: tuple[str, ...] = tuple(
+    c for c in RECORD_COLUMNS if c not in ("run_id", "slot", "detail"))
+# Columns every row has in `Events` (as arrays), and what each event type adds (as a table).
+CORE_COLUMNS = ("seq", "t_ns", "_code", "event")
+_TRAJ = ("trajectory_id", "traffic", "status")
+EVENT_COLUMNS: dict[str, tuple[str, ...]] = {
+    "trajectory_start": _TRAJ,
+    "call_start": ("trajectory_id", "traffic", "step", "planned_ns", "prompt_tokens",
+                   "appended_tokens", "is_resume", "kv_tokens", "status"),
+    "first_token": (),
+    "call_end": ("status", "output_tokens", "cached_tokens", "prompt_n", "server_ms",
+                 "decode_ms"),
+    "tool_start": ("trajectory_id", "step", "tool_class", "tool_name", "value_s", "deadline_s"),
+    "pause_decision": ("trajectory_id", "step", "tool_class", "action", "reason",
+                       "retained_tokens", "value_s"),
+    "tool_end": ("status", "planned_ns"),
+    "swap_out": ("bytes", "server_ms"),
+    "swap_in": ("bytes", "server_ms"),
+    "erase": (),
+    "recompute": ("recomputed_tokens",),
+    "kv_state": ("kv_tokens", "status", "traffic"),
+    "slot_wait": ("value_s",),
+    "trajectory_end": _TRAJ,
+}
+
+
+@dataclass(frozen=True)
+class Events:
+    """A run's records by event type, rows in seq order.
+
+    seq, t_ns: those columns of every row (their dtypes in the records); codes: the trajectory
+    of every row (codes in order of first appearance, -1 for none); event: every row's event,
+    as a code into `names`; tables: per event type of EVENT_COLUMNS, its rows (indexed by row
+    number) with that type's columns, or else `records`, the whole table they are taken from
+    as they are asked for; extra: full-length arrays that `rows` also serves.
+    """
+
+    seq: np.ndarray
+    t_ns: np.ndarray
+    codes: np.ndarray
+    event: np.ndarray
+    names: dict[str, int]
+    tables: dict[str, pd.DataFrame]
+    records: pd.DataFrame | None = None
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.seq.size)
+
+    @classmethod
+    def from_frame(cls, records: pd.DataFrame) -> Events:
+        """An in-memory records table (any column missing is taken as null) as Events.
+
+        Rows are selected from the table when asked for, not copied into per-event tables: the
+        caller holds the table anyway, and copies would only add to it.
+        """
+        df = complete_columns(records)
+        codes = _factorize(df["trajectory_id"])
+        ev_codes, ev_names = pd.factorize(df["event"])
+        names = {str(v): i for i, v in enumerate(ev_names)}
+        return cls(df["seq"].to_numpy(), df["t_ns"].to_numpy(), codes, ev_codes, names, {}, df)
+
+    def with_extra(self, **arrays: np.ndarray) -> Events:
+        """A copy that also serves these full-length arrays as columns."""
+        return dataclasses.replace(self, extra={**self.extra, **arrays})
+
+    def mask(self, *events: str) -> BoolArray:
+        """Which rows are one of these events."""
+        idx = [self.names[e] for e in events if e in self.names]
+        out: BoolArray = np.isin(self.event, idx) if idx else np.zeros(len(self), dtype=bool)
+        return out
+
+    def rows(self, events: Sequence[str], cols: Sequence[str], plain: bool = True) -> pd.DataFrame:
+        """The rows of these event types, in record order and indexed by row number, with
+        `cols`: CORE_COLUMNS, `extra` arrays, or columns their EVENT_COLUMNS tables hold.
+
+        plain: strings as str, the dtype an in-memory records table has (the tables may hold
+        them as categoricals); else as held (categorical or, across event types, object).
+        """
+        own = [c for c in cols if c not in CORE_COLUMNS and c not in self.extra]
+        if self.records is not None:
+            base = self.records.loc[self.mask(*events), own]
+            base = _plain(base) if plain else base
+        else:
+            tabs = [_plain(self.tables[e][own]) if plain else self.tables[e][own] for e in events]
+            filled = [t for t in tabs if len(t)] or tabs[:1]
+            base = filled[0] if len(filled) == 1 else pd.concat(filled).sort_index(kind="stable")
+        pos = base.index.to_numpy()
+        names = np.array(list(self.names), dtype=object)
+        data: dict[str, pd.Series | np.ndarray] = {}
+        for c in cols:
+            if c in own:
+                data[c] = base[c]
+            elif c == "_code":
+                data[c] = self.codes[pos]
+            elif c == "event":
+                data[c] = pd.Series(names[self.event[pos]], index=base.index, dtype="str")
+            else:
+                data[c] = (self.extra[c] if c in self.extra else getattr(self, c))[pos]
+        return pd.DataFrame(data, index=base.index, columns=list(cols), copy=False)
+
+
+def complete_columns(records: pd.DataFrame) -> pd.DataFrame:
+    """The records with every column the frames read present (missing ones null), by seq."""
+    df = records
+    missing = [f for f in RECORDS_SCHEMA if f.name in FRAME_COLUMNS and f.name not in df.columns]
+    if missing:
+        extra = {}
+        for f in missing:
+            if pa.types.is_string(f.type):
+                extra[f.name] = pd.Series([None] * len(df), index=df.index, dtype=object)
+            else:
+                extra[f.name] = pd.Series(np.nan, index=df.index, dtype="float64")
+        df = df.assign(**extra)
+    if "seq" in records.columns and not df["seq"].is_monotonic_increasing:
+        df = df.sort_values("seq", kind="stable")
+    if isinstance(df.index, pd.RangeIndex) and df.index.start == 0 and df.index.step == 1:
+        return df
+    return df.reset_index(drop=True)
+
+
+def _plain(table: pd.DataFrame) -> pd.DataFrame:
+    """The table with categorical columns as str: the frames get the dtype an in-memory records
+    table has, so every metric behaves the same whichever way the records came."""
+    cats = [c for c in table.columns if isinstance(table[c].dtype, pd.CategoricalDtype)]
+    if cats:
+        table = table.assign(**{c: table[c].astype("str") for c in cats})
+    return table
+
+
+def read_events(results_dir: Path) -> Events:
+    """A results directory's records as Events, read one part at a time.
+
+    Raises what reading Parquet raises (OSError, ValueError, ArrowException) and InputError for
+    a records version this harness cannot read; an empty Events when there are no parts.
+    """
+    directory = Path(results_dir) / RECORDS_DIR
+    parts = sorted(directory.glob("part-*.parquet")) if directory.is_dir() else []
+    reader = _Reader()
+    for part in parts:
+        records_version(part)
+        reader.add(part)
+    events = reader.events()
+    del reader
+    # Arrow's allocator keeps freed pages for reuse; what comes next allocates through numpy
+    pa.default_memory_pool().release_unused()
+    return events
+
+
+_DICT = pa.dictionary(pa.int32(), pa.string())
+# Parts are split by event type in batches of about this many rows: splitting each small part
+# on its own leaves thousands of tiny Arrow tables, whose overhead outweighs their data.
+BATCH_ROWS = 1 << 16
+
+
+class _Reader:
+    """Accumulates parts: the core columns as numpy pieces, each event's rows as Arrow tables."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.core: dict[str, list[np.ndarray]] = {c: [] for c in ("seq", "t_ns", "tid", "ev")}
+        self.lookups: dict[str, dict[str, int]] = {"tid": {}, "ev": {}}
+        self.subs: dict[str, list[pa.Table]] = {e: [] for e in EVENT_COLUMNS}
+        self.pos: dict[str, list[np.ndarray]] = {e: [] for e in EVENT_COLUMNS}
+        # whether a column has a null in any row: the dtype the whole column would have
+        self.has_null = dict.fromkeys(FRAME_COLUMNS, False)
+        self.pending: list[pa.Table] = []
+        self.pending_rows = 0
+
+    def add(self, part: Path) -> None:
+        """Read one part (only FRAME_COLUMNS; strings dictionary-encoded as stored)."""
+        present = set(pq.read_schema(part).names)
+        read = [c for c in FRAME_COLUMNS if c in present]
+        strings = [c for c in read if pa.types.is_string(RECORDS_SCHEMA.field(c).type)]
+        reader = pq.ParquetFile(part, read_dictionary=strings)
+        # in batches: the simulator writes parts of 500,000 rows
+        for batch in reader.iter_batches(batch_size=BATCH_ROWS, columns=read):
+            self.pending.append(_conform(pa.Table.from_batches([batch])))
+            self.pending_rows += batch.num_rows
+            if self.pending_rows >= BATCH_ROWS:
+                self.flush()
+
+    def flush(self) -> None:
+        """Split the parts read since the last flush by event type."""
+        if not self.pending:
+            return
+        table = pa.concat_tables(self.pending).combine_chunks()  # one dictionary per column
+        self.pending, self.pending_rows = [], 0
+        for c in FRAME_COLUMNS:
+            self.has_null[c] |= table.column(c).null_count > 0
+        self.core["seq"].append(table.column("seq").to_numpy())
+        self.core["t_ns"].append(table.column("t_ns").to_numpy())
+        for key, col in (("tid", "trajectory_id"), ("ev", "event")):
+            chunks = table.column(col).chunks
+            lookup = self.lookups[key]
+            self.core[key].append(np.concatenate([string_codes(c, lookup) for c in chunks])
+                                  if chunks else np.zeros(0, dtype=np.int32))
+        ev = self.core["ev"][-1]
+        for name, code in self.lookups["ev"].items():
+            mask = ev == code
+            if name in EVENT_COLUMNS and mask.any():
+                self.subs[name].append(table.select(list(EVENT_COLUMNS[name]))
+                                       .filter(pa.array(mask)))
+                self.pos[name].append(np.flatnonzero(mask) + self.n)
+        self.n += table.num_rows
+
+    def events(self) -> Events:
+        """The parts read so far as Events (rows sorted by seq, stably)."""
+        self.flush()
+        seq, t_ns, tid, ev = (_join(self.core.pop(c)) for c in ("seq", "t_ns", "tid", "ev"))
+        inv = None
+        if seq.size > 1 and not bool(np.all(seq[1:] >= seq[:-1])):
+            order = np.argsort(seq, kind="stable")
+            seq, t_ns, tid, ev = seq[order], t_ns[order], tid[order], ev[order]
+            inv = np.empty_like(order)
+            inv[order] = np.arange(order.size)
+        codes = _factorize(pd.Categorical.from_codes(
+            tid, categories=pd.RangeIndex(len(self.lookups["tid"]))))
+        tables = {e: self._table(e, inv) for e in EVENT_COLUMNS}
+        return Events(seq, t_ns, codes, ev, dict(self.lookups["ev"]), tables)
+
+    def _table(self, event: str, inv: np.ndarray | None) -> pd.DataFrame:
+        """One event's rows as a frame: strings categorical, other columns of the dtype they
+        have in the whole table."""
+        cols = list(EVENT_COLUMNS[event])
+        subs = self.subs.pop(event)
+        pos = _join(self.pos.pop(event)).astype(np.int64)
+        index = pd.Index(pos if inv is None else inv[pos], dtype=np.int64)
+        if not cols:
+            frame = pd.DataFrame(index=index)
+        else:
+            schema = _read_schema(cols)
+            table = pa.concat_tables(subs) if subs else schema.empty_table()
+            frame = table.to_pandas()
+            del table, subs
+            for c in cols:
+                dtype = _whole_dtype(c, self.has_null[c])
+                if dtype is not None and frame[c].dtype != dtype:
+                    frame[c] = frame[c].astype(dtype)
+            frame.index = index
+        return frame if inv is None else frame.sort_index(kind="stable")
+
+
+def _read_schema(cols: Sequence[str]) -> pa.Schema:
+    """The schema's fields, strings dictionary-encoded."""
+    fields = [RECORDS_SCHEMA.field(c) for c in cols]
+    return pa.schema([pa.field(f.name, _DICT if pa.types.is_string(f.type) else f.type)
+                      for f in fields])
+
+
+def _conform(table: pa.Table) -> pa.Table:
+    """A part's table with every FRAME_COLUMN (missing ones null) of the read schema's type."""
+    schema = _read_schema(FRAME_COLUMNS)
+    cols = []
+    for f in schema:
+        if f.name not in table.column_names:
+            cols.append(pa.chunked_array([pa.nulls(table.num_rows, f.type)], type=f.type))
+            continue
+        col = table.column(f.name)
+        cols.append(col if col.type == f.type else col.cast(f.type))
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+def _whole_dtype(col: str, has_null: bool) -> np.dtype | None:
+    """The pandas dtype of a column in the whole records table (None: strings, which the
+    tables keep categorical)."""
+    typ = RECORDS_SCHEMA.field(col).type
+    if pa.types.is_integer(typ):
+        return np.dtype("float64") if has_null else np.dtype(typ.to_pandas_dtype())
+    if pa.types.is_boolean(typ):
+        return np.dtype(object) if has_null else np.dtype(bool)
+    if pa.types.is_floating(typ):
+        return np.dtype("float64")
+    return None
+
+
+def _factorize(values: pd.Series | pd.Categorical[Any]) -> np.ndarray:
+    """Codes of the values in order of first appearance, -1 for null, as int64 whatever the
+    values' dtype (a categorical's factorize gives its small code type)."""
+    codes, _ = pd.factorize(values, use_na_sentinel=True)
+    out: np.ndarray = codes.astype(np.int64, copy=False)
+    return out
+
+
+def _join(pieces: list[np.ndarray]) -> np.ndarray:
+    if not pieces:
+        return np.zeros(0, dtype=np.int64)
+    out: np.ndarray = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+    return out

@@ -122,12 +122,11 @@ def open_loop(work: Path, check: Checks, stub_cpus: str | None, own: str | None,
               rate: float, seconds: float) -> None:
     n = int(rate * seconds)
     trace = write_trace(work / "open.parquet", n, 4, (1.0, 1.6), seed=1)
-    proc, url = start_stub(50.0, 4096, stub_cpus)
+    stub = start_stub(50.0, 4096, stub_cpus)
     try:
-        res = harness_run(url, trace, work / "open", ["--rate", str(rate)], own)
+        res = harness_run(stub.url, trace, work / "open", ["--rate", str(rate)], own)
     finally:
-        proc.kill()
-        proc.wait()
+        stub.stop()
     rec = read_records(work / "open")
     calls = build_frames(rec).calls
     err = calls["ttft_ms"].dropna().to_numpy() - 50.0

@@ -1,15 +1,13 @@
-"""Append-only Parquet parts for records and server samples, and atomic JSON files.
-
-Rows are buffered and flushed as a new part file every `flush_rows` rows or `flush_s` seconds,
-each part written to a temporary name and renamed, so a killed run leaves only whole parts.
+"""Reading the Parquet parts of a results directory (records and server samples), and atomic
+JSON files. The parts are written by harness.records.parts, each to a temporary name then
+renamed, so a killed run leaves only whole parts.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,45 +29,6 @@ RECORDS_DIR = "records"
 SERVER_METRICS_DIR = "server_metrics"
 RUN_JSON = "run.json"
 SUMMARY_JSON = "summary.json"
-
-
-class PartWriter:
-    """Buffers rows (dicts) and writes them as numbered Parquet parts of one schema."""
-
-    def __init__(
-        self,
-        directory: Path,
-        schema: pa.Schema,
-        flush_rows: int = 2000,
-        flush_s: float = 1.0,
-        now: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.directory = directory
-        self.schema = schema
-        self.flush_rows = flush_rows
-        self.flush_s = flush_s
-        self._now = now
-        self._rows: list[dict[str, Any]] = []
-        self._part = 0
-        self._last_flush = now()
-        directory.mkdir(parents=True, exist_ok=True)
-
-    def append(self, row: dict[str, Any]) -> None:
-        self._rows.append(row)
-        if len(self._rows) >= self.flush_rows or self._now() - self._last_flush >= self.flush_s:
-            self.flush()
-
-    def flush(self) -> None:
-        self._last_flush = self._now()
-        if not self._rows:
-            return
-        table = pa.Table.from_pylist(self._rows, schema=self.schema)
-        final = self.directory / f"part-{self._part:05d}.parquet"
-        tmp = final.with_name(final.name + ".tmp")
-        pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, final)
-        self._part += 1
-        self._rows = []
 
 
 def read_parts(

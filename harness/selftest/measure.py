@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+import orjson
 import pandas as pd
 
 from harness.errors import InputError, ServerError
@@ -32,6 +33,7 @@ HEALTH_TIMEOUT_S = 10.0
 # The reference client's prompt: the same 64 tokens on every call, as the first call of the
 # synthetic trace sends.
 REFERENCE_PROMPT = list(range(300, 364))
+_JSON = {"Content-Type": "application/json"}
 
 
 @dataclass
@@ -141,21 +143,26 @@ async def reference(url: str, agents: int, calls: int, n_predict: int, pause_s: 
                     ) -> tuple[np.ndarray, float]:
     """Each agent sends `calls` streamed completions, `pause_s` apart (as the synthetic trace's
     tool waits): (TTFT ms as an agents x calls array, calls/s). Column 0 are first calls, the
-    rest follow a pause: the reference's analogue of a resume."""
+    rest follow a pause: the reference's analogue of a resume. Its prompts grow as the
+    trace's contexts do (64 tokens, then each call's output and 8 more), so both clients
+    send the same bytes: the difference is the harness's own work."""
     import aiohttp
 
     ttfts = np.full((agents, calls), np.nan)
     connector = aiohttp.TCPConnector(limit=agents + 1, keepalive_timeout=3.0)
     async with aiohttp.ClientSession(connector=connector) as s:
         async def agent(a: int) -> None:
+            prompt = list(REFERENCE_PROMPT)
             for c in range(calls):
-                if c and pause_s > 0:
-                    await asyncio.sleep(pause_s)
+                if c:
+                    prompt += [300 + (len(prompt) + i) % 1000 for i in range(n_predict + 8)]
+                    if pause_s > 0:
+                        await asyncio.sleep(pause_s)
                 t0 = time.perf_counter()
                 first = None
-                async with s.post(url + "/completion", json={
-                        "prompt": REFERENCE_PROMPT, "n_predict": n_predict, "id_slot": a,
-                        "stream": True}) as r:
+                async with s.post(url + "/completion", data=orjson.dumps({
+                        "prompt": prompt, "n_predict": n_predict, "id_slot": a,
+                        "stream": True}), headers=_JSON) as r:
                     async for line in r.content:
                         if first is None and line.startswith(b"data:"):
                             first = time.perf_counter()

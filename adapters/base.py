@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from harness.adapters.http import HttpClient
+from harness.adapters.http import TIMEOUT_PREFIX, HttpClient
 from harness.adapters.models import kv_bytes_per_token
 
 
@@ -54,13 +54,20 @@ class CompletionRequest:
 
 @dataclass
 class CompletionResult:
-    status: str  # ok | error | aborted
+    status: str  # ok | error | timeout | aborted
     tokens: list[int] = field(default_factory=list)
     cached_tokens: int | None = None  # prompt tokens the server reused
     prompt_n: int | None = None  # prompt tokens the server processed
     prompt_ms: float | None = None
     decode_ms: float | None = None
     error: str | None = None
+
+
+def failed_result(error: str, tokens: list[int]) -> CompletionResult:
+    """The result of a call whose stream ended in `error`: status `timeout` when the server went
+    silent (HttpClient's TIMEOUT_PREFIX), else `error`; the tokens streamed before it kept."""
+    status = "timeout" if error.startswith(TIMEOUT_PREFIX) else "error"
+    return CompletionResult(status=status, error=error, tokens=tokens)
 
 
 def add_streamed_tokens(result: CompletionResult, tokens: list[int], req: CompletionRequest,

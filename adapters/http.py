@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import functools
 import json
 import time
@@ -32,7 +33,33 @@ from prometheus_client.parser import text_string_to_metric_families
 
 T = TypeVar("T")
 KEEPALIVE_S = 3.0
-DEFAULT_REQUEST_TIMEOUT_S = 600.0
+DEFAULT_REQUEST_TIMEOUT_S = 120.0
+# An error a stream ends with when the server went silent: the call is recorded `timeout`.
+TIMEOUT_PREFIX = "timeout: "
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """How long the client waits, per request.
+
+    `connect_s`: to open a connection. `first_byte_s`: from sending a streamed call to its first
+    data (a long prefill on a CPU server takes minutes). `idle_s`: the longest silence within a
+    streamed answer once it has begun. `request_s`: a whole other request (server info, slot
+    actions, scrapes)."""
+
+    connect_s: float = 10.0
+    first_byte_s: float = 600.0
+    idle_s: float = 120.0
+    request_s: float = DEFAULT_REQUEST_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        for name, value in dataclasses.asdict(self).items():
+            if not (isinstance(value, int | float) and 0 < value < 1e6):
+                raise ValueError(f"timeout {name} must be a number of seconds in (0, 1e6), "
+                                 f"got {value!r}")
+
+    def to_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
 # A reused keep-alive connection the server closed fails with one of these before any reply.
 _STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
@@ -75,7 +102,7 @@ class HttpClient:
     """Requests to one server at `base_url` through an injected aiohttp session."""
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str,
-                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+                 timeouts: Timeouts | None = None,
                  fresh: aiohttp.ClientSession | None = None,
                  connection_limit: int | None = None) -> None:
         """`session`: the pooled one; `fresh`: one that opens a new connection per request,
@@ -87,7 +114,12 @@ class HttpClient:
         self._gate: _Gate | None = None
         self.fresh = fresh or session
         self.base_url = base_url.rstrip("/")
-        self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
+        self.timeouts = timeouts or Timeouts()
+        t = self.timeouts
+        self._timeout = aiohttp.ClientTimeout(total=t.request_s, connect=t.connect_s)
+        # A stream has no total: a long answer is fine while data keeps coming (_stream
+        # watches its first byte and its silences itself).
+        self._stream_timeout = aiohttp.ClientTimeout(total=None, connect=t.connect_s)
 
     def url(self, path: str) -> str:
         return self.base_url + path
@@ -184,28 +216,39 @@ class HttpClient:
 
     async def _stream(self, path: str, data: bytes,
                       on_chunk: Callable[[dict[str, Any]], bool]) -> str | None:
+        t = self.timeouts
+        loop = asyncio.get_running_loop()
         for attempt, session in enumerate((self.session, self.fresh)):
             reader = _SseReader(on_chunk)
             try:
-                async with session.post(self.url(path), data=data, headers=_JSON,
-                                        timeout=self._timeout) as resp:
-                    if resp.status != 200:
-                        return f"HTTP {resp.status}: {(await resp.text())[:300]}"
-                    # Whole received blocks, split into lines here: one await per block, not
-                    # one per line.
-                    async for block in resp.content.iter_any():
-                        if not reader.feed(block):
-                            if reader.hung_up:
-                                resp.close()  # the server then stops the request
-                            return reader.error
-                    reader.finish()
-                    return reader.error
+                # One timer per call, moved at each block: the first byte, then each silence.
+                async with asyncio.timeout(t.first_byte_s) as watch:
+                    async with session.post(self.url(path), data=data, headers=_JSON,
+                                            timeout=self._stream_timeout) as resp:
+                        if resp.status != 200:
+                            return f"HTTP {resp.status}: {(await resp.text())[:300]}"
+                        # Whole received blocks, split into lines here: one await per block,
+                        # not one per line.
+                        async for block in resp.content.iter_any():
+                            watch.reschedule(loop.time() + t.idle_s)
+                            if not reader.feed(block):
+                                if reader.hung_up:
+                                    resp.close()  # the server then stops the request
+                                return reader.error
+                        reader.finish()
+                        return reader.error
+            except TimeoutError as exc:
+                if isinstance(exc, aiohttp.ClientError):  # aiohttp's own: the connect timeout
+                    return f"{TIMEOUT_PREFIX}no connection within {t.connect_s:g} s"
+                if reader.received:
+                    return f"{TIMEOUT_PREFIX}the stream stalled: no data for {t.idle_s:g} s"
+                return f"{TIMEOUT_PREFIX}no answer within {t.first_byte_s:g} s"
             except aiohttp.ClientConnectorError as exc:
                 return f"{type(exc).__name__}: {exc}"[:300]
             except _STALE as exc:
                 if reader.received or attempt:
                     return f"server disconnected: {exc}"[:300]
-            except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
+            except (aiohttp.ClientError, orjson.JSONDecodeError) as exc:
                 return f"{type(exc).__name__}: {exc}"[:300]
         raise AssertionError("unreachable")
 
@@ -311,8 +354,7 @@ def samples(families: Iterable[Metric], keep: Callable[[str], bool]) -> list[Sam
 
 
 @contextlib.asynccontextmanager
-async def connect(base_url: str, connection_limit: int,
-                  request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+async def connect(base_url: str, connection_limit: int, timeouts: Timeouts | None = None
                   ) -> AsyncIterator[HttpClient]:
     """An HttpClient on a pooled keep-alive session of at most `connection_limit` connections,
     closed on exit."""
@@ -323,4 +365,4 @@ async def connect(base_url: str, connection_limit: int,
     fresh = aiohttp.TCPConnector(limit=connection_limit, force_close=True)
     async with aiohttp.ClientSession(connector=connector) as session, \
             aiohttp.ClientSession(connector=fresh) as retries:
-        yield HttpClient(session, base_url, request_timeout_s, retries, connection_limit)
+        yield HttpClient(session, base_url, timeouts, retries, connection_limit)

@@ -20,6 +20,7 @@ from harness.adapters.base import (
     SlotIO,
     Unsupported,
     add_streamed_tokens,
+    failed_result,
 )
 from harness.adapters.http import REQUEST_ERRORS, HttpClient, HttpStatusError, Sample
 
@@ -92,7 +93,7 @@ class LlamaCppAdapter:
 
         error = await self.http.stream("/completion", body, on_chunk)
         if error is not None:
-            return CompletionResult(status="error", error=error, tokens=result.tokens)
+            return failed_result(error, result.tokens)
         return result
 
     async def _slot_action(self, slot: int, action: str, name: str | None) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from harness.adapters.base import (
     SlotIO,
     Unsupported,
     add_streamed_tokens,
+    failed_result,
 )
 from harness.adapters.http import REQUEST_ERRORS, HttpClient, Sample
 from harness.adapters.models import local_vocab
@@ -134,7 +135,7 @@ class SglangAdapter:
 
         error = await self.http.stream("/generate", body, on_chunk)
         if error is not None:
-            return CompletionResult(status="error", error=error, tokens=result.tokens)
+            return failed_result(error, result.tokens)
         return result
 
     async def save_slot(self, slot: int, name: str) -> SlotIO:

@@ -25,6 +25,7 @@ from harness.adapters.base import (
     SlotIO,
     Unsupported,
     add_streamed_tokens,
+    failed_result,
 )
 from harness.adapters.http import REQUEST_ERRORS, HttpClient, Sample
 from harness.adapters.models import local_vocab
@@ -152,7 +153,7 @@ class VllmAdapter:
 
         error = await self.http.stream("/v1/completions", body, on_chunk)
         if error is not None:
-            return CompletionResult(status="error", error=error, tokens=result.tokens)
+            return failed_result(error, result.tokens)
         return result
 
     async def save_slot(self, slot: int, name: str) -> SlotIO:

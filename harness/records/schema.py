@@ -25,7 +25,7 @@ EVENTS: dict[str, str] = {
     "call_start": "step, slot, planned_ns (when the call was due), prompt_tokens, "
                   "appended_tokens, is_resume",
     "first_token": "step, slot",
-    "call_end": "step, slot, status (ok|error|aborted), output_tokens, cached_tokens, "
+    "call_end": "step, slot, status (ok|error|timeout|aborted), output_tokens, cached_tokens, "
                 "prompt_n (tokens the server processed), server_ms (prompt ms), "
                 "decode_ms, detail (error text)",
     "tool_start": "step, tool_class, tool_name, value_s (planned latency; hidden from policies), "

@@ -24,7 +24,13 @@ from harness.policies import POLICIES, make_policy, parse_policy_args
 from harness.records.manifest import CpuPinning, RunManifest, read_manifest
 from harness.records.store import SUMMARY_JSON, read_json, write_json
 from harness.replay import pinning
-from harness.replay.cli import RunOptions, arrivals_from_flags, execute_run
+from harness.replay.cli import (
+    RunOptions,
+    arrivals_from_flags,
+    execute_run,
+    timeout_options,
+    timeouts_from_flags,
+)
 from harness.selftest.result import read_selftest
 from harness.traces.validate import load_trajectories
 
@@ -259,13 +265,17 @@ def check_same_pinning(runs: list[RunManifest]) -> None:
               help="Results root (default: reports/bench-<UTC time>).")
 @click.option("--selftest", "selftest", type=click.Path(path_type=Path),
               help="A `harness selftest` file: its instrument error goes into each run.json.")
+@timeout_options
 def bench_cmd(runtime: str, url: str | None, trace_path: Path | None, policies: str,
               policy_args: tuple[str, ...], inject: str, concurrency: int, time_scale: float,
               seed: int, slots: int, ctx_per_slot: int, calibration: Path | None,
               calibrate_first: bool, server_args: tuple[str, ...], out: Path | None,
-              selftest: Path | None) -> None:
+              selftest: Path | None, connect_timeout: float, first_token_timeout: float,
+              stall_timeout: float, request_timeout: float) -> None:
     """Replay one trace under several policies and compare them in one report."""
-    base = RunOptions(trace=Path(), policy="", out=Path(), inject=inject,
+    timeouts = timeouts_from_flags(connect_timeout, first_token_timeout, stall_timeout,
+                                   request_timeout)
+    base = RunOptions(trace=Path(), policy="", out=Path(), inject=inject, timeouts=timeouts,
                       arrivals=arrivals_from_flags(concurrency, None, False, time_scale),
                       seed=seed, slots=slots, ctx_per_slot=ctx_per_slot,
                       server_args=server_args,

@@ -7,12 +7,13 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import click
 
 from harness import __version__
 from harness.adapters.base import Runtime, ServerOptions
+from harness.adapters.http import Timeouts
 from harness.adapters.runtimes import RUNTIMES, get_runtime
 from harness.errors import InputError
 from harness.model.calibration import read_calibration
@@ -77,7 +78,7 @@ def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo,
                            server_args=o.server_args,
                            server_cpus=pin.server if pin else None)
     return run_on_runtime(rt, server, plan, o.policy_args, run, o.out,
-                          cal.rates() if cal else None, o.scrape_interval_s, echo)
+                          cal.rates() if cal else None, o.scrape_interval_s, echo, o.timeouts)
 
 
 def arrivals_from_flags(concurrency: int | None, rate: float | None, trace_timing: bool,
@@ -88,6 +89,33 @@ def arrivals_from_flags(concurrency: int | None, rate: float | None, trace_timin
         "poisson" if rate is not None else "trace" if trace_timing else "closed")
     return Arrivals(mode=mode, concurrency=concurrency or 4, rate=rate or 1.0,
                     time_scale=time_scale)
+
+
+def timeout_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """--connect-timeout, --first-token-timeout, --stall-timeout, --request-timeout."""
+    d = Timeouts()
+    for flag, default, what in (
+            ("--request-timeout", d.request_s, "Seconds for a whole non-streamed request "
+             "(server info, slot actions, scrapes)."),
+            ("--stall-timeout", d.idle_s, "Seconds a streamed answer may go silent once it "
+             "has begun; a stalled call is recorded `timeout` and its trajectory fails."),
+            ("--first-token-timeout", d.first_byte_s, "Seconds from sending a call to its "
+             "first streamed data (a long prefill on a CPU server takes minutes)."),
+            ("--connect-timeout", d.connect_s, "Seconds to open a connection.")):
+        f = click.option(flag, type=float, default=default, show_default=True, help=what)(f)
+    return f
+
+
+def timeouts_from_flags(connect_timeout: float, first_token_timeout: float,
+                        stall_timeout: float, request_timeout: float) -> Timeouts:
+    """The flags as Timeouts; InputError naming the rule when one is out of range."""
+    try:
+        return Timeouts(connect_timeout, first_token_timeout, stall_timeout, request_timeout)
+    except ValueError as exc:
+        raise InputError(str(exc).replace("timeout connect_s", "--connect-timeout")
+                         .replace("timeout first_byte_s", "--first-token-timeout")
+                         .replace("timeout idle_s", "--stall-timeout")
+                         .replace("timeout request_s", "--request-timeout")) from None
 
 
 @click.command("run")
@@ -119,13 +147,17 @@ def arrivals_from_flags(concurrency: int | None, rate: float | None, trace_timin
                    "--server-arg=99 to offload a llama-server to the GPU).")
 @click.option("--selftest", "selftest", type=click.Path(path_type=Path),
               help="A `harness selftest` file: its instrument error goes into run.json.")
+@timeout_options
 def run_cmd(runtime: str, url: str | None, trace_path: Path, policy: str,
             policy_args: tuple[str, ...], inject: str, concurrency: int | None,
             rate: float | None, trace_timing: bool, time_scale: float, seed: int, out: Path,
             slots: int, ctx_per_slot: int, threads: int, model_path: Path | None,
             scrape_interval: float, calibration: Path | None,
-            server_args: tuple[str, ...], selftest: Path | None) -> None:
+            server_args: tuple[str, ...], selftest: Path | None, connect_timeout: float,
+            first_token_timeout: float, stall_timeout: float, request_timeout: float) -> None:
     """Replay TRACE against a runtime under POLICY and write a results directory."""
+    timeouts = timeouts_from_flags(connect_timeout, first_token_timeout, stall_timeout,
+                                   request_timeout)
     instrument = read_selftest(selftest) if selftest else None
     opts = RunOptions(
         trace=trace_path, policy=policy, out=out, runtime=runtime, url=url,
@@ -133,7 +165,7 @@ def run_cmd(runtime: str, url: str | None, trace_path: Path, policy: str,
         arrivals=arrivals_from_flags(concurrency, rate, trace_timing, time_scale), seed=seed,
         slots=slots, ctx_per_slot=ctx_per_slot, threads=threads, model=model_path,
         scrape_interval_s=scrape_interval, calibration=calibration, server_args=server_args,
-        instrument_error=instrument)
+        instrument_error=instrument, timeouts=timeouts)
     run = execute_run(opts, lambda m: click.echo(m, err=True))
     _print_result(out, run)
 

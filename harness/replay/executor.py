@@ -197,9 +197,11 @@ class Executor:
                       server_ms=res.prompt_ms, decode_ms=res.decode_ms, detail=res.error)
         self._learn_prefill(res.prompt_n, res.prompt_ms)
         self.progress.calls_done += 1
-        self.progress.call_errors += res.status == "error"
+        self.progress.call_errors += res.status in ("error", "timeout")
         if res.status == "aborted":
             return "cancelled", "client-disconnect"
+        if res.status == "timeout":
+            return "failed", f"{res.error}"[:300]
         if res.status != "ok":
             return "failed", f"server error: {res.error}"
         st.context = prompt + res.tokens
@@ -243,18 +245,27 @@ class Executor:
             await self.clock.sleep_until(t0 + int(d.ttl_s * NS))
             if st.slot is not None or self.pool is None:
                 await self._evict(st, d.after, tool.step, "ttl-expired")
+        # Still busy with this pause's eviction when the tool returned: the harness was waiting
+        # on the server, not late, and what follows is the policy's cost (resume latency runs
+        # from the tool's end).
+        overran = self.clock.now_ns() >= end_ns
         await self.clock.sleep_until(end_ns)
-        self.progress.lags_ms.append((self.clock.now_ns() - end_ns) / 1e6)
-        # Stamped when the harness woke, not when it meant to: resume latency runs from the
-        # moment the harness could act, and the lag (t_ns - planned_ns) is the client's own.
+        if overran:
+            wake = end_ns
+        else:
+            # Stamped when the harness woke, not when it meant to: resume latency runs from the
+            # moment the harness could act, and the lag (t_ns - planned_ns) is the client's own.
+            wake = self.clock.now_ns()
+            self.progress.lags_ms.append((wake - end_ns) / 1e6)
         if not returns:
             status = "abandoned" if tool.latency_s is None else "timeout"
-            self.rec.emit("tool_end", trajectory_id=st.tid, traffic="agent", step=tool.step,
-                          tool_class=tool.tool_class, status=status, planned_ns=end_ns)
+            self.rec.emit("tool_end", wake, trajectory_id=st.tid, traffic="agent",
+                          step=tool.step, tool_class=tool.tool_class, status=status,
+                          planned_ns=end_ns)
             return "cancelled", f"tool {status}: deadline {tool.deadline_s:g}s", end_ns
         assert tool.latency_s is not None
         self.history[tool.tool_class].add(tool.latency_s)
-        self.rec.emit("tool_end", trajectory_id=st.tid, traffic="agent", step=tool.step,
+        self.rec.emit("tool_end", wake, trajectory_id=st.tid, traffic="agent", step=tool.step,
                       tool_class=tool.tool_class, status=tool.outcome, planned_ns=end_ns)
         return "completed", None, end_ns
 

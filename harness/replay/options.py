@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from harness.adapters.http import Timeouts
 from harness.plan.planner import Arrivals
 from harness.records.manifest import CpuPinning
 
@@ -38,3 +39,4 @@ class RunOptions:
     pinning: CpuPinning | None | Literal["auto"] = AUTO
     # a `harness selftest` file's figures, read and checked up front (--selftest)
     instrument_error: dict[str, Any] | None = None
+    timeouts: Timeouts = field(default_factory=Timeouts)

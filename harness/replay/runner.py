@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 
 from harness.adapters.base import Adapter, Runtime, RuntimeSession, ServerInfo, ServerOptions
-from harness.adapters.http import KEEPALIVE_S, HttpStatusError, connect
+from harness.adapters.http import KEEPALIVE_S, HttpStatusError, Timeouts, connect
 from harness.errors import InputError, ServerError
 from harness.plan.planner import Plan
 from harness.policies import make_policy
@@ -59,7 +59,8 @@ def max_in_flight(plan: Plan) -> int:
 def run_on_runtime(runtime: Runtime, server: ServerOptions, plan: Plan,
                    policy_args: dict[str, str], run: RunManifest, out: Path,
                    rates: ServerRates | None, scrape_interval_s: float,
-                   echo: Callable[[str], None]) -> RunManifest:
+                   echo: Callable[[str], None], timeouts: Timeouts | None = None
+                   ) -> RunManifest:
     """Start (or reach) the runtime's server, replay `plan` on it and stop what was started;
     returns the final run.json. `rates`: calibrated rates, else defaults with the model's KV
     bytes per token. The client's pool and the server are sized for the plan's most requests in
@@ -75,16 +76,18 @@ def run_on_runtime(runtime: Runtime, server: ServerOptions, plan: Plan,
                                      bpt or FALLBACK_RATES.kv_bytes_per_token)
         run.event_loop = loop.loop_name()
         loop.run(_replay_session(session, plan, server, policy_args, run, out, rates,
-                                 scrape_interval_s))
+                                 scrape_interval_s, timeouts or Timeouts()))
     return run
 
 
 async def _replay_session(session: RuntimeSession, plan: Plan, server: ServerOptions,
                           policy_args: dict[str, str], run: RunManifest, out: Path,
-                          rates: ServerRates, scrape_interval_s: float) -> None:
+                          rates: ServerRates, scrape_interval_s: float,
+                          timeouts: Timeouts) -> None:
     limit = server.connections
-    run.http = {"connection_limit": limit, "keepalive_s": KEEPALIVE_S, "pooled": True}
-    async with connect(session.details.url, limit) as http:
+    run.http = {"connection_limit": limit, "keepalive_s": KEEPALIVE_S, "pooled": True,
+                "timeouts_s": timeouts.to_dict()}
+    async with connect(session.details.url, limit, timeouts) as http:
         adapter = session.connect(http)
         info = await server_info(adapter, session.details.url)
         how = session.realise(info)

@@ -425,3 +425,14 @@ def test_an_interrupted_run_waits_for_every_trajectory_to_record_its_end(tmp_pat
     ends = rec[rec.event == "trajectory_end"]
     assert sorted(ends.trajectory_id) == ["a", "b"]
     assert set(ends.reason) == {"run-interrupted"} and run.status == "interrupted"
+
+
+def test_an_eviction_that_outlasts_the_tool_counts_in_resume_latency(tmp_path: Path) -> None:
+    """A 2 s swap-out under a 0.5 s tool: the tool ends at its planned time (no client lag),
+    and the resume waits for the save to finish, as the agent would."""
+    rec, _, _ = run_plan(tmp_path, plan_of(traj("a", latency=0.5)), make_policy("swap"),
+                         save_s=2.0)
+    start = rec[rec.event == "tool_start"].t_ns.iloc[0]
+    end = rec[rec.event == "tool_end"].iloc[0]
+    assert end.t_ns == end.planned_ns == start + NS // 2  # stamped at its planned end
+    assert resume_ms(rec)[0] >= 1500.0  # the rest of the save, then restore and prefill

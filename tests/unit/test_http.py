@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from harness.adapters.http import HttpStatusError, connect
+from harness.adapters.http import TIMEOUT_PREFIX, HttpStatusError, Timeouts, connect
 from harness.plan.injection import Injection
 from harness.plan.planner import Arrivals, BystanderPlan, CallStep, Plan, TrajectoryPlan
 from harness.replay.runner import max_in_flight
@@ -159,8 +159,8 @@ def _sse_app(status: int = 200, lines: tuple[bytes, ...] = ()) -> web.Applicatio
     return app
 
 
-def _stream(app: web.Application, stop_after: int | None = None
-            ) -> tuple[str | None, list[Any]]:
+def _stream(app: web.Application, stop_after: int | None = None,
+            timeouts: Timeouts | None = None) -> tuple[str | None, list[Any]]:
     async def go() -> tuple[str | None, list[Any]]:
         server = await _serve(app)
         got: list[Any] = []
@@ -170,7 +170,7 @@ def _stream(app: web.Application, stop_after: int | None = None
             return stop_after is None or len(got) < stop_after
 
         try:
-            async with connect(str(server.make_url("")), 2) as http:
+            async with connect(str(server.make_url("")), 2, timeouts) as http:
                 return await http.stream("/s", {"q": 1}, on_chunk), got
         finally:
             await server.close()
@@ -240,3 +240,66 @@ def test_the_gate_hands_places_over_in_order_and_survives_cancellation() -> None
         return order
 
     assert asyncio.run(go()) == ["a", "c"]
+
+
+def _paced_app(first_after_s: float, gaps_s: tuple[float, ...]) -> web.Application:
+    """Headers at once, the first data line after `first_after_s`, then one per gap."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        await asyncio.sleep(first_after_s)
+        await resp.write(b'data: {"i": 0}\n\n')
+        for i, gap in enumerate(gaps_s, 1):
+            await asyncio.sleep(gap)
+            await resp.write(b'data: {"i": %d}\n\n' % i)
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/s", handler)
+    return app
+
+
+FAST = Timeouts(connect_s=2.0, first_byte_s=0.3, idle_s=0.3, request_s=0.5)
+
+
+def test_a_call_with_no_answer_times_out_on_its_first_byte() -> None:
+    err, got = _stream(_paced_app(30.0, ()), timeouts=FAST)
+    assert err == f"{TIMEOUT_PREFIX}no answer within 0.3 s" and got == []
+
+
+def test_a_stream_that_stalls_after_its_first_token_times_out() -> None:
+    err, got = _stream(_paced_app(0.0, (0.05, 30.0)), timeouts=FAST)
+    assert err == f"{TIMEOUT_PREFIX}the stream stalled: no data for 0.3 s"
+    assert got == [{"i": 0}, {"i": 1}]
+
+
+def test_a_long_stream_that_keeps_coming_has_no_total_limit() -> None:
+    """Twelve gaps of 0.1 s: longer than every timeout together, never silent for 0.3 s."""
+    err, got = _stream(_paced_app(0.2, (0.1,) * 12), timeouts=FAST)
+    assert err is None and len(got) == 13
+
+
+def test_a_request_with_no_answer_fails_within_its_timeout() -> None:
+    async def go() -> None:
+        app = web.Application()
+
+        async def never(_: web.Request) -> web.Response:
+            await asyncio.sleep(30)
+            return web.json_response({})
+
+        app.router.add_get("/props", never)
+        server = await _serve(app)
+        try:
+            async with connect(str(server.make_url("")), 2, FAST) as http:
+                with pytest.raises(TimeoutError):
+                    await http.get_json("/props")
+        finally:
+            await server.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), 1e9])
+def test_timeouts_must_be_positive_finite_seconds(bad: float) -> None:
+    with pytest.raises(ValueError, match="idle_s"):
+        Timeouts(idle_s=bad)

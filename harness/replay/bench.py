@@ -27,6 +27,7 @@ from harness.replay import pinning
 from harness.replay.cli import (
     RunOptions,
     arrivals_from_flags,
+    check_run_flags,
     execute_run,
     timeout_options,
     timeouts_from_flags,
@@ -273,6 +274,7 @@ def bench_cmd(runtime: str, url: str | None, trace_path: Path | None, policies: 
               selftest: Path | None, connect_timeout: float, first_token_timeout: float,
               stall_timeout: float, request_timeout: float) -> None:
     """Replay one trace under several policies and compare them in one report."""
+    check_run_flags(slots=slots, ctx_per_slot=ctx_per_slot, time_scale=time_scale)
     timeouts = timeouts_from_flags(connect_timeout, first_token_timeout, stall_timeout,
                                    request_timeout)
     base = RunOptions(trace=Path(), policy="", out=Path(), inject=inject, timeouts=timeouts,

@@ -87,8 +87,24 @@ def arrivals_from_flags(concurrency: int | None, rate: float | None, trace_timin
         raise InputError("choose one of --concurrency, --rate, --trace-timing")
     mode: Literal["closed", "poisson", "trace"] = (
         "poisson" if rate is not None else "trace" if trace_timing else "closed")
-    return Arrivals(mode=mode, concurrency=concurrency or 4, rate=rate or 1.0,
-                    time_scale=time_scale)
+    # None means the flag was not given; a 0 given is refused below, never replaced.
+    return Arrivals(mode=mode, concurrency=4 if concurrency is None else concurrency,
+                    rate=1.0 if rate is None else rate, time_scale=time_scale)
+
+
+# The ranges a run's numeric flags must fall in: (flag, low, high), low exclusive for floats.
+RUN_FLAG_RANGES: tuple[tuple[str, float, float], ...] = (
+    ("--slots", 1, 65_536), ("--ctx-per-slot", 16, 16_777_216), ("--threads", 1, 4096),
+    ("--scrape-interval", 0.01, 3600.0), ("--time-scale", 1e-6, 1e6))
+
+
+def check_run_flags(**values: float) -> None:
+    """InputError naming the flag and its range when a value is outside it (keys: flag names
+    without dashes, underscores for hyphens)."""
+    for flag, low, high in RUN_FLAG_RANGES:
+        key = flag[2:].replace("-", "_")
+        if key in values and not low <= values[key] <= high:
+            raise InputError(f"{flag} must be in [{low:g}, {high:g}], got {values[key]:g}")
 
 
 def timeout_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -156,6 +172,8 @@ def run_cmd(runtime: str, url: str | None, trace_path: Path, policy: str,
             server_args: tuple[str, ...], selftest: Path | None, connect_timeout: float,
             first_token_timeout: float, stall_timeout: float, request_timeout: float) -> None:
     """Replay TRACE against a runtime under POLICY and write a results directory."""
+    check_run_flags(slots=slots, ctx_per_slot=ctx_per_slot, threads=threads,
+                    scrape_interval=scrape_interval, time_scale=time_scale)
     timeouts = timeouts_from_flags(connect_timeout, first_token_timeout, stall_timeout,
                                    request_timeout)
     instrument = read_selftest(selftest) if selftest else None

@@ -1,0 +1,36 @@
+"""Numeric flags are checked against their documented ranges, never silently replaced."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from harness.cli import main
+
+TRACE = Path(__file__).resolve().parents[2] / "traces" / "bench-small.parquet"
+
+
+@pytest.mark.parametrize(("flag", "value"), [
+    ("--concurrency", "0"), ("--concurrency", "-2"), ("--rate", "0"), ("--rate", "nan"),
+    ("--scrape-interval", "0"), ("--time-scale", "1e300"), ("--time-scale", "0"),
+    ("--slots", "0"), ("--threads", "0"), ("--ctx-per-slot", "-1"),
+])
+def test_run_refuses_a_flag_out_of_range(flag: str, value: str, tmp_path: Path) -> None:
+    res = CliRunner().invoke(main, ["run", "--url", "http://127.0.0.1:9", "--trace",
+                                    str(TRACE), "--policy", "keep", "--out",
+                                    str(tmp_path / "o"), flag, value])
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0] and "Traceback" not in res.output
+    assert not (tmp_path / "o").exists()  # nothing was started or written
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--concurrency", "0"), ("--slots", "0"),
+                                             ("--time-scale", "inf")])
+def test_bench_refuses_a_flag_out_of_range(flag: str, value: str, tmp_path: Path) -> None:
+    res = CliRunner().invoke(main, ["bench", "--url", "http://127.0.0.1:9", "--out",
+                                    str(tmp_path / "b"), flag, value])
+    assert res.exit_code == 2, res.output
+    assert flag in res.output and len(res.output.strip().splitlines()) == 1

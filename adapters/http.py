@@ -354,15 +354,15 @@ def samples(families: Iterable[Metric], keep: Callable[[str], bool]) -> list[Sam
 
 
 @contextlib.asynccontextmanager
-async def connect(base_url: str, connection_limit: int, timeouts: Timeouts | None = None
-                  ) -> AsyncIterator[HttpClient]:
+async def connect(base_url: str, connection_limit: int, timeouts: Timeouts | None = None,
+                  headers: dict[str, str] | None = None) -> AsyncIterator[HttpClient]:
     """An HttpClient on a pooled keep-alive session of at most `connection_limit` connections,
-    closed on exit."""
+    closed on exit; `headers` go with every request (an API key: never logged or recorded)."""
     if connection_limit < 1:
         raise ValueError(f"connection_limit must be >= 1, got {connection_limit}")
     connector = aiohttp.TCPConnector(limit=connection_limit, limit_per_host=0,
                                      keepalive_timeout=KEEPALIVE_S)
     fresh = aiohttp.TCPConnector(limit=connection_limit, force_close=True)
-    async with aiohttp.ClientSession(connector=connector) as session, \
-            aiohttp.ClientSession(connector=fresh) as retries:
+    async with aiohttp.ClientSession(connector=connector, headers=headers) as session, \
+            aiohttp.ClientSession(connector=fresh, headers=headers) as retries:
         yield HttpClient(session, base_url, timeouts, retries, connection_limit)

@@ -27,11 +27,14 @@ from harness.replay import pinning
 from harness.replay.cli import (
     RunOptions,
     arrivals_from_flags,
+    auth_options,
     check_run_flags,
     execute_run,
+    headers_from_flags,
     timeout_options,
     timeouts_from_flags,
 )
+from harness.replay.runner import redact_url
 from harness.selftest.result import read_selftest
 from harness.traces.validate import load_trajectories
 
@@ -195,7 +198,7 @@ def run_bench(plan: BenchPlan, echo: Callable[[str], None] = click.echo
         from harness.replay.calibrate import calibrate
 
         first = plan.runs[0]
-        echo(f"calibrating {first.url or 'a local server'} ...")
+        echo(f"calibrating {redact_url(first.url) if first.url else 'a local server'} ...")
         plan.root.mkdir(parents=True, exist_ok=True)
         calibrate(plan.calibration, first.runtime, first.url, server_args=first.server_args,
                   pin=plan.pinning)
@@ -267,17 +270,20 @@ def check_same_pinning(runs: list[RunManifest]) -> None:
 @click.option("--selftest", "selftest", type=click.Path(path_type=Path),
               help="A `harness selftest` file: its instrument error goes into each run.json.")
 @timeout_options
+@auth_options
 def bench_cmd(runtime: str, url: str | None, trace_path: Path | None, policies: str,
               policy_args: tuple[str, ...], inject: str, concurrency: int, time_scale: float,
               seed: int, slots: int, ctx_per_slot: int, calibration: Path | None,
               calibrate_first: bool, server_args: tuple[str, ...], out: Path | None,
               selftest: Path | None, connect_timeout: float, first_token_timeout: float,
-              stall_timeout: float, request_timeout: float) -> None:
+              stall_timeout: float, request_timeout: float, api_key: str | None,
+              headers: tuple[str, ...]) -> None:
     """Replay one trace under several policies and compare them in one report."""
     check_run_flags(slots=slots, ctx_per_slot=ctx_per_slot, time_scale=time_scale)
     timeouts = timeouts_from_flags(connect_timeout, first_token_timeout, stall_timeout,
                                    request_timeout)
     base = RunOptions(trace=Path(), policy="", out=Path(), inject=inject, timeouts=timeouts,
+                      headers=headers_from_flags(api_key, headers, url),
                       arrivals=arrivals_from_flags(concurrency, None, False, time_scale),
                       seed=seed, slots=slots, ctx_per_slot=ctx_per_slot,
                       server_args=server_args,

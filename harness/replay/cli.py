@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import urllib.parse
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -78,7 +79,8 @@ def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo,
                            server_args=o.server_args,
                            server_cpus=pin.server if pin else None)
     return run_on_runtime(rt, server, plan, o.policy_args, run, o.out,
-                          cal.rates() if cal else None, o.scrape_interval_s, echo, o.timeouts)
+                          cal.rates() if cal else None, o.scrape_interval_s, echo, o.timeouts,
+                          o.headers)
 
 
 def arrivals_from_flags(concurrency: int | None, rate: float | None, trace_timing: bool,
@@ -120,6 +122,34 @@ def timeout_options(f: Callable[..., Any]) -> Callable[..., Any]:
             ("--connect-timeout", d.connect_s, "Seconds to open a connection.")):
         f = click.option(flag, type=float, default=default, show_default=True, help=what)(f)
     return f
+
+
+def auth_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """--api-key (or HARNESS_API_KEY) and repeatable --header."""
+    f = click.option("--header", "headers", multiple=True, metavar="'NAME: VALUE'",
+                     help="An HTTP header for every request to the server, repeatable.")(f)
+    return click.option("--api-key", envvar="HARNESS_API_KEY", show_envvar=True,
+                        help="Sent as 'Authorization: Bearer KEY'; never recorded.")(f)
+
+
+def headers_from_flags(api_key: str | None, headers: tuple[str, ...],
+                       url: str | None = None) -> dict[str, str]:
+    """The request headers the flags ask for; InputError for one that is not 'Name: value',
+    or for an Authorization beside credentials in `url` (one or the other)."""
+    out: dict[str, str] = {}
+    for h in headers:
+        name, sep, value = h.partition(":")
+        name, value = name.strip(), value.strip()
+        if not sep or not name or any(c in name for c in " \t\r\n") or "\n" in value:
+            raise InputError(f"--header must be 'Name: value', got {h[:60]!r}")
+        out[name] = value
+    if api_key:
+        out["Authorization"] = f"Bearer {api_key}"
+    if url and "@" in urllib.parse.urlsplit(url).netloc and any(
+            k.lower() == "authorization" for k in out):
+        raise InputError("--url carries credentials and an Authorization header is given "
+                         "(--api-key or --header): use one of them")
+    return out
 
 
 def timeouts_from_flags(connect_timeout: float, first_token_timeout: float,
@@ -164,13 +194,15 @@ def timeouts_from_flags(connect_timeout: float, first_token_timeout: float,
 @click.option("--selftest", "selftest", type=click.Path(path_type=Path),
               help="A `harness selftest` file: its instrument error goes into run.json.")
 @timeout_options
+@auth_options
 def run_cmd(runtime: str, url: str | None, trace_path: Path, policy: str,
             policy_args: tuple[str, ...], inject: str, concurrency: int | None,
             rate: float | None, trace_timing: bool, time_scale: float, seed: int, out: Path,
             slots: int, ctx_per_slot: int, threads: int, model_path: Path | None,
             scrape_interval: float, calibration: Path | None,
             server_args: tuple[str, ...], selftest: Path | None, connect_timeout: float,
-            first_token_timeout: float, stall_timeout: float, request_timeout: float) -> None:
+            first_token_timeout: float, stall_timeout: float, request_timeout: float,
+            api_key: str | None, headers: tuple[str, ...]) -> None:
     """Replay TRACE against a runtime under POLICY and write a results directory."""
     check_run_flags(slots=slots, ctx_per_slot=ctx_per_slot, threads=threads,
                     scrape_interval=scrape_interval, time_scale=time_scale)
@@ -183,7 +215,8 @@ def run_cmd(runtime: str, url: str | None, trace_path: Path, policy: str,
         arrivals=arrivals_from_flags(concurrency, rate, trace_timing, time_scale), seed=seed,
         slots=slots, ctx_per_slot=ctx_per_slot, threads=threads, model=model_path,
         scrape_interval_s=scrape_interval, calibration=calibration, server_args=server_args,
-        instrument_error=instrument, timeouts=timeouts)
+        instrument_error=instrument, timeouts=timeouts,
+        headers=headers_from_flags(api_key, headers, url))
     run = execute_run(opts, lambda m: click.echo(m, err=True))
     _print_result(out, run)
 

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,8 +60,8 @@ def max_in_flight(plan: Plan) -> int:
 def run_on_runtime(runtime: Runtime, server: ServerOptions, plan: Plan,
                    policy_args: dict[str, str], run: RunManifest, out: Path,
                    rates: ServerRates | None, scrape_interval_s: float,
-                   echo: Callable[[str], None], timeouts: Timeouts | None = None
-                   ) -> RunManifest:
+                   echo: Callable[[str], None], timeouts: Timeouts | None = None,
+                   headers: dict[str, str] | None = None) -> RunManifest:
     """Start (or reach) the runtime's server, replay `plan` on it and stop what was started;
     returns the final run.json. `rates`: calibrated rates, else defaults with the model's KV
     bytes per token. The client's pool and the server are sized for the plan's most requests in
@@ -76,20 +77,23 @@ def run_on_runtime(runtime: Runtime, server: ServerOptions, plan: Plan,
                                      bpt or FALLBACK_RATES.kv_bytes_per_token)
         run.event_loop = loop.loop_name()
         loop.run(_replay_session(session, plan, server, policy_args, run, out, rates,
-                                 scrape_interval_s, timeouts or Timeouts()))
+                                 scrape_interval_s, timeouts or Timeouts(), headers))
     return run
 
 
 async def _replay_session(session: RuntimeSession, plan: Plan, server: ServerOptions,
                           policy_args: dict[str, str], run: RunManifest, out: Path,
                           rates: ServerRates, scrape_interval_s: float,
-                          timeouts: Timeouts) -> None:
+                          timeouts: Timeouts, headers: dict[str, str] | None = None
+                          ) -> None:
     limit = server.connections
     run.http = {"connection_limit": limit, "keepalive_s": KEEPALIVE_S, "pooled": True,
                 "timeouts_s": timeouts.to_dict()}
-    async with connect(session.details.url, limit, timeouts) as http:
+    if headers:  # which headers went with the requests, never their values
+        run.http["headers"] = sorted(headers)
+    async with connect(session.details.url, limit, timeouts, headers) as http:
         adapter = session.connect(http)
-        info = await server_info(adapter, session.details.url)
+        info = await server_info(adapter, redact_url(session.details.url))
         how = session.realise(info)
         run.harness_policy, run.server_policy = how.harness_policy, how.label
         same = how.harness_policy == server.policy
@@ -105,6 +109,16 @@ async def _replay_session(session: RuntimeSession, plan: Plan, server: ServerOpt
                 run.write(out)
 
 
+def redact_url(url: str) -> str:
+    """`url` with any password in it replaced by ***, as run.json and logs show it."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
 async def server_info(adapter: Adapter, url: str) -> ServerInfo:
     """The server's own report; ServerError (one line) when it cannot be had."""
     try:
@@ -117,7 +131,7 @@ async def server_info(adapter: Adapter, url: str) -> ServerInfo:
 
 def _record_details(run: RunManifest, session: RuntimeSession) -> None:
     d = session.details
-    run.server_url, run.server_flags, run.server_binary = d.url, d.flags, d.binary
+    run.server_url, run.server_flags, run.server_binary = redact_url(d.url), d.flags, d.binary
     run.server_build, run.server_python, run.server_env = d.build, d.python, d.env
     run.server_start_s, run.model = d.start_s, d.model
     run.server_process = d.process

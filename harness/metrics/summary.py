@@ -25,6 +25,8 @@ SUMMARY_VERSION = "2"
 # Client lag (how late the harness woke to a tool's end) above this P99 is warned about: the
 # load the run offered was late by that much, whatever the server did.
 CLIENT_LAG_WARN_MS = 1.0
+# Up to this much, the lag is what a millisecond timer gives; beyond it, the client was busy.
+TIMER_LAG_MS = 3.0
 
 # The keys of summary.json, in order: the stable core first, then breakdowns and provenance.
 SUMMARY_KEYS: tuple[str, ...] = (
@@ -125,9 +127,11 @@ def _warnings(client_lag: dict[str, Any]) -> list[str]:
     out = []
     p99 = client_lag.get("p99")
     if p99 is not None and p99 > CLIENT_LAG_WARN_MS:
+        cause = ("the event loop's timers fire on whole milliseconds" if p99 <= TIMER_LAG_MS
+                 else "an overloaded client")
         out.append(f"client lag P99 {p99:.1f} ms > {CLIENT_LAG_WARN_MS:g} ms: the harness woke "
-                   "late to tool ends (an overloaded client); resume latency is timed from the "
-                   "wake, but the load was offered late by that much")
+                   f"late to tool ends ({cause}); resume latency is timed from the wake, but "
+                   "the load was offered late by that much")
     return out
 
 

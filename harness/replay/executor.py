@@ -8,6 +8,7 @@ contents, dump files) is released when a trajectory ends, however it ends.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -21,7 +22,15 @@ from harness.replay.clock import NS, Clock
 from harness.replay.progress import Progress
 from harness.replay.recorder import Recorder, SlotPool
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+def dump_name(run_id: str, trajectory_id: str, step: int) -> str:
+    """A swap dump's file name: letters, digits, '-' and '_' only (no dots, so no '..' a server
+    would refuse), at most ~100 characters, unique per trajectory (a short hash of its raw id)."""
+    digest = hashlib.blake2b(trajectory_id.encode(), digest_size=4).hexdigest()
+    slug = _UNSAFE.sub("_", trajectory_id)[:40]
+    return f"{_UNSAFE.sub('_', run_id)[:48]}-{slug}-{digest}-{step}.bin"
 MIN_PREFILL_SAMPLE = 64  # prompts shorter than this time overheads, not prefill
 
 
@@ -312,7 +321,7 @@ class Executor:
         if st.slot is None:
             return
         if action == SWAP:
-            name = _UNSAFE.sub("_", f"{self.run_id}-{st.tid}-{step}.bin")
+            name = dump_name(self.run_id, st.tid, step)
             try:
                 io = await self.adapter.save_slot(st.slot, name)
             except Unsupported as exc:

@@ -436,3 +436,16 @@ def test_an_eviction_that_outlasts_the_tool_counts_in_resume_latency(tmp_path: P
     end = rec[rec.event == "tool_end"].iloc[0]
     assert end.t_ns == end.planned_ns == start + NS // 2  # stamped at its planned end
     assert resume_ms(rec)[0] >= 1500.0  # the rest of the save, then restore and prefill
+
+
+@pytest.mark.parametrize("tid", ["a", "../../etc/passwd", "x..y", "trajectoire-é/1", "t" * 300,
+                                 "", ".hidden"])
+def test_dump_names_are_always_valid_file_names(tid: str) -> None:
+    import re
+
+    from harness.replay.executor import dump_name
+
+    name = dump_name("swap-20261201T000000-abc123", tid, 3)
+    assert re.fullmatch(r"[A-Za-z0-9_-]+\.bin", name) and ".." not in name
+    assert len(name) <= 110
+    assert dump_name("swap-20261201T000000-abc123", tid + "x", 3) != name

@@ -21,6 +21,13 @@ class _Root(click.Group):
         except HarnessError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(exc.exit_code)
+        except OSError as exc:
+            if exc.filename is None:
+                raise
+            # A results location that cannot be written (full, read-only, not a directory):
+            # the environment's problem, said in one line.
+            click.echo(f"error: cannot write {exc.filename}: {exc.strerror or exc}", err=True)
+            sys.exit(2)
         except KeyboardInterrupt:
             click.echo("error: interrupted (SIGINT); what was measured is kept", err=True)
             sys.exit(130)

@@ -26,7 +26,11 @@ def load_toml(name_or_path: str, package: str, folder: str, kind: str,
     if path.suffix == ".toml" or path.exists():
         if not path.is_file():
             raise InputError(f"{kind} file {path} does not exist")
-        text, where = path.read_text(), str(path)
+        try:
+            text, where = path.read_text(encoding="utf-8"), str(path)
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{kind} file {path} is not UTF-8 text ({exc.reason} at byte "
+                             f"{exc.start})") from None
     else:
         res = resources.files(package).joinpath(folder, f"{name_or_path}.toml")
         if not res.is_file():

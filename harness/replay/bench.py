@@ -29,6 +29,8 @@ from harness.replay.cli import (
     arrivals_from_flags,
     auth_options,
     check_run_flags,
+    check_url,
+    ensure_out_dir,
     execute_run,
     headers_from_flags,
     timeout_options,
@@ -199,7 +201,7 @@ def run_bench(plan: BenchPlan, echo: Callable[[str], None] = click.echo
 
         first = plan.runs[0]
         echo(f"calibrating {redact_url(first.url) if first.url else 'a local server'} ...")
-        plan.root.mkdir(parents=True, exist_ok=True)
+        ensure_out_dir(plan.root)
         calibrate(plan.calibration, first.runtime, first.url, server_args=first.server_args,
                   pin=plan.pinning)
     rows: list[tuple[str, dict[str, Any]]] = []
@@ -280,6 +282,7 @@ def bench_cmd(runtime: str, url: str | None, trace_path: Path | None, policies: 
               headers: tuple[str, ...]) -> None:
     """Replay one trace under several policies and compare them in one report."""
     check_run_flags(slots=slots, ctx_per_slot=ctx_per_slot, time_scale=time_scale)
+    check_url(url)
     timeouts = timeouts_from_flags(connect_timeout, first_token_timeout, stall_timeout,
                                    request_timeout)
     base = RunOptions(trace=Path(), policy="", out=Path(), inject=inject, timeouts=timeouts,

@@ -73,7 +73,7 @@ def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo,
     cal = read_calibration(o.calibration) if o.calibration else None
     if o.calibration and cal:
         run.calibration = {"path": str(o.calibration), **cal.to_dict()}
-    o.out.mkdir(parents=True, exist_ok=True)
+    ensure_out_dir(o.out)
     server = ServerOptions(policy=o.policy, run_id=str(run.run_id), url=o.url, slots=o.slots,
                            ctx_per_slot=o.ctx_per_slot, threads=o.threads, model=o.model,
                            server_args=o.server_args,
@@ -81,6 +81,25 @@ def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo,
     return run_on_runtime(rt, server, plan, o.policy_args, run, o.out,
                           cal.rates() if cal else None, o.scrape_interval_s, echo, o.timeouts,
                           o.headers)
+
+
+def ensure_out_dir(path: Path, flag: str = "--out") -> None:
+    """Create a results directory; InputError when `path` is a file or cannot be made."""
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{flag} {path} is a file; give a directory for the results")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{flag} {path}: cannot create it ({exc.strerror or exc})") from None
+
+
+def check_url(url: str | None) -> None:
+    """InputError unless `url` is an http(s) URL with a host."""
+    if url is None:
+        return
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InputError(f"--url must be http://host[:port] or https://..., got {url[:80]!r}")
 
 
 def arrivals_from_flags(concurrency: int | None, rate: float | None, trace_timing: bool,
@@ -206,6 +225,7 @@ def run_cmd(runtime: str, url: str | None, trace_path: Path, policy: str,
     """Replay TRACE against a runtime under POLICY and write a results directory."""
     check_run_flags(slots=slots, ctx_per_slot=ctx_per_slot, threads=threads,
                     scrape_interval=scrape_interval, time_scale=time_scale)
+    check_url(url)
     timeouts = timeouts_from_flags(connect_timeout, first_token_timeout, stall_timeout,
                                    request_timeout)
     instrument = read_selftest(selftest) if selftest else None

@@ -73,6 +73,7 @@ def describe_cmd(file: Path, as_json: bool) -> None:
               help="Importer option (e.g. -o profile=flaky-tools for openai-chat).")
 def import_cmd(fmt: str, path: Path, out: Path, options: tuple[str, ...]) -> None:
     """Import a real trace (FORMAT PATH) into the trajectory format."""
+    check_out_file(out)
     opts: dict[str, str] = {}
     for o in options:
         if "=" not in o:
@@ -95,6 +96,14 @@ def import_cmd(fmt: str, path: Path, out: Path, options: tuple[str, ...]) -> Non
                f"({time.perf_counter() - t0:.2f} s)")
 
 
+def check_out_file(out: Path) -> None:
+    """InputError unless `out` can be a file: not a directory, its folder existing."""
+    if out.is_dir():
+        raise InputError(f"--out {out} is a directory; give the Parquet file to write")
+    if not out.parent.is_dir():
+        raise InputError(f"--out {out}: folder {out.parent} does not exist")
+
+
 @traces.command()
 @click.option("--profile", required=True, help=f"Built-in ({', '.join(builtin_profiles())}) "
                                                "or a TOML file.")
@@ -103,6 +112,7 @@ def import_cmd(fmt: str, path: Path, out: Path, options: tuple[str, ...]) -> Non
 @click.option("--out", required=True, type=click.Path(path_type=Path))
 def gen(profile: str, trajectories: int, seed: int, out: Path) -> None:
     """Generate a synthetic workload from a profile; the same seed gives the same file."""
+    check_out_file(out)
     prof = load_profile(profile)
     df = generate(prof, trajectories, seed)
     write_trajectories(df, out, provenance_for(prof, trajectories, seed))

@@ -103,6 +103,8 @@ def read_json(path: Path) -> Any:
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: not valid JSON at line {exc.lineno} column {exc.colno}: "
                          f"{exc.msg}") from None
+    except RecursionError:
+        raise InputError(f"{path}: JSON nested too deeply to be a trace") from None
     except (OSError, UnicodeDecodeError, EOFError) as exc:
         raise InputError(f"{path}: cannot read: {exc}") from None
 
@@ -118,6 +120,8 @@ def read_jsonl(path: Path) -> list[tuple[int, Any]]:
                     out.append((n, json.loads(line)))
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: line {n}: not valid JSON: {exc.msg}") from None
+    except RecursionError:
+        raise InputError(f"{path}: line {n}: JSON nested too deeply to be a trace") from None
     except UnicodeDecodeError:
         raise InputError(f"{path}: not UTF-8 text (after line {n})") from None
     except OSError as exc:

@@ -115,16 +115,23 @@ def summarize_frames(
                           pauses["action"].astype(object).value_counts().sort_index().items()},
         "slo": dict(slo),
         "kv_bytes_per_token": bpt,
-        "warnings": _warnings(lag),
+        "warnings": _warnings(lag, run),
         "run_id": run.run_id,
         "summary_version": SUMMARY_VERSION,
     }
     return out
 
 
-def _warnings(client_lag: dict[str, Any]) -> list[str]:
+def _warnings(client_lag: dict[str, Any], run: RunManifest) -> list[str]:
     """What a reader must know before trusting the numbers."""
     out = []
+    if run.status is not None and run.status != "finished":
+        out.append(f"incomplete run (status {run.status}): the figures cover what was measured "
+                   "until it stopped, not the whole plan")
+    failed = run.outcome.server_failed if run.outcome is not None else 0
+    if failed:
+        out.append(f"{failed} trajectories failed because the server failed (errors, "
+                   "timeouts): their resumes are missing from the figures")
     p99 = client_lag.get("p99")
     if p99 is not None and p99 > CLIENT_LAG_WARN_MS:
         cause = ("the event loop's timers fire on whole milliseconds" if p99 <= TIMER_LAG_MS

@@ -54,6 +54,7 @@ class Outcome:
     cancelled: int = 0
     failed: int = 0
     unsupported_actions: int = 0
+    server_failed: int = 0  # of `failed`: because the server failed (exit code 4)
 
 
 @dataclass
@@ -118,6 +119,8 @@ class RunManifest:
     scrape: dict[str, float] | None = None  # the server sampler: interval, samples, cost
     # a local server's pid, process group and private folder (what a killed run would leave)
     server_process: dict[str, Any] | None = None
+    # trajectories left out because their context could not fit (--skip-oversized)
+    skipped_oversized: list[str] | None = None
     client_cpu_s: float | None = None  # the harness process's CPU (all threads) over the replay
     # the simulator's own
     capacity: dict[str, Any] | None = None

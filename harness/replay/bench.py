@@ -32,6 +32,7 @@ from harness.replay.cli import (
     check_url,
     ensure_out_dir,
     execute_run,
+    exit_on_server_failures,
     headers_from_flags,
     timeout_options,
     timeouts_from_flags,
@@ -279,7 +280,7 @@ def bench_cmd(runtime: str, url: str | None, trace_path: Path | None, policies: 
               calibrate_first: bool, server_args: tuple[str, ...], out: Path | None,
               selftest: Path | None, connect_timeout: float, first_token_timeout: float,
               stall_timeout: float, request_timeout: float, api_key: str | None,
-              headers: tuple[str, ...]) -> None:
+              headers: tuple[str, ...], skip_oversized: bool) -> None:
     """Replay one trace under several policies and compare them in one report."""
     check_run_flags(slots=slots, ctx_per_slot=ctx_per_slot, time_scale=time_scale)
     check_url(url)
@@ -287,6 +288,7 @@ def bench_cmd(runtime: str, url: str | None, trace_path: Path | None, policies: 
                                    request_timeout)
     base = RunOptions(trace=Path(), policy="", out=Path(), inject=inject, timeouts=timeouts,
                       headers=headers_from_flags(api_key, headers, url),
+                      skip_oversized=skip_oversized,
                       arrivals=arrivals_from_flags(concurrency, None, False, time_scale),
                       seed=seed, slots=slots, ctx_per_slot=ctx_per_slot,
                       server_args=server_args,
@@ -297,3 +299,5 @@ def bench_cmd(runtime: str, url: str | None, trace_path: Path | None, policies: 
     click.echo("")
     click.echo(headline_table(rows))
     click.echo(f"\nresults: {plan.root}\nreport:  {plan.root / 'report.html'}")
+    exit_on_server_failures([read_manifest(o.out) for o in plan.runs
+                             if (o.out / "run.json").exists()])

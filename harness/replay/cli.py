@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 import urllib.parse
 import uuid
 from collections.abc import Callable
@@ -80,7 +81,7 @@ def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo,
                            server_cpus=pin.server if pin else None)
     return run_on_runtime(rt, server, plan, o.policy_args, run, o.out,
                           cal.rates() if cal else None, o.scrape_interval_s, echo, o.timeouts,
-                          o.headers)
+                          o.headers, o.skip_oversized)
 
 
 def ensure_out_dir(path: Path, flag: str = "--out") -> None:
@@ -144,7 +145,10 @@ def timeout_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def auth_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """--api-key (or HARNESS_API_KEY) and repeatable --header."""
+    """--api-key (or HARNESS_API_KEY), repeatable --header, and --skip-oversized."""
+    f = click.option("--skip-oversized", is_flag=True,
+                     help="Skip (and record in run.json) trajectories whose context cannot "
+                          "fit a slot, instead of refusing the run.")(f)
     f = click.option("--header", "headers", multiple=True, metavar="'NAME: VALUE'",
                      help="An HTTP header for every request to the server, repeatable.")(f)
     return click.option("--api-key", envvar="HARNESS_API_KEY", show_envvar=True,
@@ -221,7 +225,7 @@ def run_cmd(runtime: str, url: str | None, trace_path: Path, policy: str,
             scrape_interval: float, calibration: Path | None,
             server_args: tuple[str, ...], selftest: Path | None, connect_timeout: float,
             first_token_timeout: float, stall_timeout: float, request_timeout: float,
-            api_key: str | None, headers: tuple[str, ...]) -> None:
+            api_key: str | None, headers: tuple[str, ...], skip_oversized: bool) -> None:
     """Replay TRACE against a runtime under POLICY and write a results directory."""
     check_run_flags(slots=slots, ctx_per_slot=ctx_per_slot, threads=threads,
                     scrape_interval=scrape_interval, time_scale=time_scale)
@@ -236,9 +240,25 @@ def run_cmd(runtime: str, url: str | None, trace_path: Path, policy: str,
         slots=slots, ctx_per_slot=ctx_per_slot, threads=threads, model=model_path,
         scrape_interval_s=scrape_interval, calibration=calibration, server_args=server_args,
         instrument_error=instrument, timeouts=timeouts,
-        headers=headers_from_flags(api_key, headers, url))
+        headers=headers_from_flags(api_key, headers, url), skip_oversized=skip_oversized)
     run = execute_run(opts, lambda m: click.echo(m, err=True))
     _print_result(out, run)
+    exit_on_server_failures([run])
+
+
+# The run finished, but trajectories failed because the server did (not the task's own fault).
+SERVER_FAILURES_EXIT = 4
+
+
+def exit_on_server_failures(runs: list[RunManifest]) -> None:
+    """Exit SERVER_FAILURES_EXIT, with one line, when a run lost trajectories to the server."""
+    lost = {str(r.policy): r.outcome.server_failed for r in runs
+            if r.outcome is not None and r.outcome.server_failed}
+    if lost:
+        which = ", ".join(f"{p}: {n}" for p, n in lost.items())
+        click.echo(f"error: trajectories failed because the server failed ({which}); "
+                   "the results are kept", err=True)
+        sys.exit(SERVER_FAILURES_EXIT)
 
 
 def _print_result(out: Path, run: RunManifest) -> None:

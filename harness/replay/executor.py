@@ -51,7 +51,12 @@ class RunCounters:
     cancelled: int = 0
     failed: int = 0
     unsupported: int = 0
+    server_failed: int = 0  # failed because the server failed (an error, a timeout, bad data)
     cleanup_errors: list[str] = field(default_factory=list)
+
+
+# Failure reasons that mean the server failed, not the task (its tools, its context).
+SERVER_FAULTS = ("server error:", "timeout:")
 
 
 async def _settle(tasks: list[asyncio.Task[None]], cancel: bool) -> None:
@@ -149,6 +154,7 @@ class Executor:
         self.rec.emit("trajectory_start", trajectory_id=st.tid, traffic="agent",
                       planned_ns=planned_ns, detail=traj.priority)
         status, reason = "completed", None
+        server_fault = False
         due = planned_ns
         try:
             for i, step in enumerate(traj.steps):
@@ -157,12 +163,14 @@ class Executor:
                 else:
                     status, reason, due = await self._tool(st, traj, step)
                 if status != "completed":
+                    server_fault = reason is not None and reason.startswith(SERVER_FAULTS)
                     break
         except asyncio.CancelledError:
             status, reason = "cancelled", "run-interrupted"
             raise
         except Exception as exc:  # a server that breaks the protocol fails this trajectory only
             status, reason = "failed", f"{type(exc).__name__}: {exc}"[:300]
+            server_fault = True
         finally:
             if status == "cancelled":
                 self.rec.emit("cancel", trajectory_id=st.tid, traffic="agent", reason=reason)
@@ -173,6 +181,7 @@ class Executor:
                 self.rec.emit("trajectory_end", trajectory_id=st.tid, traffic="agent",
                               status=status, reason=reason)
             setattr(self.counters, status, getattr(self.counters, status) + 1)
+            self.counters.server_failed += status == "failed" and server_fault
             self.progress.agents_active -= 1
             self.progress.trajectories_done += 1
         return status

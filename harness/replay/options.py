@@ -40,5 +40,6 @@ class RunOptions:
     # a `harness selftest` file's figures, read and checked up front (--selftest)
     instrument_error: dict[str, Any] | None = None
     timeouts: Timeouts = field(default_factory=Timeouts)
+    skip_oversized: bool = False  # skip (and record) trajectories that cannot fit a slot
     # sent with every request (--api-key, --header): never written to run.json or a log
     headers: dict[str, str] = field(default_factory=dict, repr=False)

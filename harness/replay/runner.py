@@ -39,6 +39,7 @@ from harness.records.store import (
 from harness.replay import loop, progress
 from harness.replay.clock import NS, Clock, RealClock, sleep_s
 from harness.replay.executor import Executor, RunCounters
+from harness.replay.preflight import check_plan
 from harness.replay.recorder import Recorder
 
 SCRAPE_CONNECTIONS = 1  # the server-metrics sampler's own request
@@ -61,7 +62,8 @@ def run_on_runtime(runtime: Runtime, server: ServerOptions, plan: Plan,
                    policy_args: dict[str, str], run: RunManifest, out: Path,
                    rates: ServerRates | None, scrape_interval_s: float,
                    echo: Callable[[str], None], timeouts: Timeouts | None = None,
-                   headers: dict[str, str] | None = None) -> RunManifest:
+                   headers: dict[str, str] | None = None, skip_oversized: bool = False
+                   ) -> RunManifest:
     """Start (or reach) the runtime's server, replay `plan` on it and stop what was started;
     returns the final run.json. `rates`: calibrated rates, else defaults with the model's KV
     bytes per token. The client's pool and the server are sized for the plan's most requests in
@@ -77,15 +79,16 @@ def run_on_runtime(runtime: Runtime, server: ServerOptions, plan: Plan,
                                      bpt or FALLBACK_RATES.kv_bytes_per_token)
         run.event_loop = loop.loop_name()
         loop.run(_replay_session(session, plan, server, policy_args, run, out, rates,
-                                 scrape_interval_s, timeouts or Timeouts(), headers))
+                                 scrape_interval_s, timeouts or Timeouts(), headers,
+                                 skip_oversized))
     return run
 
 
 async def _replay_session(session: RuntimeSession, plan: Plan, server: ServerOptions,
                           policy_args: dict[str, str], run: RunManifest, out: Path,
                           rates: ServerRates, scrape_interval_s: float,
-                          timeouts: Timeouts, headers: dict[str, str] | None = None
-                          ) -> None:
+                          timeouts: Timeouts, headers: dict[str, str] | None = None,
+                          skip_oversized: bool = False) -> None:
     limit = server.connections
     run.http = {"connection_limit": limit, "keepalive_s": KEEPALIVE_S, "pooled": True,
                 "timeouts_s": timeouts.to_dict()}
@@ -94,6 +97,9 @@ async def _replay_session(session: RuntimeSession, plan: Plan, server: ServerOpt
     async with connect(session.details.url, limit, timeouts, headers) as http:
         adapter = session.connect(http)
         info = await server_info(adapter, redact_url(session.details.url))
+        plan, skipped = check_plan(plan, info.ctx_per_slot, skip_oversized)
+        if skipped:
+            run.skipped_oversized = skipped
         how = session.realise(info)
         run.harness_policy, run.server_policy = how.harness_policy, how.label
         same = how.harness_policy == server.policy
@@ -259,7 +265,7 @@ def _record_end(run: RunManifest, executor: Executor, clock: Clock, status: str,
                 cleanup: Cleanup, scrape_errors: list[str]) -> None:
     c: RunCounters = executor.counters
     run.status, run.duration_s = status, clock.now_ns() / NS
-    run.outcome = Outcome(c.completed, c.cancelled, c.failed, c.unsupported)
+    run.outcome = Outcome(c.completed, c.cancelled, c.failed, c.unsupported, c.server_failed)
     run.final_rates = {"prefill_tok_s": executor.rates.prefill_tok_s,
                        "swap_bytes_per_s": executor.rates.swap_bytes_per_s}
     run.cleanup, run.scrape_errors = cleanup, scrape_errors

@@ -76,7 +76,7 @@ def test_resume_latency_per_policy_is_exact(tmp_path: Path, policy: str, expecte
     resumed = rec[(rec.event == "call_end") & (rec.step == 2)].iloc[0]
     assert resumed.cached_tokens == (0 if policy == "recompute" else 105)
     assert run["outcome"] == {"completed": 1, "cancelled": 0, "failed": 0,
-                              "unsupported_actions": 0}
+                              "unsupported_actions": 0, "server_failed": 0}
     assert adapter.files == {} and adapter.cache == {}  # every server-side state released
 
 

@@ -1,0 +1,60 @@
+"""A run that lost trajectories to its server says so (exit 4, a warning); an incomplete run's
+summary says it is incomplete."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness.metrics.summary import summarize_dir
+from harness.policies import make_policy
+from harness.records.manifest import Outcome, RunManifest, read_manifest
+from harness.replay.cli import SERVER_FAILURES_EXIT, exit_on_server_failures
+from harness.replay.clock import VirtualClock
+from harness.replay.runner import replay
+from tests.fakes.memory_adapter import MemoryAdapter
+from tests.unit.test_executor import RATES, plan_of, traj
+
+BASELINE = Path(__file__).resolve().parents[2] / "reports" / "baseline" / "keep"
+
+
+def test_server_failures_are_counted_apart_from_task_failures(tmp_path: Path) -> None:
+    async def go() -> RunManifest:
+        clock = VirtualClock()
+        run = RunManifest(run_id="s", policy="keep")
+        # Call 0 (trajectory a's first) fails on the server; b's context overflows a tiny slot.
+        adapter = MemoryAdapter(clock, fail_calls={0}, ctx=200)
+        big = traj("b")
+        await replay(adapter, clock, plan_of(traj("a"), big, traj("c"), concurrency=1),
+                     make_policy("keep"), tmp_path / "o", run, RATES, 0.5)
+        return run
+
+    run = asyncio.run(go())
+    assert run.outcome is not None
+    assert run.outcome.failed == 1 and run.outcome.server_failed == 1
+    warnings = summarize_dir(tmp_path / "o", run=run)["warnings"]
+    assert any("failed because the server failed" in w for w in warnings)
+
+
+def test_exit_code_4_names_the_policies(capsys: pytest.CaptureFixture[str]) -> None:
+    ok = RunManifest(run_id="a", policy="keep", outcome=Outcome(3, 0, 0, 0, 0))
+    bad = RunManifest(run_id="b", policy="swap", outcome=Outcome(1, 0, 2, 0, 2))
+    exit_on_server_failures([ok])  # nothing to say
+    with pytest.raises(SystemExit) as e:
+        exit_on_server_failures([ok, bad])
+    assert e.value.code == SERVER_FAILURES_EXIT
+    assert "swap: 2" in capsys.readouterr().err
+
+
+def test_an_incomplete_run_is_marked_incomplete(tmp_path: Path) -> None:
+    run_dir = tmp_path / "keep"
+    shutil.copytree(BASELINE, run_dir)
+    text = (run_dir / "run.json").read_text().replace('"status": "finished"',
+                                                      '"status": "running"')
+    (run_dir / "run.json").write_text(text)
+    assert read_manifest(run_dir).status == "running"
+    warnings = summarize_dir(run_dir)["warnings"]
+    assert any(w.startswith("incomplete run (status running)") for w in warnings)

@@ -46,6 +46,7 @@ def _register() -> None:
     from harness.model.cli import model
     from harness.replay.bench import bench_cmd
     from harness.replay.calibrate import calibrate_cmd
+    from harness.replay.clean import clean_cmd
     from harness.replay.cli import run_cmd
     from harness.report.cli import compare, export_cmd, history_cmd, report
     from harness.selftest.cli import selftest_cmd
@@ -60,6 +61,7 @@ def _register() -> None:
     main.add_command(run_cmd)
     main.add_command(bench_cmd)
     main.add_command(calibrate_cmd)
+    main.add_command(clean_cmd)
     main.add_command(selftest_cmd)
 
 

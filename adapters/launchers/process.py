@@ -236,3 +236,57 @@ class ServerProcess:
         # Interrupted (Ctrl-C, SIGTERM: not an Exception): the whole stop fits in a few seconds.
         interrupted = exc is not None and not isinstance(exc, Exception)
         self.stop(INTERRUPTED_TERM_WAIT_S if interrupted else 20.0)
+
+
+HARNESS_TMP_PREFIXES = ("harness-slots-", "harness-sglang-", "harness-vllm-")
+
+
+def _mentions(pid: int, needle: str) -> bool:
+    """Whether process `pid`'s command line or environment names `needle` (so a reused pid is
+    never taken for the server)."""
+    for part in ("cmdline", "environ"):
+        try:
+            if needle.encode() in Path(f"/proc/{pid}/{part}").read_bytes():
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The pids of process group `pgid` (from /proc: the leader may be gone, its children not)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid):
+            members.append(int(stat.parent.name))
+    return members
+
+
+def reap_leftover(record: dict[str, Any], wait_s: float = 3.0) -> list[str]:
+    """Stop the server process group and remove the private folder a dead run left, as its
+    run.json recorded them (`server_process`: pid, pgid, tmp_dir). Returns what was done, one
+    line each; a process that does not name the folder is left alone (not ours)."""
+    done: list[str] = []
+    pgid, tmp = record.get("pgid"), str(record.get("tmp_dir") or "")
+    ours = bool(tmp) and Path(tmp).name.startswith(HARNESS_TMP_PREFIXES)
+    if isinstance(pgid, int) and group_alive(pgid):
+        if ours and any(_mentions(pid, tmp) for pid in _group_members(pgid)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGTERM)
+            deadline = time.monotonic() + wait_s
+            while group_alive(pgid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if group_alive(pgid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signal.SIGKILL)
+            done.append(f"stopped the server process group {pgid}")
+        else:
+            done.append(f"left process group {pgid} alone: it is not the run's server")
+    if ours and Path(tmp).is_dir():
+        shutil.rmtree(tmp, ignore_errors=True)
+        done.append(f"removed {tmp}")
+    return done

@@ -175,13 +175,16 @@ class RuntimeSession:
 
     `connect` builds the adapter on the run's HTTP client; `realise` says how the run's policy
     executes once the server's own report is known; `leftover_dumps` lists KV dump files the run
-    left on this machine (None: none can be seen from here); `notes` are for the user."""
+    left on this machine (None: none can be seen from here); `notes` are for the user;
+    `server_exited` says why a local server ended, if it has."""
 
     details: ServerDetails
     connect: Callable[[HttpClient], Adapter]
     realise: Callable[[ServerInfo], PolicyRealisation]
     leftover_dumps: Callable[[str], list[str]] | None = None
     notes: list[str] = field(default_factory=list)
+    # A local server's exit, watched during the run: None while it runs, else why it ended.
+    server_exited: Callable[[], str | None] | None = None
 
 
 class Runtime(Protocol):

@@ -139,7 +139,8 @@ class LlamaCppRuntime:
             def connect(http: HttpClient) -> LlamaCppAdapter:
                 return LlamaCppAdapter(http, dump_dir=server.dump_dir)
 
-            yield RuntimeSession(details, connect, realise, leftover_dumps=server.leftover_dumps)
+            yield RuntimeSession(details, connect, realise, leftover_dumps=server.leftover_dumps,
+                                 server_exited=server.exit_reason)
 
 
 RUNTIME = LlamaCppRuntime()

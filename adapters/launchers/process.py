@@ -210,6 +210,15 @@ class ServerProcess:
         """The server's pid, process group and private folder, for run.json."""
         return {"pid": self.pid, "pgid": self._pgid, "tmp_dir": str(self.tmp_dir)}
 
+    def exit_reason(self) -> str | None:
+        """None while the server runs; once it has exited, one line: its code and last log
+        line."""
+        proc = self._proc
+        if proc is None or proc.poll() is None:
+            return None
+        last = self.log_tail(1).strip() or "(no log)"
+        return f"{self.name} exited mid-run (code {proc.returncode}); its log ends: {last}"[:400]
+
     def log_tail(self, n: int = 15) -> str:
         """The server log's last `n` lines (those `log_keep` keeps)."""
         return log_tail(self.log_path, n, self.log_keep)

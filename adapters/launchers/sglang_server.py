@@ -192,7 +192,7 @@ class SglangRuntime:
                 url=server.url, flags=server.flags, python=str(python), env=server.env,
                 start_s=server.start_s, process=server.process_record(),
                 model=model_record(model, geometry))
-            yield RuntimeSession(details, connect, realise)
+            yield RuntimeSession(details, connect, realise, server_exited=server.exit_reason)
 
 
 RUNTIME = SglangRuntime()

@@ -188,7 +188,9 @@ class VllmRuntime:
                 url=server.url, flags=server.flags, python=str(python), env=server.env,
                 start_s=server.start_s, process=server.process_record(),
                 model=model_record(model, geometry))
-            yield session(details, local_vocab(model))
+            local = session(details, local_vocab(model))
+            local.server_exited = server.exit_reason
+            yield local
 
 
 RUNTIME = VllmRuntime()

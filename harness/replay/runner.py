@@ -105,14 +105,48 @@ async def _replay_session(session: RuntimeSession, plan: Plan, server: ServerOpt
         same = how.harness_policy == server.policy
         policy = make_policy(how.harness_policy, policy_args if same else {})
         leftover = session.leftover_dumps
+        replaying = asyncio.ensure_future(replay(
+            adapter, RealClock(), plan, policy, out, run, rates, scrape_interval_s,
+            leftover_dumps=(lambda: leftover(str(run.run_id))) if leftover else None,
+            info=info, progress_every_s=progress.interval_s()))
+        died: list[str] = []
+        watch = (asyncio.create_task(_watch_server(session.server_exited, replaying, died))
+                 if session.server_exited else None)
         try:
-            await replay(adapter, RealClock(), plan, policy, out, run, rates, scrape_interval_s,
-                         leftover_dumps=(lambda: leftover(str(run.run_id))) if leftover else None,
-                         info=info, progress_every_s=progress.interval_s())
+            try:
+                await replaying
+            except asyncio.CancelledError:
+                if not died:
+                    raise
+            # The plan may have run out (every call refused) before the watch's next look.
+            reason = session.server_exited() if session.server_exited and not died else None
+            if reason is not None:
+                died.append(reason)
+            if died:
+                run.status, run.stop_reason = "interrupted", died[0]
+                raise ServerError(died[0])
         finally:
+            if watch is not None:
+                watch.cancel()
             if run.status is not None:  # the replay began: its run.json gets the pool's waits
                 run.http.update(http.pool_waits.to_dict())
                 run.write(out)
+
+
+SERVER_WATCH_S = 0.5  # how often a local server's process is checked during a run
+
+
+async def _watch_server(exited: Callable[[], str | None], replaying: asyncio.Future[Any],
+                        died: list[str]) -> None:
+    """End the replay as soon as the local server has exited: a dead server would otherwise be
+    sent every remaining call (each failing) until the plan ran out."""
+    while not replaying.done():
+        reason = exited()
+        if reason is not None:
+            died.append(reason)
+            replaying.cancel()
+            return
+        await asyncio.sleep(SERVER_WATCH_S)
 
 
 def redact_url(url: str) -> str:

@@ -4,6 +4,7 @@ process, recording every ServerOptions it was started with."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,8 +27,9 @@ class MemoryRuntime:
     pins_local_server = True
     per_slot_control = True
 
-    def __init__(self, slots: int = 2) -> None:
+    def __init__(self, slots: int = 2, dies_after_s: float | None = None) -> None:
         self.slots = slots
+        self.dies_after_s = dies_after_s  # the "server" reports itself exited after this long
         self.started: list[ServerOptions] = []
         self.stopped = 0
         self.loops: list[str] = []  # the module of the event loop each run connected on
@@ -44,10 +46,17 @@ class MemoryRuntime:
         def realise(_: ServerInfo) -> PolicyRealisation:
             return PolicyRealisation(options.policy, f"{options.policy}: in memory")
 
+        started = time.monotonic()
+
+        def exited() -> str | None:
+            if self.dies_after_s is None or time.monotonic() - started < self.dies_after_s:
+                return None
+            return "memory server exited mid-run (code -9)"
+
         try:
             yield RuntimeSession(ServerDetails(url=options.url or "http://127.0.0.1:9",
                                                flags=[] if options.url is None else None,
                                                model={"kv_bytes_per_token": 100.0}),
-                                 connect, realise)
+                                 connect, realise, server_exited=exited)
         finally:
             self.stopped += 1

@@ -95,3 +95,22 @@ def test_a_second_signal_stops_at_once_and_kills_the_server(tmp_path: Path) -> N
     while _alive(server["pid"]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(server["pid"]), "a forced exit left the local llama-server running"
+
+
+def test_a_local_server_that_dies_ends_the_run_at_once(tmp_path: Path) -> None:
+    """The llama-server killed mid-run: the harness stops within seconds with one line and
+    exit 3 instead of sending every remaining call to a dead server."""
+    proc, out = _start_run(tmp_path)
+    server = _server(out)
+    os.kill(server["pid"], signal.SIGKILL)
+    t0 = time.monotonic()
+    proc.wait(timeout=60)
+    took = time.monotonic() - t0
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    assert proc.returncode == 3, err
+    assert took < 10, f"the dead server was noticed after {took:.1f} s"
+    last = err.strip().splitlines()[-1]
+    assert "exited mid-run" in last and "Traceback" not in err
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == "interrupted" and "exited mid-run" in run["stop_reason"]
+    assert not Path(server["tmp_dir"]).exists()

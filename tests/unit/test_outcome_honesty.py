@@ -58,3 +58,20 @@ def test_an_incomplete_run_is_marked_incomplete(tmp_path: Path) -> None:
     assert read_manifest(run_dir).status == "running"
     warnings = summarize_dir(run_dir)["warnings"]
     assert any(w.startswith("incomplete run (status running)") for w in warnings)
+
+
+def test_a_server_that_exits_mid_run_ends_it_with_its_reason(tmp_path: Path) -> None:
+    from harness.errors import ServerError
+    from harness.replay.cli import RunOptions, arrivals_from_flags, execute_run
+    from harness.selftest.measure import synthetic_trace
+    from tests.fakes.runtime import MemoryRuntime
+
+    trace = synthetic_trace(tmp_path / "t.parquet", 2, 5, 1.0, 2)  # 1 s tool waits
+    opts = RunOptions(trace=trace, policy="keep", out=tmp_path / "o", runtime="memory",
+                      arrivals=arrivals_from_flags(2, None, False, 1.0), pinning=None,
+                      scrape_interval_s=0.05)
+    with pytest.raises(ServerError, match="exited mid-run"):
+        execute_run(opts, lambda _: None, runtime=MemoryRuntime(dies_after_s=0.5))
+    run = read_manifest(tmp_path / "o")
+    assert run.status == "interrupted" and run.stop_reason is not None
+    assert run.duration_s is not None and run.duration_s < 2.5  # not the plan's ~4 s

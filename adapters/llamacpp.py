@@ -6,7 +6,10 @@ keep = leave the slot alone; swap = `POST /slots/{id}?action=save` then erase; r
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +45,7 @@ class LlamaCppAdapter:
     def __init__(self, http: HttpClient, dump_dir: Path | None = None) -> None:
         self.http = http
         self._dump_dir = dump_dir
+        self._fingerprints: dict[str, tuple[int, str]] = {}  # dump name -> at its save
         self.capabilities = Capabilities(
             harness_slots=True,
             pause_actions=frozenset({"keep", "swap", "recompute"}),
@@ -110,12 +114,23 @@ class LlamaCppAdapter:
     async def save_slot(self, slot: int, name: str) -> SlotIO:
         _check_name(name)
         d = await self._slot_action(slot, "save", name)
+        if self._dump_dir is not None:  # what the restore will check the file against
+            self._fingerprints[name] = await asyncio.to_thread(
+                dump_fingerprint, self._dump_dir / name)
         return SlotIO(bytes=int(d.get("n_written", 0)),
                       ms=float((d.get("timings") or {}).get("save_ms", 0.0)),
                       tokens=int(d.get("n_saved", 0)))
 
     async def restore_slot(self, slot: int, name: str) -> SlotIO:
         _check_name(name)
+        saved = self._fingerprints.pop(name, None)
+        if saved is not None and self._dump_dir is not None:
+            # llama-server aborts on a dump shorter than it expects (GGML_ASSERT): a changed
+            # file fails this trajectory here instead of taking the server down.
+            now = await asyncio.to_thread(dump_fingerprint, self._dump_dir / name)
+            if now != saved:
+                raise CorruptDump(f"server error: swap dump {name} changed while paused "
+                                  f"({saved[0]:,} bytes saved, {now[0]:,} now); not restored")
         d = await self._slot_action(slot, "restore", name)
         return SlotIO(bytes=int(d.get("n_read", 0)),
                       ms=float((d.get("timings") or {}).get("restore_ms", 0.0)),
@@ -129,6 +144,7 @@ class LlamaCppAdapter:
         if self._dump_dir is None:
             return False
         _check_name(name)
+        self._fingerprints.pop(name, None)
         path = self._dump_dir / name
         path.unlink(missing_ok=True)
         return not path.exists()
@@ -161,6 +177,30 @@ def _read_timings(chunk: dict[str, Any], result: CompletionResult) -> None:
         result.prompt_ms = float(t["prompt_ms"])
     if "predicted_ms" in t:
         result.decode_ms = float(t["predicted_ms"])
+
+
+class CorruptDump(ValueError):
+    """A swap dump that changed between its save and its restore."""
+
+
+# Bytes hashed at each end of a dump: a truncated or rewritten file is caught without reading
+# all of a dump of hundreds of MiB on the client's core (the size is checked exactly).
+FINGERPRINT_SPAN = 1 << 20
+
+
+def dump_fingerprint(path: Path) -> tuple[int, str]:
+    """(size, blake2b of the first and last FINGERPRINT_SPAN bytes) of a dump; (-1, "") when
+    it is missing."""
+    try:
+        with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            h = hashlib.blake2b(f.read(FINGERPRINT_SPAN), digest_size=16)
+            if size > FINGERPRINT_SPAN:
+                f.seek(max(FINGERPRINT_SPAN, size - FINGERPRINT_SPAN))
+                h.update(f.read(FINGERPRINT_SPAN))
+    except FileNotFoundError:
+        return -1, ""
+    return size, h.hexdigest()
 
 
 def _check_name(name: str) -> None:

@@ -198,3 +198,39 @@ def test_calibrate_measures_the_real_server(llama_server: LocalLlamaServer) -> N
     assert short > long > 0  # attention over a longer cached context
     assert all(r > 0 for _, r in m.decode_points) and m.swap_in_bytes_per_s > 0
     assert llama_server.leftover_dumps() == []
+
+
+def test_a_dump_truncated_while_paused_fails_only_its_trajectory(
+        llama_server: LocalLlamaServer, tmp_path: Path) -> None:
+    """Truncated under a real llama-server (which would abort loading it): the restore is never
+    sent, the trajectory fails with the reason, the dump is deleted, the server lives on."""
+    import urllib.request
+
+    run = RunManifest(run_id="live-corrupt", policy="swap")
+    out = tmp_path / "corrupt"
+    plan = Plan((_traj("live-c", 2.0),), (), Arrivals(mode="closed", concurrency=1), 0,
+                Injection())
+
+    async def go() -> None:
+        async with connect(llama_server.url, 8) as http:
+            adapter = LlamaCppAdapter(http, dump_dir=llama_server.dump_dir)
+            task = asyncio.create_task(replay(
+                adapter, RealClock(), plan, make_policy("swap"), out, run, FALLBACK_RATES, 0.1,
+                lambda: llama_server.leftover_dumps(str(run.run_id))))
+            for _ in range(200):
+                dumps = [p for p in llama_server.dump_dir.glob("*.bin")
+                         if p.name.startswith("live-corrupt")]
+                if dumps:
+                    await asyncio.sleep(0.5)  # the save has answered; the tool waits 2 s
+                    dumps[0].write_bytes(dumps[0].read_bytes()[:1000])
+                    break
+                await asyncio.sleep(0.02)
+            await task
+
+    asyncio.run(go())
+    rec = read_records(out)
+    end = rec[rec.event == "trajectory_end"].iloc[0]
+    assert end.status == "failed" and "changed while paused" in end.reason
+    assert llama_server.leftover_dumps(str(run.run_id)) == []
+    with urllib.request.urlopen(llama_server.url + "/health", timeout=5) as resp:
+        assert resp.status == 200

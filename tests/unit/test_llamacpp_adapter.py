@@ -85,6 +85,38 @@ def test_save_restore_erase_and_delete(tmp_path: Path) -> None:
     with_server(tmp_path, FakeConfig(), body)
 
 
+@pytest.mark.parametrize("damage", ["truncate", "rewrite", "delete"])
+def test_a_dump_that_changed_while_paused_is_not_restored(tmp_path: Path, damage: str) -> None:
+    from harness.adapters.llamacpp import CorruptDump
+
+    async def body(ad: LlamaCppAdapter, state: Any, dumps: Path) -> None:
+        await ad.complete(CompletionRequest(list(range(300, 350)), 2, slot=0), lambda: None)
+        await ad.save_slot(0, "run-a-1.bin")
+        path = dumps / "run-a-1.bin"
+        data = path.read_bytes()
+        if damage == "truncate":
+            path.write_bytes(data[: len(data) // 2])
+        elif damage == "rewrite":
+            path.write_bytes(bytes(reversed(data)))
+        else:
+            path.unlink()
+        before = dict(state.cache)
+        with pytest.raises(CorruptDump, match="changed while paused"):
+            await ad.restore_slot(1, "run-a-1.bin")
+        assert state.cache == before  # the server was never asked to load it
+
+    with_server(tmp_path, FakeConfig(), body)
+
+
+def test_an_intact_dump_restores(tmp_path: Path) -> None:
+    async def body(ad: LlamaCppAdapter, state: Any, dumps: Path) -> None:
+        await ad.complete(CompletionRequest(list(range(300, 350)), 2, slot=0), lambda: None)
+        await ad.save_slot(0, "run-a-1.bin")
+        assert (await ad.restore_slot(1, "run-a-1.bin")).tokens == 52
+
+    with_server(tmp_path, FakeConfig(), body)
+
+
 def test_server_errors_become_results(tmp_path: Path) -> None:
     async def body(ad: LlamaCppAdapter, _: Any, __: Path) -> None:
         r = await ad.complete(CompletionRequest([300] * 10, 2, slot=0), lambda: None)

@@ -128,6 +128,10 @@ def _warnings(client_lag: dict[str, Any], run: RunManifest) -> list[str]:
     if run.status is not None and run.status != "finished":
         out.append(f"incomplete run (status {run.status}): the figures cover what was measured "
                    "until it stopped, not the whole plan")
+    left = run.cleanup.remote_dumps_left if run.cleanup is not None else []
+    if left:
+        out.append(f"{len(left)} swap dumps were left on the remote server's disk (no server "
+                   "API deletes them): their names are in run.json cleanup.remote_dumps_left")
     failed = run.outcome.server_failed if run.outcome is not None else 0
     if failed:
         out.append(f"{failed} trajectories failed because the server failed (errors, "

@@ -62,6 +62,8 @@ class Cleanup:
     slots_idle: bool | None = None
     dump_files_left: list[str] | None = None  # None: the server's disk is not visible here
     errors: list[str] = field(default_factory=list)
+    # swap dumps written to a remote server's disk (its --slot-save-path), left there by name
+    remote_dumps_left: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -53,6 +53,7 @@ class RunCounters:
     unsupported: int = 0
     server_failed: int = 0  # failed because the server failed (an error, a timeout, bad data)
     cleanup_errors: list[str] = field(default_factory=list)
+    remote_dumps_left: list[str] = field(default_factory=list)
 
 
 # Failure reasons that mean the server failed, not the task (its tools, its context).
@@ -354,8 +355,11 @@ class Executor:
         if st.dump is None:
             return
         name, st.dump = st.dump, None
-        if self.adapter.capabilities.local_dump_files and not await self.adapter.delete_dump(
-                name):
+        if not self.adapter.capabilities.local_dump_files:
+            # On a remote server's disk, which no server API lets the client delete: named in
+            # run.json (cleanup.remote_dumps_left) so its owner can.
+            self.counters.remote_dumps_left.append(name)
+        elif not await self.adapter.delete_dump(name):
             self.counters.cleanup_errors.append(f"dump file {name} still exists")
 
     async def _free_slot(self, st: _State, reason: str, traffic: str) -> None:

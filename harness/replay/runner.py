@@ -287,7 +287,8 @@ async def replay(adapter: Adapter, clock: Clock, plan: Plan, policy: PausePolicy
             idle = await adapter.slots_idle()
         _record_end(run, executor, clock, status, Cleanup(
             idle, leftover_dumps() if leftover_dumps else None,
-            executor.counters.cleanup_errors), scrape_errors)
+            executor.counters.cleanup_errors, executor.counters.remote_dumps_left),
+            scrape_errors)
         run.scrape = scrape.to_dict()
         run.client_cpu_s = time.process_time() - cpu0
         run.write(out_dir)

@@ -199,7 +199,8 @@ def test_keep_and_recompute_for_real(sglang_server: LocalSglangServer, tmp_path:
     assert len(salts) == (n_pauses if policy == "recompute" else 0) and n_pauses == 5
     gone = rec[rec.trajectory_id == "s-gone"]
     assert gone[gone.event == "trajectory_end"].status.tolist() == ["cancelled"]
-    assert run["cleanup"] == {"slots_idle": True, "dump_files_left": None, "errors": []}
+    assert run["cleanup"] == {"slots_idle": True, "dump_files_left": None, "errors": [],
+                              "remote_dumps_left": []}
     summary = read_json(out / "summary.json")
     assert summary["resume_latency_ms"]["n"] == 4 and summary["cache_mismatches"] == 0
     assert "sglang:kv_used_tokens" in (summary["server_occupancy"] or {})

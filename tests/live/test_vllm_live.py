@@ -142,7 +142,8 @@ def test_keep_and_recompute_for_real(vllm_server: LocalVllmServer, tmp_path: Pat
     assert len(salts) == (n_pauses if policy == "recompute" else 0) and n_pauses == 5
     gone = rec[rec.trajectory_id == "v-gone"]
     assert gone[gone.event == "trajectory_end"].status.tolist() == ["cancelled"]
-    assert run["cleanup"] == {"slots_idle": True, "dump_files_left": None, "errors": []}
+    assert run["cleanup"] == {"slots_idle": True, "dump_files_left": None, "errors": [],
+                              "remote_dumps_left": []}
     assert read_json(tmp_path / policy / "summary.json")["resume_latency_ms"]["n"] == 4
 
 

@@ -161,7 +161,8 @@ def test_replay_over_http_cleans_up(tmp_path: Path, policy: str) -> None:
     run = manifest.to_dict()
     rec = read_records(out)
     assert run["status"] == "finished"
-    assert run["cleanup"] == {"slots_idle": True, "dump_files_left": [], "errors": []}
+    assert run["cleanup"] == {"slots_idle": True, "dump_files_left": [], "errors": [],
+                              "remote_dumps_left": []}
     assert run["outcome"]["completed"] + run["outcome"]["cancelled"] == 6
     resumed = rec[(rec.event == "call_end") & (rec.step > 0)]
     assert not resumed.empty

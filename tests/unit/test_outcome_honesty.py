@@ -75,3 +75,26 @@ def test_a_server_that_exits_mid_run_ends_it_with_its_reason(tmp_path: Path) -> 
     run = read_manifest(tmp_path / "o")
     assert run.status == "interrupted" and run.stop_reason is not None
     assert run.duration_s is not None and run.duration_s < 2.5  # not the plan's ~4 s
+
+
+def test_dumps_left_on_a_remote_server_are_named(tmp_path: Path) -> None:
+    import dataclasses
+
+    class Remote(MemoryAdapter):
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            self.capabilities = dataclasses.replace(self.capabilities, local_dump_files=False)
+
+    async def go() -> RunManifest:
+        clock = VirtualClock()
+        run = RunManifest(run_id="r", policy="swap")
+        await replay(Remote(clock), clock, plan_of(traj("a")), make_policy("swap"),
+                     tmp_path / "o", run, RATES, 0.5)
+        return run
+
+    run = asyncio.run(go())
+    assert run.cleanup is not None and len(run.cleanup.remote_dumps_left) == 1
+    assert run.cleanup.remote_dumps_left[0].startswith("r-a-")
+    assert read_manifest(tmp_path / "o").cleanup == run.cleanup  # round trip
+    warnings = summarize_dir(tmp_path / "o", run=run)["warnings"]
+    assert any("left on the remote server's disk" in w for w in warnings)

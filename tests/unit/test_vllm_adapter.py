@@ -178,7 +178,8 @@ def test_replay_over_http(tmp_path: Path, policy: str) -> None:
     rec = read_records(out)
     assert run["status"] == "finished" and run["slots"] is None
     assert run["capabilities"] == {"harness_slots": False, "pause_actions": ["keep", "recompute"]}
-    assert run["cleanup"] == {"slots_idle": True, "dump_files_left": None, "errors": []}
+    assert run["cleanup"] == {"slots_idle": True, "dump_files_left": None, "errors": [],
+                              "remote_dumps_left": []}
     assert run["outcome"]["completed"] + run["outcome"]["cancelled"] == 5
     resumed = rec[(rec.event == "call_end") & (rec.step > 0)]
     assert not resumed.empty

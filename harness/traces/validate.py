@@ -319,6 +319,8 @@ def validate_file(path: str | Path) -> list[Problem]:
 def load_trajectories(path: str | Path) -> pd.DataFrame:
     """Read and validate a trajectory file; raise InputError listing the problems if invalid."""
     p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{p} is a directory; give a trajectory Parquet file")
     problems: list[Problem] = []
     table = _read(p, problems)
     if table is not None:

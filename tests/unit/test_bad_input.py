@@ -77,3 +77,10 @@ def test_a_full_disk_while_writing_results(tmp_path: Path,
     monkeypatch.setattr(data, "write_json", full)
     res = CliRunner().invoke(main, ["report", str(run), "--out", str(tmp_path / "r.html")])
     _one_line_exit_2(res, "No space left on device", "summary.json")
+
+
+def test_a_trace_given_as_a_directory(tmp_path: Path) -> None:
+    res = CliRunner().invoke(main, ["run", "--url", "http://127.0.0.1:9", "--trace",
+                                    str(tmp_path), "--policy", "keep", "--out",
+                                    str(tmp_path / "o")])
+    _one_line_exit_2(res, "is a directory")

@@ -200,7 +200,11 @@ def _build(cls: Callable[..., PausePolicy], allowed: dict[str, str],
                 raise InputError(f"--policy-arg {k}={args[k]!r}: must be in (0, 1]")
             kwargs[k] = v
         elif kind == "int":
-            kwargs[k] = int(_float(args, k))
+            v = _float(args, k)
+            if v != int(v) or v > 1_000_000:
+                raise InputError(f"--policy-arg {k}={args[k]!r}: must be a whole number in "
+                                 "[1, 1000000]")  # 2.7 was silently read as 2
+            kwargs[k] = int(v)
         else:
             kwargs[k] = _float(args, k)
     return cls(**kwargs)

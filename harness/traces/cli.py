@@ -107,7 +107,8 @@ def check_out_file(out: Path) -> None:
 @traces.command()
 @click.option("--profile", required=True, help=f"Built-in ({', '.join(builtin_profiles())}) "
                                                "or a TOML file.")
-@click.option("--trajectories", type=int, default=10, show_default=True)
+@click.option("--trajectories", type=click.IntRange(1, 10_000_000), default=10,
+              show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", required=True, type=click.Path(path_type=Path))
 def gen(profile: str, trajectories: int, seed: int, out: Path) -> None:

@@ -34,3 +34,20 @@ def test_bench_refuses_a_flag_out_of_range(flag: str, value: str, tmp_path: Path
                                     str(tmp_path / "b"), flag, value])
     assert res.exit_code == 2, res.output
     assert flag in res.output and len(res.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("value", ["2.7", "0", "-1", "1e9"])
+def test_an_integer_policy_argument_is_a_whole_number_in_range(value: str) -> None:
+    from harness.errors import InputError
+    from harness.policies import make_policy
+
+    with pytest.raises(InputError, match="min_history"):
+        make_policy("ttl", {"min_history": value})
+    assert make_policy("ttl", {"min_history": "4"}).min_history == 4  # type: ignore[attr-defined]
+
+
+def test_traces_gen_refuses_a_negative_count(tmp_path: Path) -> None:
+    res = CliRunner().invoke(main, ["traces", "gen", "--profile", "bench-small",
+                                    "--trajectories", "-3", "--out", str(tmp_path / "t.parquet")])
+    assert res.exit_code == 2 and "--trajectories" in res.output
+    assert not (tmp_path / "t.parquet").exists()

@@ -29,13 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from harness.errors import HarnessError
 from harness.metrics.frames import build_frames
 from harness.records.store import read_records
 from harness.selftest import measure
-from harness.traces.schema import Provenance, write_trajectories
+from harness.traces.schema import SYNTHETIC_DEFAULTS, Provenance, steps_table, write_trajectories
 
 HARNESS = str(Path(sys.executable).with_name("harness"))
 
@@ -69,15 +68,8 @@ def write_trace(path: Path, trajectories: int, calls: int, wait_s: tuple[float, 
                          "input_tokens": 64 if c == 0 else 8, "output_tokens": 4,
                          "start_s": starts[a]})
             step += 1
-    base = {"start_s": 0.0, "priority": "interactive", "tenant": "t", "prefix_group": None,
-            "tool_name": None, "tool_class": None, "latency_s": None, "deadline_s": None,
-            "outcome": None, "mutating": None, "input_tokens": None, "output_tokens": None}
-    df = pd.DataFrame([{**base, **r} for r in rows])
-    for col in ("input_tokens", "output_tokens"):
-        df[col] = df[col].astype("Int64")
-    df["step"] = df["step"].astype("int32")
-    df["mutating"] = df["mutating"].astype("boolean")
-    return write_trajectories(df, path, Provenance("bench_scale"))
+    return write_trajectories(steps_table(rows, SYNTHETIC_DEFAULTS), path,
+                              Provenance("bench_scale"))
 
 
 def harness_run(url: str, trace: Path, out: Path, arrival: list[str], cpus: str | None

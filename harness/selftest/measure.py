@@ -180,7 +180,12 @@ def synthetic_trace(path: Path, agents: int, calls: int, tool_s: float, out_toke
                     source: str = "harness selftest") -> Path:
     """A trace of `agents` trajectories of `calls` LLM calls each (64 tokens first, 8 after),
     a local tool of `tool_s` seconds between calls; written to `path`."""
-    from harness.traces.schema import Provenance, write_trajectories
+    from harness.traces.schema import (
+        SYNTHETIC_DEFAULTS,
+        Provenance,
+        steps_table,
+        write_trajectories,
+    )
 
     rows: list[dict[str, Any]] = []
     for a in range(agents):
@@ -195,15 +200,7 @@ def synthetic_trace(path: Path, agents: int, calls: int, tool_s: float, out_toke
             rows.append({"trajectory_id": f"a{a}", "step": step, "kind": "llm",
                          "input_tokens": 64 if c == 0 else 8, "output_tokens": out_tokens})
             step += 1
-    base = {"start_s": 0.0, "priority": "interactive", "tenant": "t", "prefix_group": None,
-            "tool_name": None, "tool_class": None, "latency_s": None, "deadline_s": None,
-            "outcome": None, "mutating": None, "input_tokens": None, "output_tokens": None}
-    df = pd.DataFrame([{**base, **r} for r in rows])
-    for col in ("input_tokens", "output_tokens"):
-        df[col] = df[col].astype("Int64")
-    df["step"] = df["step"].astype("int32")
-    df["mutating"] = df["mutating"].astype("boolean")
-    return write_trajectories(df, path, Provenance(source))
+    return write_trajectories(steps_table(rows, SYNTHETIC_DEFAULTS), path, Provenance(source))
 
 
 @dataclass(frozen=True)

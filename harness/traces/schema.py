@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,6 +109,19 @@ def to_table(df: pd.DataFrame) -> pa.Table:
     if missing:
         raise ValueError(f"missing columns: {', '.join(missing)}")
     return pa.Table.from_pandas(df[list(COLUMNS)], schema=ARROW_SCHEMA, preserve_index=False)
+
+
+# What a synthetic trace's steps share unless a row says otherwise.
+SYNTHETIC_DEFAULTS: Mapping[str, Any] = {"start_s": 0.0, "priority": "interactive",
+                                         "tenant": "t"}
+
+
+def steps_table(rows: Iterable[Mapping[str, Any]],
+                defaults: Mapping[str, Any] | None = None) -> pa.Table:
+    """Steps given as dicts, as an Arrow table of the canonical schema: a column a row leaves
+    out takes `defaults`' value, else null (synthetic traces, tests)."""
+    base = {c: None for c in COLUMNS} | dict(defaults or {})
+    return pa.Table.from_pylist([{**base, **r} for r in rows], schema=ARROW_SCHEMA)
 
 
 def write_trajectories(

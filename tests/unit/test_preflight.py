@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from harness.errors import InputError
@@ -14,7 +13,7 @@ from harness.plan.injection import Injection
 from harness.plan.planner import Arrivals, CallStep, Plan, ToolStep, TrajectoryPlan
 from harness.replay.cli import RunOptions, arrivals_from_flags, execute_run
 from harness.replay.preflight import MAX_CONTEXT_TOKENS, check_plan, context_needed
-from harness.traces.schema import Provenance, write_trajectories
+from harness.traces.schema import SYNTHETIC_DEFAULTS, Provenance, steps_table, write_trajectories
 from tests.fakes.runtime import MemoryRuntime
 
 
@@ -65,15 +64,7 @@ def _trace(path: Path) -> Path:
                   "mutating": False},
                  {"trajectory_id": tid, "step": 2, "kind": "llm", "input_tokens": 8,
                   "output_tokens": 4}]
-    base = {"start_s": 0.0, "priority": "interactive", "tenant": "t", "prefix_group": None,
-            "tool_name": None, "tool_class": None, "latency_s": None, "deadline_s": None,
-            "outcome": None, "mutating": None, "input_tokens": None, "output_tokens": None}
-    df = pd.DataFrame([{**base, **r} for r in rows])
-    for col in ("input_tokens", "output_tokens"):
-        df[col] = df[col].astype("Int64")
-    df["step"] = df["step"].astype("int32")
-    df["mutating"] = df["mutating"].astype("boolean")
-    return write_trajectories(df, path, Provenance("test"))
+    return write_trajectories(steps_table(rows, SYNTHETIC_DEFAULTS), path, Provenance("test"))
 
 
 @pytest.mark.parametrize("skip", [False, True])

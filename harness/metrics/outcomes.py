@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from harness.errors import InputError
+from harness.limits import MAX_SLO
 from harness.metrics.frames import NS_PER_S, Frames
 
 # SLO keys: a trajectory violates an SLO when any of its calls (or the whole) exceeds the bound.
@@ -24,7 +25,8 @@ MISMATCH_LIST_CAP = 50
 
 
 def check_slo(slo: dict[str, float] | None) -> dict[str, float]:
-    """The SLO bounds as floats; InputError on an unknown key or a non-numeric bound."""
+    """The SLO bounds as floats; InputError on an unknown key or a bound that is not a number
+    in (0, MAX_SLO]."""
     out: dict[str, float] = {}
     for key, value in (slo or {}).items():
         if key not in SLO_KEYS:
@@ -33,6 +35,8 @@ def check_slo(slo: dict[str, float] | None) -> dict[str, float]:
             out[key] = float(value)
         except (TypeError, ValueError):
             raise InputError(f"SLO {key!r} must be a number, got {value!r}") from None
+        if not 0 < out[key] <= MAX_SLO:
+            raise InputError(f"SLO {key!r} must be > 0 and <= {MAX_SLO:g}, got {value!r}")
     return out
 
 
@@ -53,7 +57,8 @@ def slo_violators(frames: Frames, slo: dict[str, float]) -> pd.Index:
 
 
 def trajectory_outcomes(frames: Frames, slo: dict[str, float]) -> dict[str, int]:
-    """Agent trajectory counts: total, succeeded, cancelled, failed, slo_violating, incomplete.
+    """Agent trajectory counts: total, succeeded, cancelled, failed, interrupted, slo_violating,
+    incomplete.
 
     succeeded = completed within every SLO; slo_violating = completed but breaking one;
     incomplete = no trajectory_end recorded.
@@ -67,6 +72,7 @@ def trajectory_outcomes(frames: Frames, slo: dict[str, float]) -> dict[str, int]
         "succeeded": int(completed.sum() - violating.sum()),
         "cancelled": int((status == "cancelled").sum()),
         "failed": int((status == "failed").sum()),
+        "interrupted": int((status == "interrupted").sum()),
         "slo_violating": int(violating.sum()),
         "incomplete": int(status.isna().sum()),
     }

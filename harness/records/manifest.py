@@ -55,6 +55,7 @@ class Outcome:
     failed: int = 0
     unsupported_actions: int = 0
     server_failed: int = 0  # of `failed`: because the server failed (exit code 4)
+    interrupted: int = 0  # ended by SIGINT/SIGTERM before they finished
 
 
 @dataclass

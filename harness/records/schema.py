@@ -42,10 +42,10 @@ EVENTS: dict[str, str] = {
     "kv_state": "kv_tokens (device KV held by this trajectory), status (active|paused|released)",
     "slot_wait": "step, value_s (seconds waited for a free slot)",
     "cancel": "step, reason",
-    "trajectory_end": "status (completed|cancelled|failed), reason",
+    "trajectory_end": "status (completed|cancelled|failed|interrupted), reason",
 }
 
-TRAJECTORY_STATUSES = ("completed", "cancelled", "failed")
+TRAJECTORY_STATUSES = ("completed", "cancelled", "failed", "interrupted")
 KV_STATES = ("active", "paused", "released")
 
 RECORDS_SCHEMA = pa.schema(

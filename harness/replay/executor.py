@@ -1,8 +1,8 @@
 """The executor: drives one adapter through a plan, applying the pause policy at every tool call.
 
 Lifecycle per trajectory: prefill -> decode -> tool_wait -> restoring -> decode -> ... ->
-completed | cancelled | failed, each transition recorded. Server-side state the run creates (slot
-contents, dump files) is released when a trajectory ends, however it ends.
+completed | cancelled | failed | interrupted, each transition recorded. Server-side state the
+run creates (slot contents, dump files) is released when a trajectory ends, however it ends.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ class RunCounters:
     completed: int = 0
     cancelled: int = 0
     failed: int = 0
+    interrupted: int = 0
     unsupported: int = 0
     server_failed: int = 0  # failed because the server failed (an error, a timeout, bad data)
     cleanup_errors: list[str] = field(default_factory=list)
@@ -149,7 +150,7 @@ class Executor:
 
     # ---- one trajectory ------------------------------------------------------------------
     async def trajectory(self, traj: TrajectoryPlan, planned_ns: int) -> str:
-        """Run one trajectory; returns completed | cancelled | failed."""
+        """Run one trajectory; it ends completed | cancelled | failed | interrupted."""
         st = _State(traj.trajectory_id)
         self.progress.agents_active += 1
         self.rec.emit("trajectory_start", trajectory_id=st.tid, traffic="agent",
@@ -167,7 +168,7 @@ class Executor:
                     server_fault = reason is not None and reason.startswith(SERVER_FAULTS)
                     break
         except asyncio.CancelledError:
-            status, reason = "cancelled", "run-interrupted"
+            status, reason = "interrupted", "run-interrupted"
             raise
         except Exception as exc:  # a server that breaks the protocol fails this trajectory only
             status, reason = "failed", f"{type(exc).__name__}: {exc}"[:300]

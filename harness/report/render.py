@@ -85,7 +85,8 @@ def headline(runs: list[RunData]) -> str:
         s = r.summary
         tr = s["trajectories"]
         rate = f"{100 * tr['succeeded'] / tr['total']:.1f}%" if tr["total"] else "-"
-        bad = f" ({tr['cancelled']} cancelled, {tr['failed']} failed, " \
+        stopped = f", {tr['interrupted']} interrupted" if tr.get("interrupted") else ""
+        bad = f" ({tr['cancelled']} cancelled, {tr['failed']} failed{stopped}, " \
               f"{tr['slo_violating']} over SLO)" if tr["total"] else ""
         mem = s["memory_time_mib_s"]
         mem_cell = fmt(mem) if mem is not None else fmt(s["memory_time_token_s"]) + " tok·s"

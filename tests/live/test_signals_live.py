@@ -81,6 +81,7 @@ def test_a_stop_signal_ends_the_run_cleanly(tmp_path: Path, signum: int, code: i
     ends = rec[rec.event == "trajectory_end"]
     assert started and set(ends.trajectory_id) == started
     assert "run-interrupted" in set(ends.reason)
+    assert set(ends[ends.reason == "run-interrupted"].status) == {"interrupted"}
 
 
 def test_a_second_signal_stops_at_once_and_kills_the_server(tmp_path: Path) -> None:

@@ -76,7 +76,7 @@ def test_resume_latency_per_policy_is_exact(tmp_path: Path, policy: str, expecte
     resumed = rec[(rec.event == "call_end") & (rec.step == 2)].iloc[0]
     assert resumed.cached_tokens == (0 if policy == "recompute" else 105)
     assert run["outcome"] == {"completed": 1, "cancelled": 0, "failed": 0,
-                              "unsupported_actions": 0, "server_failed": 0}
+                              "unsupported_actions": 0, "server_failed": 0, "interrupted": 0}
     assert adapter.files == {} and adapter.cache == {}  # every server-side state released
 
 
@@ -214,9 +214,12 @@ def test_interrupted_run_releases_and_keeps_records(tmp_path: Path) -> None:
 
     adapter = asyncio.run(go())
     rec = read_records(tmp_path / "out")
-    assert rec[rec.event == "trajectory_end"].status.tolist() == ["cancelled"]
+    ends = rec[rec.event == "trajectory_end"]
+    assert ends.status.tolist() == ["interrupted"] and ends.reason.tolist() == ["run-interrupted"]
     assert adapter.files == {} and adapter.cache == {}
-    assert read_json(tmp_path / "out" / "run.json")["status"] == "interrupted"
+    run = read_json(tmp_path / "out" / "run.json")
+    assert run["status"] == "interrupted" and run["outcome"]["interrupted"] == 1
+    assert run["outcome"]["cancelled"] == 0
 
 
 def test_ttl_expiry_without_harness_slots_uses_a_fresh_salt(tmp_path: Path) -> None:

@@ -47,6 +47,7 @@ def representative() -> Records:
     t.call().tool(wait=30.0, status="abandoned", cls="human").cancel()
     b.agent("failed", at=1.2).call(status="error", ttft=None).end("failed")
     b.agent("unfinished", at=2.0).call().tool(wait=1.0, status="timeout")
+    b.agent("stopped", at=2.5).call().end("interrupted")
     for i in range(4):
         b.bystander(f"bystander-{i}", at=0.2 + i, ttft=0.1 + 0.05 * i, decode=0.3,
                     status="error" if i == 2 else "ok")
@@ -123,8 +124,8 @@ def test_summarize_dir_equals_summarize_on_the_whole_table(
     assert expected["pause_actions"] == {"keep": 4, "recompute": 1, "swap": 1, "ttl": 2}
     assert expected["resume_latency_ms"]["n"] == 6 and expected["cache_mismatches"] == 3
     assert expected["bytes_moved"] > 0 and expected["client_lag_ms"]["n"] == 1
-    assert expected["trajectories"] == {"total": 6, "succeeded": 3, "cancelled": 1, "failed": 1,
-                                        "slo_violating": 0, "incomplete": 1}
+    assert expected["trajectories"] == {"total": 7, "succeeded": 3, "cancelled": 1, "failed": 1,
+                                        "interrupted": 1, "slo_violating": 0, "incomplete": 1}
     assert dumps(summarize(whole_table(d, "str"), run, None)) == dumps(expected)
     assert dumps(summarize_dir(d)) == dumps(expected)
     assert dumps(summarize(read_records(d), run, None)) == dumps(expected)

@@ -40,7 +40,7 @@ def test_keep_run_exact_values() -> None:
     s = summarize(keep_run().frame(), default_run(), None)
     assert s["runtime"] == "llama.cpp" and s["policy"] == "keep"
     assert s["trajectories"] == {"total": 1, "succeeded": 1, "cancelled": 0, "failed": 0,
-                                 "slo_violating": 0, "incomplete": 0}
+                                 "interrupted": 0, "slo_violating": 0, "incomplete": 0}
     r = s["resume_latency_ms"]
     assert r["n"] == 1 and r["p50"] == approx(50.0) and r["p99"] == approx(50.0)
     assert r["ci95"] == {"p50": None, "p95": None, "p99": None}

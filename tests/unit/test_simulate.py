@@ -177,7 +177,7 @@ def test_never_returning_tool_cancelled_at_deadline(tmp_path: Path) -> None:
     # The slot is free again at the deadline: b gets it then.
     assert t_s(df, "call_start", "b") == pytest.approx(pause + 2.0)
     assert run["outcome"] == {"completed": 1, "cancelled": 1, "failed": 0,
-                              "unsupported_actions": 0, "server_failed": 0}
+                              "unsupported_actions": 0, "server_failed": 0, "interrupted": 0}
 
 
 def test_ttl_expires_into_swap(tmp_path: Path) -> None:

@@ -28,6 +28,12 @@ class _Root(click.Group):
             # the environment's problem, said in one line.
             click.echo(f"error: cannot write {exc.filename}: {exc.strerror or exc}", err=True)
             sys.exit(2)
+        except ValueError as exc:
+            if "null byte" not in str(exc):
+                raise
+            # A path with a NUL in it (from a file, or an API caller): no OS accepts one.
+            click.echo("error: a path contains a NUL byte", err=True)
+            sys.exit(2)
         except KeyboardInterrupt:
             click.echo("error: interrupted (SIGINT); what was measured is kept", err=True)
             sys.exit(130)

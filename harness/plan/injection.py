@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import InputError
+from harness.limits import MAX_COUNT, MAX_RATE_PER_S, MAX_SECONDS, MAX_TOKENS
 from harness.tomlfiles import load_toml
 
 
@@ -45,13 +46,18 @@ class Injection:
         return dict(self.__dict__)
 
 
-_KEYS = {
-    "tools": {"slow_fraction": "fraction", "slow_factor": "positive",
-              "never_return_fraction": "fraction", "error_fraction": "fraction",
-              "default_deadline_s": "positive"},
-    "client": {"disconnect_fraction": "fraction"},
-    "bystander": {"rate_per_s": "nonneg", "prompt_tokens": "count", "output_tokens": "count"},
+# key -> (kind, the most it may be); fractions lie in [0, 1], counts are whole numbers >= 1.
+_KEYS: dict[str, dict[str, tuple[str, float]]] = {
+    "tools": {"slow_fraction": ("fraction", 1.0), "slow_factor": ("positive", MAX_COUNT),
+              "never_return_fraction": ("fraction", 1.0), "error_fraction": ("fraction", 1.0),
+              "default_deadline_s": ("positive", MAX_SECONDS)},
+    "client": {"disconnect_fraction": ("fraction", 1.0)},
+    "bystander": {"rate_per_s": ("nonneg", MAX_RATE_PER_S),
+                  "prompt_tokens": ("count", MAX_TOKENS),
+                  "output_tokens": ("count", MAX_TOKENS)},
 }
+_RULES = {"fraction": "in [0, 1]", "positive": "> 0 and <= {most:,.0f}",
+          "nonneg": ">= 0 and <= {most:,.0f}", "count": "a whole number in [1, {most:,.0f}]"}
 
 
 def parse_injection(data: dict[str, Any], where: str) -> Injection:
@@ -62,17 +68,20 @@ def parse_injection(data: dict[str, Any], where: str) -> Injection:
             raise InputError(f"injection {where}: unknown section [{section}]; "
                              f"sections: {', '.join(_KEYS)}")
         for key, v in body.items():
-            kind = _KEYS[section].get(key)
-            if kind is None:
+            rule = _KEYS[section].get(key)
+            if rule is None:
                 raise InputError(f"injection {where}: unknown key {section}.{key}")
             if isinstance(v, bool) or not isinstance(v, int | float) or v != v:
                 raise InputError(f"injection {where}: {section}.{key} must be a number")
-            bad = ((kind == "fraction" and not 0 <= v <= 1)
-                   or (kind == "positive" and not 0 < v < float("inf"))
-                   or (kind == "nonneg" and not 0 <= v < float("inf"))
+            kind, most = rule
+            bad = (v > most
+                   or (kind == "fraction" and v < 0)
+                   or (kind == "positive" and v <= 0)
+                   or (kind == "nonneg" and v < 0)
                    or (kind == "count" and (v < 1 or int(v) != v)))
             if bad:
-                raise InputError(f"injection {where}: {section}.{key}={v!r} is out of range")
+                raise InputError(f"injection {where}: {section}.{key}={v!r} is out of range; "
+                                 f"it must be {_RULES[kind].format(most=most)}")
             name = f"bystander_{key}" if section == "bystander" else key
             values[name] = int(v) if kind == "count" else float(v)
     return Injection(**values)

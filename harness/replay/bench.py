@@ -18,6 +18,7 @@ import click
 from harness.adapters.base import Runtime
 from harness.adapters.runtimes import RUNTIMES, get_runtime
 from harness.errors import InputError
+from harness.limits import MAX_SEED
 from harness.model.calibration import read_calibration
 from harness.plan.injection import load_injection
 from harness.policies import POLICIES, make_policy, parse_policy_args
@@ -254,7 +255,7 @@ def check_same_pinning(runs: list[RunManifest]) -> None:
 @click.option("--inject", default="none", show_default=True)
 @click.option("--concurrency", type=int, default=6, show_default=True)
 @click.option("--time-scale", type=float, default=1.0, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True)
 @click.option("--slots", type=int, default=4, show_default=True)
 @click.option("--ctx-per-slot", type=int, default=4096, show_default=True)
 @click.option("--calibration", type=click.Path(path_type=Path),

@@ -18,6 +18,7 @@ from harness.adapters.base import Runtime, ServerOptions
 from harness.adapters.http import Timeouts
 from harness.adapters.runtimes import RUNTIMES, get_runtime
 from harness.errors import InputError
+from harness.limits import MAX_SEED
 from harness.model.calibration import read_calibration
 from harness.plan.injection import load_injection
 from harness.plan.planner import Arrivals, make_plan
@@ -201,7 +202,7 @@ def timeouts_from_flags(connect_timeout: float, first_token_timeout: float,
 @click.option("--trace-timing", is_flag=True, help="Open loop: the trace's start_s.")
 @click.option("--time-scale", type=float, default=1.0, show_default=True,
               help="Multiply arrivals, tool latencies and deadlines by this.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True)
 @click.option("--out", required=True, type=click.Path(path_type=Path))
 @click.option("--slots", type=int, default=4, show_default=True, help="Local server: -np.")
 @click.option("--ctx-per-slot", type=int, default=4096, show_default=True)

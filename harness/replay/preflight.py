@@ -7,11 +7,11 @@ from __future__ import annotations
 import dataclasses
 
 from harness.errors import InputError
+from harness.limits import MAX_TOKENS
 from harness.plan.planner import CallStep, Plan, TrajectoryPlan
 
-# The most context one trajectory may hold on the client whatever the server: its token ids
-# are Python ints in a list (~36 bytes each), so this is ~360 MB for one agent.
-MAX_CONTEXT_TOKENS = 10_000_000
+# The most context one trajectory may hold on the client whatever the server.
+MAX_CONTEXT_TOKENS = MAX_TOKENS
 
 
 def context_needed(traj: TrajectoryPlan) -> int:
@@ -30,10 +30,15 @@ def oversized(plan: Plan, ctx_per_slot: int | None) -> list[tuple[str, int]]:
 def check_plan(plan: Plan, ctx_per_slot: int | None, skip: bool) -> tuple[Plan, list[str]]:
     """The plan to replay and the ids skipped. InputError (one line, the first few named) when
     a trajectory cannot fit and `skip` is False; every one skipped is recorded by the caller."""
+    limit = min(ctx_per_slot or MAX_CONTEXT_TOKENS, MAX_CONTEXT_TOKENS)
+    if plan.bystanders:
+        b = plan.bystanders[0]  # every bystander has the injection's size
+        if (need := b.prompt_tokens + b.output_tokens) > limit:
+            raise InputError(f"bystander requests need {need:,} tokens of context "
+                             f"(injection prompt_tokens + output_tokens), more than {limit:,}")
     bad = oversized(plan, ctx_per_slot)
     if not bad:
         return plan, []
-    limit = min(ctx_per_slot or MAX_CONTEXT_TOKENS, MAX_CONTEXT_TOKENS)
     where = (f"a slot's {ctx_per_slot:,} tokens" if ctx_per_slot and ctx_per_slot <= limit
              else f"the client's limit of {MAX_CONTEXT_TOKENS:,} tokens")
     if not skip:

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from harness.errors import InputError
-from harness.metrics.outcomes import SLO_KEYS
+from harness.metrics.outcomes import SLO_KEYS, check_slo
 from harness.report.compare import DEFAULT_THRESHOLD, compare_dirs, format_text
 from harness.report.export import FORMATS, export
 from harness.report.history import history
@@ -21,7 +21,8 @@ _SLO = click.option("--slo", "slo_items", multiple=True, metavar="KEY=VALUE",
 
 
 def parse_slo(items: tuple[str, ...]) -> dict[str, float]:
-    """('ttft_ms=500', ...) -> {'ttft_ms': 500.0}; InputError on a malformed item."""
+    """('ttft_ms=500', ...) -> {'ttft_ms': 500.0}; InputError on a malformed item, an unknown
+    key or a bound out of range."""
     out: dict[str, float] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -31,7 +32,7 @@ def parse_slo(items: tuple[str, ...]) -> dict[str, float]:
             out[key.strip()] = float(value)
         except ValueError:
             raise InputError(f"--slo {item!r}: {value!r} is not a number") from None
-    return out
+    return check_slo(out)
 
 
 @click.command("report")

@@ -8,6 +8,7 @@ from typing import Literal
 import click
 
 from harness.errors import InputError
+from harness.limits import MAX_SEED
 from harness.model.calibration import read_calibration
 from harness.policies import parse_policy_args
 from harness.records.manifest import Outcome
@@ -21,6 +22,13 @@ def _int(flag: str, raw: str | None) -> int | None:
         return int(raw)
     except ValueError:
         raise InputError(f"{flag} {raw!r}: not an integer") from None
+
+
+def _seed(raw: str) -> int:
+    seed = _int("--seed", raw) or 0
+    if not 0 <= seed <= MAX_SEED:
+        raise InputError(f"--seed must be in [0, {MAX_SEED}], got {seed}")
+    return seed
 
 
 def _float(flag: str, raw: str | None) -> float | None:
@@ -76,7 +84,7 @@ def simulate_cmd(trace: Path, policy: str, policy_args: tuple[str, ...],
     arrivals = Arrivals(mode, conc or 4, r or 1.0)
     cal = read_calibration(calibration)
     run = run_simulation(trace, policy, parse_policy_args(policy_args), cap, cal, calibration,
-                         arrivals, _int("--seed", seed) or 0, out,
+                         arrivals, _seed(seed), out,
                          _int("--history-window", history_window) or 0,
                          _float("--default-deadline-s", default_deadline_s) or 0.0,
                          write_summary=not no_summary, slot_handoff=slot_handoff)

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from harness.errors import InputError
+from harness.limits import MAX_SEED
 from harness.traces.generator import generate, provenance_for
 from harness.traces.importers import FORMATS, import_trace
 from harness.traces.profiles import builtin_profiles, load_profile
@@ -109,7 +110,7 @@ def check_out_file(out: Path) -> None:
                                                "or a TOML file.")
 @click.option("--trajectories", type=click.IntRange(1, 10_000_000), default=10,
               show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True)
 @click.option("--out", required=True, type=click.Path(path_type=Path))
 def gen(profile: str, trajectories: int, seed: int, out: Path) -> None:
     """Generate a synthetic workload from a profile; the same seed gives the same file."""

@@ -9,24 +9,28 @@ import pandas as pd
 
 from harness.arrays import AnyArray, BoolArray, FloatArray, IntArray, ObjectArray, StrArray
 from harness.errors import InputError
+from harness.limits import MAX_SECONDS, MAX_TOKENS
 from harness.traces.profiles import Dist, Profile
 from harness.traces.schema import COLUMNS, KIND_LLM, KIND_TOOL, Provenance
 
 
-def sample(dist: Dist, n: int, rng: np.random.Generator) -> FloatArray:
-    """Lognormal body around the median; a fraction replaced by a Pareto tail; clipped."""
-    body: FloatArray = dist.median * np.exp(dist.sigma * rng.standard_normal(n))
-    if dist.tail_fraction > 0:
-        in_tail = rng.random(n) < dist.tail_fraction
-        # Pareto with scale x_m and shape alpha by inversion: x_m * U^(-1/alpha).
-        tail = dist.tail_scale * (1.0 - rng.random(n)) ** (-1.0 / dist.tail_alpha)
-        body = np.where(in_tail, tail, body)
-    clipped: FloatArray = np.clip(body, dist.min, dist.max)
+def sample(dist: Dist, n: int, rng: np.random.Generator, most: float) -> FloatArray:
+    """Lognormal body around the median; a fraction replaced by a Pareto tail; clipped to
+    [dist.min, dist.max] and never above `most` (a heavy tail or a wide sigma overflows)."""
+    with np.errstate(over="ignore"):
+        body: FloatArray = dist.median * np.exp(dist.sigma * rng.standard_normal(n))
+        if dist.tail_fraction > 0:
+            in_tail = rng.random(n) < dist.tail_fraction
+            # Pareto with scale x_m and shape alpha by inversion: x_m * U^(-1/alpha).
+            tail = dist.tail_scale * (1.0 - rng.random(n)) ** (-1.0 / dist.tail_alpha)
+            body = np.where(in_tail, tail, body)
+    clipped: FloatArray = np.clip(body, min(dist.min, most), min(dist.max, most))
     return clipped
 
 
 def _tokens(dist: Dist, n: int, rng: np.random.Generator, minimum: int) -> IntArray:
-    tokens: IntArray = np.maximum(np.rint(sample(dist, n, rng)).astype(np.int64), minimum)
+    tokens: IntArray = np.maximum(np.rint(sample(dist, n, rng, MAX_TOKENS)).astype(np.int64),
+                                  minimum)
     return tokens
 
 
@@ -132,7 +136,7 @@ def _draw_tools(profile: Profile, n_tool: int, rng: np.random.Generator) -> _Too
     for k, c in enumerate(classes):
         m = cls_idx == k
         cnt = int(m.sum())
-        latency[m] = sample(c.latency_s, cnt, rng)
+        latency[m] = sample(c.latency_s, cnt, rng, MAX_SECONDS)
         result_tok[m] = _tokens(c.result_tokens or profile.result_tokens, cnt, rng, 0)
         deadline[m] = c.deadline_s if c.deadline_s is not None else np.nan
         mutating[m] = c.mutating

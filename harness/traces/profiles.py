@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.errors import InputError
+from harness.limits import MAX_COUNT, MAX_RATE_PER_S, MAX_SECONDS, MAX_SHAPE, MAX_TOKENS, MAX_TURNS
 from harness.tomlfiles import builtin_names, load_toml
 
 
@@ -92,8 +93,16 @@ def _take(d: dict[str, Any], where: str, allowed: set[str]) -> None:
                            f"allowed: {', '.join(sorted(allowed))}")
 
 
+def _tables(d: dict[str, Any], key: str, where: str) -> list[dict[str, Any]]:
+    """d[key] as a list of tables ([[key]] in TOML); InputError naming it otherwise."""
+    v = d.get(key, [])
+    if not isinstance(v, list) or not all(isinstance(t, dict) for t in v):
+        raise _fail(where, f"'{key}' must be a list of tables ([[{key}]])")
+    return v
+
+
 def _num(d: dict[str, Any], key: str, where: str, default: float | None = None,
-         positive: bool = False) -> float:
+         positive: bool = False, most: float = MAX_COUNT) -> float:
     if key not in d:
         if default is None:
             raise _fail(where, f"missing {key!r}")
@@ -101,27 +110,29 @@ def _num(d: dict[str, Any], key: str, where: str, default: float | None = None,
     v = d[key]
     if isinstance(v, bool) or not isinstance(v, int | float) or v != v or v in (float("inf"),):
         raise _fail(where, f"{key!r} must be a finite number, got {v!r}")
-    if v < 0 or (positive and v == 0):
-        raise _fail(where, f"{key!r} must be {'> 0' if positive else '>= 0'}, got {v!r}")
+    if v < 0 or (positive and v == 0) or v > most:
+        low = "> 0" if positive else ">= 0"
+        raise _fail(where, f"{key!r} must be {low} and <= {most:,.0f}, got {v!r}")
     return float(v)
 
 
-def _dist(raw: Any, where: str) -> Dist:
+def _dist(raw: Any, where: str, most: float) -> Dist:
+    """A distribution of values in (0, most]: tokens or seconds."""
     if isinstance(raw, int | float) and not isinstance(raw, bool):
-        return Dist(median=_num({"median": raw}, "median", where, positive=True))
+        return Dist(median=_num({"median": raw}, "median", where, positive=True, most=most))
     if not isinstance(raw, dict):
         raise _fail(where, "must be a number or a table with 'median'")
     _take(raw, where, {"median", "sigma", "tail_fraction", "tail_scale", "tail_alpha", "min",
                        "max"})
     d = Dist(
-        median=_num(raw, "median", where, positive=True),
-        sigma=_num(raw, "sigma", where, 0.0),
+        median=_num(raw, "median", where, positive=True, most=most),
+        sigma=_num(raw, "sigma", where, 0.0, most=MAX_SHAPE),
         tail_fraction=_num(raw, "tail_fraction", where, 0.0),
-        tail_scale=_num(raw, "tail_scale", where, 1.0, positive=True),
-        tail_alpha=_num(raw, "tail_alpha", where, 1.5, positive=True),
-        min=_num(raw, "min", where, 0.0),
-        max=(_num(raw, "max", where) if raw.get("max", float("inf")) != float("inf")
-             else float("inf")),
+        tail_scale=_num(raw, "tail_scale", where, 1.0, positive=True, most=most),
+        tail_alpha=_num(raw, "tail_alpha", where, 1.5, positive=True, most=MAX_SHAPE),
+        min=_num(raw, "min", where, 0.0, most=most),
+        max=(_num(raw, "max", where, most=most)
+             if raw.get("max", float("inf")) != float("inf") else float("inf")),
     )
     if d.tail_fraction > 1:
         raise _fail(where, "'tail_fraction' must be <= 1")
@@ -150,13 +161,14 @@ def _tool_class(raw: dict[str, Any], where: str) -> ToolClass:
     return ToolClass(
         name=raw["name"],
         weight=_num(raw, "weight", where, 1.0, positive=True),
-        latency_s=_dist(raw["latency_s"], f"{where}.latency_s"),
+        latency_s=_dist(raw["latency_s"], f"{where}.latency_s", MAX_SECONDS),
         never_returns=_fraction(raw, "never_returns", where, 0.0),
         error=_fraction(raw, "error", where, 0.0),
-        deadline_s=_num(raw, "deadline_s", where, positive=True) if "deadline_s" in raw else None,
+        deadline_s=(_num(raw, "deadline_s", where, positive=True, most=MAX_SECONDS)
+                    if "deadline_s" in raw else None),
         mutating=bool(raw.get("mutating", False)),
         tool_names=tuple(names),
-        result_tokens=(_dist(raw["result_tokens"], f"{where}.result_tokens")
+        result_tokens=(_dist(raw["result_tokens"], f"{where}.result_tokens", MAX_TOKENS)
                        if "result_tokens" in raw else None),
     )
 
@@ -167,7 +179,7 @@ def _check_fixed_step(s: dict[str, Any], where: str) -> None:
         raise _fail(where, f"'kind' must be 'llm' or 'tool', got {s.get('kind')!r}")
     for key in ("input_tokens", "output_tokens", "latency_s", "deadline_s"):
         if key in s:
-            v = _num(s, key, where)
+            v = _num(s, key, where, most=MAX_TOKENS if key.endswith("tokens") else MAX_SECONDS)
             if key.endswith("tokens") and not isinstance(s[key], int):
                 raise _fail(where, f"{key!r} must be an integer, got {v!r}")
     for key in ("tool_class", "tool_name", "outcome"):
@@ -180,10 +192,8 @@ def _check_fixed_step(s: dict[str, Any], where: str) -> None:
 def _fixed(raw: dict[str, Any], where: str) -> FixedTrajectory:
     _take(raw, where, {"id", "start_s", "priority", "tenant", "steps"})
     steps = []
-    for k, s in enumerate(raw.get("steps", [])):
+    for k, s in enumerate(_tables(raw, "steps", where)):
         w = f"{where}.steps[{k}]"
-        if not isinstance(s, dict):
-            raise _fail(w, "must be a table")
         _take(s, w, {"kind", "input_tokens", "output_tokens", "tool_class", "tool_name",
                      "latency_s", "deadline_s", "outcome", "mutating"})
         _check_fixed_step(s, w)
@@ -193,7 +203,7 @@ def _fixed(raw: dict[str, Any], where: str) -> FixedTrajectory:
     return FixedTrajectory(
         trajectory_id=str(raw.get("id", where)),
         steps=tuple(steps),
-        start_s=_num(raw, "start_s", where, 0.0),
+        start_s=_num(raw, "start_s", where, 0.0, most=MAX_SECONDS),
         priority=str(raw.get("priority", "interactive")),
         tenant=str(raw.get("tenant", "default")),
     )
@@ -209,14 +219,14 @@ def parse_profile(data: dict[str, Any], where: str) -> Profile:
     if not isinstance(turns, dict):
         raise _fail(where, "'turns' must be a table with 'min' and 'max'")
     _take(turns, f"{where}.turns", {"min", "max"})
-    tmin, tmax = int(_num(turns, "min", where, positive=True)), int(_num(turns, "max", where,
-                                                                          positive=True))
+    tmin = int(_num(turns, "min", where, positive=True, most=MAX_TURNS))
+    tmax = int(_num(turns, "max", where, positive=True, most=MAX_TURNS))
     if tmax < tmin:
         raise _fail(where, "'turns.max' must be >= 'turns.min'")
     classes = tuple(_tool_class(c, f"{where}.tool_class[{i}]")
-                    for i, c in enumerate(data.get("tool_class", [])))
+                    for i, c in enumerate(_tables(data, "tool_class", where)))
     fixed = tuple(_fixed(t, f"{where}.trajectory[{i}]")
-                  for i, t in enumerate(data.get("trajectory", [])))
+                  for i, t in enumerate(_tables(data, "trajectory", where)))
     if not classes and not fixed:
         raise _fail(where, "needs at least one [[tool_class]] or one [[trajectory]]")
     tenants = data.get("tenants", ["default"])
@@ -227,12 +237,17 @@ def parse_profile(data: dict[str, Any], where: str) -> Profile:
         description=str(data.get("description", "")),
         turns_min=tmin,
         turns_max=tmax,
-        prompt_tokens=_dist(data.get("prompt_tokens", 512), f"{where}.prompt_tokens"),
-        output_tokens=_dist(data.get("output_tokens", 64), f"{where}.output_tokens"),
-        result_tokens=_dist(data.get("result_tokens", 128), f"{where}.result_tokens"),
-        max_context_tokens=(int(_num(data, "max_context_tokens", where, positive=True))
+        prompt_tokens=_dist(data.get("prompt_tokens", 512), f"{where}.prompt_tokens",
+                            MAX_TOKENS),
+        output_tokens=_dist(data.get("output_tokens", 64), f"{where}.output_tokens",
+                            MAX_TOKENS),
+        result_tokens=_dist(data.get("result_tokens", 128), f"{where}.result_tokens",
+                            MAX_TOKENS),
+        max_context_tokens=(int(_num(data, "max_context_tokens", where, positive=True,
+                                     most=MAX_TOKENS))
                             if "max_context_tokens" in data else None),
-        arrival_rate_per_s=(_num(data, "arrival_rate_per_s", where, positive=True)
+        arrival_rate_per_s=(_num(data, "arrival_rate_per_s", where, positive=True,
+                                 most=MAX_RATE_PER_S)
                             if "arrival_rate_per_s" in data else None),
         interactive_fraction=_fraction(data, "interactive_fraction", where, 1.0),
         tenants=tuple(str(t) for t in tenants),

@@ -120,7 +120,7 @@ GOOD_CLASS = '[[tool_class]]\nname = "x"\nlatency_s = 0.1\n'
     ('name = "p"\n' + GOOD_CLASS + "colour = 'red'\n", "tool_class\\[0\\]: unknown key\\(s\\) "
                                                        "colour"),
     ('name = "p"\n[[tool_class]]\nname = "x"\nlatency_s = { median = -1 }\n',
-     "latency_s: 'median' must be > 0, got -1"),
+     "latency_s: 'median' must be > 0 and <= 1,000,000, got -1"),
     ('name = "p"\nprompt_tokens = { median = 5, sigma = -0.5 }\n' + GOOD_CLASS,
      "prompt_tokens: 'sigma' must be >= 0"),
     ('name = "p"\n' + GOOD_CLASS + "never_returns = 1.5\n", "'never_returns' must be a fraction"),

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from harness.errors import InputError
+from harness.limits import MAX_SECONDS
 from harness.traces.generator import sample
 from harness.traces.importers import Imported
 from harness.traces.importers._common import (
@@ -255,7 +256,8 @@ class _Latencies:
                         for c in wanted}
         self.dists = {c: tc for c, (_, tc) in self.sources.items()}
         self.draws = {c: iter(sample(self.dists[c].latency_s,
-                                     sum(p.classes.count(c) for p in pauses), rng))
+                                     sum(p.classes.count(c) for p in pauses), rng,
+                                     MAX_SECONDS))
                       for c in wanted}
 
     def timed(self, steps: list[LLM | _Pause]) -> list[LLM | Tool]:

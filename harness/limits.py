@@ -1,0 +1,25 @@
+"""The documented ranges of values read from flags and files (profiles, injections, SLOs).
+
+A value outside its range is refused with the rule named (exit 2), never clamped or replaced:
+each bound sits well past any real workload and well short of what would exhaust the client.
+"""
+
+from __future__ import annotations
+
+# A token count (a prompt, an output, a context): beyond any served model's context; the
+# client holds a context's token ids as Python ints (~36 bytes each), ~360 MB at this bound.
+MAX_TOKENS = 10_000_000
+# A duration in seconds (a tool's latency, a deadline): about 11.6 days of agent time.
+MAX_SECONDS = 1_000_000.0
+# Arrivals per second (trajectories or bystanders): planning holds one entry per arrival.
+MAX_RATE_PER_S = 10_000.0
+# Turns per generated trajectory.
+MAX_TURNS = 100_000
+# Anything else counted (weights, prefix groups, a slowdown factor).
+MAX_COUNT = 1_000_000
+# A distribution's shape parameter (lognormal sigma, Pareto tail alpha).
+MAX_SHAPE = 10.0
+# A random seed (numpy seeds with a non-negative integer).
+MAX_SEED = 2**63 - 1
+# An SLO bound in its unit (ms or s).
+MAX_SLO = 1e9

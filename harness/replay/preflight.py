@@ -5,6 +5,7 @@ instead of being found mid-run (or growing the client to a MemoryError)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from harness.errors import InputError
 from harness.limits import MAX_TOKENS
@@ -12,6 +13,10 @@ from harness.plan.planner import CallStep, Plan, TrajectoryPlan
 
 # The most context one trajectory may hold on the client whatever the server.
 MAX_CONTEXT_TOKENS = MAX_TOKENS
+# Client memory per context token: its id is a Python int (28 B) in a list slot (8 B).
+BYTES_PER_CONTEXT_TOKEN = 36
+# Of the memory available at the start, the share the client's contexts may take.
+MEMORY_SHARE = 0.8
 
 
 def context_needed(traj: TrajectoryPlan) -> int:
@@ -27,9 +32,46 @@ def oversized(plan: Plan, ctx_per_slot: int | None) -> list[tuple[str, int]]:
             if (n := context_needed(t)) > limit]
 
 
-def check_plan(plan: Plan, ctx_per_slot: int | None, skip: bool) -> tuple[Plan, list[str]]:
+def client_bytes(plan: Plan) -> int | None:
+    """The most client memory the contexts take at once in a closed loop (the `concurrency`
+    longest held together); None in open loop, where the overlap is known only as it runs."""
+    if plan.arrivals.mode != "closed":
+        return None
+    needs = sorted((context_needed(t) for t in plan.trajectories), reverse=True)
+    return BYTES_PER_CONTEXT_TOKEN * sum(needs[:plan.arrivals.concurrency])
+
+
+def available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes; None where it cannot be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return None
+
+
+def _check_memory(plan: Plan, memory: int | None) -> None:
+    need = client_bytes(plan)
+    if need is None or memory is None or need <= MEMORY_SHARE * memory:
+        return
+    gib = 1 << 30
+    raise InputError(f"{plan.arrivals.concurrency} agents holding the longest contexts at once "
+                     f"need {need / gib:.1f} GiB of client memory, more than "
+                     f"{MEMORY_SHARE:.0%} of the {memory / gib:.1f} GiB available; lower "
+                     "--concurrency or shorten the trajectories")
+
+
+def check_plan(plan: Plan, ctx_per_slot: int | None, skip: bool,
+               memory: int | None = None) -> tuple[Plan, list[str]]:
     """The plan to replay and the ids skipped. InputError (one line, the first few named) when
-    a trajectory cannot fit and `skip` is False; every one skipped is recorded by the caller."""
+    a trajectory cannot fit and `skip` is False, or when the closed loop's contexts together
+    would not fit in `memory` bytes; every one skipped is recorded by the caller."""
     limit = min(ctx_per_slot or MAX_CONTEXT_TOKENS, MAX_CONTEXT_TOKENS)
     if plan.bystanders:
         b = plan.bystanders[0]  # every bystander has the injection's size
@@ -38,6 +80,7 @@ def check_plan(plan: Plan, ctx_per_slot: int | None, skip: bool) -> tuple[Plan, 
                              f"(injection prompt_tokens + output_tokens), more than {limit:,}")
     bad = oversized(plan, ctx_per_slot)
     if not bad:
+        _check_memory(plan, memory)
         return plan, []
     where = (f"a slot's {ctx_per_slot:,} tokens" if ctx_per_slot and ctx_per_slot <= limit
              else f"the client's limit of {MAX_CONTEXT_TOKENS:,} tokens")
@@ -51,4 +94,6 @@ def check_plan(plan: Plan, ctx_per_slot: int | None, skip: bool) -> tuple[Plan, 
     kept = tuple(t for t in plan.trajectories if t.trajectory_id not in ids)
     if not kept:
         raise InputError(f"every trajectory needs more context than {where}; nothing to run")
-    return dataclasses.replace(plan, trajectories=kept), sorted(ids)
+    plan = dataclasses.replace(plan, trajectories=kept)
+    _check_memory(plan, memory)
+    return plan, sorted(ids)

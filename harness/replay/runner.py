@@ -39,7 +39,7 @@ from harness.records.store import (
 from harness.replay import loop, progress
 from harness.replay.clock import NS, Clock, RealClock, sleep_s
 from harness.replay.executor import Executor, RunCounters
-from harness.replay.preflight import check_plan
+from harness.replay.preflight import available_memory, check_plan
 from harness.replay.recorder import Recorder
 
 SCRAPE_CONNECTIONS = 1  # the server-metrics sampler's own request
@@ -97,7 +97,8 @@ async def _replay_session(session: RuntimeSession, plan: Plan, server: ServerOpt
     async with connect(session.details.url, limit, timeouts, headers) as http:
         adapter = session.connect(http)
         info = await server_info(adapter, redact_url(session.details.url))
-        plan, skipped = check_plan(plan, info.ctx_per_slot, skip_oversized)
+        plan, skipped = check_plan(plan, info.ctx_per_slot, skip_oversized,
+                                   available_memory())
         if skipped:
             run.skipped_oversized = skipped
         how = session.realise(info)

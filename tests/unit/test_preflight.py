@@ -3,6 +3,7 @@ recorded with --skip-oversized."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -82,3 +83,26 @@ def test_a_run_checks_before_its_first_request(tmp_path: Path, skip: bool) -> No
     assert run.skipped_oversized == ["big"] and run.outcome is not None
     assert run.outcome.completed == 1
     assert json.loads((tmp_path / "o" / "run.json").read_text())["skipped_oversized"] == ["big"]
+
+
+def test_a_closed_loop_whose_contexts_exceed_client_memory_is_refused() -> None:
+    from harness.replay.preflight import BYTES_PER_CONTEXT_TOKEN, client_bytes
+
+    trajs = [_traj(f"t{i}", (1000 * (i + 1), 10)) for i in range(4)]
+    plan = Plan(tuple(trajs), (), Arrivals(concurrency=2), 0, Injection())
+    # the two longest (4,010 and 3,010 tokens) are held together
+    assert client_bytes(plan) == BYTES_PER_CONTEXT_TOKEN * 7020
+    need = BYTES_PER_CONTEXT_TOKEN * 7020
+    with pytest.raises(InputError, match="2 agents holding the longest contexts"):
+        check_plan(plan, 8192, skip=False, memory=need)
+    assert check_plan(plan, 8192, skip=False, memory=2 * need) == (plan, [])
+    assert check_plan(plan, 8192, skip=False, memory=None) == (plan, [])
+    open_loop = dataclasses.replace(plan, arrivals=Arrivals(mode="poisson"))
+    assert client_bytes(open_loop) is None
+
+
+def test_available_memory_is_read() -> None:
+    from harness.replay.preflight import available_memory
+
+    mem = available_memory()
+    assert mem is None or mem > 0

@@ -184,7 +184,7 @@ def test_keep_and_recompute_for_real(sglang_server: LocalSglangServer, tmp_path:
     run = manifest.to_dict()
     rec = read_records(out)
     assert run["outcome"] == {"completed": 2, "cancelled": 1, "failed": 0,
-                              "unsupported_actions": 0, "server_failed": 0}
+                              "unsupported_actions": 0, "server_failed": 0, "interrupted": 0}
     assert run["vocab_size"] == 2048 and run["slots"] is None and run["ctx_per_slot"] == 4096
     assert run["server_version"] == "0.5.23"
     resumed = _resumed(rec)

@@ -128,7 +128,7 @@ def test_keep_and_recompute_for_real(vllm_server: LocalVllmServer, tmp_path: Pat
     plan = _plan(_traj("v-a", 0.3), _traj("v-b", 0.2), _traj("v-gone", None, 0.5))
     rec, run = _replay(vllm_server.url, plan, policy, tmp_path / policy, f"live-{policy}")
     assert run["outcome"] == {"completed": 2, "cancelled": 1, "failed": 0,
-                              "unsupported_actions": 0, "server_failed": 0}
+                              "unsupported_actions": 0, "server_failed": 0, "interrupted": 0}
     assert run["vocab_size"] == 2048 and run["slots"] is None
     resumed = _resumed(rec)
     assert len(resumed) == 4 and (resumed.status == "ok").all()

@@ -58,13 +58,17 @@ class Outcome:
     interrupted: int = 0  # ended by SIGINT/SIGTERM before they finished
 
 
+CLEANUP_ERRORS_KEPT = 50  # a run that lost its server can have one per trajectory
+
+
 @dataclass
 class Cleanup:
     slots_idle: bool | None = None
     dump_files_left: list[str] | None = None  # None: the server's disk is not visible here
-    errors: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # the first CLEANUP_ERRORS_KEPT
     # swap dumps written to a remote server's disk (its --slot-save-path), left there by name
     remote_dumps_left: list[str] = field(default_factory=list)
+    errors_total: int = 0  # every cleanup error, also those not kept in `errors`
 
 
 @dataclass

@@ -27,7 +27,7 @@ from harness.plan.planner import Plan
 from harness.policies import make_policy
 from harness.policies.base import PausePolicy, ServerRates
 from harness.policies.builtin import FALLBACK_RATES
-from harness.records.manifest import Cleanup, Outcome, RunManifest
+from harness.records.manifest import CLEANUP_ERRORS_KEPT, Cleanup, Outcome, RunManifest
 from harness.records.parts import PartWriter
 from harness.records.schema import RECORDS_SCHEMA, SERVER_METRICS_SCHEMA
 from harness.records.store import (
@@ -286,9 +286,10 @@ async def replay(adapter: Adapter, clock: Clock, plan: Plan, policy: PausePolicy
         idle: bool | None = None
         with contextlib.suppress(Exception):
             idle = await adapter.slots_idle()
+        errors = executor.counters.cleanup_errors
         _record_end(run, executor, clock, status, Cleanup(
             idle, leftover_dumps() if leftover_dumps else None,
-            executor.counters.cleanup_errors, executor.counters.remote_dumps_left),
+            errors[:CLEANUP_ERRORS_KEPT], executor.counters.remote_dumps_left, len(errors)),
             scrape_errors)
         run.scrape = scrape.to_dict()
         run.client_cpu_s = time.process_time() - cpu0

@@ -98,3 +98,15 @@ def test_dumps_left_on_a_remote_server_are_named(tmp_path: Path) -> None:
     assert read_manifest(tmp_path / "o").cleanup == run.cleanup  # round trip
     warnings = summarize_dir(tmp_path / "o", run=run)["warnings"]
     assert any("left on the remote server's disk" in w for w in warnings)
+
+
+def test_a_cleanup_warning_is_one_short_line_however_many_errors() -> None:
+    from harness.records.manifest import Cleanup
+    from harness.replay.cli import cleanup_line
+
+    errors = [f"a{i}: ConnectionTimeoutError: erase of slot {i}" for i in range(6000)]
+    c = Cleanup(False, ["d1.bin", "d2.bin"], errors[:50], [], 6000)
+    line = cleanup_line(c)
+    assert line == ("slots still busy at the end; 2 dump file(s) left; 6000 error(s), the "
+                    "first: a0: ConnectionTimeoutError: erase of slot 0")
+    assert cleanup_line(Cleanup(True, [], ["x"], [])) == "1 error(s), the first: x"

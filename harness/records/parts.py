@@ -38,7 +38,10 @@ _Part = tuple[Path, list[pa.RecordBatch]]
 def write_part(path: Path, schema: pa.Schema, batches: list[pa.RecordBatch]) -> None:
     """Write one whole part: a temporary file renamed into place."""
     tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(pa.Table.from_batches(batches, schema=schema), tmp, compression="zstd")
+    # No dictionary pages: most columns are near-unique numbers (times, sequence numbers), for
+    # which building dictionaries cost ~20% of the write and made parts ~30% larger.
+    pq.write_table(pa.Table.from_batches(batches, schema=schema), tmp, compression="zstd",
+                   use_dictionary=False)
     os.replace(tmp, path)
 
 

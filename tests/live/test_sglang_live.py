@@ -200,7 +200,7 @@ def test_keep_and_recompute_for_real(sglang_server: LocalSglangServer, tmp_path:
     gone = rec[rec.trajectory_id == "s-gone"]
     assert gone[gone.event == "trajectory_end"].status.tolist() == ["cancelled"]
     assert run["cleanup"] == {"slots_idle": True, "dump_files_left": None, "errors": [],
-                              "remote_dumps_left": []}
+                              "remote_dumps_left": [], "errors_total": 0}
     summary = read_json(out / "summary.json")
     assert summary["resume_latency_ms"]["n"] == 4 and summary["cache_mismatches"] == 0
     assert "sglang:kv_used_tokens" in (summary["server_occupancy"] or {})

@@ -143,7 +143,7 @@ def test_keep_and_recompute_for_real(vllm_server: LocalVllmServer, tmp_path: Pat
     gone = rec[rec.trajectory_id == "v-gone"]
     assert gone[gone.event == "trajectory_end"].status.tolist() == ["cancelled"]
     assert run["cleanup"] == {"slots_idle": True, "dump_files_left": None, "errors": [],
-                              "remote_dumps_left": []}
+                              "remote_dumps_left": [], "errors_total": 0}
     assert read_json(tmp_path / policy / "summary.json")["resume_latency_ms"]["n"] == 4
 
 

@@ -234,7 +234,7 @@ def test_replay_over_http(tmp_path: Path, policy: str) -> None:
     assert run["status"] == "finished" and run["slots"] is None
     assert run["capabilities"] == {"harness_slots": False, "pause_actions": ["keep", "recompute"]}
     assert run["cleanup"] == {"slots_idle": True, "dump_files_left": None, "errors": [],
-                              "remote_dumps_left": []}
+                              "remote_dumps_left": [], "errors_total": 0}
     assert run["outcome"]["completed"] + run["outcome"]["cancelled"] == 5
     resumed = rec[(rec.event == "call_end") & (rec.step > 0)]
     assert not resumed.empty

@@ -19,8 +19,9 @@ from typing import Any
 from harness.errors import InputError
 from harness.records.store import RUN_JSON, write_json
 
-MANIFEST_VERSION = 2
-# Version 1: the same fields without `schema_version` (and a top-level `kv_connector`).
+MANIFEST_VERSION = 3
+# Version 1: the same fields without `schema_version` (and a top-level `kv_connector`);
+# version 2: without `host`.
 OLDEST_READABLE = 1
 
 
@@ -90,6 +91,7 @@ class RunManifest:
     arrivals: ArrivalsRef | None = None
     harness_version: str | None = None
     git_commit: str | None = None
+    host: dict[str, Any] | None = None  # the machine measured on (harness.records.host)
     started_at: str | None = None
     calibration: dict[str, Any] | None = None
     # the server

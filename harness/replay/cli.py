@@ -23,6 +23,7 @@ from harness.model.calibration import read_calibration
 from harness.plan.injection import load_injection
 from harness.plan.planner import Arrivals, make_plan
 from harness.policies import POLICIES, make_policy, parse_policy_args
+from harness.records.host import host_identity
 from harness.records.manifest import ArrivalsRef, Cleanup, Outcome, RunManifest, TraceRef
 from harness.replay import pinning
 from harness.replay.options import AUTO, RunOptions
@@ -69,7 +70,7 @@ def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo,
                        int(len(steps))),
         seed=o.seed, injection=injection.as_dict(),
         arrivals=ArrivalsRef(a.mode, a.concurrency, a.rate, a.time_scale),
-        harness_version=__version__, git_commit=git_commit(),
+        harness_version=__version__, git_commit=git_commit(), host=host_identity(),
         started_at=datetime.now(UTC).isoformat(), cpu_pinning=pin,
         instrument_error=o.instrument_error)
     cal = read_calibration(o.calibration) if o.calibration else None

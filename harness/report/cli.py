@@ -10,6 +10,7 @@ import click
 
 from harness.errors import InputError
 from harness.metrics.outcomes import SLO_KEYS, check_slo
+from harness.report.comparable import ASPECTS, parse_allow
 from harness.report.compare import DEFAULT_THRESHOLD, compare_dirs, format_text
 from harness.report.export import FORMATS, export
 from harness.report.history import history
@@ -60,16 +61,20 @@ def report(dirs: tuple[Path, ...], out: Path | None, slo_items: tuple[str, ...])
 @click.option("--threshold", type=float, default=DEFAULT_THRESHOLD, show_default=True,
               help="Ratio NEW/BASE beyond which a significant change counts.")
 @_SLO
+@click.option("--allow", "allow_items", multiple=True, metavar="ASPECT[,ASPECT]",
+              help=f"Aspects in which the runs may differ: {', '.join(ASPECTS)}. Without it, "
+                   "runs that differ in any are refused (exit 2) with the differences listed.")
 def compare(base: Path, new: Path, as_json: bool, fail_on_regression: bool, threshold: float,
-            slo_items: tuple[str, ...]) -> None:
+            slo_items: tuple[str, ...], allow_items: tuple[str, ...]) -> None:
     """Compare NEW against BASE (results directories) with a noise-aware verdict."""
-    if threshold <= 1.0:
+    if not 1.0 < threshold < float("inf"):
         raise InputError(f"--threshold must be above 1, got {threshold}")
-    result = compare_dirs(base, new, threshold, parse_slo(slo_items))
+    result = compare_dirs(base, new, threshold, parse_slo(slo_items),
+                          allow=parse_allow(allow_items))
     if as_json:
         keys = ("name", "unit", "base", "new", "ratio", "ci95", "verdict")
         doc = {"metrics": [{k: m[k] for k in keys} for m in result["metrics"]],
-               "regressed": result["regressed"]}
+               "regressed": result["regressed"], "differences": result["differences"]}
         click.echo(json.dumps(doc, indent=2))
     else:
         click.echo(format_text(result))

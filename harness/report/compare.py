@@ -16,6 +16,7 @@ import numpy as np
 
 from harness.metrics.bootstrap import ratio_ci, sorted_finite
 from harness.metrics.latency import resume_samples
+from harness.report.comparable import check_comparable
 from harness.report.data import RunData, load_run
 from harness.report.fmt import fmt
 
@@ -137,16 +138,26 @@ def compare_runs(
 
 def compare_dirs(
     base: Path, new: Path, threshold: float = DEFAULT_THRESHOLD,
-    slo: dict[str, float] | None = None, seed: int = 0,
+    slo: dict[str, float] | None = None, seed: int = 0, allow: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
-    """compare_runs() of two results directories (InputError if either is unusable)."""
-    return compare_runs(load_run(base, slo), load_run(new, slo), threshold, seed)
+    """compare_runs() of two results directories, refused (InputError) when they differ in an
+    aspect `allow` does not name, or when either is unusable; the differences that stand are
+    in the result's `differences`."""
+    rb, rn = load_run(base, slo), load_run(new, slo)
+    diffs = check_comparable(rb.run, rn.run, allow, f"{base} and {new}")
+    result = compare_runs(rb, rn, threshold, seed)
+    result["differences"] = [{"aspect": d.aspect, "base": d.base, "new": d.new,
+                              "checked": not d.unknown} for d in diffs]
+    return result
 
 
 def format_text(result: dict[str, Any]) -> str:
     """A fixed-width table of the comparison and a final verdict line."""
-    lines = [f"base: {result['base']}", f"new:  {result['new']}",
-             f"{'metric':<24} {'base':>12} {'new':>12} {'ratio':>8}  {'95% CI':<15} verdict"]
+    lines = [f"base: {result['base']}", f"new:  {result['new']}"]
+    for d in result.get("differences", []):
+        how = "allowed" if d["checked"] else "not checked (not recorded by one run)"
+        lines.append(f"differs, {how}: {d['aspect']}: {d['base'] or '-'} vs {d['new'] or '-'}")
+    lines += [f"{'metric':<24} {'base':>12} {'new':>12} {'ratio':>8}  {'95% CI':<15} verdict"]
     for r in result["metrics"]:
         ci = f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]" if r["ci95"] else ""
         ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"

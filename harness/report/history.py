@@ -1,8 +1,10 @@
 """Trend of headline metrics over commits, with detected steps (regressions / improvements).
 
 Runs are ordered by run.json started_at (then git_commit, then path) and grouped into series by
-label (runtime/policy); each run is compared with the previous run of its series using the same
-noise-aware verdict as `compare`, and a step is marked where that verdict is not 'same'.
+label (runtime/policy, and the host when the runs come from more than one machine: numbers from
+two machines never make one series); each run is compared with the previous run of its series
+using the same noise-aware verdict as `compare`, and a step is marked where that verdict is not
+'same'.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from harness.records.host import host_key
 from harness.report.compare import DEFAULT_THRESHOLD, HEADLINE, IMPROVED, REGRESSED, compare_runs
 from harness.report.data import RunData, base_label, load_run
 from harness.report.fmt import fmt, table
@@ -92,25 +95,50 @@ def render_history(runs: list[RunData], threshold: float = DEFAULT_THRESHOLD) ->
     step_rows = [[html.escape(s["series"]), html.escape(s["metric"]), html.escape(s["from"]),
                   html.escape(s["to"]), fmt(s["base"]), fmt(s["new"]), fmt(s["ratio"]),
                   s["verdict"]] for s in steps]
+    names = host_names(runs)
     run_rows = [[html.escape(commit(r)), html.escape(str(r.run.started_at or "-")),
-                 html.escape(r.label), html.escape(str(r.path))] for r in runs]
+                 html.escape(r.label), html.escape(names[host_key(r.run.host)]),
+                 html.escape(str(r.path))] for r in runs]
+    hosts_html = table(["host", "machine"], [[html.escape(n), html.escape(k or "not recorded")]
+                                             for k, n in names.items()], 2)
     steps_html = table(["series", "metric", "from", "to", "before", "after", "ratio", "verdict"],
                        step_rows, 4) if step_rows else "<p class='note'>No steps detected.</p>"
-    runs_html = table(["commit", "started_at", "series", "dir"], run_rows, 4)
+    runs_html = table(["commit", "started_at", "series", "host", "dir"], run_rows, 4)
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>History</title>"
             f"<style>{CSS}</style></head><body><h1>Headline metrics over commits</h1>"
             f"<p class='note'>{len(runs)} runs; a step (red ▲ regressed, green ▼ improved) is a "
             f"change from the previous run of the same series that is significant and beyond "
             f"x{threshold:g}.</p><h2 id='steps'>Detected steps</h2>{steps_html}"
             f"<h2 id='trends'>Trends</h2><div class='grid'>{imgs}</div>"
-            f"<h2 id='runs'>Runs</h2>{runs_html}"
+            f"<h2 id='runs'>Runs</h2>{runs_html}<h2 id='hosts'>Hosts</h2>{hosts_html}"
             f"</body></html>")
+
+
+def host_names(runs: list[RunData]) -> dict[str | None, str]:
+    """A short name per distinct host (host_key) among the runs: 'host 1', 'host 2', ... in
+    order of first appearance; runs that did not record theirs share 'unknown host'."""
+    names: dict[str | None, str] = {}
+    known = 0
+    for r in runs:
+        key = host_key(r.run.host)
+        if key not in names:
+            known += key is not None
+            names[key] = "unknown host" if key is None else f"host {known}"
+    return names
+
+
+def series_labels(runs: list[RunData]) -> None:
+    """Set each run's label to its series: runtime/policy, and the host when there are several."""
+    names = host_names(runs)
+    for r in runs:
+        r.label = base_label(r.run, r.path)
+        if len(names) > 1:
+            r.label += f" @ {names[host_key(r.run.host)]}"
 
 
 def history(paths: list[Path], threshold: float = DEFAULT_THRESHOLD,
             slo: dict[str, float] | None = None) -> str:
     """Load the results directories and render their history."""
     runs = [load_run(p, slo) for p in paths]
-    for r in runs:
-        r.label = base_label(r.run, r.path)
+    series_labels(runs)
     return render_history(runs, threshold)

@@ -22,9 +22,12 @@ def test_baseline_against_itself_is_not_a_regression() -> None:
 
 
 def test_the_gate_fails_on_a_real_regression() -> None:
-    # swap resumes ~3x slower than keep on this workload: the gate must catch it
-    res = CliRunner().invoke(main, ["compare", str(BASELINE / "keep"), str(BASELINE / "swap"),
-                                    "--fail-on-regression"])
+    # swap resumes ~3x slower than keep on this workload: the gate must catch it, once told
+    # that the policies may differ
+    args = ["compare", str(BASELINE / "keep"), str(BASELINE / "swap"), "--fail-on-regression"]
+    refused = CliRunner().invoke(main, args)
+    assert refused.exit_code == 2 and "policy (keep vs swap)" in refused.output
+    res = CliRunner().invoke(main, [*args, "--allow", "policy"])
     assert res.exit_code == 1, res.output
     assert "regressed" in res.output
 

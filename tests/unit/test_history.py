@@ -46,3 +46,30 @@ def test_history_html_and_cli(commits: list[Path], tmp_path: Path) -> None:
     assert res.exit_code == 0 and out.read_text().startswith("<!DOCTYPE html>")
     res = CliRunner().invoke(main, ["history", str(tmp_path / "x"), "--out", str(out)])
     assert res.exit_code == 2
+
+
+def test_runs_from_two_hosts_are_two_series(tmp_path: Path) -> None:
+    from harness.report.history import series_labels
+
+    xeon = {"cpu_model": "Xeon", "logical_cpus": 2, "memory_bytes": 1 << 34}
+    epyc = {**xeon, "cpu_model": "EPYC"}
+    dirs = [write_run(tmp_path / f"r{i}", "keep", n_traj=6, tools=2, seed=5,
+                      slow=1.0 if host is xeon else 1.7,
+                      run={"git_commit": f"c{i}" + "0" * 38, "host": host,
+                           "started_at": f"2025-01-0{i + 1}T00:00:00Z"})
+            for i, host in enumerate((xeon, epyc, xeon, epyc))]
+    runs = order_runs([load_run(p) for p in dirs])
+    series_labels(runs)
+    assert [r.label.split(" @ ")[1] for r in runs] == ["host 1", "host 2", "host 1", "host 2"]
+    # the slower machine is its own series: alternating hosts is no step
+    assert [s for s in detect_steps(runs) if s["metric"] == "resume_latency_ms.p50"] == []
+    doc = history(dirs)
+    assert "id='hosts'" in doc and "Xeon" in doc and "EPYC" in doc
+
+
+def test_one_host_keeps_plain_series(commits: list[Path]) -> None:
+    from harness.report.history import series_labels
+
+    runs = [load_run(p) for p in commits]
+    series_labels(runs)
+    assert all(" @ " not in r.label for r in runs)

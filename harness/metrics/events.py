@@ -53,7 +53,7 @@ EVENT_COLUMNS: dict[str, tuple[str, ...]] = {
     "recompute": ("recomputed_tokens",),
     "kv_state": ("kv_tokens", "status", "traffic"),
     "slot_wait": ("value_s",),
-    "trajectory_end": _TRAJ,
+    "trajectory_end": (*_TRAJ, "reason"),
 }
 
 

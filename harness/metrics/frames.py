@@ -269,4 +269,7 @@ def _trajectories(ev: Events) -> pd.DataFrame:
     last = ends.drop_duplicates("_code", keep="last").set_index("_code")
     traj["status"] = last["status"].reindex(traj.index)
     traj["end_ns"] = _num(last["t_ns"].reindex(traj.index))
+    reasons = ev.rows(["trajectory_end"], ["_code", "reason"])
+    reasons = reasons[reasons["_code"] >= 0].drop_duplicates("_code", keep="last")
+    traj["reason"] = reasons.set_index("_code")["reason"].astype(object).reindex(traj.index)
     return traj

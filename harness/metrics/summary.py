@@ -18,13 +18,13 @@ from harness.errors import InputError
 from harness.metrics import latency, occupancy, outcomes
 from harness.metrics.events import read_events
 from harness.metrics.frames import Frames, build_frames, link_events
+from harness.metrics.health import CLIENT_LAG_WARN_MS, run_health
 from harness.records.manifest import RunManifest, read_manifest
 from harness.records.store import read_records, read_server_metrics
 
-SUMMARY_VERSION = "2"
-# Client lag (how late the harness woke to a tool's end) above this P99 is warned about: the
-# load the run offered was late by that much, whatever the server did.
-CLIENT_LAG_WARN_MS = 1.0
+SUMMARY_VERSION = "3"
+# Client lag (how late the harness woke to a tool's end) above CLIENT_LAG_WARN_MS at P99 is
+# warned about: the load the run offered was late by that much, whatever the server did.
 # Up to this much, the lag is what a millisecond timer gives; beyond it, the client was busy.
 TIMER_LAG_MS = 3.0
 
@@ -37,7 +37,8 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "memory_time_token_s", "memory_time_mib_s", "kv_paused_peak_tokens", "kv_paused_mean_tokens",
     "kv_active_peak_tokens", "kv_active_mean_tokens", "goodput_per_min", "bystander_ttft_ms",
     "by_tool_class", "by_pause_bucket", "server_occupancy", "duration_s", "pauses",
-    "pause_actions", "slo", "kv_bytes_per_token", "warnings", "run_id", "summary_version",
+    "pause_actions", "slo", "kv_bytes_per_token", "warnings", "health", "run_id",
+    "summary_version",
 )
 
 
@@ -116,6 +117,7 @@ def summarize_frames(
         "slo": dict(slo),
         "kv_bytes_per_token": bpt,
         "warnings": _warnings(lag, run),
+        "health": run_health(frames, run, lag),
         "run_id": run.run_id,
         "summary_version": SUMMARY_VERSION,
     }

@@ -19,6 +19,7 @@ from harness.adapters.base import Runtime
 from harness.adapters.runtimes import RUNTIMES, get_runtime
 from harness.errors import InputError
 from harness.limits import MAX_SEED
+from harness.metrics.health import problems
 from harness.model.calibration import read_calibration
 from harness.plan.injection import load_injection
 from harness.policies import POLICIES, make_policy, parse_policy_args
@@ -241,6 +242,15 @@ def check_same_pinning(runs: list[RunManifest]) -> None:
         raise RuntimeError(f"the bench's policies ran under different CPU pinning: {seen}")
 
 
+def health_lines(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Each policy's health problems (summary.json `health`: fail and warn), one line each."""
+    out = []
+    for policy, summary in rows:
+        for c in problems(summary.get("health") or []):
+            out.append(f"health, {policy}: {c['status'].upper()} {c['check']}: {c['detail']}")
+    return out or ["health: no problems found"]
+
+
 @click.command("bench")
 @click.option("--runtime", type=click.Choice(list(RUNTIMES)), default="llamacpp",
               show_default=True)
@@ -299,6 +309,8 @@ def bench_cmd(runtime: str, url: str | None, trace_path: Path | None, policies: 
     rows = run_bench(plan)
     click.echo("")
     click.echo(headline_table(rows))
+    for line in health_lines(rows):
+        click.echo(line)
     click.echo(f"\nresults: {plan.root}\nreport:  {plan.root / 'report.html'}")
     exit_on_server_failures([read_manifest(o.out) for o in plan.runs
                              if (o.out / "run.json").exists()])

@@ -16,6 +16,7 @@ from harness.report import plots
 from harness.report.data import RunData, load_runs
 from harness.report.fidelity import fidelity_section
 from harness.report.fmt import fmt, fmt_bytes, table
+from harness.report.health_view import HEALTH_CSS, health_section
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#222;
@@ -48,13 +49,14 @@ def render_runs(runs: list[RunData]) -> str:
     """The HTML document for these runs (side by side when several)."""
     title = "Tool-pause replay report" if len(runs) == 1 else "Tool-pause replay comparison"
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-             f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
+             f"<title>{html.escape(title)}</title><style>{CSS}{HEALTH_CSS}</style></head><body>",
              f"<h1>{html.escape(title)}</h1>",
              "<p class='note'>" + html.escape(", ".join(str(r.path) for r in runs)) + "</p>"]
     if any(r.simulated for r in runs):
         parts.append("<p class='banner'>Runs marked <span class='badge'>simulated</span> come "
                      "from the simulator, not a live server.</p>")
-    parts += [headline(runs), instrument_section(runs), cdf_section(runs), bucket_grid(runs),
+    parts += [health_section(runs, _label), headline(runs), instrument_section(runs),
+              cdf_section(runs), bucket_grid(runs),
               parts_section(runs), occupancy_section(runs), timeline_section(runs),
               tools_section(runs), by_class_section(runs), prediction_section(runs),
               fidelity_section(runs), metadata_section(runs)]

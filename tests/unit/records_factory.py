@@ -181,7 +181,7 @@ class Trajectory:
         self._add("trajectory_end", status="cancelled", reason=reason)
         return self
 
-    def end(self, status: str = "completed") -> Trajectory:
+    def end(self, status: str = "completed", reason: str | None = None) -> Trajectory:
         self._add("kv_state", kv_tokens=0, status="released")
-        self._add("trajectory_end", status=status)
+        self._add("trajectory_end", status=status, reason=reason)
         return self

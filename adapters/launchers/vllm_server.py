@@ -64,8 +64,9 @@ def server_policy(policy: str) -> ServerPolicy:
     harness with keep and recompute only (a swap decision is recorded as unsupported)."""
     if policy in SERVER_POLICIES:
         return SERVER_POLICIES[policy]
-    note = ("; a ttl expiry is not applied (the executor evicts on expiry only from a harness "
-            "slot), so the kept blocks stay until the tool returns" if policy == "ttl" else "")
+    note = ("; at a ttl expiry the harness recomputes (a fresh cache salt: the resumed call "
+            "cannot reuse the kept prefix), and ttl after=swap (its default) is recorded "
+            "unsupported, so pass --policy-arg after=recompute" if policy == "ttl" else "")
     return ServerPolicy(
         policy, None, f"{policy}: decided per pause by the harness; keep and recompute execute, "
         f"swap decisions are recorded as unsupported (prefix caching on){note}")

@@ -19,6 +19,8 @@ FAIL, WARN, OK, INFO = "fail", "warn", "ok", "info"
 _ORDER = {FAIL: 0, WARN: 1, OK: 2, INFO: 3}
 # The client woke this late to a tool's end (P99): its timers, or a busy loop.
 CLIENT_LAG_WARN_MS = 1.0
+# Up to this much, the lag is what a millisecond timer gives; beyond it, the client was busy.
+TIMER_LAG_MS = 3.0
 CALIBRATION_WARN_DAYS = 7.0  # a calibration older than this may no longer fit the server
 TOP_REASONS = 5
 
@@ -110,10 +112,11 @@ def _client(run: RunManifest, lag: dict[str, Any]) -> list[dict[str, str]]:
     p99 = lag.get("p99")
     if p99 is not None:
         late = p99 > CLIENT_LAG_WARN_MS
+        cause = ("" if not late else " (the event loop's millisecond timers)"
+                 if p99 <= TIMER_LAG_MS else " (an overloaded client: the load was offered "
+                                             "late by that much)")
         out.append(_check("client lag", WARN if late else OK,
-                          f"P99 {p99:.2f} ms late to tool ends"
-                          + (" (the client was busy: resume latencies include it)" if late
-                             else "")))
+                          f"P99 {p99:.2f} ms late to tool ends{cause}"))
     err = run.instrument_error
     if isinstance(err, dict):
         res = err.get("resume_ms") if isinstance(err.get("resume_ms"), dict) else {}

@@ -18,15 +18,13 @@ from harness.errors import InputError
 from harness.metrics import latency, occupancy, outcomes
 from harness.metrics.events import read_events
 from harness.metrics.frames import Frames, build_frames, link_events
-from harness.metrics.health import CLIENT_LAG_WARN_MS, run_health
+from harness.metrics.health import CLIENT_LAG_WARN_MS, TIMER_LAG_MS, run_health
 from harness.records.manifest import RunManifest, read_manifest
 from harness.records.store import read_records, read_server_metrics
 
 SUMMARY_VERSION = "3"
 # Client lag (how late the harness woke to a tool's end) above CLIENT_LAG_WARN_MS at P99 is
 # warned about: the load the run offered was late by that much, whatever the server did.
-# Up to this much, the lag is what a millisecond timer gives; beyond it, the client was busy.
-TIMER_LAG_MS = 3.0
 
 # The keys of summary.json, in order: the stable core first, then breakdowns and provenance.
 SUMMARY_KEYS: tuple[str, ...] = (

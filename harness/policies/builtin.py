@@ -159,7 +159,9 @@ class MinWaste:
 
 @dataclass
 class Oracle:
-    """Knows each pause's true length and picks the least-waste action: an upper bound only."""
+    """Knows each pause's true length and picks the least-waste action for it: the best any
+    policy could do pause by pause on wasted KV time, not a bound on every metric (keeping can
+    still win on resume latency, and freeing early on memory-time)."""
 
     name: str = "oracle"
     sees_true_latency: bool = True

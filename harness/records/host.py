@@ -88,10 +88,7 @@ def _version(package: str) -> str | None:
 def host_identity() -> dict[str, Any]:
     """What this machine is, for run.json's `host`."""
     model, flags = _cpuinfo(_read("/proc/cpuinfo"))
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = None
+    # (Not the process's CPU affinity: a run pins itself first; cpu_pinning records that.)
     return {
         "hostname": platform.node() or None,
         "machine": platform.machine() or None,
@@ -100,7 +97,6 @@ def host_identity() -> dict[str, Any]:
         "cpu_flags_sha256": (hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:16]
                              if flags else None),
         "logical_cpus": os.cpu_count(),
-        "usable_cpus": usable,
         "memory_bytes": _mem_total_bytes(_read("/proc/meminfo")),
         "os": platform.system() or None,
         "kernel": platform.release() or None,

@@ -283,9 +283,9 @@ def prediction_section(runs: list[RunData]) -> str:
             + table(["run", "metric", "predicted", "measured", "measured / predicted"], rows, 2))
 
 
-META_KEYS = ("run_id", "runtime", "server_version", "model", "policy", "policy_args", "trace",
-             "seed", "harness_version", "git_commit", "started_at", "slots", "ctx_per_slot",
-             "server_flags", "injection", "arrivals")
+META_KEYS = ("run_id", "runtime", "server_version", "server_build", "host", "model", "policy",
+             "policy_args", "trace", "seed", "harness_version", "git_commit", "started_at",
+             "slots", "ctx_per_slot", "server_flags", "injection", "arrivals")
 
 
 def _meta_value(value: Any) -> str:

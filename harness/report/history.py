@@ -2,26 +2,38 @@
 
 Runs are ordered by run.json started_at (then git_commit, then path) and grouped into series by
 label (runtime/policy, and the host when the runs come from more than one machine: numbers from
-two machines never make one series); each run is compared with the previous run of its series
-using the same noise-aware verdict as `compare`, and a step is marked where that verdict is not
-'same'.
+two machines never make one series). Each series' metric is fitted over its whole history
+with a piecewise-constant curve (harness.report.steps): a step is a change of level beyond the
+threshold, significant between the pooled samples of the two levels, never a single outlying
+run; one in the newest run is shown as unconfirmed until the next run.
 """
 
 from __future__ import annotations
 
 import html
+import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from harness.records.host import host_key
-from harness.report.compare import DEFAULT_THRESHOLD, HEADLINE, IMPROVED, REGRESSED, compare_runs
+from harness.report.compare import (
+    DEFAULT_THRESHOLD,
+    HEADLINE,
+    IMPROVED,
+    REGRESSED,
+    quantile_verdict,
+    run_samples,
+    scalar_verdict,
+)
 from harness.report.data import RunData, base_label, load_run
 from harness.report.fmt import fmt, table
 from harness.report.plots import color, compact, style_axes, to_data_uri
 from harness.report.render import CSS
+from harness.report.steps import MIN_SEGMENT, level_starts, segment_medians
 
 
 def order_runs(runs: list[RunData]) -> list[RunData]:
@@ -33,21 +45,41 @@ def order_runs(runs: list[RunData]) -> list[RunData]:
 def detect_steps(
     runs: list[RunData], threshold: float = DEFAULT_THRESHOLD, seed: int = 0
 ) -> list[dict[str, Any]]:
-    """Steps between consecutive runs of each series: {series, index, from, to, metric, ...}."""
-    last: dict[str, tuple[int, RunData]] = {}
+    """Steps fitted over each series' whole history (harness.report.steps): {series, index,
+    from, to, metric, base, new, ratio, verdict, confirmed}. `base` and `new` are the medians
+    of the levels before and after; a distribution metric's step must also be significant
+    between the pooled samples of the two levels; `confirmed` is False while the new level
+    has a single run (the newest)."""
     steps: list[dict[str, Any]] = []
-    for i, r in enumerate(runs):
-        prev = last.get(r.label)
-        last[r.label] = (i, r)
-        if prev is None:
-            continue
-        result = compare_runs(prev[1], r, threshold, seed)
-        for m in result["metrics"]:
-            if m["verdict"] in (REGRESSED, IMPROVED):
-                steps.append({"series": r.label, "index": i, "from": commit(prev[1]),
-                              "to": commit(r), "metric": m["name"], "base": m["base"],
-                              "new": m["new"], "ratio": m["ratio"], "verdict": m["verdict"]})
-    return steps
+    for label in dict.fromkeys(r.label for r in runs):
+        idx = [i for i, r in enumerate(runs) if r.label == label]
+        samples = [run_samples(runs[i]) for i in idx]
+        for m in HEADLINE:
+            pts = [(k, float(v)) for k, i in enumerate(idx)
+                   if (v := m.value(runs[i].summary)) is not None and math.isfinite(float(v))]
+            if len(pts) < 2:
+                continue
+            values = [v for _, v in pts]
+            starts = level_starts(values, threshold)
+            meds = segment_medians(values, starts)
+            bounds = [0, *starts, len(pts)]
+            for s, start in enumerate(starts):
+                before = [pts[k][0] for k in range(bounds[s], start)]
+                after = [pts[k][0] for k in range(start, bounds[s + 2])]
+                ratio, verdict = scalar_verdict(meds[s], meds[s + 1], threshold,
+                                                m.bigger_is_better)
+                if m.sample is not None and m.q is not None:
+                    pooled = [np.concatenate([samples[k][m.sample] for k in ks])
+                              for ks in (before, after)]
+                    verdict = quantile_verdict(pooled[0], pooled[1], m.q, threshold, seed)[2]
+                if verdict not in (REGRESSED, IMPROVED):
+                    continue
+                first, last_before = idx[after[0]], idx[before[-1]]
+                steps.append({"series": label, "index": first, "from": commit(runs[last_before]),
+                              "to": commit(runs[first]), "metric": m.name, "base": meds[s],
+                              "new": meds[s + 1], "ratio": ratio, "verdict": verdict,
+                              "confirmed": len(after) >= MIN_SEGMENT})
+    return sorted(steps, key=lambda st: (st["index"], st["series"], st["metric"]))
 
 
 def commit(r: RunData) -> str:
@@ -94,7 +126,8 @@ def render_history(runs: list[RunData], threshold: float = DEFAULT_THRESHOLD) ->
                    for k, m in enumerate(HEADLINE))
     step_rows = [[html.escape(s["series"]), html.escape(s["metric"]), html.escape(s["from"]),
                   html.escape(s["to"]), fmt(s["base"]), fmt(s["new"]), fmt(s["ratio"]),
-                  s["verdict"]] for s in steps]
+                  s["verdict"] + ("" if s["confirmed"] else " (newest run only: unconfirmed)")]
+                 for s in steps]
     names = host_names(runs)
     run_rows = [[html.escape(commit(r)), html.escape(str(r.run.started_at or "-")),
                  html.escape(r.label), html.escape(names[host_key(r.run.host)]),
@@ -107,8 +140,9 @@ def render_history(runs: list[RunData], threshold: float = DEFAULT_THRESHOLD) ->
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>History</title>"
             f"<style>{CSS}</style></head><body><h1>Headline metrics over commits</h1>"
             f"<p class='note'>{len(runs)} runs; a step (red ▲ regressed, green ▼ improved) is a "
-            f"change from the previous run of the same series that is significant and beyond "
-            f"x{threshold:g}.</p><h2 id='steps'>Detected steps</h2>{steps_html}"
+            f"change of level in a series, fitted over its whole history: beyond x{threshold:g} "
+            f"between the medians of the levels and significant between their pooled samples; "
+            f"a single outlying run is not a step. Before / after: the levels' medians.</p><h2 id='steps'>Detected steps</h2>{steps_html}"
             f"<h2 id='trends'>Trends</h2><div class='grid'>{imgs}</div>"
             f"<h2 id='runs'>Runs</h2>{runs_html}<h2 id='hosts'>Hosts</h2>{hosts_html}"
             f"</body></html>")

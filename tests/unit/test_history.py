@@ -25,14 +25,35 @@ def commits(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
             for c in ("c3", "c1", "c4", "c2")]
 
 
-def test_order_and_steps(commits: list[Path]) -> None:
+def test_order_and_an_outlier_is_no_step(commits: list[Path]) -> None:
     runs = order_runs([load_run(p) for p in commits])
     assert [r.path.name for r in runs] == ["c1", "c2", "c3", "c4"]
-    steps = detect_steps(runs)
-    resume = [s for s in steps if s["metric"] == "resume_latency_ms.p50"]
-    assert [(s["to"][:2], s["verdict"]) for s in resume] == [("c3", "regressed"),
-                                                             ("c4", "improved")]
-    assert all(s["from"][:2] != "c1" for s in steps)  # c1 -> c2 is the same run again
+    # c3 alone is 1.7x slower, c4 is back: one outlying run, not two steps
+    assert [s for s in detect_steps(runs) if s["metric"].startswith("resume")] == []
+
+
+def _series(root: Path, slow: list[float]) -> list[Path]:
+    return [write_run(root / f"s{i}", "keep", n_traj=10, tools=3, seed=5, slow=x,
+                      run={"git_commit": f"s{i}" + "0" * 38,
+                           "started_at": f"2025-01-0{i + 1}T00:00:00Z"})
+            for i, x in enumerate(slow)]
+
+
+def test_a_sustained_change_is_one_confirmed_step(tmp_path: Path) -> None:
+    runs = order_runs([load_run(p) for p in _series(tmp_path, [1.0, 1.0, 1.7, 1.7])])
+    resume = [s for s in detect_steps(runs) if s["metric"] == "resume_latency_ms.p50"]
+    assert [(s["from"][:2], s["to"][:2], s["verdict"], s["confirmed"]) for s in resume] == [
+        ("s1", "s2", "regressed", True)]
+    assert resume[0]["ratio"] == pytest.approx(resume[0]["new"] / resume[0]["base"])
+
+
+def test_a_change_in_the_newest_run_is_an_unconfirmed_step(tmp_path: Path) -> None:
+    dirs = _series(tmp_path, [1.0, 1.0, 1.0, 1.7])
+    resume = [s for s in detect_steps(order_runs([load_run(p) for p in dirs]))
+              if s["metric"] == "resume_latency_ms.p50"]
+    assert [(s["to"][:2], s["verdict"], s["confirmed"]) for s in resume] == [
+        ("s3", "regressed", False)]
+    assert "unconfirmed" in history(dirs)
 
 
 def test_history_html_and_cli(commits: list[Path], tmp_path: Path) -> None:

@@ -142,7 +142,8 @@ def render_history(runs: list[RunData], threshold: float = DEFAULT_THRESHOLD) ->
             f"<p class='note'>{len(runs)} runs; a step (red ▲ regressed, green ▼ improved) is a "
             f"change of level in a series, fitted over its whole history: beyond x{threshold:g} "
             f"between the medians of the levels and significant between their pooled samples; "
-            f"a single outlying run is not a step. Before / after: the levels' medians.</p><h2 id='steps'>Detected steps</h2>{steps_html}"
+            f"a single outlying run is not a step. Before / after: the levels' medians.</p>"
+            f"<h2 id='steps'>Detected steps</h2>{steps_html}"
             f"<h2 id='trends'>Trends</h2><div class='grid'>{imgs}</div>"
             f"<h2 id='runs'>Runs</h2>{runs_html}<h2 id='hosts'>Hosts</h2>{hosts_html}"
             f"</body></html>")

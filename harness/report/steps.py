@@ -23,7 +23,8 @@ def _transform(values: Sequence[float]) -> np.ndarray:
     mean magnitude (zeros: bytes moved under keep)."""
     x = np.asarray(values, dtype=float)
     if np.all(x > 0):
-        return np.log(x)
+        logs: np.ndarray = np.log(x)
+        return logs
     scale = float(np.mean(np.abs(x))) or 1.0
     return x / scale
 

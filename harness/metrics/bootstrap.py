@@ -94,3 +94,62 @@ def ratio_ci(
     alpha = (1.0 - level) / 2.0
     lo, hi = np.quantile(dn / db, [alpha, 1.0 - alpha])
     return float(lo), float(hi)
+
+
+# Above this many units the bootstrap distribution of a mean is drawn from its normal limit
+# (the central limit theorem holds long before; resampling 10^5 trajectories 1,000 times would
+# cost seconds per summary).
+NORMAL_ABOVE = 5000
+_BATCH = 100  # resamples drawn at once: memory stays at _BATCH x units indices
+
+
+def resampled_means(units: np.ndarray, n_resamples: int, rng: np.random.Generator
+                    ) -> np.ndarray:
+    """`n_resamples` bootstrap draws of the mean of `units` (resampled with replacement)."""
+    x = np.asarray(units, dtype="float64")
+    n = int(x.size)
+    if n == 0:
+        raise ValueError("no units to resample")
+    if n > NORMAL_ABOVE:
+        sd = float(x.std(ddof=0)) / np.sqrt(n)
+        normal: np.ndarray = rng.normal(float(x.mean()), sd, size=n_resamples)
+        return normal
+    out = np.empty(n_resamples)
+    for start in range(0, n_resamples, _BATCH):
+        k = min(_BATCH, n_resamples - start)
+        out[start:start + k] = x[rng.integers(0, n, size=(k, n))].mean(axis=1)
+    return out
+
+
+def mean_ci(units: np.ndarray | list[float], level: float = 0.95,
+            n_resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED
+            ) -> list[float] | None:
+    """Percentile bootstrap CI of the mean over units (trajectories); None for < 2 units.
+    Multiply by the unit count for a sum's CI, divide by a duration for a rate's."""
+    x = np.asarray(units, dtype="float64")
+    if x.size < 2:
+        return None
+    draws = resampled_means(x, n_resamples, np.random.default_rng(seed))
+    alpha = (1.0 - level) / 2.0
+    lo, hi = np.quantile(draws, [alpha, 1.0 - alpha])
+    return [float(lo), float(hi)]
+
+
+def mean_ratio_ci(base: np.ndarray | list[float], new: np.ndarray | list[float],
+                  scale: float = 1.0, level: float = 0.95,
+                  n_resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED
+                  ) -> tuple[float, float] | None:
+    """Bootstrap CI of scale x mean(new) / mean(base), resampling each side's units; `scale`
+    turns the ratio of means into that of the metric (unit counts, durations). None when a
+    side has < 2 units or a resampled base mean can be zero."""
+    xb, xn = np.asarray(base, dtype="float64"), np.asarray(new, dtype="float64")
+    if xb.size < 2 or xn.size < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    db = resampled_means(xb, n_resamples, rng)
+    dn = resampled_means(xn, n_resamples, rng)
+    if np.any(db <= 0):
+        return None
+    alpha = (1.0 - level) / 2.0
+    lo, hi = np.quantile(scale * dn / db, [alpha, 1.0 - alpha])
+    return float(lo), float(hi)

@@ -137,3 +137,20 @@ def _int_or_none(value: Any) -> int | None:
     except (TypeError, ValueError):
         return None
     return None if np.isnan(f) else int(f)
+
+
+def trajectory_units(frames: Frames, slo: dict[str, float]) -> pd.DataFrame:
+    """One row per agent trajectory (the bootstrap's unit): `success` (1.0 when it completed
+    within every SLO) and `paused_token_s` (the device KV it held while paused)."""
+    traj = frames.trajectories[~frames.trajectories["bystander"]]
+    completed = (traj["status"].astype(object) == "completed").to_numpy()
+    violating = traj.index.isin(slo_violators(frames, slo))
+    kv = frames.kv
+    if len(kv):
+        paused = kv[kv["status"].astype(object) == "paused"]
+        tok_s = (paused["kv_tokens"] * paused["dt_ns"] / NS_PER_S).groupby(paused["_code"]).sum()
+    else:
+        tok_s = pd.Series(dtype="float64")
+    return pd.DataFrame({"success": (completed & ~violating).astype("float64"),
+                         "paused_token_s": tok_s.reindex(traj.index).fillna(0.0).to_numpy(
+                             dtype="float64")}, index=traj.index)

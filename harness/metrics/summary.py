@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from harness.errors import InputError
 from harness.metrics import latency, occupancy, outcomes
+from harness.metrics.bootstrap import mean_ci
 from harness.metrics.events import read_events
 from harness.metrics.frames import Frames, build_frames, link_events
 from harness.metrics.health import CLIENT_LAG_WARN_MS, TIMER_LAG_MS, run_health
@@ -33,7 +34,8 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "tpot_ms", "itl_ms", "e2e_ms", "request_throughput_per_s", "output_token_throughput_per_s",
     "tokens_recomputed", "bytes_moved", "cache_mismatches", "cache_mismatch_list",
     "memory_time_token_s", "memory_time_mib_s", "kv_paused_peak_tokens", "kv_paused_mean_tokens",
-    "kv_active_peak_tokens", "kv_active_mean_tokens", "goodput_per_min", "bystander_ttft_ms",
+    "kv_active_peak_tokens", "kv_active_mean_tokens", "goodput_per_min", "outcome_ci95",
+    "bystander_ttft_ms",
     "by_tool_class", "by_pause_bucket", "server_occupancy", "duration_s", "pauses",
     "pause_actions", "slo", "kv_bytes_per_token", "warnings", "health", "run_id",
     "summary_version",
@@ -104,6 +106,8 @@ def summarize_frames(
         "cache_mismatch_list": outcomes.mismatch_list(mism),
         **mem,
         "goodput_per_min": outcomes.goodput_per_min(traj["succeeded"], duration),
+        "outcome_ci95": _outcome_ci(outcomes.trajectory_units(frames, slo), duration, bpt,
+                                    n_resamples, seed),
         "bystander_ttft_ms": lat["bystander_ttft_ms"],
         "by_tool_class": _by_tool_class(frames, bpt),
         "by_pause_bucket": _by_pause_bucket(frames, bpt),
@@ -120,6 +124,23 @@ def summarize_frames(
         "summary_version": SUMMARY_VERSION,
     }
     return out
+
+
+def _outcome_ci(units: pd.DataFrame, duration_s: float, bpt: float | None,
+                n_resamples: int, seed: int) -> dict[str, list[float] | None]:
+    """Bootstrap 95% CIs over trajectories of success rate, goodput and paused memory-time."""
+    n = len(units)
+    success = mean_ci(units["success"].to_numpy(), n_resamples=n_resamples, seed=seed)
+    mem = mean_ci(units["paused_token_s"].to_numpy(), n_resamples=n_resamples, seed=seed)
+    per_min = n / (duration_s / 60.0) if duration_s > 0 else None
+    mem_sum = [n * v for v in mem] if mem else None
+    return {
+        "success_rate": success,
+        "goodput_per_min": [per_min * v for v in success] if success and per_min else None,
+        "memory_time_token_s": mem_sum,
+        "memory_time_mib_s": ([occupancy.to_mib(v, bpt) for v in mem_sum]  # type: ignore[misc]
+                              if mem_sum and bpt is not None else None),
+    }
 
 
 def _warnings(client_lag: dict[str, Any], run: RunManifest) -> list[str]:

@@ -2,7 +2,9 @@
 
 For latency distributions the verdict needs both: the bootstrap 95% CI of the ratio of quantiles
 NEW/BASE excludes 1 (significant), and the ratio is beyond the threshold in the bad (regressed) or
-good (improved) direction. Scalar metrics without samples are judged by the threshold alone.
+good (improved) direction. Success rate, goodput and memory-time are judged the same way with
+a bootstrap over trajectories (their per-trajectory success and paused memory); bytes moved
+and tokens recomputed, which have no such units, by the threshold alone.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
-from harness.metrics.bootstrap import ratio_ci, sorted_finite
+from harness.metrics.bootstrap import mean_ratio_ci, ratio_ci, sorted_finite
 from harness.metrics.latency import resume_samples
+from harness.metrics.outcomes import trajectory_units
 from harness.report.comparable import check_comparable
 from harness.report.data import RunData, load_run
 from harness.report.fmt import fmt
@@ -48,6 +52,7 @@ class Metric:
     sample: str | None = None  # "resume" | "ttft" | "e2e"
     q: float | None = None
     bigger_is_better: bool = False
+    units: str | None = None  # per-trajectory values it is a mean or sum of (bootstrapped)
 
 
 HEADLINE: tuple[Metric, ...] = (
@@ -57,10 +62,10 @@ HEADLINE: tuple[Metric, ...] = (
     Metric("ttft_ms.p50", "ms", _q("ttft_ms", "p50"), "ttft", 50),
     Metric("ttft_ms.p95", "ms", _q("ttft_ms", "p95"), "ttft", 95),
     Metric("e2e_ms.p50", "ms", _q("e2e_ms", "p50"), "e2e", 50),
-    Metric("success_rate", "fraction", _success_rate, bigger_is_better=True),
+    Metric("success_rate", "fraction", _success_rate, bigger_is_better=True, units="success"),
     Metric("goodput_per_min", "trajectories/min", lambda s: s.get("goodput_per_min"),
-           bigger_is_better=True),
-    Metric("memory_time_mib_s", "MiB·s", _memory_time),
+           bigger_is_better=True, units="success"),
+    Metric("memory_time_mib_s", "MiB·s", _memory_time, units="paused_token_s"),
     Metric("bytes_moved", "bytes", lambda s: s.get("bytes_moved")),
     Metric("tokens_recomputed", "tokens", lambda s: s.get("tokens_recomputed")),
 )
@@ -72,6 +77,12 @@ def run_samples(run: RunData) -> dict[str, np.ndarray]:
     agent = calls[~calls["bystander"]]
     return {"resume": resume_samples(calls), "ttft": agent["ttft_ms"].dropna().to_numpy(),
             "e2e": agent["e2e_ms"].dropna().to_numpy()}
+
+
+def run_units(run: RunData) -> pd.DataFrame:
+    """Per-trajectory success and paused memory (the units success, goodput and memory-time
+    are bootstrapped over), judged with the SLO the run's summary used."""
+    return trajectory_units(run.frames, run.summary.get("slo") or {})
 
 
 def scalar_verdict(
@@ -89,6 +100,32 @@ def scalar_verdict(
     bad, good = (ratio < 1 / threshold, ratio > threshold) if bigger_is_better else \
         (ratio > threshold, ratio < 1 / threshold)
     return ratio, REGRESSED if bad else IMPROVED if good else SAME
+
+
+def unit_verdict(
+    base_units: np.ndarray, new_units: np.ndarray, base: float | None, new: float | None,
+    threshold: float, bigger_is_better: bool, seed: int = 0, n_resamples: int = 1000,
+) -> tuple[float | None, tuple[float, float] | None, str]:
+    """(NEW/BASE, its bootstrap 95% CI over trajectories, verdict) of a metric that is a mean
+    or sum of per-trajectory values (success, paused memory): a change counts when the CI
+    excludes 1 and the ratio is beyond the threshold; threshold only where no CI exists."""
+    mb = float(np.mean(base_units)) if len(base_units) else 0.0
+    mn = float(np.mean(new_units)) if len(new_units) else 0.0
+    if base is None or new is None or not base or not mb or not mn:
+        ratio, verdict = scalar_verdict(base, new, threshold, bigger_is_better)
+        return ratio, None, verdict
+    ratio = float(new) / float(base)
+    # the metric's ratio is the ratio of unit means times this (unit counts, durations, units)
+    ci = mean_ratio_ci(base_units, new_units, ratio / (mn / mb), n_resamples=n_resamples,
+                       seed=seed)
+    if ci is None:
+        ratio_only, verdict = scalar_verdict(base, new, threshold, bigger_is_better)
+        return ratio_only, None, verdict
+    up = ci[0] > 1.0 and ratio > threshold
+    down = ci[1] < 1.0 and ratio < 1.0 / threshold
+    if bigger_is_better:
+        return ratio, ci, REGRESSED if down else IMPROVED if up else SAME
+    return ratio, ci, REGRESSED if up else IMPROVED if down else SAME
 
 
 def quantile_verdict(
@@ -117,6 +154,7 @@ def compare_runs(
 ) -> dict[str, Any]:
     """{'metrics': [{name, unit, base, new, ratio, ci95, verdict}], 'regressed', 'improved'}."""
     sb, sn = run_samples(base), run_samples(new)
+    ub, un = run_units(base), run_units(new)
     rows = []
     for m in HEADLINE:
         vb, vn = m.value(base.summary), m.value(new.summary)
@@ -124,6 +162,9 @@ def compare_runs(
         if m.sample is not None and m.q is not None:
             ratio, ci, verdict = quantile_verdict(sb[m.sample], sn[m.sample], m.q, threshold,
                                                   seed)
+        elif m.units is not None:
+            ratio, ci, verdict = unit_verdict(ub[m.units].to_numpy(), un[m.units].to_numpy(),
+                                              vb, vn, threshold, m.bigger_is_better, seed)
         else:
             ratio, verdict = scalar_verdict(vb, vn, threshold, m.bigger_is_better)
         rows.append({"name": m.name, "unit": m.unit, "base": vb, "new": vn, "ratio": ratio,

@@ -69,6 +69,11 @@ def _label(r: RunData) -> str:
     return html.escape(r.label) + badge
 
 
+def _ci(ci: list[float] | None) -> str:
+    """A bootstrap interval under a cell's value ('' without one)."""
+    return f"<span class='ci'>[{fmt(ci[0])}, {fmt(ci[1])}]</span>" if ci else ""
+
+
 def _q_ci(q: dict[str, Any] | None, key: str) -> str:
     if not q or not q.get("n"):
         return "-"
@@ -91,17 +96,22 @@ def headline(runs: list[RunData]) -> str:
         bad = f" ({tr['cancelled']} cancelled, {tr['failed']} failed{stopped}, " \
               f"{tr['slo_violating']} over SLO)" if tr["total"] else ""
         mem = s["memory_time_mib_s"]
-        mem_cell = fmt(mem) if mem is not None else fmt(s["memory_time_token_s"]) + " tok·s"
+        cis = s.get("outcome_ci95") or {}
+        mem_cell = (fmt(mem) + _ci(cis.get("memory_time_mib_s")) if mem is not None
+                    else fmt(s["memory_time_token_s"]) + " tok·s"
+                    + _ci(cis.get("memory_time_token_s")))
         res = s["resume_latency_ms"]
         rows.append([_label(r), f"{tr['succeeded']}/{tr['total']}",
                      rate + f"<span class='ci'>{html.escape(bad)}</span>",
-                     fmt(s["goodput_per_min"]), _q_ci(res, "p50"), _q_ci(res, "p95"),
+                     fmt(s["goodput_per_min"]) + _ci(cis.get("goodput_per_min")),
+                     _q_ci(res, "p50"), _q_ci(res, "p95"),
                      _q_ci(res, "p99"), fmt(s["ttft_ms"]["p50"]), mem_cell,
                      fmt_bytes(s["bytes_moved"]), fmt(s["tokens_recomputed"]),
                      fmt(s["cache_mismatches"])])
     note = ("<p class='note'>Resume latency: tool result available to the first token of the "
             "next call (tool wait excluded); brackets: bootstrap 95% CI. Memory-time: device KV "
-            "held by paused trajectories. Success: completed within deadlines and SLOs.</p>")
+            "held by paused trajectories (its interval and goodput's: bootstrap over "
+            "trajectories). Success: completed within deadlines and SLOs.</p>")
     warnings = "".join(f"<p class='note'><b>warning</b> ({html.escape(_label(r))}): "
                        f"{html.escape(w)}</p>" for r in runs for w in r.summary["warnings"])
     return "<h2 id='headline'>Headline</h2>" + table(heads, rows) + note + warnings

@@ -164,6 +164,11 @@ def run_health(frames: Frames, run: RunManifest, lag: dict[str, Any]) -> list[di
     checks = [_run_state(run), *_policy(run), _trajectories(frames), _cleanup(run),
               *_client(run, lag)]
     checks += [c for c in (_pinning(run), _calibration(run)) if c is not None]
+    if run.bystanders_ended_s is not None:
+        checks.append(_check("bystanders", WARN, f"the planned bystander traffic ran out "
+                                                 f"{run.bystanders_ended_s:.0f} s into the run, "
+                                                 "before the agents finished: bystander TTFT "
+                                                 "covers only that span"))
     checks.append(_check("server", INFO, f"{run.runtime or '?'} "
                                          f"{run.server_build or run.server_version or '?'}"
                                          + (f", model {run.server_model}" if run.server_model

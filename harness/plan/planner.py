@@ -154,9 +154,28 @@ def make_plan(steps: pd.DataFrame, injection: Injection, arrivals: Arrivals,
             arrival = 0.0
         plans.append(TrajectoryPlan(tid, arrival, str(cols["priority"][lo]),
                                     str(cols["tenant"][lo]), tuple(out)))
-    horizon = max((p.arrival_s for p in plans), default=0.0)
-    return Plan(tuple(plans), _bystanders(injection, horizon, rng, scale), arrivals, seed,
-                injection)
+    return Plan(tuple(plans), _bystanders(injection, agent_span_s(plans, arrivals), rng, scale),
+                arrivals, seed, injection)
+
+
+# Bystander arrivals are planned for this many times the agents' tool time, at least: LLM
+# calls add to a run's length what the trace cannot say (the executor records it if they run
+# out before the agents are done).
+BYSTANDER_MARGIN = 3.0
+
+
+def agent_span_s(plans: list[TrajectoryPlan], arrivals: Arrivals) -> float:
+    """A lower bound on how long the agents run, from the plan alone: the last arrival plus the
+    longest trajectory's tool time, or, in a closed loop, every trajectory's tool time shared
+    among the agents (tools that never return count their deadline)."""
+    tool_s = [sum((s.latency_s if s.latency_s is not None else s.deadline_s)
+                  for s in p.steps if isinstance(s, ToolStep)) for p in plans]
+    longest = max(tool_s, default=0.0)
+    last = max((p.arrival_s for p in plans), default=0.0)
+    if arrivals.mode == "closed":
+        agents = max(1, min(arrivals.concurrency, len(plans)))
+        return max(sum(tool_s) / agents, longest)
+    return last + longest
 
 
 def _tool_step(r: dict[str, object], has_next: bool, inj: Injection, scale: float,
@@ -187,7 +206,7 @@ def _bystanders(inj: Injection, horizon_s: float, rng: np.random.Generator,
     if inj.bystander_rate_per_s <= 0:
         return ()
     # Enough arrivals to outlast the agents; the executor stops issuing them when agents finish.
-    span = max(horizon_s, 600.0 * scale)
+    span = max(BYSTANDER_MARGIN * horizon_s, 600.0 * scale)
     count = int(inj.bystander_rate_per_s * span / scale) + 1
     times = np.cumsum(rng.exponential(1.0 / inj.bystander_rate_per_s, size=count)) * scale
     return tuple(

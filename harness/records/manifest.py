@@ -129,6 +129,7 @@ class RunManifest:
     # a local server's pid, process group and private folder (what a killed run would leave)
     server_process: dict[str, Any] | None = None
     stop_reason: str | None = None  # why a run ended early (its local server exited)
+    bystanders_ended_s: float | None = None  # the planned bystanders ran out before the agents
     # trajectories left out because their context could not fit (--skip-oversized)
     skipped_oversized: list[str] | None = None
     client_cpu_s: float | None = None  # the harness process's CPU (all threads) over the replay

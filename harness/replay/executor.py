@@ -53,6 +53,7 @@ class RunCounters:
     interrupted: int = 0
     unsupported: int = 0
     server_failed: int = 0  # failed because the server failed (an error, a timeout, bad data)
+    bystanders_ended_s: float | None = None  # the planned bystanders ran out before the agents
     cleanup_errors: list[str] = field(default_factory=list)
     remote_dumps_left: list[str] = field(default_factory=list)
 
@@ -402,6 +403,9 @@ class Executor:
                 b.request_id, b.prompt_tokens, b.output_tokens, b.seed, int(b.arrival_s * NS)))
             self._bystander_tasks.add(task)
             task.add_done_callback(self._bystander_tasks.discard)
+        if self.plan.bystanders and not self._agents_done.is_set():
+            # The planned arrivals ran out while agents still ran: said, never silent.
+            self.counters.bystanders_ended_s = self.clock.now_ns() / NS
 
     async def _bystander(self, rid: str, n_prompt: int, n_out: int, seed: int,
                          due: int) -> None:

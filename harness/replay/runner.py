@@ -307,3 +307,4 @@ def _record_end(run: RunManifest, executor: Executor, clock: Clock, status: str,
     run.final_rates = {"prefill_tok_s": executor.rates.prefill_tok_s,
                        "swap_bytes_per_s": executor.rates.swap_bytes_per_s}
     run.cleanup, run.scrape_errors = cleanup, scrape_errors
+    run.bystanders_ended_s = c.bystanders_ended_s

@@ -452,3 +452,18 @@ def test_dump_names_are_always_valid_file_names(tid: str) -> None:
     assert re.fullmatch(r"[A-Za-z0-9_-]+\.bin", name) and ".." not in name
     assert len(name) <= 110
     assert dump_name("swap-20261201T000000-abc123", tid + "x", 3) != name
+
+
+def test_bystanders_that_run_out_before_the_agents_are_recorded(tmp_path: Path) -> None:
+    import dataclasses
+
+    from harness.plan.planner import BystanderPlan
+
+    few = tuple(BystanderPlan(f"bystander-{i}", 0.1 * (i + 1), 8, 2, i) for i in range(2))
+    plan = dataclasses.replace(plan_of(traj("a", latency=5.0)), bystanders=few)
+    rec, run, _ = run_plan(tmp_path, plan, make_policy("keep"))
+    assert run["bystanders_ended_s"] == pytest.approx(0.2, abs=0.05)
+    assert (rec[rec.event == "call_start"].traffic == "bystander").sum() == 2
+    enough = tuple(BystanderPlan(f"bystander-{i}", 0.1 * (i + 1), 8, 2, i) for i in range(200))
+    plan = dataclasses.replace(plan_of(traj("b", latency=5.0)), bystanders=enough)
+    assert run_plan(tmp_path / "2", plan, make_policy("keep"))[1]["bystanders_ended_s"] is None

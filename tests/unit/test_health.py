@@ -108,3 +108,11 @@ def test_the_summary_carries_health() -> None:
 
     s = summarize(_overflowing(3).frame(), RunManifest.from_dict(default_run()), None)
     assert s["health"][0]["check"] == "trajectories" and s["health"][0]["status"] == "fail"
+
+
+def test_bystanders_that_ran_out_are_a_warning() -> None:
+    b = Records()
+    b.agent("a").call().end()
+    assert _by(_health(b, bystanders_ended_s=612.4))["bystanders"] == (
+        "warn", "the planned bystander traffic ran out 612 s into the run, before the agents "
+                "finished: bystander TTFT covers only that span")

@@ -132,3 +132,23 @@ def test_run_cli_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
     missing = runner.invoke(main, ["run", "--trace", str(tmp_path / "missing.parquet"),
                                    "--policy", "keep", "--out", str(tmp_path / "o")])
     assert missing.exit_code == 2 and "does not exist" in missing.output
+
+
+def test_bystanders_outlast_a_long_closed_loop() -> None:
+    from harness.plan.planner import agent_span_s
+    from harness.traces.schema import SYNTHETIC_DEFAULTS, steps_table
+
+    rows = []
+    for a in range(4):  # 4 trajectories of 3 tools x 400 s, 2 agents: >= 2,400 s of tools
+        for k in range(7):
+            rows.append({"trajectory_id": f"a{a}", "step": k,
+                         "kind": "llm" if k % 2 == 0 else "tool", "input_tokens": 8,
+                         "output_tokens": 2, "tool_class": "sandbox", "tool_name": "run",
+                         "latency_s": 400.0, "deadline_s": 900.0, "outcome": "ok",
+                         "mutating": False, "start_s": 0.0})
+    steps = steps_table(rows, SYNTHETIC_DEFAULTS).to_pandas()
+    arrivals = Arrivals(mode="closed", concurrency=2)
+    plan = make_plan(steps, Injection(bystander_rate_per_s=0.5), arrivals, 0)
+    assert agent_span_s(list(plan.trajectories), arrivals) == pytest.approx(2400.0)
+    # planned past 3x the agents' tool time, not cut at 600 s
+    assert plan.bystanders[-1].arrival_s > 3 * 2400.0

@@ -51,7 +51,7 @@ EVENT_COLUMNS: dict[str, tuple[str, ...]] = {
     "swap_in": ("bytes", "server_ms"),
     "erase": (),
     "recompute": ("recomputed_tokens",),
-    "kv_state": ("kv_tokens", "status", "traffic"),
+    "kv_state": ("kv_tokens", "status", "traffic", "prompt_tokens"),
     "slot_wait": ("value_s",),
     "trajectory_end": (*_TRAJ, "reason"),
 }

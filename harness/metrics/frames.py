@@ -199,22 +199,26 @@ def _pauses(ev: Events, t_max: int) -> pd.DataFrame:
 def _kv(ev: Events, t_max: int) -> pd.DataFrame:
     """KV intervals: each kv_state holds until the trajectory's next one (or the run's end).
 
-    An agent call_start ends a pause: from it the trajectory's last known tokens count as
-    active, whether or not the engine emitted a kv_state there (the tokens held do not change).
+    An agent call_start makes its prompt active: from it the call's prompt tokens (the context
+    held plus what it appends) count as active KV while it is prefilled and decoded, also for
+    a trajectory's first call, which holds nothing before it.
     """
     # strings as held (categorical): they are read through astype(object), which then takes
     # the categories' strings instead of making one per row (a third of all records here)
     rows = ev.rows(["kv_state", "call_start"], ["t_ns", "_code", "kv_tokens", "status", "_pause",
-                                                "traffic"], plain=False)
+                                                "traffic", "prompt_tokens"], plain=False)
     is_state: BoolArray = ev.mask("kv_state")[rows.index.to_numpy()]
     agent: BoolArray = rows["traffic"].astype(object).to_numpy() != "bystander"
     tokens = _num(rows["kv_tokens"]).where(is_state)
     prev = tokens.groupby(rows["_code"].to_numpy()).ffill()
-    keep = is_state | (agent & prev.notna().to_numpy())
+    prompt = _num(rows["prompt_tokens"]).where(~is_state)
+    # the prompt where the call recorded it, else (older records) the last known tokens
+    at_call = prompt.fillna(prev)
+    keep = is_state | (agent & at_call.notna().to_numpy())
     kv = pd.DataFrame({
         "t_ns": rows["t_ns"].to_numpy(),
         "_code": rows["_code"].to_numpy(),
-        "kv_tokens": np.where(is_state, tokens.fillna(0.0), prev.fillna(0.0)),
+        "kv_tokens": np.where(is_state, tokens.fillna(0.0), at_call.fillna(0.0)),
         "status": np.where(is_state, rows["status"].astype(object), "active"),
         "pause_id": rows["_pause"].to_numpy(),
         "traffic": rows["traffic"].astype(object).to_numpy(),

@@ -368,7 +368,9 @@ def test_engine_order_pause_ends_at_resumed_call_start() -> None:
     assert s["resume_latency_ms"]["p50"] == approx(20.0)
     assert s["resume_parts_ms"]["prefill"]["p50"] == approx(20.0)
     assert s["cache_mismatches"] == 0 and s["kv_paused_peak_tokens"] == 105
-    assert s["kv_active_mean_tokens"] == approx(105 * 0.06 / 2.21)
+    # active: the first call's 100-token prompt from its start (it held nothing before), then
+    # the resumed call's 115-token prompt from its call_start
+    assert s["kv_active_mean_tokens"] == approx((100 * 0.15 + 115 * 0.06) / 2.21)
 
 
 def test_mismatch_tolerance_covers_one_cache_block() -> None:

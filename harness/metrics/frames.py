@@ -250,10 +250,18 @@ def _link_resumes(
     restore = swap_in_ms + recompute_ms
     queue = np.maximum((calls["start_ns"] - calls["tool_end_ns"]).to_numpy() / NS_PER_MS
                        - swap_in_ms, 0.0)
-    prefill = np.maximum(calls["resume_ms"].to_numpy() - restore - queue, 0.0)
+    rest = np.maximum(calls["resume_ms"].to_numpy() - restore - queue, 0.0)
+    # Where the server reports its prompt time (llama.cpp's timings), prefill is that time
+    # beyond the recomputed share, and what remains is the server's wait before it (its queue)
+    # with the first token's delivery; elsewhere prefill is the whole remainder, unsplit.
+    server_ms = calls["server_ms"].to_numpy(dtype="float64")
+    reported = np.isfinite(server_ms)
+    own_prefill = np.minimum(np.nan_to_num(server_ms) * (1.0 - share), rest)
+    prefill = np.where(reported, own_prefill, rest)
     calls["restore_ms"] = np.where(has, restore, np.nan)
     calls["queue_ms"] = np.where(has, queue, np.nan)
     calls["prefill_ms"] = np.where(has, prefill, np.nan)
+    calls["server_wait_ms"] = np.where(has & reported, rest - own_prefill, np.nan)
     res = calls[has].drop_duplicates("pause_id", keep="last").set_index("pause_id")
     for col, src in (("resume_ms", "resume_ms"), ("resume_cached_tokens", "cached_tokens"),
                      ("resume_call", "seq")):

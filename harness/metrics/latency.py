@@ -40,9 +40,11 @@ def resume_latency(
 
 
 def resume_parts(calls: pd.DataFrame) -> dict[str, Any]:
-    """Percentiles of the restore, queue and prefill parts of resume latency."""
+    """Percentiles of the restore, queue, prefill and server-wait parts of resume latency
+    (server wait only over calls whose server reports its prompt time)."""
     has = calls["resume_ms"].notna() & ~calls["bystander"]
-    return {part: pct(calls.loc[has, f"{part}_ms"]) for part in ("restore", "queue", "prefill")}
+    return {part: pct(calls.loc[has, f"{part}_ms"].dropna())
+            for part in ("restore", "queue", "prefill", "server_wait")}
 
 
 def call_latency(calls: pd.DataFrame) -> dict[str, Any]:

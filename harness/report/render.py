@@ -185,13 +185,15 @@ def bucket_grid(runs: list[RunData]) -> str:
 
 def parts_section(runs: list[RunData]) -> str:
     heads = ["run", "restore P50", "restore P95", "queue P50", "queue P95", "prefill P50",
-             "prefill P95", "TTFT P95", "TPOT P50", "ITL P50", "E2E P50", "bystander TTFT P50",
-             "bystander TTFT P95", "client lag P50", "client lag P99"]
+             "prefill P95", "server wait P50", "server wait P95", "TTFT P95", "TPOT P50",
+             "ITL P50", "E2E P50", "bystander TTFT P50", "bystander TTFT P95", "client lag P50",
+             "client lag P99"]
     rows = []
     for r in runs:
         s = r.summary
         p = s["resume_parts_ms"]
-        rows.append([_label(r)] + [fmt(p[k][q]) for k in ("restore", "queue", "prefill")
+        parts = ("restore", "queue", "prefill", "server_wait")
+        rows.append([_label(r)] + [fmt((p.get(k) or {}).get(q)) for k in parts
                                    for q in ("p50", "p95")]
                     + [fmt(s["ttft_ms"]["p95"]), fmt(s["tpot_ms"]["p50"]),
                        fmt(s["itl_ms"]["p50"]), fmt(s["e2e_ms"]["p50"]),
@@ -199,8 +201,12 @@ def parts_section(runs: list[RunData]) -> str:
                        fmt(s["client_lag_ms"]["p50"]), fmt(s["client_lag_ms"]["p99"])])
     return ("<h2 id='parts'>Resume latency parts and call latency (ms)</h2>" + table(heads, rows)
             + "<p class='note'>restore = swap-in or re-prefill of the retained context; queue = "
-              "wait before the call was sent; prefill = the rest up to the first token; client "
-              "lag = how late the harness woke to a tool's end (not part of resume latency).</p>")
+              "the harness's wait for a slot before the call was sent; prefill = the server's "
+              "own prompt time where it reports one (llama.cpp timings), else the rest up to "
+              "the first token; server wait = that rest beyond the reported prefill (the "
+              "server's queue and the first token's delivery), '-' where the server reports no "
+              "prompt time; client lag = how late the harness woke to a tool's end (not part "
+              "of resume latency).</p>")
 
 
 def occupancy_section(runs: list[RunData]) -> str:

@@ -106,8 +106,22 @@ def test_recompute_restore_share_and_tokens() -> None:
     assert s["tokens_recomputed"] == 4096
     assert s["resume_latency_ms"]["p50"] == approx(210.0)
     assert s["resume_parts_ms"]["restore"]["p50"] == approx(204.8)
-    assert s["resume_parts_ms"]["prefill"]["p50"] == approx(5.2)
+    # the server's own prompt time for the 20 new tokens: 205.8 - 204.8 = 1.0 ms; the other
+    # 4.2 ms up to the first token are the server's wait (its queue) and delivery
+    assert s["resume_parts_ms"]["prefill"]["p50"] == approx(1.0)
+    assert s["resume_parts_ms"]["server_wait"]["p50"] == approx(4.2)
     assert s["cache_mismatches"] == 0
+
+
+def test_without_a_reported_prompt_time_prefill_is_the_remainder() -> None:
+    b = Records()
+    t = b.agent("a")
+    t.call(appended=100, out=10)
+    t.tool(wait=1.0, action="keep")
+    t.call(ttft=0.03, appended=20, cached=110, server_ms=None).end()
+    s = summarize(b.frame(), default_run(), None)
+    assert s["resume_parts_ms"]["prefill"]["p50"] == approx(30.0)
+    assert s["resume_parts_ms"]["server_wait"]["n"] == 0
 
 
 def test_queue_part_from_slot_wait() -> None:
@@ -366,7 +380,9 @@ def test_engine_order_pause_ends_at_resumed_call_start() -> None:
     assert s["memory_time_token_s"] == approx(210.0)
     assert s["memory_time_mib_s"] == approx(210.0 * 100 / 2**20)
     assert s["resume_latency_ms"]["p50"] == approx(20.0)
-    assert s["resume_parts_ms"]["prefill"]["p50"] == approx(20.0)
+    # the server reported 10 ms of prompt time: the other 10 ms are its wait and delivery
+    assert s["resume_parts_ms"]["prefill"]["p50"] == approx(10.0)
+    assert s["resume_parts_ms"]["server_wait"]["p50"] == approx(10.0)
     assert s["cache_mismatches"] == 0 and s["kv_paused_peak_tokens"] == 105
     # active: the first call's 100-token prompt from its start (it held nothing before), then
     # the resumed call's 115-token prompt from its call_start

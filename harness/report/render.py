@@ -244,9 +244,31 @@ def timeline_section(runs: list[RunData]) -> str:
 
 
 def tools_section(runs: list[RunData]) -> str:
-    img = plots.tool_latency([(r.label, r.frames.pauses) for r in runs])
+    """Tool waits by class: one box per run, or one for all when every run waited the same
+    (one trace, no injection differences: the policy does not change how long tools take)."""
+    series = [(r.label, r.frames.pauses) for r in runs]
+    note = ""
+    if len(runs) > 1 and same_tool_waits(runs):
+        series = [(f"every run (as waited in {runs[0].label})", runs[0].frames.pauses)]
+        note = ("<p class='note'>Every run planned the same tool latencies (one trace and "
+                "injection): one box per class stands for all.</p>")
+    img = plots.tool_latency(series)
     body = _img(img, "tool latency by class") if img else "<p class='note'>No tool calls.</p>"
-    return "<h2 id='tools'>Tool latency by class</h2>" + body
+    return "<h2 id='tools'>Tool latency by class</h2>" + body + note
+
+
+def same_tool_waits(runs: list[RunData]) -> bool:
+    """Whether every run planned the same tool latencies by class (sorted; a tool that never
+    returns counts as one): their actual waits then differ only by the client's jitter."""
+    def waits(r: RunData) -> dict[str, list[float]]:
+        p = r.frames.pauses
+        cls = p["tool_class"].astype(object)
+        return {str(c): sorted(round(float(w), 6) if w == w else -1.0
+                               for w in p.loc[cls == c, "planned_s"])
+                for c in cls.dropna().unique()}
+
+    first = waits(runs[0])
+    return all(waits(r) == first for r in runs[1:])
 
 
 def by_class_section(runs: list[RunData]) -> str:

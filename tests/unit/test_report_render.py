@@ -124,3 +124,17 @@ def test_the_report_shows_client_lag_and_warns_about_it(tmp_path: Path) -> None:
     ok = Records()
     ok.agent("a").call().tool(wait=0.5, lag=0.0001).call().end()
     assert "<b>warning</b>" not in render_report([ok.write(tmp_path / "ok")])
+
+
+def test_one_tool_box_per_class_when_every_run_planned_the_same_tools(tmp_path: Path) -> None:
+    from harness.report.data import load_run
+    from harness.report.render import same_tool_waits, tools_section
+
+    keep = write_run(tmp_path / "keep", "keep", n_traj=6, tools=3, seed=4)
+    # the same trace's tools, a slower server
+    swap = write_run(tmp_path / "slow", "keep", n_traj=6, tools=3, seed=4, slow=1.5)
+    other = write_run(tmp_path / "other", "keep", n_traj=6, tools=3, seed=9)
+    same = [load_run(keep), load_run(swap)]
+    assert same_tool_waits(same) and "stands for all" in tools_section(same)
+    mixed = [load_run(keep), load_run(other)]
+    assert not same_tool_waits(mixed) and "stands for all" not in tools_section(mixed)

@@ -23,6 +23,10 @@ TIMELINE_CAP = 40
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
           "#17becf", "#7f7f7f", "#bcbd22"]
 PART_COLORS = {"prefill": "#9ecae1", "decode": "#2171b5", "tool": "#fdae6b", "resume": "#d62728"}
+# A pause's bar in the timeline, by the action its policy took (anything else: grey).
+ACTION_COLORS = {"keep": "#fdae6b", "swap": "#9467bd", "recompute": "#8c564b",
+                 "ttl": "#bcbd22"}
+OTHER_ACTION = "#bbbbbb"
 
 
 def color(i: int) -> str:
@@ -143,20 +147,29 @@ def timeline(frames: Frames, cap: int = TIMELINE_CAP) -> str | None:
     fig = Figure(figsize=(11, 1.2 + 0.24 * len(traj)))
     ax = fig.add_subplot()
 
-    def bars(codes: pd.Series, start: pd.Series, stop: pd.Series, kind: str, h: float) -> None:
+    def bars(codes: pd.Series, start: pd.Series, stop: pd.Series, kind: str, h: float,
+             colour: str | None = None) -> None:
         ok = start.notna() & stop.notna()
         if not ok.any():
             return
         y = codes[ok].map(rows).to_numpy(dtype="float64")
         left = (start[ok].to_numpy(dtype="float64") - t0) / NS_PER_S
         width = np.maximum((stop[ok].to_numpy(dtype="float64") - t0) / NS_PER_S - left, 0.0)
-        ax.barh(y, width, left=left, height=h, color=PART_COLORS[kind], lw=0)
+        ax.barh(y, width, left=left, height=h, color=colour or PART_COLORS[kind], lw=0)
 
     fresh = ~calls["is_resume"]
     bars(calls.loc[fresh, "_code"], calls.loc[fresh, "start_ns"], calls.loc[fresh, "ft_ns"],
          "prefill", 0.6)
     bars(calls["_code"], calls["ft_ns"], calls["end_ns"], "decode", 0.6)
-    bars(pauses["_code"], pauses["start_ns"], pauses["end_ns"], "tool", 0.35)
+    # each tool wait coloured by what the policy did with the paused KV
+    action = pauses["action"].astype(object).fillna("").astype(str).str.split("(").str[0]
+    seen = []
+    for name in sorted(set(action)):
+        sel = action == name
+        colour = ACTION_COLORS.get(name, OTHER_ACTION)
+        bars(pauses.loc[sel, "_code"], pauses.loc[sel, "start_ns"], pauses.loc[sel, "end_ns"],
+             "tool", 0.35, colour)
+        seen.append((name or "no decision", colour))
     res = calls[calls["resume_ms"].notna()]
     bars(res["_code"], res["tool_end_ns"], res["ft_ns"], "resume", 0.6)
     cancelled = traj[traj["status"].astype(object).isin(["cancelled", "failed"])]
@@ -171,7 +184,8 @@ def timeline(frames: Frames, cap: int = TIMELINE_CAP) -> str | None:
     style_axes(ax)
     handles: list[Artist] = [Patch(color=PART_COLORS[k], label=lbl) for k, lbl in
                (("prefill", "prefill (first call)"), ("decode", "decode"),
-                ("tool", "tool wait"), ("resume", "resume (restore + queue + prefill)"))]
+                ("resume", "resume (restore + queue + prefill)"))]
+    handles += [Patch(color=c, label=f"tool wait: {n}") for n, c in seen]
     handles.append(Line2D([], [], marker="X", color="black", ls="", label="cancelled / failed"))
     ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=5, fontsize=8,
               frameon=False)

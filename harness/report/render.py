@@ -272,17 +272,22 @@ def same_tool_waits(runs: list[RunData]) -> bool:
 
 
 def by_class_section(runs: list[RunData]) -> str:
-    heads = ["run", "tool class", "pauses", "wait P50 s", "wait P95 s", "resume P50 ms",
-             "resume P95 ms", "paused KV MiB·s"]
+    heads = ["run", "tool class", "pauses", "actions taken", "wait P50 s", "wait P95 s",
+             "resume P50 ms", "resume P95 ms", "paused KV MiB·s"]
     rows = []
     for r in runs:
+        p = r.frames.pauses
+        cls_of = p["tool_class"].astype(object)
         for cls, g in r.summary["by_tool_class"].items():
-            rows.append([_label(r), html.escape(cls), fmt(g["pauses"]), fmt(g["wait_s"]["p50"]),
-                         fmt(g["wait_s"]["p95"]), fmt(g["resume_latency_ms"]["p50"]),
-                         fmt(g["resume_latency_ms"]["p95"]), fmt(g["memory_time_mib_s"])])
+            acts = p.loc[cls_of == cls, "action"].astype(object).fillna("none").value_counts()
+            mix = ", ".join(f"{a} {n}" for a, n in sorted(acts.items(), key=lambda x: -x[1]))
+            rows.append([_label(r), html.escape(cls), fmt(g["pauses"]), html.escape(mix),
+                         fmt(g["wait_s"]["p50"]), fmt(g["wait_s"]["p95"]),
+                         fmt(g["resume_latency_ms"]["p50"]), fmt(g["resume_latency_ms"]["p95"]),
+                         fmt(g["memory_time_mib_s"])])
     if not rows:
         return ""
-    return "<h2 id='by-class'>By tool class</h2>" + table(heads, rows, 2)
+    return "<h2 id='by-class'>By tool class</h2>" + table(heads, rows, 4)
 
 
 def _measured(summary: dict[str, Any], key: str) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import urllib.parse
@@ -218,6 +219,9 @@ def timeouts_from_flags(connect_timeout: float, first_token_timeout: float,
                    "--server-arg=99 to offload a llama-server to the GPU).")
 @click.option("--selftest", "selftest", type=click.Path(path_type=Path),
               help="A `harness selftest` file: its instrument error goes into run.json.")
+@click.option("--repeats", type=click.IntRange(1, 100), default=1, show_default=True,
+              help="Run N times (OUT/repeat-1 ...) and write the spread between the repeats "
+                   "to OUT/repeats.json.")
 @timeout_options
 @auth_options
 def run_cmd(runtime: str, url: str | None, trace_path: Path, policy: str,
@@ -227,7 +231,8 @@ def run_cmd(runtime: str, url: str | None, trace_path: Path, policy: str,
             scrape_interval: float, calibration: Path | None,
             server_args: tuple[str, ...], selftest: Path | None, connect_timeout: float,
             first_token_timeout: float, stall_timeout: float, request_timeout: float,
-            api_key: str | None, headers: tuple[str, ...], skip_oversized: bool) -> None:
+            api_key: str | None, headers: tuple[str, ...], skip_oversized: bool,
+            repeats: int) -> None:
     """Replay TRACE against a runtime under POLICY and write a results directory."""
     check_run_flags(slots=slots, ctx_per_slot=ctx_per_slot, threads=threads,
                     scrape_interval=scrape_interval, time_scale=time_scale)
@@ -243,9 +248,24 @@ def run_cmd(runtime: str, url: str | None, trace_path: Path, policy: str,
         scrape_interval_s=scrape_interval, calibration=calibration, server_args=server_args,
         instrument_error=instrument, timeouts=timeouts,
         headers=headers_from_flags(api_key, headers, url), skip_oversized=skip_oversized)
-    run = execute_run(opts, lambda m: click.echo(m, err=True))
-    _print_result(out, run)
-    exit_on_server_failures([run])
+    if repeats == 1:
+        run = execute_run(opts, lambda m: click.echo(m, err=True))
+        _print_result(out, run)
+        exit_on_server_failures([run])
+        return
+    from harness.report.repeats import format_spread, repeat_dirs, write_repeats
+
+    ensure_out_dir(out)
+    dirs = repeat_dirs(out, repeats)
+    runs = []
+    for k, d in enumerate(dirs, 1):
+        click.echo(f"repeat {k} of {repeats} -> {d}", err=True)
+        runs.append(execute_run(dataclasses.replace(opts, out=d),
+                                lambda m: click.echo(m, err=True)))
+        _print_result(d, runs[-1])
+    click.echo(format_spread(write_repeats(out, dirs)))
+    click.echo(f"spread between repeats -> {out / 'repeats.json'}")
+    exit_on_server_failures(runs)
 
 
 # The run finished, but trajectories failed because the server did (not the task's own fault).

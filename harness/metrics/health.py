@@ -89,16 +89,8 @@ def _cleanup(run: RunManifest) -> dict[str, str]:
     c = run.cleanup
     if c is None:
         return _check("cleanup", INFO, "not checked (no live server, or the run did not end)")
-    problems = []
-    if c.slots_idle is False:
-        problems.append("slots still busy at the end")
-    if c.dump_files_left:
-        problems.append(f"{len(c.dump_files_left)} dump files left")
-    if c.errors:
-        problems.append(f"{max(c.errors_total, len(c.errors))} cleanup errors, the first: "
-                        f"{c.errors[0][:160]}")
-    if problems:
-        return _check("cleanup", FAIL, "; ".join(problems))
+    if undone := c.problems():
+        return _check("cleanup", FAIL, "; ".join(undone))
     if c.remote_dumps_left:
         return _check("cleanup", WARN, f"{len(c.remote_dumps_left)} swap dumps left on the "
                                        "remote server's disk (run.json cleanup.remote_dumps_left)")

@@ -71,6 +71,19 @@ class Cleanup:
     remote_dumps_left: list[str] = field(default_factory=list)
     errors_total: int = 0  # every cleanup error, also those not kept in `errors`
 
+    def problems(self) -> list[str]:
+        """What the cleanup left undone, one short phrase each however many errors it had
+        (remote dumps, which no server API deletes, are not counted as undone)."""
+        out = []
+        if self.slots_idle is False:
+            out.append("slots still busy at the end")
+        if self.dump_files_left:
+            out.append(f"{len(self.dump_files_left)} dump file(s) left")
+        if self.errors:
+            out.append(f"{max(self.errors_total, len(self.errors))} cleanup error(s), the "
+                       f"first: {self.errors[0][:200]}")
+        return out
+
 
 @dataclass
 class RunManifest:

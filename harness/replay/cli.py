@@ -25,7 +25,7 @@ from harness.plan.injection import load_injection
 from harness.plan.planner import Arrivals, make_plan
 from harness.policies import POLICIES, make_policy, parse_policy_args
 from harness.records.host import host_identity
-from harness.records.manifest import ArrivalsRef, Cleanup, Outcome, RunManifest, TraceRef
+from harness.records.manifest import ArrivalsRef, Outcome, RunManifest, TraceRef
 from harness.replay import pinning
 from harness.replay.options import AUTO, RunOptions
 from harness.replay.runner import run_on_runtime
@@ -287,20 +287,6 @@ def _print_result(out: Path, run: RunManifest) -> None:
     o = run.outcome or Outcome()
     click.echo(f"{run.policy}: {o.completed} completed, {o.cancelled} cancelled, "
                f"{o.failed} failed in {run.duration_s or 0:.1f}s -> {out}")
-    c = run.cleanup
-    if c and (c.dump_files_left or c.errors or c.slots_idle is False):
-        click.echo(f"warning: cleanup incomplete: {cleanup_line(c)}; details in "
+    if run.cleanup and (undone := run.cleanup.problems()):
+        click.echo(f"warning: cleanup incomplete: {'; '.join(undone)}; details in "
                    f"{out / 'run.json'} (cleanup)", err=True)
-
-
-def cleanup_line(c: Cleanup) -> str:
-    """What a cleanup left undone, in one short line however many errors it had."""
-    parts = []
-    if c.slots_idle is False:
-        parts.append("slots still busy at the end")
-    if c.dump_files_left:
-        parts.append(f"{len(c.dump_files_left)} dump file(s) left")
-    if c.errors:
-        total = max(c.errors_total, len(c.errors))
-        parts.append(f"{total} error(s), the first: {c.errors[0][:200]}")
-    return "; ".join(parts)

@@ -94,8 +94,8 @@ def test_incomplete_runs_dirty_cleanups_late_clients_and_old_calibrations() -> N
     by = _by(checks)
     assert by["run"] == ("fail", "incomplete (status interrupted): SIGTERM; the figures cover "
                                  "what was measured until it stopped")
-    assert by["cleanup"] == ("fail", "slots still busy at the end; 1 dump files left; 7 cleanup "
-                                     "errors, the first: a: erase failed")
+    assert by["cleanup"] == ("fail", "slots still busy at the end; 1 dump file(s) left; 7 "
+                                     "cleanup error(s), the first: a: erase failed")
     assert by["client lag"][0] == "warn" and by["client lag"][1].startswith("P99 4.25 ms")
     assert by["calibration"] == ("warn", "measured 30.0 days before the run (re-run harness "
                                          "calibrate)")

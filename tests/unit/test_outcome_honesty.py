@@ -102,11 +102,11 @@ def test_dumps_left_on_a_remote_server_are_named(tmp_path: Path) -> None:
 
 def test_a_cleanup_warning_is_one_short_line_however_many_errors() -> None:
     from harness.records.manifest import Cleanup
-    from harness.replay.cli import cleanup_line
 
     errors = [f"a{i}: ConnectionTimeoutError: erase of slot {i}" for i in range(6000)]
     c = Cleanup(False, ["d1.bin", "d2.bin"], errors[:50], [], 6000)
-    line = cleanup_line(c)
-    assert line == ("slots still busy at the end; 2 dump file(s) left; 6000 error(s), the "
-                    "first: a0: ConnectionTimeoutError: erase of slot 0")
-    assert cleanup_line(Cleanup(True, [], ["x"], [])) == "1 error(s), the first: x"
+    line = "; ".join(c.problems())
+    assert line == ("slots still busy at the end; 2 dump file(s) left; 6000 cleanup error(s), "
+                    "the first: a0: ConnectionTimeoutError: erase of slot 0")
+    assert Cleanup(True, [], ["x"], []).problems() == ["1 cleanup error(s), the first: x"]
+    assert Cleanup(True, [], [], ["remote.bin"]).problems() == []

@@ -25,6 +25,12 @@ CALIBRATION_WARN_DAYS = 7.0  # a calibration older than this may no longer fit t
 TOP_REASONS = 5
 
 
+def lag_cause(p99_ms: float) -> str:
+    """Why the client woke late to tool ends, from the P99 of its lag."""
+    return ("the event loop's millisecond timers" if p99_ms <= TIMER_LAG_MS
+            else "an overloaded client")
+
+
 def _check(name: str, status: str, detail: str) -> dict[str, str]:
     return {"check": name, "status": status, "detail": detail}
 
@@ -104,9 +110,7 @@ def _client(run: RunManifest, lag: dict[str, Any]) -> list[dict[str, str]]:
     p99 = lag.get("p99")
     if p99 is not None:
         late = p99 > CLIENT_LAG_WARN_MS
-        cause = ("" if not late else " (the event loop's millisecond timers)"
-                 if p99 <= TIMER_LAG_MS else " (an overloaded client: the load was offered "
-                                             "late by that much)")
+        cause = f" ({lag_cause(p99)}: the load was offered late by that much)" if late else ""
         out.append(_check("client lag", WARN if late else OK,
                           f"P99 {p99:.2f} ms late to tool ends{cause}"))
     err = run.instrument_error

@@ -19,13 +19,11 @@ from harness.metrics import latency, occupancy, outcomes
 from harness.metrics.bootstrap import mean_ci
 from harness.metrics.events import read_events
 from harness.metrics.frames import Frames, build_frames, link_events
-from harness.metrics.health import CLIENT_LAG_WARN_MS, TIMER_LAG_MS, run_health
+from harness.metrics.health import CLIENT_LAG_WARN_MS, lag_cause, run_health
 from harness.records.manifest import RunManifest, read_manifest
 from harness.records.store import read_records, read_server_metrics
 
 SUMMARY_VERSION = "3"
-# Client lag (how late the harness woke to a tool's end) above CLIENT_LAG_WARN_MS at P99 is
-# warned about: the load the run offered was late by that much, whatever the server did.
 
 # The keys of summary.json, in order: the stable core first, then breakdowns and provenance.
 SUMMARY_KEYS: tuple[str, ...] = (
@@ -134,12 +132,13 @@ def _outcome_ci(units: pd.DataFrame, duration_s: float, bpt: float | None,
     mem = mean_ci(units["paused_token_s"].to_numpy(), n_resamples=n_resamples, seed=seed)
     per_min = n / (duration_s / 60.0) if duration_s > 0 else None
     mem_sum = [n * v for v in mem] if mem else None
+    mib_per_token_s = occupancy.to_mib(1.0, bpt)
     return {
         "success_rate": success,
         "goodput_per_min": [per_min * v for v in success] if success and per_min else None,
         "memory_time_token_s": mem_sum,
-        "memory_time_mib_s": ([occupancy.to_mib(v, bpt) for v in mem_sum]  # type: ignore[misc]
-                              if mem_sum and bpt is not None else None),
+        "memory_time_mib_s": ([mib_per_token_s * v for v in mem_sum]
+                              if mem_sum and mib_per_token_s is not None else None),
     }
 
 
@@ -159,11 +158,9 @@ def _warnings(client_lag: dict[str, Any], run: RunManifest) -> list[str]:
                    "timeouts): their resumes are missing from the figures")
     p99 = client_lag.get("p99")
     if p99 is not None and p99 > CLIENT_LAG_WARN_MS:
-        cause = ("the event loop's timers fire on whole milliseconds" if p99 <= TIMER_LAG_MS
-                 else "an overloaded client")
         out.append(f"client lag P99 {p99:.1f} ms > {CLIENT_LAG_WARN_MS:g} ms: the harness woke "
-                   f"late to tool ends ({cause}); resume latency is timed from the wake, but "
-                   "the load was offered late by that much")
+                   f"late to tool ends ({lag_cause(p99)}); resume latency is timed from the "
+                   "wake, but the load was offered late by that much")
     return out
 
 

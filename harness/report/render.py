@@ -77,9 +77,7 @@ def _ci(ci: list[float] | None) -> str:
 def _q_ci(q: dict[str, Any] | None, key: str) -> str:
     if not q or not q.get("n"):
         return "-"
-    ci = (q.get("ci95") or {}).get(key)
-    extra = f"<span class='ci'>[{fmt(ci[0])}, {fmt(ci[1])}]</span>" if ci else ""
-    return fmt(q.get(key)) + extra
+    return fmt(q.get(key)) + _ci((q.get("ci95") or {}).get(key))
 
 
 def headline(runs: list[RunData]) -> str:

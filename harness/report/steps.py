@@ -18,15 +18,16 @@ import numpy as np
 MIN_SEGMENT = 2
 
 
-def _transform(values: Sequence[float]) -> np.ndarray:
-    """Log values when all are positive (a step is then a ratio); else values scaled by their
-    mean magnitude (zeros: bytes moved under keep)."""
+def _transform(values: Sequence[float], threshold: float) -> tuple[np.ndarray, float]:
+    """The values and the threshold in the space the fit runs in: logs when all values are
+    positive (a step is then a ratio); else values scaled by their mean magnitude (zeros:
+    bytes moved under keep), the threshold as a relative change."""
     x = np.asarray(values, dtype=float)
     if np.all(x > 0):
         logs: np.ndarray = np.log(x)
-        return logs
+        return logs, math.log(threshold)
     scale = float(np.mean(np.abs(x))) or 1.0
-    return x / scale
+    return x / scale, threshold - 1
 
 
 def _cost(x: np.ndarray, i: int, j: int) -> float:
@@ -42,8 +43,7 @@ def level_starts(values: Sequence[float], threshold: float,
     n = len(values)
     if n < 2:
         return []
-    x = _transform(values)
-    gap = math.log(threshold) if np.all(np.asarray(values, dtype=float) > 0) else threshold - 1
+    x, gap = _transform(values, threshold)
     penalty = gap * min_size / 2
     best = [math.inf] * (n + 1)
     prev = [0] * (n + 1)
@@ -70,8 +70,7 @@ def _significant(x: np.ndarray, starts: list[int], gap: float) -> list[int]:
     """Drop boundaries whose neighbouring segment medians differ by no more than `gap`,
     merging those segments, until every boundary left is a real change."""
     while True:
-        bounds = [0, *starts, len(x)]
-        meds = [float(np.median(x[a:b])) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        meds = segment_medians(x, starts)
         small = [k for k in range(len(starts)) if abs(meds[k + 1] - meds[k]) <= gap]
         if not small:
             return starts
@@ -79,7 +78,7 @@ def _significant(x: np.ndarray, starts: list[int], gap: float) -> list[int]:
         starts = starts[:drop] + starts[drop + 1:]
 
 
-def segment_medians(values: Sequence[float], starts: list[int]) -> list[float]:
+def segment_medians(values: Sequence[float] | np.ndarray, starts: list[int]) -> list[float]:
     """The median of each segment the starts cut the series into."""
     bounds = [0, *starts, len(values)]
     x = np.asarray(values, dtype=float)

@@ -50,9 +50,12 @@ def _read(path: str) -> str:
         return ""
 
 
-def _mem_total_bytes(meminfo: str) -> int | None:
-    for line in meminfo.splitlines():
-        if line.startswith("MemTotal:"):
+def meminfo_bytes(field: str, meminfo: str | None = None) -> int | None:
+    """A /proc/meminfo field (MemTotal, MemAvailable, ...) in bytes; None where unreadable.
+    `meminfo`: the file's text, read when not given."""
+    text = _read("/proc/meminfo") if meminfo is None else meminfo
+    for line in text.splitlines():
+        if line.startswith(f"{field}:"):
             try:
                 return int(line.split()[1]) * 1024
             except (IndexError, ValueError):
@@ -97,7 +100,7 @@ def host_identity() -> dict[str, Any]:
         "cpu_flags_sha256": (hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:16]
                              if flags else None),
         "logical_cpus": os.cpu_count(),
-        "memory_bytes": _mem_total_bytes(_read("/proc/meminfo")),
+        "memory_bytes": meminfo_bytes("MemTotal"),
         "os": platform.system() or None,
         "kernel": platform.release() or None,
         "gpus": gpus(),

@@ -10,6 +10,7 @@ import os
 from harness.errors import InputError
 from harness.limits import MAX_TOKENS
 from harness.plan.planner import CallStep, Plan, TrajectoryPlan
+from harness.records.host import meminfo_bytes
 
 # The most context one trajectory may hold on the client whatever the server.
 MAX_CONTEXT_TOKENS = MAX_TOKENS
@@ -42,14 +43,10 @@ def client_bytes(plan: Plan) -> int | None:
 
 
 def available_memory() -> int | None:
-    """MemAvailable from /proc/meminfo in bytes; None where it cannot be read."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    """MemAvailable from /proc/meminfo in bytes (else the free pages); None where neither
+    can be read."""
+    if (available := meminfo_bytes("MemAvailable")) is not None:
+        return available
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError):

@@ -131,3 +131,12 @@ def test_compare_refuses_runs_from_two_hosts(tmp_path: Path) -> None:
     code, out = _cli(str(a), str(b))
     assert code == 2 and "host (Intel(R) Xeon(R) Platinum 8375C" in out
     assert _cli(str(a), str(b), "--allow", "host")[0] == 0
+
+
+def test_meminfo_fields() -> None:
+    from harness.records.host import meminfo_bytes
+
+    text = "MemTotal:       24683584 kB\nMemAvailable:   20000000 kB\nBroken:\n"
+    assert meminfo_bytes("MemTotal", text) == 24683584 * 1024
+    assert meminfo_bytes("MemAvailable", text) == 20000000 * 1024
+    assert meminfo_bytes("Broken", text) is None and meminfo_bytes("Nope", text) is None

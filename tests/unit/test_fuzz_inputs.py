@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -166,6 +167,13 @@ def _get(doc: Any, path: tuple[Any, ...]) -> Any:
     return doc
 
 
+def _serialise(fmt: str, doc: Any) -> str:
+    """A document as the format's file holds it: mooncake one JSON object per line."""
+    if fmt == "mooncake" and isinstance(doc, list):
+        return "".join(json.dumps(row) + "\n" for row in doc)
+    return json.dumps(doc)
+
+
 @st.composite
 def corrupted(draw: st.DrawFn, fmt: str) -> tuple[str, str]:
     """(file name, text): the format's seed input with one to three random edits."""
@@ -186,10 +194,7 @@ def corrupted(draw: st.DrawFn, fmt: str) -> tuple[str, str]:
             parent.insert(key, copy.deepcopy(parent[key]))
         elif op == "rename" and isinstance(parent, dict):
             parent[draw(st.text(max_size=6))] = parent.pop(key)
-    if fmt == "mooncake" and isinstance(doc, list):
-        text = "".join(json.dumps(row) + "\n" for row in doc)
-    else:
-        text = json.dumps(doc)
+    text = _serialise(fmt, doc)
     if draw(st.integers(0, 9)) == 0:  # sometimes cut short, as a copy interrupted midway
         text = text[:draw(st.integers(0, len(text)))]
     return name, text
@@ -208,44 +213,24 @@ def _import_is_clean(fmt: str, name: str, text: str) -> None:
         assert check_frame(imp.steps, "imported") == [], text
 
 
+@pytest.mark.parametrize("fmt", sorted(SEEDS))
 @FUZZ
-@given(corrupted("infercept"))
-def test_fuzzed_infercept_input(doc: tuple[str, str]) -> None:
-    _import_is_clean("infercept", *doc)
-
-
-@FUZZ
-@given(corrupted("mini-swe-agent"))
-def test_fuzzed_mini_swe_agent_input(doc: tuple[str, str]) -> None:
-    _import_is_clean("mini-swe-agent", *doc)
-
-
-@FUZZ
-@given(corrupted("mooncake"))
-def test_fuzzed_mooncake_input(doc: tuple[str, str]) -> None:
-    _import_is_clean("mooncake", *doc)
-
-
-@FUZZ
-@given(corrupted("openai-chat"))
-def test_fuzzed_openai_chat_input(doc: tuple[str, str]) -> None:
-    _import_is_clean("openai-chat", *doc)
+@given(data=st.data())
+def test_fuzzed_importer_input(fmt: str, data: st.DataObject) -> None:
+    _import_is_clean(fmt, *data.draw(corrupted(fmt)))
 
 
 def test_every_format_is_fuzzed() -> None:
     assert set(SEEDS) == set(FORMATS)
 
 
-def test_every_seed_input_imports() -> None:
-    for fmt, (name, _) in SEEDS.items():
-        _import_is_clean(fmt, name, corrupted_free(fmt))
-
-
-def corrupted_free(fmt: str) -> str:
+@pytest.mark.parametrize("fmt", sorted(SEEDS))
+def test_every_seed_input_imports(fmt: str, tmp_path: Path) -> None:
     name, seed = SEEDS[fmt]
-    if fmt == "mooncake":
-        return "".join(json.dumps(row) + "\n" for row in seed)
-    return json.dumps(seed)
+    path = tmp_path / name
+    path.write_text(_serialise(fmt, seed), encoding="utf-8")
+    imp = import_trace(fmt, path, {})  # the uncorrupted input imports, and validates
+    assert len(imp.steps) and check_frame(imp.steps, "imported") == []
 
 
 # ---------------------------------------------------------------- profiles and injections

@@ -18,7 +18,7 @@ from importlib import metadata
 from typing import Any
 
 # Packages whose versions change what the client measures.
-PACKAGES = ("aiohttp", "uvloop", "orjson", "numpy", "pandas", "pyarrow")
+PACKAGES = ("httptools", "aiohttp", "uvloop", "orjson", "numpy", "pandas", "pyarrow")
 # The CPU flags that change kernel speed (vector units, matrix engines), kept by name; the
 # whole set is kept as a digest.
 VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni",

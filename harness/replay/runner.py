@@ -18,10 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from harness.adapters.base import Adapter, Runtime, RuntimeSession, ServerInfo, ServerOptions
-from harness.adapters.http import KEEPALIVE_S, HttpStatusError, Timeouts, connect
+from harness.adapters.http import KEEPALIVE_S, REQUEST_ERRORS, Timeouts, connect
 from harness.errors import InputError, ServerError
 from harness.plan.planner import Plan
 from harness.policies import make_policy
@@ -131,6 +129,7 @@ async def _replay_session(session: RuntimeSession, plan: Plan, server: ServerOpt
                 watch.cancel()
             if run.status is not None:  # the replay began: its run.json gets the pool's waits
                 run.http.update(http.pool_waits.to_dict())
+                run.http["connections_opened"] = http.pool.opened
                 run.write(out)
 
 
@@ -160,12 +159,15 @@ def redact_url(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
+SERVER_INFO_ERRORS: tuple[type[Exception], ...] = (*REQUEST_ERRORS, KeyError, TypeError,
+                                                   AttributeError)
+
+
 async def server_info(adapter: Adapter, url: str) -> ServerInfo:
     """The server's own report; ServerError (one line) when it cannot be had."""
     try:
         return await adapter.server_info()
-    except (aiohttp.ClientError, HttpStatusError, TimeoutError, ValueError, KeyError,
-            TypeError, AttributeError) as exc:
+    except SERVER_INFO_ERRORS as exc:
         raise ServerError(f"{url}: no usable answer to the server-info request "
                           f"({type(exc).__name__}: {exc})"[:400]) from None
 

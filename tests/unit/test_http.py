@@ -74,14 +74,14 @@ def test_the_pool_holds_exactly_the_limit_in_flight_and_counts_who_waited() -> N
 
 
 def test_no_silent_cap_of_100() -> None:
-    """aiohttp's default connector stops at 100 connections: 150 concurrent requests of a run
+    """(aiohttp's default connector stops at 100 connections.) 150 concurrent requests of a run
     whose limit is 150 must be in flight at the server together beyond that."""
     async def go() -> tuple[int, int]:
         app, seen = _counting_app(hold_s=1.5)
         server = await _serve(app)
         try:
             async with connect(str(server.make_url("")), 150) as http:
-                limit = http.session.connector.limit if http.session.connector else 0
+                limit = http.pool.limit
                 await asyncio.gather(*(http.get_json("/x") for _ in range(150)))
         finally:
             await server.close()
@@ -126,8 +126,7 @@ async def _stale_server(replies: list[int]) -> tuple[asyncio.Server, int]:
 
 def test_stale_pooled_connections_are_retried_on_a_new_one() -> None:
     """Three pooled connections are all stale: a request that meets one is retried on a new
-    connection, never on another stale one from the pool. (POST: aiohttp retries a GET on its
-    own.)"""
+    connection, never on another stale one from the pool."""
     async def go() -> list[int]:
         replies: list[int] = []
         server, port = await _stale_server(replies)
@@ -219,10 +218,10 @@ def test_get_json_tries_each_path_and_names_the_last_status() -> None:
 
 
 def test_the_gate_hands_places_over_in_order_and_survives_cancellation() -> None:
-    from harness.adapters.http import _Gate
+    from harness.adapters.connection import Gate
 
     async def go() -> list[str]:
-        gate, order = _Gate(1), []
+        gate, order = Gate(1), []
         assert await gate.acquire() is False
 
         async def waiter(name: str) -> None:

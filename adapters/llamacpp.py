@@ -153,7 +153,7 @@ class LlamaCppAdapter:
         """Samples from /metrics and /slots as (source, name, labels, value)."""
         out = await self.http.scrape()
         for slot in await self.http.get_json("/slots"):
-            sid = json.dumps({"slot": slot.get("id")})
+            sid = _slot_labels(slot.get("id"))
             out.append(("slots", "is_processing", sid, float(bool(slot.get("is_processing")))))
             n = slot.get("n_prompt_tokens", slot.get("n_past"))
             if n is not None:
@@ -163,6 +163,14 @@ class LlamaCppAdapter:
     async def slots_idle(self) -> bool | None:
         slots = await self.http.get_json("/slots")
         return not any(s.get("is_processing") for s in slots)
+
+
+def _slot_labels(slot_id: Any) -> str:
+    """A slot's labels as sorted JSON ('{"slot": 3}'), as the samples carry them: formatted
+    directly for an integer id (a /slots of 10,000 slots is sampled on the client's loop)."""
+    if isinstance(slot_id, int) and not isinstance(slot_id, bool):
+        return f'{{"slot": {slot_id}}}'
+    return json.dumps({"slot": slot_id})
 
 
 def _read_timings(chunk: dict[str, Any], result: CompletionResult) -> None:

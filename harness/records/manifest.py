@@ -127,6 +127,7 @@ class RunManifest:
     cpu_pinning: CpuPinning | None = None
     http: dict[str, Any] | None = None  # the client's connection pool
     event_loop: str | None = None  # uvloop <version> | asyncio
+    client_gc: dict[str, Any] | None = None  # the client's garbage-collector pauses
     history_window: int | None = None  # tool latencies per class a policy sees (0: all)
     # the client's own error on this machine (`harness selftest`, via --selftest): TTFT,
     # resume and client-lag error statistics, when, where and with how many agents measured

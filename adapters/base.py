@@ -71,17 +71,19 @@ def failed_result(error: str, tokens: list[int]) -> CompletionResult:
 
 
 def add_streamed_tokens(result: CompletionResult, tokens: list[int], req: CompletionRequest,
-                        on_first_token: Callable[[], object]) -> bool:
-    """Append a streamed chunk's tokens to `result`. At the first tokens, call
-    `on_first_token`; when `req` asks to hang up after them, mark the result aborted and return
+                        on_tokens: Callable[[], object]) -> bool:
+    """Append a streamed chunk's tokens to `result` and call `on_tokens` for every chunk that
+    carries some (its first call is the first token; the caller times the rest, the per-token
+    ITL). When `req` asks to hang up after the first tokens, mark the result aborted and return
     False (the caller stops reading, so the server stops generating)."""
-    first = bool(tokens) and not result.tokens
+    if not tokens:
+        return True
+    first = not result.tokens
     result.tokens.extend(tokens)
-    if first:
-        on_first_token()
-        if req.abort_after_first_token:
-            result.status = "aborted"
-            return False
+    on_tokens()
+    if first and req.abort_after_first_token:
+        result.status = "aborted"
+        return False
     return True
 
 
@@ -101,8 +103,10 @@ class Adapter(Protocol):
     async def server_info(self) -> ServerInfo: ...
 
     async def complete(
-        self, req: CompletionRequest, on_first_token: Callable[[], object]
-    ) -> CompletionResult: ...
+        self, req: CompletionRequest, on_tokens: Callable[[], object]
+    ) -> CompletionResult:
+        """Stream one completion; `on_tokens` is called as each chunk of tokens arrives."""
+        ...
 
     async def save_slot(self, slot: int, name: str) -> SlotIO: ...
 

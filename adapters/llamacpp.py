@@ -73,7 +73,7 @@ class LlamaCppAdapter:
         )
 
     async def complete(self, req: CompletionRequest,
-                       on_first_token: Callable[[], object]) -> CompletionResult:
+                       on_tokens: Callable[[], object]) -> CompletionResult:
         body: dict[str, Any] = {
             "prompt": req.prompt,
             "n_predict": req.max_tokens,
@@ -89,7 +89,7 @@ class LlamaCppAdapter:
 
         def on_chunk(chunk: dict[str, Any]) -> bool:
             toks = [int(t) for t in chunk.get("tokens") or []]
-            if not add_streamed_tokens(result, toks, req, on_first_token):
+            if not add_streamed_tokens(result, toks, req, on_tokens):
                 return False  # hang up: the server stops generating
             if chunk.get("stop"):
                 _read_timings(chunk, result)

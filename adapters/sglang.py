@@ -107,7 +107,7 @@ class SglangAdapter:
         return None
 
     async def complete(self, req: CompletionRequest,
-                       on_first_token: Callable[[], object]) -> CompletionResult:
+                       on_tokens: Callable[[], object]) -> CompletionResult:
         if req.slot is not None:
             raise Unsupported("SGLang has no client-chosen slots")
         body: dict[str, Any] = {
@@ -124,7 +124,7 @@ class SglangAdapter:
         def on_chunk(chunk: dict[str, Any]) -> bool:
             meta = chunk.get("meta_info") or {}
             toks = _new_tokens(chunk.get("output_ids") or [], meta, len(result.tokens))
-            if not add_streamed_tokens(result, toks, req, on_first_token):
+            if not add_streamed_tokens(result, toks, req, on_tokens):
                 return False  # hang up: SGLang aborts a request whose client left
             _read_meta(meta, result)
             finish = meta.get("finish_reason")

@@ -120,7 +120,7 @@ class VllmAdapter:
                 "scheduler_max_num_seqs": (cfg.get("scheduler_config") or {}).get("max_num_seqs")}
 
     async def complete(self, req: CompletionRequest,
-                       on_first_token: Callable[[], object]) -> CompletionResult:
+                       on_tokens: Callable[[], object]) -> CompletionResult:
         if req.slot is not None:
             raise Unsupported("vLLM has no client-chosen slots")
         try:
@@ -145,7 +145,7 @@ class VllmAdapter:
         def on_chunk(chunk: dict[str, Any]) -> bool:
             for choice in chunk.get("choices") or []:
                 toks = [int(t) for t in choice.get("token_ids") or []]
-                if not add_streamed_tokens(result, toks, req, on_first_token):
+                if not add_streamed_tokens(result, toks, req, on_tokens):
                     return False  # hang up: vLLM aborts the request
             if chunk.get("usage"):
                 _read_usage(chunk, result)

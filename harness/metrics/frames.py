@@ -26,7 +26,7 @@ NS_PER_MS = 1e6
 _CALL_COLS = ["seq", "t_ns", "trajectory_id", "traffic", "step", "planned_ns", "prompt_tokens",
               "appended_tokens", "is_resume"]
 _END_COLS = ["t_ns", "status", "output_tokens", "cached_tokens", "prompt_n", "server_ms",
-             "decode_ms"]
+             "decode_ms", "token_gaps"]
 
 
 @dataclass(frozen=True)
@@ -139,9 +139,31 @@ def _calls(ev: Events) -> pd.DataFrame:
     multi = ok & (calls["output_tokens"] > 1)
     gaps = calls["output_tokens"] - 1
     calls["tpot_ms"] = ((calls["end_ns"] - calls["ft_ns"]) / NS_PER_MS / gaps).where(multi)
-    itl = (calls["decode_ms"] / gaps).where(multi)
-    calls["itl_ms"] = itl.fillna(calls["tpot_ms"])
+    # A call's mean inter-token gap: from its streamed chunk times where the client recorded
+    # them, else the server's decode time per token, else the client's TPOT.
+    server_itl = (calls["decode_ms"] / gaps).where(multi)
+    calls["itl_ms"] = _mean_gap_ms(calls["token_gaps"]).where(multi).fillna(
+        server_itl).fillna(calls["tpot_ms"])
     return calls
+
+
+def _gaps_us(blob: object) -> np.ndarray:
+    return (np.frombuffer(blob, dtype="<u4") if isinstance(blob, bytes | bytearray)
+            else np.zeros(0, dtype="<u4"))
+
+
+def _mean_gap_ms(blobs: pd.Series) -> pd.Series:
+    means = [float(g.mean()) / 1e3 if (g := _gaps_us(b)).size else np.nan for b in blobs]
+    return pd.Series(means, index=blobs.index, dtype="float64")
+
+
+def token_gaps_ms(calls: pd.DataFrame) -> np.ndarray:
+    """Every inter-token gap (ms) the client recorded over `calls`' completed calls: per-token
+    ITL as a streaming client sees it (a chunk of several tokens is one gap)."""
+    blobs = calls.loc[calls["ok"], "token_gaps"]
+    pieces = [_gaps_us(b) for b in blobs if isinstance(b, bytes | bytearray)]
+    return (np.concatenate(pieces).astype(np.float64) / 1e3 if pieces
+            else np.zeros(0, dtype=np.float64))
 
 
 def _first_per_pause(

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from harness.metrics.bootstrap import DEFAULT_RESAMPLES, DEFAULT_SEED, quantile_ci
+from harness.metrics.frames import token_gaps_ms
 from harness.traces.stats import quantiles
 
 PAUSE_BUCKETS: tuple[tuple[str, float, float], ...] = (
@@ -48,12 +49,17 @@ def resume_parts(calls: pd.DataFrame) -> dict[str, Any]:
 
 
 def call_latency(calls: pd.DataFrame) -> dict[str, Any]:
-    """TTFT, TPOT, ITL and E2E percentiles over agent calls, TTFT over bystander calls."""
+    """TTFT, TPOT, ITL and E2E percentiles over agent calls, TTFT over bystander calls. ITL is
+    over every inter-token gap the client recorded (`itl_source` "client chunk times"); over
+    calls without them (a simulation, older records) it is each call's server decode time per
+    token ("server decode per token")."""
     agent = calls[~calls["bystander"]]
+    gaps = token_gaps_ms(agent)
     return {
         "ttft_ms": pct(agent["ttft_ms"]),
         "tpot_ms": pct(agent["tpot_ms"]),
-        "itl_ms": pct(agent["itl_ms"]),
+        "itl_ms": pct(gaps) if gaps.size else pct(agent["itl_ms"]),
+        "itl_source": "client chunk times" if gaps.size else "server decode per token",
         "e2e_ms": pct(agent["e2e_ms"]),
         "bystander_ttft_ms": pct(calls.loc[calls["bystander"], "ttft_ms"]),
     }

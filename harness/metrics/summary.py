@@ -28,8 +28,8 @@ SUMMARY_VERSION = "3"
 # The keys of summary.json, in order: the stable core first, then breakdowns and provenance.
 SUMMARY_KEYS: tuple[str, ...] = (
     "runtime", "policy", "trajectories", "resume_latency_ms", "resume_parts_ms",
-    "client_lag_ms", "ttft_ms",
-    "tpot_ms", "itl_ms", "e2e_ms", "request_throughput_per_s", "output_token_throughput_per_s",
+    "client_lag_ms", "ttft_ms", "tpot_ms", "itl_ms", "itl_source", "e2e_ms",
+    "request_throughput_per_s", "output_token_throughput_per_s",
     "tokens_recomputed", "bytes_moved", "cache_mismatches", "cache_mismatch_list",
     "memory_time_token_s", "memory_time_mib_s", "kv_paused_peak_tokens", "kv_paused_mean_tokens",
     "kv_active_peak_tokens", "kv_active_mean_tokens", "goodput_per_min", "outcome_ci95",
@@ -96,6 +96,7 @@ def summarize_frames(
         "ttft_ms": lat["ttft_ms"],
         "tpot_ms": lat["tpot_ms"],
         "itl_ms": lat["itl_ms"],
+        "itl_source": lat["itl_source"],
         "e2e_ms": lat["e2e_ms"],
         **latency.throughput(calls, duration),
         "tokens_recomputed": int(pauses["recomputed_tokens"].sum()),

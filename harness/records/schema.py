@@ -15,8 +15,9 @@ from __future__ import annotations
 import pyarrow as pa
 
 # Written into every records part's Parquet metadata and checked on read; a part without it
-# predates the key and has version 1's columns.
-RECORDS_SCHEMA_VERSION = 1
+# predates the key and has version 1's columns. Version 2 added `token_gaps` (a version-1 part
+# reads with it null).
+RECORDS_SCHEMA_VERSION = 2
 RECORDS_VERSION_KEY = b"harness.records_schema_version"
 
 # Events and the columns each one fills (besides run_id, seq, t_ns, event, trajectory_id, traffic).
@@ -27,7 +28,8 @@ EVENTS: dict[str, str] = {
     "first_token": "step, slot",
     "call_end": "step, slot, status (ok|error|timeout|aborted), output_tokens, cached_tokens, "
                 "prompt_n (tokens the server processed), server_ms (prompt ms), "
-                "decode_ms, detail (error text)",
+                "decode_ms, detail (error text), token_gaps (the client's time between one "
+                "streamed chunk of tokens and the next, microseconds, little-endian uint32)",
     "tool_start": "step, tool_class, tool_name, value_s (planned latency; hidden from policies), "
                   "deadline_s",
     "tool_end": "step, tool_class, status (ok|error|timeout|abandoned), planned_ns (when the "
@@ -79,6 +81,7 @@ RECORDS_SCHEMA = pa.schema(
         pa.field("value_s", pa.float64()),
         pa.field("deadline_s", pa.float64()),
         pa.field("detail", pa.string()),
+        pa.field("token_gaps", pa.binary()),
     ],
     metadata={RECORDS_VERSION_KEY: str(RECORDS_SCHEMA_VERSION).encode()},
 )

@@ -20,7 +20,7 @@ from harness.policies.base import KEEP, RECOMPUTE, SWAP, PauseContext, PausePoli
 from harness.policies.history import DEFAULT_WINDOW, History
 from harness.replay.clock import NS, Clock
 from harness.replay.progress import Progress
-from harness.replay.recorder import Recorder, SlotPool
+from harness.replay.recorder import ChunkTimes, Recorder, SlotPool
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
@@ -207,15 +207,16 @@ class Executor:
         self.rec.emit("call_start", trajectory_id=st.tid, traffic="agent", step=call.step,
                       slot=st.slot, planned_ns=due_ns, prompt_tokens=len(prompt),
                       appended_tokens=len(appended), is_resume=is_resume)
+        chunks = ChunkTimes(self.rec, self.clock, st.tid, "agent", call.step, st.slot)
         res = await self.adapter.complete(
             CompletionRequest(prompt, call.output_tokens, st.slot,
                               abort_after_first_token=call.disconnect, cache_salt=st.salt),
-            lambda: self.rec.emit("first_token", trajectory_id=st.tid, traffic="agent",
-                                  step=call.step, slot=st.slot))
+            chunks)
         self.rec.emit("call_end", trajectory_id=st.tid, traffic="agent", step=call.step,
                       slot=st.slot, status=res.status, output_tokens=len(res.tokens),
                       cached_tokens=res.cached_tokens, prompt_n=res.prompt_n,
-                      server_ms=res.prompt_ms, decode_ms=res.decode_ms, detail=res.error)
+                      server_ms=res.prompt_ms, decode_ms=res.decode_ms, detail=res.error,
+                      token_gaps=chunks.gaps())
         self._learn_prefill(res.prompt_n, res.prompt_ms)
         self.progress.calls_done += 1
         self.progress.call_errors += res.status in ("error", "timeout")
@@ -416,14 +417,13 @@ class Executor:
             self.rec.emit("call_start", trajectory_id=rid, traffic="bystander", step=0,
                           slot=st.slot, planned_ns=due, prompt_tokens=n_prompt,
                           appended_tokens=n_prompt, is_resume=False)
-            res = await self.adapter.complete(
-                CompletionRequest(prompt, n_out, st.slot),
-                lambda: self.rec.emit("first_token", trajectory_id=rid, traffic="bystander",
-                                      step=0, slot=st.slot))
+            chunks = ChunkTimes(self.rec, self.clock, rid, "bystander", 0, st.slot)
+            res = await self.adapter.complete(CompletionRequest(prompt, n_out, st.slot), chunks)
             self.rec.emit("call_end", trajectory_id=rid, traffic="bystander", step=0,
                           slot=st.slot, status=res.status, output_tokens=len(res.tokens),
                           cached_tokens=res.cached_tokens, prompt_n=res.prompt_n,
-                          server_ms=res.prompt_ms, decode_ms=res.decode_ms, detail=res.error)
+                          server_ms=res.prompt_ms, decode_ms=res.decode_ms, detail=res.error,
+                          token_gaps=chunks.gaps())
         finally:
             try:
                 await self._free_slot(st, "request-end", "bystander")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+from array import array
 from collections import deque
 from typing import Any
 
@@ -40,6 +42,40 @@ class Recorder:
     def close(self) -> None:
         """Flush and wait until every record is on disk."""
         self._writer.close()
+
+
+class ChunkTimes:
+    """The callback of one streamed call: at its first chunk of tokens it records
+    `first_token`; the time from each chunk to the next it keeps, in whole microseconds, for
+    `call_end`'s `token_gaps` (little-endian uint32): per-token ITL as the client saw it."""
+
+    __slots__ = ("_rec", "_clock", "_cols", "_last", "_gaps")
+
+    def __init__(self, rec: Recorder, clock: Clock, trajectory_id: str, traffic: str,
+                 step: int, slot: int | None) -> None:
+        self._rec = rec
+        self._clock = clock
+        self._cols = (trajectory_id, traffic, step, slot)
+        self._last: int | None = None
+        self._gaps = array("I")
+
+    def __call__(self) -> None:
+        if self._last is None:
+            tid, traffic, step, slot = self._cols
+            self._last = self._rec.emit("first_token", trajectory_id=tid, traffic=traffic,
+                                        step=step, slot=slot)
+            return
+        now = self._clock.now_ns()
+        self._gaps.append(min((now - self._last) // 1000, 0xFFFFFFFF))
+        self._last = now
+
+    def gaps(self) -> bytes | None:
+        """The gaps as stored, None when the call streamed fewer than two chunks."""
+        if not self._gaps:
+            return None
+        if self._gaps.itemsize != 4 or sys.byteorder != "little":
+            return b"".join(int(g).to_bytes(4, "little") for g in self._gaps)
+        return self._gaps.tobytes()
 
 
 class SlotPool:

@@ -184,8 +184,8 @@ def bucket_grid(runs: list[RunData]) -> str:
 def parts_section(runs: list[RunData]) -> str:
     heads = ["run", "restore P50", "restore P95", "queue P50", "queue P95", "prefill P50",
              "prefill P95", "server wait P50", "server wait P95", "TTFT P95", "TPOT P50",
-             "ITL P50", "E2E P50", "bystander TTFT P50", "bystander TTFT P95", "client lag P50",
-             "client lag P99"]
+             "ITL P50", "ITL P99", "E2E P50", "bystander TTFT P50", "bystander TTFT P95",
+             "client lag P50", "client lag P99"]
     rows = []
     for r in runs:
         s = r.summary
@@ -194,7 +194,8 @@ def parts_section(runs: list[RunData]) -> str:
         rows.append([_label(r)] + [fmt((p.get(k) or {}).get(q)) for k in parts
                                    for q in ("p50", "p95")]
                     + [fmt(s["ttft_ms"]["p95"]), fmt(s["tpot_ms"]["p50"]),
-                       fmt(s["itl_ms"]["p50"]), fmt(s["e2e_ms"]["p50"]),
+                       fmt(s["itl_ms"]["p50"]), fmt(s["itl_ms"].get("p99")),
+                       fmt(s["e2e_ms"]["p50"]),
                        fmt(s["bystander_ttft_ms"]["p50"]), fmt(s["bystander_ttft_ms"]["p95"]),
                        fmt(s["client_lag_ms"]["p50"]), fmt(s["client_lag_ms"]["p99"])])
     return ("<h2 id='parts'>Resume latency parts and call latency (ms)</h2>" + table(heads, rows)
@@ -204,7 +205,20 @@ def parts_section(runs: list[RunData]) -> str:
               "the first token; server wait = that rest beyond the reported prefill (the "
               "server's queue and the first token's delivery), '-' where the server reports no "
               "prompt time; client lag = how late the harness woke to a tool's end (not part "
-              "of resume latency).</p>")
+              "of resume latency); ITL = " + _itl_sources(runs) + ".</p>")
+
+
+def _itl_sources(runs: list[RunData]) -> str:
+    """Where each run's ITL came from, said once when all agree."""
+    words = {"client chunk times": "the gaps between streamed chunks of tokens as the client "
+                                   "received them",
+             "server decode per token": "each call's server decode time per token (no chunk "
+                                        "times recorded)"}
+    sources = [str(r.summary.get("itl_source") or "server decode per token") for r in runs]
+    if len(set(sources)) == 1:
+        return words.get(sources[0], sources[0])
+    return "; ".join(f"{html.escape(_label(r))}: {words.get(s, s)}"
+                     for r, s in zip(runs, sources, strict=True))
 
 
 def occupancy_section(runs: list[RunData]) -> str:

@@ -85,8 +85,8 @@ class Recording:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    async def complete(self, req: CompletionRequest, on_first_token: Callable[[], object]) -> Any:
-        res = await self.inner.complete(req, on_first_token)
+    async def complete(self, req: CompletionRequest, on_tokens: Callable[[], object]) -> Any:
+        res = await self.inner.complete(req, on_tokens)
         self.results.append(["complete", asdict(res)])
         return res
 

@@ -48,7 +48,7 @@ class MemoryAdapter:
         return ServerInfo(self.runtime, "mem-1", "mem-model", 1000, self.slots, self.ctx)
 
     async def complete(self, req: CompletionRequest,
-                       on_first_token: Callable[[], object]) -> CompletionResult:
+                       on_tokens: Callable[[], object]) -> CompletionResult:
         index = len(self.calls)
         self.calls.append(req)
         if index in self.fail_calls:
@@ -63,12 +63,14 @@ class MemoryAdapter:
         cached = min(cached, len(req.prompt) - 1)
         new = len(req.prompt) - cached
         await self._sleep(new * self.prefill_s_per_token + self.decode_s_per_token)
-        on_first_token()
+        on_tokens()
         tokens = [500 + i for i in range(req.max_tokens)]
         if req.abort_after_first_token:
             self.cache[slot] = req.prompt + tokens[:1]
             return CompletionResult(status="aborted", tokens=tokens[:1])
-        await self._sleep((req.max_tokens - 1) * self.decode_s_per_token)
+        for _ in range(req.max_tokens - 1):  # one token per chunk, decode_s_per_token apart
+            await self._sleep(self.decode_s_per_token)
+            on_tokens()
         self.cache[slot] = req.prompt + tokens
         return CompletionResult(status="ok", tokens=tokens, cached_tokens=cached, prompt_n=new,
                                 prompt_ms=new * self.prefill_s_per_token * 1000,

@@ -174,9 +174,9 @@ class _EvictBeforeEachCall:
         return getattr(self.inner, name)
 
     async def complete(self, req: CompletionRequest,
-                       on_first_token: Callable[[], object]) -> CompletionResult:
+                       on_tokens: Callable[[], object]) -> CompletionResult:
         assert await self.inner.reset_prefix_cache()
-        return await self.inner.complete(req, on_first_token)
+        return await self.inner.complete(req, on_tokens)
 
 
 def test_swap_via_disk_connector(vllm_env: tuple[Path, Path], vllm_server: LocalVllmServer,

@@ -98,8 +98,10 @@ class Trajectory:
     def call(self, ttft: float | None = 0.1, decode: float = 0.4, appended: int = 100,
              out: int = 10, cached: int | None = 0, prompt_n: int | None = None,
              server_ms: float | None = None, decode_ms: float | None = None,
-             status: str = "ok", gap: float = 0.0) -> Trajectory:
-        """One LLM call starting `gap` s from now; first token after ttft, end decode s later."""
+             status: str = "ok", gap: float = 0.0,
+             token_gaps_us: list[int] | None = None) -> Trajectory:
+        """One LLM call starting `gap` s from now; first token after ttft, end decode s later;
+        `token_gaps_us`: the client's chunk-to-chunk times, as the executor records them."""
         self.t += gap
         prompt = self.context + appended
         self._add("call_start", step=self.step, slot=0, planned_ns=ns(self.t),
@@ -111,7 +113,9 @@ class Trajectory:
         self.t += decode
         pn = prompt - (cached or 0) if prompt_n is None else prompt_n
         self._add("call_end", step=self.step, slot=0, status=status, output_tokens=out,
-                  cached_tokens=cached, prompt_n=pn, server_ms=server_ms, decode_ms=decode_ms)
+                  cached_tokens=cached, prompt_n=pn, server_ms=server_ms, decode_ms=decode_ms,
+                  token_gaps=None if token_gaps_us is None else b"".join(
+                      g.to_bytes(4, "little") for g in token_gaps_us))
         self.context = prompt + out
         self.step += 1
         self.resuming = False

@@ -467,3 +467,12 @@ def test_bystanders_that_run_out_before_the_agents_are_recorded(tmp_path: Path) 
     enough = tuple(BystanderPlan(f"bystander-{i}", 0.1 * (i + 1), 8, 2, i) for i in range(200))
     plan = dataclasses.replace(plan_of(traj("b", latency=5.0)), bystanders=enough)
     assert run_plan(tmp_path / "2", plan, make_policy("keep"))[1]["bystanders_ended_s"] is None
+
+
+def test_each_calls_chunk_times_are_recorded_exactly(tmp_path: Path) -> None:
+    """The memory server streams one token per chunk, 10 ms apart on the virtual clock: each
+    5-token call records 4 gaps of exactly 10,000 us (bystanders alike)."""
+    rec, _, _ = run_plan(tmp_path, plan_of(traj("a", 0.0, 1.0)), make_policy("keep"))
+    ends = rec[(rec.event == "call_end") & (rec.traffic == "agent")]
+    gaps = [list(memoryview(b).cast("I")) for b in ends["token_gaps"]]
+    assert gaps == [[10_000] * 4, [10_000] * 4]

@@ -50,10 +50,10 @@ def test_info_complete_and_cache_reuse(tmp_path: Path) -> None:
         info = await ad.server_info()
         assert (info.slots, info.ctx_per_slot, info.vocab_size) == (2, 4096, 1024)
         assert info.server_version == "b0-fake" and info.model == "fake.gguf"
-        firsts: list[int] = []
+        chunks: list[int] = []  # one call per streamed chunk of tokens
         r1 = await ad.complete(CompletionRequest(list(range(300, 400)), 5, slot=1),
-                               lambda: firsts.append(1))
-        assert r1.status == "ok" and len(r1.tokens) == 5 and firsts == [1]
+                               lambda: chunks.append(1))
+        assert r1.status == "ok" and len(r1.tokens) == 5 and chunks == [1] * 5
         assert (r1.cached_tokens, r1.prompt_n) == (0, 100)
         r2 = await ad.complete(CompletionRequest(list(range(300, 400)) + r1.tokens + [7], 3,
                                                  slot=1), lambda: None)

@@ -398,3 +398,25 @@ def test_mismatch_tolerance_covers_one_cache_block() -> None:
     assert summarize(frame, default_run(), None)["cache_mismatches"] == 1
     assert summarize(frame, {**default_run(), "cache_block_tokens": 32},
                      None)["cache_mismatches"] == 0
+
+
+def test_itl_is_over_every_streamed_gap_where_the_client_recorded_them() -> None:
+    """Two calls' chunk gaps (3 + 1 of them) are one distribution of 4 per-token gaps, not two
+    per-call means; a call without recorded gaps is not mixed into it."""
+    b = Records()
+    t = b.agent("a")
+    t.call(out=4, decode_ms=90.0, token_gaps_us=[10_000, 20_000, 30_000])
+    t.tool(wait=1.0, action="keep", retained=104)
+    t.call(out=2, decode_ms=9.0, token_gaps_us=[100_000])
+    t.tool(wait=1.0, action="keep", retained=200)
+    t.call(out=3, decode_ms=8.0)
+    t.end()
+    s = summarize(b.frame(), default_run(), None)
+    assert s["itl_source"] == "client chunk times"
+    assert s["itl_ms"]["n"] == 4
+    assert s["itl_ms"]["p50"] == approx(25.0)  # the median of 10, 20, 30, 100 ms
+
+
+def test_itl_without_chunk_times_is_the_servers_decode_per_token() -> None:
+    s = summarize(keep_run().frame(), default_run(), None)
+    assert s["itl_source"] == "server decode per token" and s["itl_ms"]["n"] == 2

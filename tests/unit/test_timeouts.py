@@ -79,12 +79,12 @@ class _StallsOnce(MemoryAdapter):
     """The first call of trajectory 'a' ends as a stalled stream does."""
 
     async def complete(self, req: CompletionRequest,
-                       on_first_token: Callable[[], object]) -> CompletionResult:
+                       on_tokens: Callable[[], object]) -> CompletionResult:
         if not self.calls:
             self.calls.append(req)
             return CompletionResult(status="timeout", tokens=[7],
                                     error="timeout: the stream stalled: no data for 120 s")
-        return await super().complete(req, on_first_token)
+        return await super().complete(req, on_tokens)
 
 
 def test_a_stalled_call_fails_its_trajectory_and_the_run_goes_on(tmp_path: Path) -> None:

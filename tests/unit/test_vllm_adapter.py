@@ -61,10 +61,10 @@ def test_info_complete_and_block_granular_reuse() -> None:
         assert info.extra["kv_transfer_config"] is None
         assert not ad.capabilities.harness_slots
         assert ad.capabilities.pause_actions == {"keep", "recompute"}
-        firsts: list[int] = []
+        chunks: list[int] = []  # one call per streamed chunk of tokens
         p = list(range(400, 500))
-        r1 = await ad.complete(CompletionRequest(p, 4), lambda: firsts.append(1))
-        assert r1.status == "ok" and len(r1.tokens) == 4 and firsts == [1]
+        r1 = await ad.complete(CompletionRequest(p, 4), lambda: chunks.append(1))
+        assert r1.status == "ok" and len(r1.tokens) == 4 and chunks == [1] * 4
         assert (r1.cached_tokens, r1.prompt_n, r1.prompt_ms, r1.decode_ms) == (0, 100, 2.5, 4.0)
         r2 = await ad.complete(CompletionRequest(p + r1.tokens + [700] * 16, 4), lambda: None)
         assert (r2.cached_tokens, r2.prompt_n) == (96, 24)  # three full 32-token blocks

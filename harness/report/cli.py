@@ -41,13 +41,23 @@ def parse_slo(items: tuple[str, ...]) -> dict[str, float]:
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="HTML file (default: DIR/report.html for one directory).")
 @_SLO
-def report(dirs: tuple[Path, ...], out: Path | None, slo_items: tuple[str, ...]) -> None:
+@click.option("--baseline", type=click.Path(path_type=Path), default=None,
+              help="The directory (one of DIRS) the others' differences are against "
+                   "(default: the first).")
+def report(dirs: tuple[Path, ...], out: Path | None, slo_items: tuple[str, ...],
+           baseline: Path | None) -> None:
     """Render one self-contained HTML report of DIRS (side by side) and refresh summary.json."""
     if out is None:
         if len(dirs) > 1:
             raise InputError("several directories: say where the report goes with --out")
         out = dirs[0] / "report.html"
-    doc = render_report(list(dirs), parse_slo(slo_items))
+    base = 0
+    if baseline is not None:
+        matches = [i for i, d in enumerate(dirs) if d.resolve() == baseline.resolve()]
+        if not matches:
+            raise InputError(f"--baseline {baseline} is not one of the directories reported")
+        base = matches[0]
+    doc = render_report(list(dirs), parse_slo(slo_items), baseline=base)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(doc, encoding="utf-8")
     click.echo(f"wrote {out} ({len(doc):,} bytes)")

@@ -14,6 +14,8 @@ from typing import Any
 from harness.metrics.latency import PAUSE_BUCKETS, resume_samples
 from harness.report import plots
 from harness.report.data import RunData, load_runs
+from harness.report.differences import CSS as DIFF_CSS
+from harness.report.differences import differences_section
 from harness.report.fidelity import fidelity_section
 from harness.report.fmt import fmt, fmt_bytes, table
 from harness.report.health_view import HEALTH_CSS, health_section
@@ -39,23 +41,28 @@ img{max-width:100%;height:auto;border:1px solid #eee}
 
 
 def render_report(
-    paths: list[Path], slo: dict[str, float] | None = None, write_summary: bool = True
+    paths: list[Path], slo: dict[str, float] | None = None, write_summary: bool = True,
+    baseline: int = 0,
 ) -> str:
-    """Load the results directories, rewrite their summary.json, and render the HTML."""
-    return render_runs(load_runs(paths, slo, write_summary))
+    """Load the results directories, rewrite their summary.json, and render the HTML; the
+    differences are against `paths[baseline]`."""
+    return render_runs(load_runs(paths, slo, write_summary), baseline)
 
 
-def render_runs(runs: list[RunData]) -> str:
-    """The HTML document for these runs (side by side when several)."""
+def render_runs(runs: list[RunData], baseline: int = 0) -> str:
+    """The HTML document for these runs (side by side when several; the others' differences
+    against `runs[baseline]`)."""
     title = "Tool-pause replay report" if len(runs) == 1 else "Tool-pause replay comparison"
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-             f"<title>{html.escape(title)}</title><style>{CSS}{HEALTH_CSS}</style></head><body>",
+             f"<title>{html.escape(title)}</title><style>{CSS}{HEALTH_CSS}{DIFF_CSS}</style>"
+             "</head><body>",
              f"<h1>{html.escape(title)}</h1>",
              "<p class='note'>" + html.escape(", ".join(str(r.path) for r in runs)) + "</p>"]
     if any(r.simulated for r in runs):
         parts.append("<p class='banner'>Runs marked <span class='badge'>simulated</span> come "
                      "from the simulator, not a live server.</p>")
-    parts += [health_section(runs, _label), headline(runs), instrument_section(runs),
+    parts += [health_section(runs, _label), headline(runs),
+              differences_section(runs, _label, baseline), instrument_section(runs),
               cdf_section(runs), bucket_grid(runs),
               parts_section(runs), occupancy_section(runs), timeline_section(runs),
               tools_section(runs), by_class_section(runs), prediction_section(runs),

@@ -138,3 +138,31 @@ def test_one_tool_box_per_class_when_every_run_planned_the_same_tools(tmp_path: 
     assert same_tool_waits(same) and "stands for all" in tools_section(same)
     mixed = [load_run(keep), load_run(other)]
     assert not same_tool_waits(mixed) and "stands for all" not in tools_section(mixed)
+
+
+def test_differences_against_the_baseline_run(runs: list[Path], tmp_path: Path) -> None:
+    """One table per other run, each metric's ratio and interval as compare judges them, the
+    aspects that differ listed; --baseline picks the run the others are against."""
+    from harness.report.compare import compare_runs
+    from harness.report.data import load_run
+    from harness.report.differences import differences_section
+
+    keep, swap = load_run(runs[0]), load_run(runs[1])
+    section = differences_section([keep, swap], lambda r: r.label)
+    assert "Differences against llama.cpp/keep" in section and section.count("<table>") == 1
+    assert "policy (keep vs swap)" in section
+    for m in compare_runs(keep, swap)["metrics"]:
+        assert f"<td class='t'>{m['name']}</td>" in section
+        if m["ratio"] is not None:
+            assert f"<td>{m['ratio']:.3f}</td>" in section
+        if m["ci95"]:
+            assert f"[{m['ci95'][0]:.3f}, {m['ci95'][1]:.3f}]" in section
+    assert differences_section([keep], lambda r: r.label) == ""
+    out = tmp_path / "d.html"
+    res = CliRunner().invoke(main, ["report", *map(str, runs[:2]), "--out", str(out),
+                                    "--baseline", str(runs[1])])
+    assert res.exit_code == 0, res.output
+    assert "Differences against llama.cpp/swap" in out.read_text()
+    res = CliRunner().invoke(main, ["report", *map(str, runs[:2]), "--out", str(out),
+                                    "--baseline", str(runs[2])])
+    assert res.exit_code == 2 and "not one of the directories" in res.output

@@ -40,6 +40,7 @@ from harness.replay.cli import (
     timeouts_from_flags,
 )
 from harness.replay.runner import redact_url
+from harness.report.repeats import REPEATS_JSON, format_spread, repeat_dirs, write_repeats
 from harness.selftest.result import read_selftest
 from harness.traces.validate import load_trajectories
 
@@ -154,12 +155,21 @@ class BenchPlan:
     calibrate_first: bool
     simulable: bool  # the simulator runs each policy too (see bench --calibration)
     pinning: CpuPinning | None
+    repeats: int = 1  # rounds of every policy; above 1, each in <policy>/repeat-<k>
+
+    def rounds(self) -> list[list[RunOptions]]:
+        """The replays in the order they run: round by round, every policy in each, so a
+        drift of the machine during the bench touches every policy alike."""
+        if self.repeats == 1:
+            return [list(self.runs)]
+        return [[replace(o, out=repeat_dirs(o.out, self.repeats)[k]) for o in self.runs]
+                for k in range(self.repeats)]
 
 
 def plan_bench(runtime: str, url: str | None, trace: Path | None, policies: str,
                policy_args: tuple[str, ...], base: RunOptions, calibration: Path | None,
                calibrate_first: bool, out: Path | None,
-               runtimes: Callable[[str], Runtime] = get_runtime) -> BenchPlan:
+               runtimes: Callable[[str], Runtime] = get_runtime, repeats: int = 1) -> BenchPlan:
     """Check every input of a bench (policies and their arguments, the trace, the injection
     profile, the calibration file) and decide its CPU pinning once; InputError on the first
     problem, before anything is started."""
@@ -192,13 +202,16 @@ def plan_bench(runtime: str, url: str | None, trace: Path | None, policies: str,
     # The simulator models slots the harness controls, a closed loop and the trace's own tools.
     simulable = (rt.per_slot_control and base.inject == "none"
                  and base.arrivals.time_scale == 1.0)
-    return BenchPlan(root, trace, rt, runs, calibration, calibrate_first, simulable, pin)
+    return BenchPlan(root, trace, rt, runs, calibration, calibrate_first, simulable, pin,
+                     repeats)
 
 
 def run_bench(plan: BenchPlan, echo: Callable[[str], None] = click.echo
               ) -> list[tuple[str, dict[str, Any]]]:
     """Run a bench plan: calibrate first if asked, replay each policy (and simulate it where
-    that applies), render one report; returns each policy's summary."""
+    that applies; with repeats, the first round), render one report; returns each replay's
+    summary, labelled by policy (and `#k` for repeat k). With repeats, each policy's
+    directory gets repeats.json, the spread between its repeats."""
     if plan.calibrate_first and plan.calibration is not None:
         from harness.replay.calibrate import calibrate
 
@@ -211,23 +224,31 @@ def run_bench(plan: BenchPlan, echo: Callable[[str], None] = click.echo
     dirs: list[Path] = []
     runs: list[RunManifest] = []
     t0 = time.monotonic()
-    for o in plan.runs:
-        echo(f"[{time.monotonic() - t0:6.0f}s] {o.policy}: replaying {plan.trace} ...")
-        run = execute_run(o, lambda m: click.echo(m, err=True), plan.runtime)
-        runs.append(run)
-        dirs.append(o.out)
-        if plan.calibration is not None:
-            write_json(o.out / "prediction.json", predict(plan.trace, o.policy, plan.calibration))
-            if plan.simulable:
-                sim = plan.root / f"{o.policy}-simulated"
-                simulate_like(o.out, plan.trace, o.policy, o.policy_args, plan.calibration, sim)
-                dirs.append(sim)
-        summary = read_json(o.out / SUMMARY_JSON) if (o.out / SUMMARY_JSON).exists() else {}
-        rows.append((o.policy, summary))
-        c = run.outcome
-        echo(f"[{time.monotonic() - t0:6.0f}s] {o.policy}: {c.completed if c else 0} "
-             f"completed, {c.cancelled if c else 0} cancelled, {c.failed if c else 0} failed")
+    for k, round_runs in enumerate(plan.rounds(), 1):
+        for o in round_runs:
+            name = o.policy if plan.repeats == 1 else f"{o.policy}#{k}"
+            echo(f"[{time.monotonic() - t0:6.0f}s] {name}: replaying {plan.trace} ...")
+            run = execute_run(o, lambda m: click.echo(m, err=True), plan.runtime)
+            runs.append(run)
+            dirs.append(o.out)
+            if plan.calibration is not None:
+                write_json(o.out / "prediction.json",
+                           predict(plan.trace, o.policy, plan.calibration))
+                if plan.simulable and k == 1:
+                    sim = plan.root / f"{o.policy}-simulated"
+                    simulate_like(o.out, plan.trace, o.policy, o.policy_args,
+                                  plan.calibration, sim)
+                    dirs.append(sim)
+            summary = read_json(o.out / SUMMARY_JSON) if (o.out / SUMMARY_JSON).exists() else {}
+            rows.append((name, summary))
+            c = run.outcome
+            echo(f"[{time.monotonic() - t0:6.0f}s] {name}: {c.completed if c else 0} "
+                 f"completed, {c.cancelled if c else 0} cancelled, {c.failed if c else 0} "
+                 "failed")
     check_same_pinning(runs)
+    if plan.repeats > 1:
+        for o in plan.runs:
+            write_repeats(o.out, repeat_dirs(o.out, plan.repeats))
     from harness.report.render import render_report
 
     (plan.root / "report.html").write_text(render_report(dirs), encoding="utf-8")
@@ -283,13 +304,18 @@ def health_lines(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
               help="Results root (default: reports/bench-<UTC time>).")
 @click.option("--selftest", "selftest", type=click.Path(path_type=Path),
               help="A `harness selftest` file: its instrument error goes into each run.json.")
+@click.option("--repeats", type=click.IntRange(1, 100), default=1, show_default=True,
+              help="Run every policy N times, round by round (<policy>/repeat-1 ...); each "
+                   "policy's spread between its repeats goes to <policy>/repeats.json and is "
+                   "printed, and the report sets the repeats side by side.")
 @timeout_options
 @auth_options
 def bench_cmd(runtime: str, url: str | None, trace_path: Path | None, policies: str,
               policy_args: tuple[str, ...], inject: str, concurrency: int, time_scale: float,
               seed: int, slots: int, ctx_per_slot: int, calibration: Path | None,
               calibrate_first: bool, server_args: tuple[str, ...], out: Path | None,
-              selftest: Path | None, connect_timeout: float, first_token_timeout: float,
+              selftest: Path | None, repeats: int, connect_timeout: float,
+              first_token_timeout: float,
               stall_timeout: float, request_timeout: float, api_key: str | None,
               headers: tuple[str, ...], skip_oversized: bool) -> None:
     """Replay one trace under several policies and compare them in one report."""
@@ -305,12 +331,16 @@ def bench_cmd(runtime: str, url: str | None, trace_path: Path | None, policies: 
                       server_args=server_args,
                       instrument_error=read_selftest(selftest) if selftest else None)
     plan = plan_bench(runtime, url, trace_path, policies, policy_args, base, calibration,
-                      calibrate_first, out)
+                      calibrate_first, out, repeats=repeats)
     rows = run_bench(plan)
     click.echo("")
     click.echo(headline_table(rows))
     for line in health_lines(rows):
         click.echo(line)
+    if plan.repeats > 1:
+        for o in plan.runs:
+            click.echo(f"\nspread between the {plan.repeats} repeats of {o.policy}:")
+            click.echo(format_spread(read_json(o.out / REPEATS_JSON)))
     click.echo(f"\nresults: {plan.root}\nreport:  {plan.root / 'report.html'}")
-    exit_on_server_failures([read_manifest(o.out) for o in plan.runs
+    exit_on_server_failures([read_manifest(o.out) for r in plan.rounds() for o in r
                              if (o.out / "run.json").exists()])

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from harness.cli import main
 from harness.errors import InputError
 from harness.records.manifest import CpuPinning, RunManifest, read_manifest
+from harness.records.store import read_json
 from harness.replay import pinning
 from harness.replay.bench import check_same_pinning, plan_bench, run_bench, scoped_policy_args
 from harness.replay.cli import RunOptions, arrivals_from_flags
@@ -131,3 +132,24 @@ def test_the_replay_runs_on_the_loop_run_json_names(tmp_path: Path,
         assert str(read_manifest(tmp_path / f"b-{expect}" / "keep").event_loop).startswith(
             expect)
         assert loop.loop_name().startswith(expect)
+
+
+def test_repeats_run_round_by_round_and_record_each_policys_spread(tmp_path: Path) -> None:
+    runtime = MemoryRuntime()
+    trace = write_one_pause_trace(tmp_path / "t.parquet")
+    plan = plan_bench("memory", None, trace, "keep,recompute", (), _base(), None, False,
+                      tmp_path / "b", lambda _: runtime, repeats=2)
+    rows = run_bench(plan, lambda _: None)
+    assert [p for p, _ in rows] == ["keep#1", "recompute#1", "keep#2", "recompute#2"]
+    for policy in ("keep", "recompute"):
+        doc = read_json(tmp_path / "b" / policy / "repeats.json")
+        assert doc["summaries_read"] == 2
+        assert doc["repeats"] == [str(tmp_path / "b" / policy / f"repeat-{k}") for k in (1, 2)]
+        resume = doc["metrics"]["resume_latency_ms.p50"]
+        lo, hi = sorted(resume["values"])
+        assert (resume["min"], resume["max"]) == (lo, hi)
+        assert resume["spread"] == pytest.approx((hi - lo) / resume["median"])
+    report = (tmp_path / "b" / "report.html").read_text()
+    diffs = report[report.index("id='differences'"):report.index("id='instrument'")]
+    assert diffs.count("<h3>") == 3  # the other three replays against keep's first
+    assert runtime.stopped == 4

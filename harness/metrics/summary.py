@@ -20,6 +20,7 @@ from harness.metrics.bootstrap import mean_ci
 from harness.metrics.events import read_events
 from harness.metrics.frames import Frames, build_frames, link_events
 from harness.metrics.health import CLIENT_LAG_WARN_MS, lag_cause, run_health
+from harness.metrics.server_times import server_times
 from harness.records.manifest import RunManifest, read_manifest
 from harness.records.store import read_records, read_server_metrics
 
@@ -34,7 +35,8 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "memory_time_token_s", "memory_time_mib_s", "kv_paused_peak_tokens", "kv_paused_mean_tokens",
     "kv_active_peak_tokens", "kv_active_mean_tokens", "goodput_per_min", "outcome_ci95",
     "bystander_ttft_ms",
-    "by_tool_class", "by_pause_bucket", "server_occupancy", "duration_s", "pauses",
+    "by_tool_class", "by_pause_bucket", "server_occupancy", "server_times_ms", "duration_s",
+    "pauses",
     "pause_actions", "slo", "kv_bytes_per_token", "warnings", "health", "run_id",
     "summary_version",
 )
@@ -111,6 +113,7 @@ def summarize_frames(
         "by_tool_class": _by_tool_class(frames, bpt),
         "by_pause_bucket": _by_pause_bucket(frames, bpt),
         "server_occupancy": occupancy.server_occupancy(server_metrics),
+        "server_times_ms": server_times(server_metrics),
         "duration_s": duration,
         "pauses": int(len(pauses)),
         "pause_actions": {str(k): int(v) for k, v in

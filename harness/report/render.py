@@ -212,7 +212,23 @@ def parts_section(runs: list[RunData]) -> str:
               "the first token; server wait = that rest beyond the reported prefill (the "
               "server's queue and the first token's delivery), '-' where the server reports no "
               "prompt time; client lag = how late the harness woke to a tool's end (not part "
-              "of resume latency); ITL = " + _itl_sources(runs) + ".</p>")
+              "of resume latency); ITL = " + _itl_sources(runs) + ".</p>"
+            + _server_times(runs))
+
+
+def _server_times(runs: list[RunData]) -> str:
+    """The server's own mean queue and prefill time per request, where its metrics have them."""
+    lines = []
+    for r in runs:
+        times = r.summary.get("server_times_ms") or {}
+        if times:
+            said = "; ".join(f"{part} {fmt(t['mean_ms'])} ms mean over {t['requests']:,} "
+                             f"requests ({html.escape(str(t['source']))})"
+                             for part, t in times.items())
+            lines.append(f"<p class='note'><b>the server's own account</b> "
+                         f"({_label(r)}): {said}; every request it finished during the run, "
+                         "from its metrics' histograms, not split per call</p>")
+    return "".join(lines)
 
 
 def _itl_sources(runs: list[RunData]) -> str:

@@ -1,0 +1,52 @@
+"""The server's own account of where a request's time went: queue and prefill, from its
+Prometheus histograms (their _sum and _count), over the run.
+
+The harness's resume parts split what the client sees: its own slot wait ("queue"), the
+server's reported prompt time where it reports one per request (llama.cpp `timings`), and the
+rest ("server wait"). vLLM and SGLang report no per-request prompt time in their stream, but
+their /metrics keep histograms of every request's queue time (and vLLM's prefill time): the
+difference between the first and the last sample of a run, sum over count, is the mean per
+request the server finished in between, every request included (agents, bystanders, the
+harness's probes). Labelled by the metric it came from, never mixed with the client's parts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+# histogram family -> the part of a request's time it measures
+FAMILIES: dict[str, str] = {
+    "vllm:request_queue_time_seconds": "queue",
+    "vllm:request_prefill_time_seconds": "prefill",
+    "sglang:queue_time_seconds": "queue",
+}
+
+
+def _totals(samples: pd.DataFrame, name: str) -> pd.Series:
+    """One counter's value at each sample time, summed over its label sets (engines)."""
+    rows = samples[samples["name"].astype(object) == name]
+    values = pd.to_numeric(rows["value"], errors="coerce")
+    return values.groupby(rows["t_ns"]).sum(min_count=1).dropna().sort_index()
+
+
+def server_times(server_metrics: pd.DataFrame | None) -> dict[str, Any] | None:
+    """{part: {source, requests, mean_ms}} for each family the server exported with at least
+    two samples and requests finished between them; None when there is none."""
+    if server_metrics is None or server_metrics.empty or "name" not in server_metrics.columns:
+        return None
+    out: dict[str, Any] = {}
+    for family, part in FAMILIES.items():
+        sums, counts = _totals(server_metrics, family + "_sum"), \
+            _totals(server_metrics, family + "_count")
+        both = pd.concat([sums.rename("sum"), counts.rename("count")], axis=1).dropna()
+        if len(both) < 2:
+            continue
+        first, last = both.iloc[0], both.iloc[-1]
+        n = float(last["count"] - first["count"])
+        if n <= 0:
+            continue  # nothing finished between the samples (or the server restarted)
+        out[part] = {"source": family, "requests": int(round(n)),
+                     "mean_ms": 1e3 * float(last["sum"] - first["sum"]) / n}
+    return out or None

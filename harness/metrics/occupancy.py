@@ -85,3 +85,32 @@ def server_occupancy(server_metrics: pd.DataFrame | None) -> dict[str, Any] | No
         out[str(name)] = {"n": int(per_t.size), "mean": float(per_t.mean()),
                           "max": float(per_t.max()), "last": float(per_t.iloc[-1])}
     return out or None
+
+
+# The server's own count of tokens in its KV cache, by preference: llama.cpp's /slots (each
+# slot's cached prompt tokens), SGLang's token gauges. (vLLM reports a usage fraction only.)
+SERVER_KV_TOKENS: tuple[tuple[str, str, str], ...] = (
+    ("slots", "n_prompt_tokens", "server: tokens in its slots (/slots)"),
+    ("metrics", "sglang:num_used_tokens", "server: sglang:num_used_tokens"),
+    ("metrics", "sglang:kv_used_tokens", "server: sglang:kv_used_tokens"),
+)
+
+
+def server_kv_tokens(server_metrics: pd.DataFrame | None
+                     ) -> tuple[str, pd.DataFrame] | None:
+    """(label, frame of t_ns and tokens) of the first SERVER_KV_TOKENS series the server
+    reported, summed over its label sets (slots) at each sample; None when it reported none."""
+    if server_metrics is None or server_metrics.empty or "name" not in server_metrics.columns:
+        return None
+    names = server_metrics["name"].astype(object)
+    sources = server_metrics["source"].astype(object)
+    for source, name, label in SERVER_KV_TOKENS:
+        rows = server_metrics[(sources == source) & (names == name)]
+        if rows.empty:
+            continue
+        values = pd.to_numeric(rows["value"], errors="coerce")
+        per_t = values.groupby(rows["t_ns"]).sum(min_count=1).dropna().sort_index()
+        if not per_t.empty:
+            return label, pd.DataFrame({"t_ns": per_t.index.to_numpy(dtype="int64"),
+                                        "tokens": per_t.to_numpy(dtype="float64")})
+    return None

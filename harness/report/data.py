@@ -6,8 +6,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from harness.errors import InputError
 from harness.metrics.frames import Frames
+from harness.metrics.occupancy import server_kv_tokens
 from harness.metrics.outcomes import check_slo
 from harness.metrics.summary import load_frames, summarize_frames
 from harness.records.manifest import RunManifest
@@ -26,6 +29,8 @@ class RunData:
     summary: dict[str, Any]
     prediction: dict[str, Any] | None = None
     label: str = field(default="")
+    # the server's own count of KV tokens over time (label, t_ns/tokens), where it reports one
+    server_kv: tuple[str, pd.DataFrame] | None = None
 
     @property
     def simulated(self) -> bool:
@@ -48,7 +53,8 @@ def load_run(
             prediction = read_json(pred_path)
         except ValueError as exc:
             raise InputError(f"{pred_path}: not valid JSON ({exc})") from None
-    return RunData(path, run, frames, summary, prediction, base_label(run, path))
+    return RunData(path, run, frames, summary, prediction, base_label(run, path),
+                   server_kv_tokens(server))
 
 
 def base_label(run: RunManifest, path: Path) -> str:

@@ -98,8 +98,24 @@ def _sample_step(t: np.ndarray, v: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return np.where(idx >= 0, v[np.clip(idx, 0, None)], 0.0)
 
 
-def occupancy(frames: Frames, kv_bytes_per_token: float | None) -> str | None:
-    """Paused vs active device KV over time (stacked), and cumulative paused memory-time."""
+def occupancy_peak(frames: Frames, kv_bytes_per_token: float | None,
+                   server_kv: tuple[str, pd.DataFrame] | None = None) -> float:
+    """The highest device KV the occupancy plot of this run shows (its unit's scale), so that
+    several runs' plots can share one y axis."""
+    series = kv_series(frames.kv)
+    scale = (kv_bytes_per_token / MIB) if kv_bytes_per_token else 1.0
+    peak = float((series["paused"] + series["active"]).max()) if not series.empty else 0.0
+    if server_kv is not None and not server_kv[1].empty:
+        peak = max(peak, float(server_kv[1]["tokens"].max()))
+    return peak * scale
+
+
+def occupancy(frames: Frames, kv_bytes_per_token: float | None,
+              server_kv: tuple[str, pd.DataFrame] | None = None,
+              ymax: float | None = None, tmax: float | None = None) -> str | None:
+    """Paused vs active device KV over time (stacked), the server's own count of KV tokens
+    overlaid where it reports one, and cumulative paused memory-time; `ymax`, `tmax`: shared
+    axes across the runs of a report."""
     series = kv_series(frames.kv)
     if series.empty:
         return None
@@ -117,6 +133,15 @@ def occupancy(frames: Frames, kv_bytes_per_token: float | None) -> str | None:
     ax.stackplot(grid, _sample_step(t, active, grid), _sample_step(t, paused, grid),
                  labels=["active", "paused (tool wait)"], colors=["#6baed6", "#fd8d3c"],
                  step="post")
+    if server_kv is not None and not server_kv[1].empty:
+        label, kv = server_kv
+        ts = (kv["t_ns"].to_numpy(dtype="float64") - frames.t_min_ns) / NS_PER_S
+        ax.step(ts, kv["tokens"].to_numpy() * scale, where="post", color="#222222", lw=1.2,
+                label=label)
+    if ymax is not None and ymax > 0:
+        ax.set_ylim(0.0, ymax * 1.05)
+    if tmax is not None and tmax > 0:
+        ax.set_xlim(0.0, tmax)
     ax.set_ylabel(f"device KV ({unit})")
     ax.legend(loc="upper right", fontsize=9, frameon=False)
     style_axes(ax)

@@ -246,9 +246,16 @@ def _itl_sources(runs: list[RunData]) -> str:
 
 def occupancy_section(runs: list[RunData]) -> str:
     cells = []
+    # One y axis (and time axis) for every run's plot, so heights compare at a glance; each in
+    # its own unit (MiB where the bytes per token are known, else tokens), shared per unit.
+    units = {r.path: bool(r.summary.get("kv_bytes_per_token")) for r in runs}
+    peaks = {r.path: plots.occupancy_peak(r.frames, r.summary.get("kv_bytes_per_token"),
+                                          r.server_kv) for r in runs}
+    tmax = max((r.frames.duration_s for r in runs), default=0.0)
     for r in runs:
         s = r.summary
-        img = plots.occupancy(r.frames, s.get("kv_bytes_per_token"))
+        ymax = max(v for p, v in peaks.items() if units[p] == units[r.path])
+        img = plots.occupancy(r.frames, s.get("kv_bytes_per_token"), r.server_kv, ymax, tmax)
         stats = (f"<p class='note'>paused: peak {fmt(s['kv_paused_peak_tokens'])} tokens, mean "
                  f"{fmt(s['kv_paused_mean_tokens'])}; active: peak "
                  f"{fmt(s['kv_active_peak_tokens'])}, mean {fmt(s['kv_active_mean_tokens'])}; "

@@ -36,3 +36,19 @@ def test_one_sample_or_no_family_says_nothing() -> None:
                     (1, f"{s}_sum", "", 1.2), (1, f"{s}_count", "", 6.0)])
     assert server_times(two) == {"queue": {"source": s, "requests": 4,
                                            "mean_ms": pytest.approx(50.0)}}
+
+
+def test_the_servers_kv_tokens_are_its_slots_summed_at_each_sample() -> None:
+    from harness.metrics.occupancy import server_kv_tokens
+
+    frame = pd.DataFrame({
+        "t_ns": [0, 0, 5, 5, 5], "source": ["slots", "slots", "slots", "slots", "metrics"],
+        "name": ["n_prompt_tokens"] * 4 + ["sglang:num_used_tokens"],
+        "labels": ['{"slot": 0}', '{"slot": 1}', '{"slot": 0}', '{"slot": 1}', ""],
+        "value": [100.0, 50.0, 0.0, 70.0, 9.0]})
+    got = server_kv_tokens(frame)
+    assert got is not None and got[0] == "server: tokens in its slots (/slots)"
+    assert got[1]["t_ns"].tolist() == [0, 5] and got[1]["tokens"].tolist() == [150.0, 70.0]
+    sglang = server_kv_tokens(frame[frame["source"] == "metrics"])
+    assert sglang is not None and sglang[1]["tokens"].tolist() == [9.0]
+    assert server_kv_tokens(frame[frame["name"] == "nothing"]) is None

@@ -20,6 +20,7 @@ from harness.adapters.runtimes import RUNTIMES, get_runtime
 from harness.errors import InputError
 from harness.limits import MAX_SEED
 from harness.metrics.health import problems
+from harness.metrics.registry import metric
 from harness.model.calibration import read_calibration
 from harness.plan.injection import load_injection
 from harness.policies import POLICIES, make_policy, parse_policy_args
@@ -95,13 +96,15 @@ def simulate_like(real_dir: Path, trace: Path, policy: str, policy_args: dict[st
                           calibration, arrivals, int(real.seed), out)
 
 
-def _ms(q: dict[str, Any] | None, key: str) -> str:
-    v = (q or {}).get(key)
-    return "-" if v is None else f"{v:,.0f}"
+def _value(name: str, s: dict[str, Any], scale: float = 1.0, spec: str = ",.0f") -> str:
+    """A registry metric's value in a summary, formatted ('-' where it has none)."""
+    v = metric(name).value(s)
+    return "-" if v is None else format(float(v) * scale, spec)
 
 
 def headline_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
-    """A fixed-width table of the policies' summaries."""
+    """A fixed-width table of the policies' summaries (the metrics as the registry defines
+    them; the counts of resumes and trajectory outcomes beside them)."""
     head = (f"{'policy':<11}{'resume p50':>11}{'p95':>9}{'p99':>9}{'n':>5}  "
             f"{'ok':>4}{'cancel':>7}{'fail':>5}{'recomputed':>11}{'MiB moved':>10}"
             f"{'mismatch':>9}")
@@ -109,12 +112,13 @@ def headline_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
     for policy, s in rows:
         r = s.get("resume_latency_ms") or {}
         t = s.get("trajectories") or {}
-        moved = (s.get("bytes_moved") or 0) / 2**20
         lines.append(
-            f"{policy:<11}{_ms(r, 'p50'):>11}{_ms(r, 'p95'):>9}{_ms(r, 'p99'):>9}"
+            f"{policy:<11}{_value('resume_latency_ms.p50', s):>11}"
+            f"{_value('resume_latency_ms.p95', s):>9}{_value('resume_latency_ms.p99', s):>9}"
             f"{r.get('n', 0):>5}  {t.get('succeeded', 0):>4}{t.get('cancelled', 0):>7}"
-            f"{t.get('failed', 0):>5}{s.get('tokens_recomputed', 0):>11,}{moved:>10.1f}"
-            f"{s.get('cache_mismatches', 0):>9}")
+            f"{t.get('failed', 0):>5}{_value('tokens_recomputed', s):>11}"
+            f"{_value('bytes_moved', s, 1 / 2**20, '.1f'):>10}"
+            f"{_value('cache_mismatches', s, spec='.0f'):>9}")
     lines.append("(resume latency in ms: tool result available -> first token of the next call)")
     return "\n".join(lines)
 

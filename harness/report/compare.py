@@ -9,8 +9,6 @@ and tokens recomputed, which have no such units, by the threshold alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,55 +18,14 @@ import pandas as pd
 from harness.metrics.bootstrap import mean_ratio_ci, ratio_ci, sorted_finite
 from harness.metrics.latency import resume_samples
 from harness.metrics.outcomes import trajectory_units
+from harness.metrics.registry import HEADLINE as HEADLINE
+from harness.metrics.registry import Metric as Metric
 from harness.report.comparable import check_comparable
 from harness.report.data import RunData, load_run
 from harness.report.fmt import fmt
 
 REGRESSED, IMPROVED, SAME, NA = "regressed", "improved", "same", "n/a"
 DEFAULT_THRESHOLD = 1.10
-
-
-def _success_rate(s: dict[str, Any]) -> float | None:
-    tr = s.get("trajectories") or {}
-    return tr["succeeded"] / tr["total"] if tr.get("total") else None
-
-
-def _memory_time(s: dict[str, Any]) -> float | None:
-    mib = s.get("memory_time_mib_s")
-    return float(mib) if mib is not None else s.get("memory_time_token_s")
-
-
-def _q(key: str, q: str) -> Callable[[dict[str, Any]], Any]:
-    return lambda s: (s.get(key) or {}).get(q)
-
-
-@dataclass(frozen=True)
-class Metric:
-    """A headline metric: where its value is, its samples (if any), and its good direction."""
-
-    name: str
-    unit: str
-    value: Callable[[dict[str, Any]], Any]
-    sample: str | None = None  # "resume" | "ttft" | "e2e"
-    q: float | None = None
-    bigger_is_better: bool = False
-    units: str | None = None  # per-trajectory values it is a mean or sum of (bootstrapped)
-
-
-HEADLINE: tuple[Metric, ...] = (
-    Metric("resume_latency_ms.p50", "ms", _q("resume_latency_ms", "p50"), "resume", 50),
-    Metric("resume_latency_ms.p95", "ms", _q("resume_latency_ms", "p95"), "resume", 95),
-    Metric("resume_latency_ms.p99", "ms", _q("resume_latency_ms", "p99"), "resume", 99),
-    Metric("ttft_ms.p50", "ms", _q("ttft_ms", "p50"), "ttft", 50),
-    Metric("ttft_ms.p95", "ms", _q("ttft_ms", "p95"), "ttft", 95),
-    Metric("e2e_ms.p50", "ms", _q("e2e_ms", "p50"), "e2e", 50),
-    Metric("success_rate", "fraction", _success_rate, bigger_is_better=True, units="success"),
-    Metric("goodput_per_min", "trajectories/min", lambda s: s.get("goodput_per_min"),
-           bigger_is_better=True, units="success"),
-    Metric("memory_time_mib_s", "MiB·s", _memory_time, units="paused_token_s"),
-    Metric("bytes_moved", "bytes", lambda s: s.get("bytes_moved")),
-    Metric("tokens_recomputed", "tokens", lambda s: s.get("tokens_recomputed")),
-)
 
 
 def run_samples(run: RunData) -> dict[str, np.ndarray]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness.report.compare import HEADLINE
+from harness.metrics.registry import HEADLINE
 from harness.report.data import RunData, load_runs
 
 FORMATS = ("github-action-benchmark",)
@@ -28,10 +28,8 @@ def benchmark_entries(run: RunData) -> list[dict[str, Any]]:
             continue
         if m.bigger_is_better:
             continue
-        unit = m.unit
-        if m.name == "memory_time_mib_s" and run.summary.get("memory_time_mib_s") is None:
-            unit = "token·s"
-        out.append({"name": f"{run.label} {m.name}", "unit": unit, "value": float(value)})
+        out.append({"name": f"{run.label} {m.name}", "unit": m.unit_in(run.summary),
+                    "value": float(value)})
     return out
 
 

@@ -19,10 +19,10 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from harness.metrics.registry import HEADLINE
 from harness.records.host import host_key
 from harness.report.compare import (
     DEFAULT_THRESHOLD,
-    HEADLINE,
     IMPROVED,
     REGRESSED,
     quantile_verdict,

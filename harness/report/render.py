@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.metrics.latency import PAUSE_BUCKETS, resume_samples
+from harness.metrics.registry import Metric, metric
 from harness.report import plots
 from harness.report.data import RunData, load_runs
 from harness.report.differences import CSS as DIFF_CSS
@@ -81,38 +82,43 @@ def _ci(ci: list[float] | None) -> str:
     return f"<span class='ci'>[{fmt(ci[0])}, {fmt(ci[1])}]</span>" if ci else ""
 
 
-def _q_ci(q: dict[str, Any] | None, key: str) -> str:
-    if not q or not q.get("n"):
+# The headline table's metrics, in order (the registry's labels, units and intervals).
+HEADLINE_COLUMNS = ("success_rate", "goodput_per_min", "resume_latency_ms.p50",
+                    "resume_latency_ms.p95", "resume_latency_ms.p99", "ttft_ms.p50",
+                    "memory_time_mib_s", "bytes_moved", "tokens_recomputed", "cache_mismatches")
+_UNITLESS = ("fraction", "bytes", "tokens", "calls")
+
+
+def _head(m: Metric) -> str:
+    return html.escape(m.label if m.unit in _UNITLESS else f"{m.label} {m.unit}")
+
+
+def _cell(m: Metric, s: dict[str, Any]) -> str:
+    """One metric's value in a summary, as its unit shows it, with its interval if any."""
+    v = m.value(s)
+    if v is None:
         return "-"
-    return fmt(q.get(key)) + _ci((q.get("ci95") or {}).get(key))
+    text = (f"{100 * float(v):.1f}%" if m.unit == "fraction"
+            else fmt_bytes(v) if m.unit == "bytes" else fmt(v))
+    if m.unit_in(s) != m.unit:
+        text += f" {html.escape(m.unit_in(s))}"
+    return text + _ci(m.ci(s) if m.ci else None)
 
 
 def headline(runs: list[RunData]) -> str:
-    """The headline table: one row per run."""
-    heads = ["run", "succeeded / total", "success", "goodput /min", "resume P50 ms",
-             "resume P95 ms", "resume P99 ms", "TTFT P50 ms", "paused KV MiB·s", "bytes moved",
-             "tokens recomputed", "cache mismatches"]
+    """The headline table: one row per run, the registry's headline metrics."""
+    cols = [metric(name) for name in HEADLINE_COLUMNS]
+    heads = ["run", "succeeded / total"] + [_head(m) for m in cols]
     rows = []
     for r in runs:
         s = r.summary
         tr = s["trajectories"]
-        rate = f"{100 * tr['succeeded'] / tr['total']:.1f}%" if tr["total"] else "-"
         stopped = f", {tr['interrupted']} interrupted" if tr.get("interrupted") else ""
         bad = f" ({tr['cancelled']} cancelled, {tr['failed']} failed{stopped}, " \
               f"{tr['slo_violating']} over SLO)" if tr["total"] else ""
-        mem = s["memory_time_mib_s"]
-        cis = s.get("outcome_ci95") or {}
-        mem_cell = (fmt(mem) + _ci(cis.get("memory_time_mib_s")) if mem is not None
-                    else fmt(s["memory_time_token_s"]) + " tok·s"
-                    + _ci(cis.get("memory_time_token_s")))
-        res = s["resume_latency_ms"]
-        rows.append([_label(r), f"{tr['succeeded']}/{tr['total']}",
-                     rate + f"<span class='ci'>{html.escape(bad)}</span>",
-                     fmt(s["goodput_per_min"]) + _ci(cis.get("goodput_per_min")),
-                     _q_ci(res, "p50"), _q_ci(res, "p95"),
-                     _q_ci(res, "p99"), fmt(s["ttft_ms"]["p50"]), mem_cell,
-                     fmt_bytes(s["bytes_moved"]), fmt(s["tokens_recomputed"]),
-                     fmt(s["cache_mismatches"])])
+        cells = [_cell(m, s) for m in cols]
+        cells[0] += f"<span class='ci'>{html.escape(bad)}</span>"  # success: why not
+        rows.append([_label(r), f"{tr['succeeded']}/{tr['total']}", *cells])
     note = ("<p class='note'>Resume latency: tool result available to the first token of the "
             "next call (tool wait excluded); brackets: bootstrap 95% CI. Memory-time: device KV "
             "held by paused trajectories (its interval and goodput's: bootstrap over "

@@ -12,8 +12,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from harness.metrics.registry import HEADLINE
 from harness.records.store import read_json, write_json
-from harness.report.compare import HEADLINE
 from harness.report.fmt import fmt
 
 REPEATS_JSON = "repeats.json"

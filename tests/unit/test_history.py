@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from report_fixtures import write_run
 
 from harness.cli import main
+from harness.metrics.registry import HEADLINE
 from harness.report.data import load_run
 from harness.report.history import detect_steps, history, order_runs
 
@@ -61,7 +62,9 @@ def test_history_html_and_cli(commits: list[Path], tmp_path: Path) -> None:
     assert "id='steps'" in doc and "id='trends'" in doc and "regressed" in doc
     assert "https://" not in doc and "http://" not in doc
     srcs = re.findall(r"src='([^']*)'", doc)
-    assert len(srcs) == 11 and all(s.startswith("data:image/png;base64,") for s in srcs)
+    # one trend plot per registered headline metric
+    assert len(srcs) == len(HEADLINE) == 12
+    assert all(s.startswith("data:image/png;base64,") for s in srcs)
     out = tmp_path / "h.html"
     res = CliRunner().invoke(main, ["history", *map(str, commits), "--out", str(out)])
     assert res.exit_code == 0 and out.read_text().startswith("<!DOCTYPE html>")

@@ -1,0 +1,105 @@
+"""The one registry of headline metrics: name, unit, good direction, where the summary keeps the
+value (and its 95% interval), and the samples a comparison bootstraps.
+
+Every output that shows or judges a headline metric reads it from here: the bench table, the
+report's headline and differences, `compare`, `history`, `export` and the spread between
+repeats. A metric is added once, here, and appears in all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+Summary = dict[str, Any]
+
+
+def _success_rate(s: Summary) -> float | None:
+    tr = s.get("trajectories") or {}
+    return tr["succeeded"] / tr["total"] if tr.get("total") else None
+
+
+def _memory_time(s: Summary) -> float | None:
+    mib = s.get("memory_time_mib_s")
+    return float(mib) if mib is not None else s.get("memory_time_token_s")
+
+
+def _q(key: str, q: str) -> Callable[[Summary], Any]:
+    return lambda s: (s.get(key) or {}).get(q)
+
+
+def _q_ci(key: str, q: str) -> Callable[[Summary], list[float] | None]:
+    return lambda s: ((s.get(key) or {}).get("ci95") or {}).get(q)
+
+
+def _outcome_ci(key: str) -> Callable[[Summary], list[float] | None]:
+    return lambda s: (s.get("outcome_ci95") or {}).get(key)
+
+
+def _memory_ci(s: Summary) -> list[float] | None:
+    key = "memory_time_mib_s" if s.get("memory_time_mib_s") is not None \
+        else "memory_time_token_s"
+    return _outcome_ci(key)(s)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A headline metric.
+
+    `name`: its key (a summary path such as resume_latency_ms.p50); `label`: how tables head
+    it; `value` / `ci`: its value and 95% interval in a summary (ci None: the summary has
+    none); `sample`, `q`: the per-call samples and percentile a comparison bootstraps;
+    `units`: the per-trajectory values it is a mean or sum of (bootstrapped over trajectories);
+    `bigger_is_better`: its good direction."""
+
+    name: str
+    unit: str
+    value: Callable[[Summary], Any]
+    label: str = ""
+    sample: str | None = None  # "resume" | "ttft" | "e2e"
+    q: float | None = None
+    bigger_is_better: bool = False
+    units: str | None = None
+    ci: Callable[[Summary], list[float] | None] | None = None
+
+    def unit_in(self, s: Summary) -> str:
+        """The unit this summary's value is in (memory-time falls back to token-seconds where
+        the bytes per token are unknown)."""
+        if self.name == "memory_time_mib_s" and s.get("memory_time_mib_s") is None:
+            return "token·s"
+        return self.unit
+
+
+def _resume(q: str, n: int) -> Metric:
+    return Metric(f"resume_latency_ms.{q}", "ms", _q("resume_latency_ms", q), f"resume {q.upper()}",
+                  "resume", n, ci=_q_ci("resume_latency_ms", q))
+
+
+HEADLINE: tuple[Metric, ...] = (
+    _resume("p50", 50), _resume("p95", 95), _resume("p99", 99),
+    Metric("ttft_ms.p50", "ms", _q("ttft_ms", "p50"), "TTFT P50", "ttft", 50),
+    Metric("ttft_ms.p95", "ms", _q("ttft_ms", "p95"), "TTFT P95", "ttft", 95),
+    Metric("e2e_ms.p50", "ms", _q("e2e_ms", "p50"), "E2E P50", "e2e", 50),
+    Metric("success_rate", "fraction", _success_rate, "success", bigger_is_better=True,
+           units="success"),
+    Metric("goodput_per_min", "trajectories/min", lambda s: s.get("goodput_per_min"),
+           "goodput", bigger_is_better=True, units="success",
+           ci=_outcome_ci("goodput_per_min")),
+    Metric("memory_time_mib_s", "MiB·s", _memory_time, "paused KV", units="paused_token_s",
+           ci=_memory_ci),
+    Metric("bytes_moved", "bytes", lambda s: s.get("bytes_moved"), "bytes moved"),
+    Metric("tokens_recomputed", "tokens", lambda s: s.get("tokens_recomputed"),
+           "tokens recomputed"),
+    Metric("cache_mismatches", "calls", lambda s: s.get("cache_mismatches"),
+           "cache mismatches"),
+)
+METRICS: dict[str, Metric] = {m.name: m for m in HEADLINE}
+
+
+def metric(name: str) -> Metric:
+    """The registered metric `name` (KeyError naming the known ones otherwise)."""
+    try:
+        return METRICS[name]
+    except KeyError:
+        raise KeyError(f"no metric {name!r}; known: {', '.join(METRICS)}") from None

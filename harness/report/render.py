@@ -20,6 +20,7 @@ from harness.report.differences import differences_section
 from harness.report.fidelity import fidelity_section
 from harness.report.fmt import fmt, fmt_bytes, table
 from harness.report.health_view import HEALTH_CSS, health_section
+from harness.report.turns import turns
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#222;
@@ -286,6 +287,12 @@ def timeline_section(runs: list[RunData]) -> str:
         shown = min(n, plots.TIMELINE_CAP)
         body = _img(img, "trajectory timeline") if img else \
             "<p class='note'>No agent trajectories.</p>"
+        by_turn = turns(r.frames)
+        if by_turn:
+            body += ("<p class='note'>turn by turn, the trajectories with the most calls: each "
+                     "call one bar (the tool wait before it, its time to first token, its "
+                     "decode), so long trajectories read call by call</p>"
+                     + _img(by_turn, "turn by turn"))
         cells.append(f"<div><h3>{_label(r)}</h3><p class='note'>first {shown} of {n} "
                      f"trajectories by arrival</p>{body}</div>")
     return "<h2 id='timeline'>Per-trajectory timeline</h2>" + "".join(cells)

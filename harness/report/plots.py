@@ -22,7 +22,11 @@ MAX_POINTS = 2000
 TIMELINE_CAP = 40
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
           "#17becf", "#7f7f7f", "#bcbd22"]
-PART_COLORS = {"prefill": "#9ecae1", "decode": "#2171b5", "tool": "#fdae6b", "resume": "#d62728"}
+PART_COLORS = {"prefill": "#9ecae1", "decode": "#2171b5", "tool": "#fdae6b", "resume": "#d62728",
+               "queue": "#ffe45c", "restore": "#d62728", "resume_prefill": "#f4a6c6"}
+# a resume's parts in the order they happen: the slot wait, the restore, the call's prefill
+RESUME_PARTS = (("queue", "resume: slot wait"), ("restore", "resume: restore"),
+                ("resume_prefill", "resume: prefill"))
 # A pause's bar in the timeline, by the action its policy took (anything else: grey).
 ACTION_COLORS = {"keep": "#fdae6b", "swap": "#9467bd", "recompute": "#8c564b",
                  "ttl": "#bcbd22"}
@@ -196,7 +200,13 @@ def timeline(frames: Frames, cap: int = TIMELINE_CAP) -> str | None:
              "tool", 0.35, colour)
         seen.append((name or "no decision", colour))
     res = calls[calls["resume_ms"].notna()]
-    bars(res["_code"], res["tool_end_ns"], res["ft_ns"], "resume", 0.6)
+    # the resume in its parts, one after the other from the tool's end to the first token
+    at = res["tool_end_ns"].astype("float64")
+    for kind, col in (("queue", "queue_ms"), ("restore", "restore_ms")):
+        upto = at + res[col].fillna(0.0).clip(lower=0.0) * 1e6
+        bars(res["_code"], at, upto.clip(upper=res["ft_ns"]), kind, 0.6)
+        at = upto
+    bars(res["_code"], at.clip(upper=res["ft_ns"]), res["ft_ns"], "resume_prefill", 0.6)
     cancelled = traj[traj["status"].astype(object).isin(["cancelled", "failed"])]
     if len(cancelled):
         y = [rows[c] for c in cancelled.index]
@@ -208,8 +218,7 @@ def timeline(frames: Frames, cap: int = TIMELINE_CAP) -> str | None:
     ax.set_xlabel("run time (s)")
     style_axes(ax)
     handles: list[Artist] = [Patch(color=PART_COLORS[k], label=lbl) for k, lbl in
-               (("prefill", "prefill (first call)"), ("decode", "decode"),
-                ("resume", "resume (restore + queue + prefill)"))]
+               (("prefill", "prefill (first call)"), ("decode", "decode"), *RESUME_PARTS)]
     handles += [Patch(color=c, label=f"tool wait: {n}") for n, c in seen]
     handles.append(Line2D([], [], marker="X", color="black", ls="", label="cancelled / failed"))
     ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=5, fontsize=8,

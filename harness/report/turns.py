@@ -17,15 +17,23 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from harness.metrics.frames import NS_PER_S, Frames
-from harness.report.plots import ACTION_COLORS, OTHER_ACTION, PART_COLORS, style_axes, to_data_uri
+from harness.report.plots import (
+    ACTION_COLORS,
+    OTHER_ACTION,
+    PART_COLORS,
+    RESUME_PARTS,
+    style_axes,
+    to_data_uri,
+)
 
 TURNS_CAP = 4  # trajectories shown
 MIN_TURNS = 10  # below this the timeline reads well enough
 
 
 def turn_table(frames: Frames, code: int) -> pd.DataFrame:
-    """One trajectory's calls in order: the tool wait before each (s, and its action), its
-    time to first token and its decode (s)."""
+    """One trajectory's calls in order, in seconds: the tool wait before each (and its
+    action); its time to first token as the slot wait and restore of a resume, then the rest
+    (`first_s`: a resume's prefill, a first call's whole time to first token); its decode."""
     calls = frames.calls[frames.calls["_code"] == code].sort_values("start_ns")
     pauses = frames.pauses[frames.pauses["_code"] == code].sort_values("start_ns")
     wait = np.zeros(len(calls))
@@ -40,8 +48,15 @@ def turn_table(frames: Frames, code: int) -> pd.DataFrame:
     resumed = calls["tool_end_ns"].notna() & calls["ft_ns"].notna()
     first = first.where(~resumed, (calls["ft_ns"] - calls["tool_end_ns"]) / NS_PER_S)
     decode = (calls["end_ns"] - calls["ft_ns"]) / NS_PER_S
-    return pd.DataFrame({"wait_s": wait, "action": action,
-                         "first_s": first.fillna(0.0).clip(lower=0.0).to_numpy(),
+    first = first.fillna(0.0).clip(lower=0.0)
+    # a resume's slot wait and restore, the rest of its time to first token its prefill
+    queue = (calls["queue_ms"].fillna(0.0).clip(lower=0.0) / 1e3).where(resumed, 0.0)
+    queue = queue.where(queue < first, first)
+    restore = (calls["restore_ms"].fillna(0.0).clip(lower=0.0) / 1e3).where(resumed, 0.0)
+    restore = restore.where(restore < first - queue, first - queue)
+    return pd.DataFrame({"wait_s": wait, "action": action, "queue_s": queue.to_numpy(),
+                         "restore_s": restore.to_numpy(),
+                         "first_s": (first - queue - restore).to_numpy(),
                          "decode_s": decode.fillna(0.0).clip(lower=0.0).to_numpy(),
                          "resumed": resumed.to_numpy()})
 
@@ -65,11 +80,14 @@ def turns(frames: Frames, cap: int = TURNS_CAP, min_turns: int = MIN_TURNS) -> s
         for a, c in zip(t["action"], colours, strict=True):
             if a:
                 seen.setdefault(a, c)
-        ax.bar(x, t["wait_s"], color=colours, width=0.8, lw=0)
-        first_colour = np.where(t["resumed"], PART_COLORS["resume"], PART_COLORS["prefill"])
-        ax.bar(x, t["first_s"], bottom=t["wait_s"], color=list(first_colour), width=0.8, lw=0)
-        ax.bar(x, t["decode_s"], bottom=t["wait_s"] + t["first_s"], color=PART_COLORS["decode"],
-               width=0.8, lw=0)
+        bottom = np.zeros(len(t))
+        first_colour = list(np.where(t["resumed"], PART_COLORS["resume_prefill"],
+                                     PART_COLORS["prefill"]))
+        for col, colour in (("wait_s", colours), ("queue_s", PART_COLORS["queue"]),
+                            ("restore_s", PART_COLORS["restore"]), ("first_s", first_colour),
+                            ("decode_s", PART_COLORS["decode"])):
+            ax.bar(x, t[col], bottom=bottom, color=colour, width=0.8, lw=0)
+            bottom = bottom + t[col].to_numpy()
         label = str(names.get(code, code))
         ax.set_title(f"{label[:40]}: {len(t)} calls", fontsize=8, loc="left")
         ax.set_ylabel("s", fontsize=8)
@@ -78,8 +96,8 @@ def turns(frames: Frames, cap: int = TURNS_CAP, min_turns: int = MIN_TURNS) -> s
         style_axes(ax)
     axes[-1].set_xlabel("turn (LLM call)")
     handles: list[Artist] = [Patch(color=c, label=f"tool wait: {a}") for a, c in seen.items()]
-    handles += [Patch(color=PART_COLORS["resume"], label="resume (tool end -> first token)"),
-                Patch(color=PART_COLORS["prefill"], label="first call's prefill"),
+    handles += [Patch(color=PART_COLORS[k], label=lbl) for k, lbl in RESUME_PARTS]
+    handles += [Patch(color=PART_COLORS["prefill"], label="first call's prefill"),
                 Patch(color=PART_COLORS["decode"], label="decode")]
     axes[0].legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.15), ncol=6,
                    fontsize=8, frameon=False)

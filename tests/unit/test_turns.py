@@ -14,7 +14,7 @@ def _long(calls: int) -> Records:
     t = b.agent("long")
     t.call(ttft=0.5, decode=1.0)
     for _ in range(calls - 1):
-        t.tool(wait=3.0, action="swap", retained=100)
+        t.tool(wait=3.0, action="swap", retained=100, queue=0.05, swap_in_ms=100.0)
         t.call(ttft=0.25, decode=2.0)
     t.end()
     return b
@@ -26,6 +26,8 @@ def test_each_turn_is_its_wait_first_token_and_decode() -> None:
     t = turn_table(frames, code)
     assert t["wait_s"].tolist() == pytest.approx([0.0, 3.0, 3.0])
     assert t["action"].tolist() == ["", "swap", "swap"]
+    assert t["queue_s"].tolist() == pytest.approx([0.0, 0.05, 0.05])
+    assert t["restore_s"].tolist() == pytest.approx([0.0, 0.1, 0.1])
     assert t["first_s"].tolist() == pytest.approx([0.5, 0.25, 0.25])
     assert t["decode_s"].tolist() == pytest.approx([1.0, 2.0, 2.0])
     assert t["resumed"].tolist() == [False, True, True]

@@ -121,7 +121,6 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.last_used = 0.0
-        self.requests = 0
         self._begin(None, None)
 
     def _begin(self, waiter: asyncio.Future[Reply] | None, sink: Sink | None) -> None:
@@ -210,12 +209,11 @@ class _Connection(asyncio.Protocol):
              idle_s: float | None = None) -> asyncio.Future[Reply]:
         """Write one request; the future completes with the whole answer. No first byte within
         `first_byte_s` (of the body: headers alone are no answer yet), or a silence of `idle_s`
-        once it has begun, fails it with
-        SilenceTimeout; without `idle_s`, `first_byte_s` bounds the whole answer."""
+        once it has begun, fails it with SilenceTimeout; without `idle_s`, `first_byte_s`
+        bounds the whole answer."""
         assert self.transport is not None
         waiter: asyncio.Future[Reply] = self.loop.create_future()
         self._begin(waiter, sink)
-        self.requests += 1
         self.idle_s = idle_s
         self.timer = self.loop.call_at(self.loop.time() + first_byte_s, self._check_silence)
         self.transport.write(data)
@@ -250,8 +248,8 @@ class _Connection(asyncio.Protocol):
         """The request is over (answered, failed or abandoned): whether the connection can
         carry another."""
         self._stop_timer()
-        done = self.waiter is not None and self.waiter.done() and not self.waiter.cancelled()
-        reusable = (done and self.waiter is not None and self.waiter.exception() is None
+        w = self.waiter
+        reusable = (w is not None and w.done() and not w.cancelled() and w.exception() is None
                     and self.keep_alive and not self.closed)
         self.waiter = None
         self.sink = None

@@ -27,7 +27,6 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.adapters.connection import (
-    ConnectError,
     ConnectTimeout,
     Disconnected,
     Origin,
@@ -99,13 +98,14 @@ class HttpClient:
     def pool_waits(self) -> PoolWaits:
         return self.pool.waits
 
-    async def _exchange(self, method: str, path: str, body: bytes | None,
-                        sink: Sink | None = None, stream: bool = False) -> Reply:
-        """One request and its whole answer. A reused connection that the server had closed
-        (it fails before any answer) is retried once, on a new connection."""
+    async def _exchange(self, method: str, path: str, body: bytes | None = None,
+                        sink: Sink | None = None) -> Reply:
+        """One request and its whole answer. With a `sink` (a stream) the first-byte and
+        silence timeouts apply, else the request timeout. A reused connection that the server
+        had closed (it fails before any answer) is retried once, on a new connection."""
         pool, t = self.pool, self.timeouts
         data = pool.request_bytes(method, path, body)
-        first_s, idle_s = (t.first_byte_s, t.idle_s) if stream else (t.request_s, None)
+        first_s, idle_s = (t.first_byte_s, t.idle_s) if sink else (t.request_s, None)
         await pool.hold()
         try:
             for fresh in (False, True):
@@ -121,15 +121,12 @@ class HttpClient:
         finally:
             pool.release()
 
-    async def _request(self, method: str, path: str, body: bytes | None = None) -> Reply:
-        return await self._exchange(method, path, body)
-
     async def get_json(self, *paths: str) -> Any:
         """JSON from the first of `paths` that the server serves (2xx): endpoints get renamed
         between releases. HttpStatusError when none does."""
         err: HttpStatusError | None = None
         for path in paths:
-            reply = await self._request("GET", path)
+            reply = await self._exchange("GET", path)
             if 200 <= reply.status < 300:
                 body = reply.body.strip()
                 return orjson.loads(body) if body else None
@@ -141,7 +138,7 @@ class HttpClient:
                         ) -> tuple[int, Any]:
         """POST `payload` as JSON (no body for None): (status, the answer's JSON or None when
         it is not JSON). For idempotent requests only: a stale connection is retried once."""
-        reply = await self._request("POST", path, None if payload is None
+        reply = await self._exchange("POST", path, None if payload is None
                                     else orjson.dumps(payload))
         try:
             return reply.status, orjson.loads(reply.body) if reply.body.strip() else None
@@ -150,7 +147,7 @@ class HttpClient:
 
     async def text(self, path: str) -> str | None:
         """The body of GET `path`, or None when the status is not 200."""
-        reply = await self._request("GET", path)
+        reply = await self._exchange("GET", path)
         return _text(reply.body) if reply.status == 200 else None
 
     async def stream(self, path: str, body: dict[str, Any],
@@ -165,15 +162,13 @@ class HttpClient:
         t = self.timeouts
         reader = _SseReader(on_chunk)
         try:
-            reply = await self._exchange("POST", path, orjson.dumps(body), reader.feed, True)
+            reply = await self._exchange("POST", path, orjson.dumps(body), reader.feed)
         except SilenceTimeout as exc:
             if exc.received:
                 return f"{TIMEOUT_PREFIX}the stream stalled: no data for {t.idle_s:g} s"
             return f"{TIMEOUT_PREFIX}no answer within {t.first_byte_s:g} s"
         except ConnectTimeout:
             return f"{TIMEOUT_PREFIX}no connection within {t.connect_s:g} s"
-        except ConnectError as exc:
-            return f"{type(exc).__name__}: {exc}"[:300]
         except Disconnected as exc:
             return f"server disconnected: {exc}"[:300]
         except (TransportError, orjson.JSONDecodeError) as exc:

@@ -160,8 +160,7 @@ def _mean_gap_ms(blobs: pd.Series) -> pd.Series:
 def token_gaps_ms(calls: pd.DataFrame) -> np.ndarray:
     """Every inter-token gap (ms) the client recorded over `calls`' completed calls: per-token
     ITL as a streaming client sees it (a chunk of several tokens is one gap)."""
-    blobs = calls.loc[calls["ok"], "token_gaps"]
-    pieces = [_gaps_us(b) for b in blobs if isinstance(b, bytes | bytearray)]
+    pieces = [_gaps_us(b) for b in calls.loc[calls["ok"], "token_gaps"]]
     return (np.concatenate(pieces).astype(np.float64) / 1e3 if pieces
             else np.zeros(0, dtype=np.float64))
 

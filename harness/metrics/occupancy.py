@@ -64,6 +64,13 @@ def to_mib(token_s: float, kv_bytes_per_token: float | None) -> float | None:
     return token_s * float(kv_bytes_per_token) / MIB
 
 
+def per_sample_sum(rows: pd.DataFrame) -> pd.Series:
+    """A server series' value at each sample time (sorted), summed over its label sets (slots,
+    engines); samples without a number are dropped."""
+    values = pd.to_numeric(rows["value"], errors="coerce")
+    return values.groupby(rows["t_ns"]).sum(min_count=1).dropna()
+
+
 def server_occupancy(server_metrics: pd.DataFrame | None) -> dict[str, Any] | None:
     """Stats of the runtime's KV gauges ({name: {n, mean, max, last}}); None without samples.
 
@@ -78,8 +85,7 @@ def server_occupancy(server_metrics: pd.DataFrame | None) -> dict[str, Any] | No
     for name, grp in picked.groupby(picked["name"].astype(object), sort=True):
         if len(out) >= MAX_GAUGES:
             break
-        values = pd.to_numeric(grp["value"], errors="coerce")
-        per_t = values.groupby(grp["t_ns"]).sum(min_count=1).dropna()
+        per_t = per_sample_sum(grp)
         if per_t.empty:
             continue
         out[str(name)] = {"n": int(per_t.size), "mean": float(per_t.mean()),
@@ -108,8 +114,7 @@ def server_kv_tokens(server_metrics: pd.DataFrame | None
         rows = server_metrics[(sources == source) & (names == name)]
         if rows.empty:
             continue
-        values = pd.to_numeric(rows["value"], errors="coerce")
-        per_t = values.groupby(rows["t_ns"]).sum(min_count=1).dropna().sort_index()
+        per_t = per_sample_sum(rows)
         if not per_t.empty:
             return label, pd.DataFrame({"t_ns": per_t.index.to_numpy(dtype="int64"),
                                         "tokens": per_t.to_numpy(dtype="float64")})

@@ -16,6 +16,8 @@ from typing import Any
 
 import pandas as pd
 
+from harness.metrics.occupancy import per_sample_sum
+
 # histogram family -> the part of a request's time it measures
 FAMILIES: dict[str, str] = {
     "vllm:request_queue_time_seconds": "queue",
@@ -26,9 +28,7 @@ FAMILIES: dict[str, str] = {
 
 def _totals(samples: pd.DataFrame, name: str) -> pd.Series:
     """One counter's value at each sample time, summed over its label sets (engines)."""
-    rows = samples[samples["name"].astype(object) == name]
-    values = pd.to_numeric(rows["value"], errors="coerce")
-    return values.groupby(rows["t_ns"]).sum(min_count=1).dropna().sort_index()
+    return per_sample_sum(samples[samples["name"].astype(object) == name])
 
 
 def server_times(server_metrics: pd.DataFrame | None) -> dict[str, Any] | None:

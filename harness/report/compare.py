@@ -18,8 +18,7 @@ import pandas as pd
 from harness.metrics.bootstrap import mean_ratio_ci, ratio_ci, sorted_finite
 from harness.metrics.latency import resume_samples
 from harness.metrics.outcomes import trajectory_units
-from harness.metrics.registry import HEADLINE as HEADLINE
-from harness.metrics.registry import Metric as Metric
+from harness.metrics.registry import HEADLINE
 from harness.report.comparable import check_comparable
 from harness.report.data import RunData, load_run
 from harness.report.fmt import fmt

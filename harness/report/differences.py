@@ -17,7 +17,7 @@ from harness.report.data import RunData
 from harness.report.fmt import fmt, table
 
 CSS = ".better{color:#1b7f3b;font-weight:600} .worse{color:#b00020;font-weight:600}"
-_WORDS = {REGRESSED: ("worse", "worse"), IMPROVED: ("better", "better")}
+_WORDS = {REGRESSED: "worse", IMPROVED: "better"}  # each also its CSS class
 
 
 def differences_section(runs: list[RunData], label: Callable[[RunData], str],
@@ -43,8 +43,9 @@ def differences_section(runs: list[RunData], label: Callable[[RunData], str],
         rows = []
         for m in result["metrics"]:
             ci = m["ci95"]
-            word, css = _WORDS.get(m["verdict"], (m["verdict"], ""))
-            verdict = f"<span class='{css}'>{word}</span>" if css else html.escape(word)
+            word = _WORDS.get(m["verdict"])
+            verdict = (f"<span class='{word}'>{word}</span>" if word
+                       else html.escape(m["verdict"]))
             rows.append([html.escape(m["name"]), html.escape(m["unit"]), fmt(m["base"]),
                          fmt(m["new"]),
                          f"{m['ratio']:.3f}" if m["ratio"] is not None else "-",

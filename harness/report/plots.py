@@ -22,8 +22,8 @@ MAX_POINTS = 2000
 TIMELINE_CAP = 40
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
           "#17becf", "#7f7f7f", "#bcbd22"]
-PART_COLORS = {"prefill": "#9ecae1", "decode": "#2171b5", "tool": "#fdae6b", "resume": "#d62728",
-               "queue": "#ffe45c", "restore": "#d62728", "resume_prefill": "#f4a6c6"}
+PART_COLORS = {"prefill": "#9ecae1", "decode": "#2171b5", "tool": "#fdae6b", "queue": "#ffe45c",
+               "restore": "#d62728", "resume_prefill": "#f4a6c6"}
 # a resume's parts in the order they happen: the slot wait, the restore, the call's prefill
 RESUME_PARTS = (("queue", "resume: slot wait"), ("restore", "resume: restore"),
                 ("resume_prefill", "resume: prefill"))

@@ -287,6 +287,10 @@ def _link_resumes(
     for col, src in (("resume_ms", "resume_ms"), ("resume_cached_tokens", "cached_tokens"),
                      ("resume_call", "seq")):
         pauses[col] = _num(res[src].reindex(pauses.index))
+    # What of the retained context the resumed prompt reuses: all of it, unless the call cut
+    # it (a trace that says the request shares only a prefix with the one before).
+    reusable = _num(res["prompt_tokens"]) - _num(res["appended_tokens"])
+    pauses["resume_reusable_tokens"] = reusable.reindex(pauses.index)
     return calls, pauses
 
 
@@ -305,4 +309,8 @@ def _trajectories(ev: Events) -> pd.DataFrame:
     reasons = ev.rows(["trajectory_end"], ["_code", "reason"])
     reasons = reasons[reasons["_code"] >= 0].drop_duplicates("_code", keep="last")
     traj["reason"] = reasons.set_index("_code")["reason"].astype(object).reindex(traj.index)
+    starts = ev.rows(["trajectory_start"], ["_code", "parent_id"])
+    starts = starts[starts["_code"] >= 0].drop_duplicates("_code", keep="first")
+    traj["parent_tid"] = (starts.set_index("_code")["parent_id"].astype(object)
+                          .reindex(traj.index))
     return traj

@@ -56,26 +56,86 @@ def slo_violators(frames: Frames, slo: dict[str, float]) -> pd.Index:
     return bad[bad].index
 
 
-def trajectory_outcomes(frames: Frames, slo: dict[str, float]) -> dict[str, int]:
-    """Agent trajectory counts: total, succeeded, cancelled, failed, interrupted, slo_violating,
-    incomplete.
+def _own_success(frames: Frames, slo: dict[str, float]) -> pd.DataFrame:
+    """Agent trajectories (sub-agents included) with `completed`, `violating` and `ok` (completed
+    within every SLO), and `root`: the code of the root trajectory each one belongs to."""
+    traj = frames.trajectories[~frames.trajectories["bystander"]]
+    completed = (traj["status"].astype(object) == "completed").to_numpy()
+    violating = traj.index.isin(slo_violators(frames, slo)) & completed
+    out = pd.DataFrame({"completed": completed, "violating": violating,
+                        "ok": completed & ~violating}, index=traj.index)
+    parent = (traj["parent_tid"].astype(object) if "parent_tid" in traj.columns
+              else pd.Series(None, index=traj.index, dtype=object))
+    code_of = pd.Series(traj.index, index=traj["tid"].astype(object).to_numpy())
+    code_of = code_of[~code_of.index.duplicated()]
+    up = {int(c): int(code_of[p]) for c, p in parent.items()
+          if isinstance(p, str) and p in code_of.index}
+    roots = []
+    for c in traj.index:
+        r, seen = int(c), set()
+        while r in up and r not in seen:  # a broken chain stops where it breaks
+            seen.add(r)
+            r = up[r]
+        roots.append(r)
+    out["root"] = roots
+    out["is_root"] = out.index.to_numpy() == out["root"].to_numpy()
+    return out
 
-    succeeded = completed within every SLO; slo_violating = completed but breaking one;
-    incomplete = no trajectory_end recorded.
+
+def task_success(frames: Frames, slo: dict[str, float]) -> pd.Series:
+    """Per root trajectory (a task): True when it and every sub-agent under it completed
+    within every SLO; a parent's success requires its children's."""
+    own = _own_success(frames, slo)
+    family_ok = own["ok"].groupby(own["root"]).all()
+    roots = own[own["is_root"]]
+    return family_ok.reindex(roots.index).fillna(False).astype(bool)
+
+
+def trajectory_outcomes(frames: Frames, slo: dict[str, float]) -> dict[str, Any]:
+    """Task counts over root trajectories: total, succeeded, cancelled, failed, interrupted,
+    slo_violating, incomplete; and, when sub-agents ran, `subagents` with the same counts
+    over them.
+
+    succeeded = completed within every SLO, with every sub-agent under it succeeded;
+    slo_violating = completed but it or a sub-agent broke an SLO; incomplete = no
+    trajectory_end recorded. A root that completed while a sub-agent failed is neither:
+    it counts as `subagent_failed`.
     """
     traj = frames.trajectories[~frames.trajectories["bystander"]]
-    status = traj["status"].astype(object)
-    completed = status == "completed"
-    violating = traj.index.isin(slo_violators(frames, slo)) & completed.to_numpy()
-    return {
-        "total": int(len(traj)),
-        "succeeded": int(completed.sum() - violating.sum()),
-        "cancelled": int((status == "cancelled").sum()),
-        "failed": int((status == "failed").sum()),
-        "interrupted": int((status == "interrupted").sum()),
-        "slo_violating": int(violating.sum()),
-        "incomplete": int(status.isna().sum()),
-    }
+    own = _own_success(frames, slo)
+    family_ok = own["ok"].groupby(own["root"]).all()
+    family_violating = own["violating"].groupby(own["root"]).any()
+    family_done = own["completed"].groupby(own["root"]).all()
+
+    def counts(rows: pd.DataFrame, root_level: bool) -> dict[str, Any]:
+        status = traj["status"].astype(object).reindex(rows.index)
+        completed = (status == "completed").to_numpy()
+        if root_level:
+            ok = family_ok.reindex(rows.index).fillna(False).to_numpy(dtype=bool)
+            violating = completed & family_violating.reindex(rows.index).fillna(
+                False).to_numpy(dtype=bool) & family_done.reindex(rows.index).fillna(
+                False).to_numpy(dtype=bool)
+        else:
+            ok = rows["ok"].to_numpy(dtype=bool)
+            violating = rows["violating"].to_numpy(dtype=bool)
+        out: dict[str, Any] = {
+            "total": int(len(rows)),
+            "succeeded": int(ok.sum()),
+            "cancelled": int((status == "cancelled").sum()),
+            "failed": int((status == "failed").sum()),
+            "interrupted": int((status == "interrupted").sum()),
+            "slo_violating": int(violating.sum()),
+            "incomplete": int(status.isna().sum()),
+        }
+        if root_level and (~own["is_root"]).any():
+            out["subagent_failed"] = int((completed & ~ok & ~violating).sum())
+        return out
+
+    result = counts(own[own["is_root"]], True)
+    children = own[~own["is_root"]]
+    if len(children):
+        result["subagents"] = counts(children, False)
+    return result
 
 
 def goodput_per_min(succeeded: int, duration_s: float) -> float | None:
@@ -91,14 +151,18 @@ def cache_mismatches(
     """Resumed calls whose server-reported cached tokens contradict the pause decision.
 
     keep / swap (and ttl that was kept, or swapped out when it expired) should reuse the
-    retained tokens: cached >= retained - tol; recompute (and ttl erased without a swap-out)
-    should reuse nothing: cached <= tol;
+    retained tokens (those the resumed prompt keeps, when it keeps only part):
+    cached >= retained - tol; recompute (and ttl erased without a swap-out) should reuse
+    nothing: cached <= tol;
     tol = max(abs_tokens, rel x retained). Calls without a cached count are not judged.
     """
     p = frames.pauses
     judged = p[p["resume_cached_tokens"].notna() & p["action"].notna()]
     action = judged["action"].astype(object)
     retained = judged["retained_tokens"].fillna(0.0)
+    if "resume_reusable_tokens" in judged.columns:
+        # a call that keeps only part of its context can reuse only that part
+        retained = np.minimum(retained, judged["resume_reusable_tokens"].fillna(retained))
     cached = judged["resume_cached_tokens"]
     tol = np.maximum(float(abs_tokens), rel * retained)
     discarded = judged["erased"].astype(bool) & (judged["swap_in_bytes"] <= 0)
@@ -140,17 +204,19 @@ def _int_or_none(value: Any) -> int | None:
 
 
 def trajectory_units(frames: Frames, slo: dict[str, float]) -> pd.DataFrame:
-    """One row per agent trajectory (the bootstrap's unit): `success` (1.0 when it completed
-    within every SLO) and `paused_token_s` (the device KV it held while paused)."""
-    traj = frames.trajectories[~frames.trajectories["bystander"]]
-    completed = (traj["status"].astype(object) == "completed").to_numpy()
-    violating = traj.index.isin(slo_violators(frames, slo))
+    """One row per task (a root trajectory with its sub-agents; the bootstrap's unit):
+    `success` (1.0 when it and every sub-agent completed within every SLO) and
+    `paused_token_s` (the device KV they held while paused)."""
+    own = _own_success(frames, slo)
     kv = frames.kv
     if len(kv):
         paused = kv[kv["status"].astype(object) == "paused"]
         tok_s = (paused["kv_tokens"] * paused["dt_ns"] / NS_PER_S).groupby(paused["_code"]).sum()
     else:
         tok_s = pd.Series(dtype="float64")
-    return pd.DataFrame({"success": (completed & ~violating).astype("float64"),
-                         "paused_token_s": tok_s.reindex(traj.index).fillna(0.0).to_numpy(
-                             dtype="float64")}, index=traj.index)
+    per_traj = tok_s.reindex(own.index).fillna(0.0)
+    roots = own[own["is_root"]].index
+    family_ok = own["ok"].groupby(own["root"]).all().reindex(roots).fillna(False)
+    family_tok = per_traj.groupby(own["root"]).sum().reindex(roots).fillna(0.0)
+    return pd.DataFrame({"success": family_ok.to_numpy(dtype="float64"),
+                         "paused_token_s": family_tok.to_numpy(dtype="float64")}, index=roots)

@@ -7,6 +7,8 @@ of one plan send the same requests.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -16,14 +18,13 @@ import pandas as pd
 from harness.errors import InputError
 from harness.plan.injection import Injection
 from harness.plan.tokens import shared_token_ids, stable_seed, token_ids
-from harness.traces.schema import KIND_LLM
-
-SHARED_PREFIX_TOKENS = 128
+from harness.traces.schema import DEFAULT_PREFIX_TOKENS, KIND_LLM, TOOL_SUBAGENT
 
 
 @dataclass(frozen=True)
 class CallStep:
-    """An LLM call: append `append_tokens` ids, then generate exactly `output_tokens`."""
+    """An LLM call: cut the context to `keep_tokens` (None: keep it all), append
+    `append_tokens` ids, then generate exactly `output_tokens`."""
 
     step: int
     append_tokens: int
@@ -32,6 +33,7 @@ class CallStep:
     disconnect: bool = False
     shared_prefix: int = 0
     prefix_seed: int = 0
+    keep_tokens: int | None = None
 
     def append_ids(self, vocab_size: int) -> list[int]:
         """The ids this call appends; a shared system prompt first when the trajectory has one."""
@@ -42,7 +44,11 @@ class CallStep:
 
 @dataclass(frozen=True)
 class ToolStep:
-    """A tool call: its result arrives after `latency_s` (None: never) unless `deadline_s` fires."""
+    """A tool call: its result arrives after `latency_s` (None: never) unless `deadline_s` fires.
+
+    A step with `children` (tool_class `subagent`) starts them all when it begins and its
+    result arrives once every child has ended, `latency_s` after the last; `deadline_s` (inf
+    when the trace sets none) bounds the whole wait."""
 
     step: int
     tool_name: str
@@ -53,6 +59,7 @@ class ToolStep:
     mutating: bool
     resume_required: bool
     injected: str | None = None
+    children: tuple[TrajectoryPlan, ...] = ()
 
 
 Step = CallStep | ToolStep
@@ -60,11 +67,41 @@ Step = CallStep | ToolStep
 
 @dataclass(frozen=True)
 class TrajectoryPlan:
+    """One trajectory; a sub-agent's names its parent (it arrives only through its parent's
+    tool step, never on its own)."""
+
     trajectory_id: str
     arrival_s: float
     priority: str
     tenant: str
     steps: tuple[Step, ...]
+    parent_id: str | None = None
+
+    def family(self) -> list[TrajectoryPlan]:
+        """This trajectory and every sub-agent under it, parents first."""
+        out = [self]
+        for s in self.steps:
+            if isinstance(s, ToolStep):
+                for c in s.children:
+                    out.extend(c.family())
+        return out
+
+    def peak_slots(self) -> int:
+        """The most slots this trajectory and its sub-agents hold at once when every parent
+        keeps its slot while its children run (the most any pause policy can ask for)."""
+        peak = 1
+        for s in self.steps:
+            if isinstance(s, ToolStep) and s.children:
+                peak = max(peak, 1 + sum(c.peak_slots() for c in s.children))
+        return peak
+
+    def peak_requests(self) -> int:
+        """The most requests this trajectory and its sub-agents have in flight at once."""
+        peak = 1
+        for s in self.steps:
+            if isinstance(s, ToolStep) and s.children:
+                peak = max(peak, sum(c.peak_requests() for c in s.children))
+        return peak
 
 
 @dataclass(frozen=True)
@@ -102,12 +139,16 @@ class Arrivals:
 
 @dataclass(frozen=True)
 class Plan:
-    trajectories: tuple[TrajectoryPlan, ...]
+    trajectories: tuple[TrajectoryPlan, ...]  # the roots; sub-agents hang under their parents
     bystanders: tuple[BystanderPlan, ...]
     arrivals: Arrivals
     seed: int
     injection: Injection
     notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def all_trajectories(self) -> list[TrajectoryPlan]:
+        """Every trajectory of the plan, sub-agents included (each after its parent)."""
+        return [t for root in self.trajectories for t in root.family()]
 
 
 def make_plan(steps: pd.DataFrame, injection: Injection, arrivals: Arrivals,
@@ -124,15 +165,22 @@ def make_plan(steps: pd.DataFrame, injection: Injection, arrivals: Arrivals,
             for c in steps.columns}
     tids = cols["trajectory_id"]
     bounds = [i for i in range(n) if i == 0 or tids[i] != tids[i - 1]] + [n]
-    poisson = np.cumsum(rng.exponential(1.0 / arrivals.rate, size=len(bounds) - 1))
-    plans: list[TrajectoryPlan] = []
+    parents = [cols["parent_id"][lo] if "parent_id" in cols else None for lo in bounds[:-1]]
+    n_roots = sum(p is None for p in parents)
+    poisson = np.cumsum(rng.exponential(1.0 / arrivals.rate, size=n_roots))
+    built: dict[str, TrajectoryPlan] = {}
+    spawns: dict[str, dict[int, list[str]]] = {}  # parent -> spawn step -> children, in order
+    roots: list[str] = []
     for k in range(len(bounds) - 1):
         lo, hi = bounds[k], bounds[k + 1]
         tid = str(tids[lo])
         base = stable_seed("trajectory", tid)
         pgroup = cols["prefix_group"][lo]
-        shared = SHARED_PREFIX_TOKENS if isinstance(pgroup, str) and pgroup else 0
+        raw_prefix = cols.get("prefix_tokens", [None] * n)[lo]
+        shared = ((DEFAULT_PREFIX_TOKENS if raw_prefix is None else int(raw_prefix))
+                  if isinstance(pgroup, str) and pgroup else 0)
         pseed = stable_seed("prefix", pgroup) if shared else 0
+        keeps = cols.get("keep_tokens", [None] * n)
         out: list[Step] = []
         for i in range(lo, hi):
             r = {c: v[i] for c, v in cols.items()}
@@ -142,20 +190,47 @@ def make_plan(steps: pd.DataFrame, injection: Injection, arrivals: Arrivals,
                     append_seed=stable_seed(base, r["step"]),
                     output_tokens=int(r["output_tokens"]),
                     disconnect=bool(u_disc[i] < injection.disconnect_fraction),
-                    shared_prefix=shared if i == lo else 0, prefix_seed=pseed))
+                    shared_prefix=shared if i == lo else 0, prefix_seed=pseed,
+                    keep_tokens=None if keeps[i] is None else int(keeps[i])))
             else:
                 out.append(_tool_step(r, i + 1 < hi, injection, scale,
                                       float(u_slow[i]), float(u_never[i]), float(u_err[i])))
-        if arrivals.mode == "trace":
-            arrival = float(cols["start_s"][lo]) * scale
-        elif arrivals.mode == "poisson":
-            arrival = float(poisson[k]) * scale
+        parent = parents[k]
+        if parent is None:
+            r_idx = len(roots)
+            roots.append(tid)
+            if arrivals.mode == "trace":
+                arrival = float(cols["start_s"][lo]) * scale
+            elif arrivals.mode == "poisson":
+                arrival = float(poisson[r_idx]) * scale
+            else:
+                arrival = 0.0
         else:
             arrival = 0.0
-        plans.append(TrajectoryPlan(tid, arrival, str(cols["priority"][lo]),
-                                    str(cols["tenant"][lo]), tuple(out)))
+            spawns.setdefault(str(parent), {}).setdefault(
+                int(cols["spawn_step"][lo]), []).append(tid)
+        built[tid] = TrajectoryPlan(tid, arrival, str(cols["priority"][lo]),
+                                    str(cols["tenant"][lo]), tuple(out),
+                                    None if parent is None else str(parent))
+    plans = [_with_children(tid, built, spawns) for tid in roots]
     return Plan(tuple(plans), _bystanders(injection, agent_span_s(plans, arrivals), rng, scale),
                 arrivals, seed, injection)
+
+
+def _with_children(tid: str, built: dict[str, TrajectoryPlan],
+                   spawns: dict[str, dict[int, list[str]]]) -> TrajectoryPlan:
+    """Trajectory `tid` with its sub-agents (and theirs) attached to the steps that spawn them
+    (a validated frame has no cycles)."""
+    plan = built[tid]
+    mine = spawns.get(tid)
+    if not mine:
+        return plan
+    steps = tuple(
+        dataclasses.replace(s, children=tuple(_with_children(c, built, spawns)
+                                              for c in mine[s.step]))
+        if isinstance(s, ToolStep) and s.step in mine else s
+        for s in plan.steps)
+    return dataclasses.replace(plan, steps=steps)
 
 
 # Bystander arrivals are planned for this many times the agents' tool time, at least: LLM
@@ -184,15 +259,20 @@ def _tool_step(r: dict[str, object], has_next: bool, inj: Injection, scale: floa
     latency = None if raw_latency is None else float(str(raw_latency))
     outcome = str(r["outcome"])
     injected = None
-    if latency is not None and u_never < inj.never_return_fraction:
+    spawns = r["tool_class"] == TOOL_SUBAGENT
+    if spawns:
+        pass  # its wait is its sub-agents': faults are injected into their own tools
+    elif latency is not None and u_never < inj.never_return_fraction:
         latency, outcome, injected = None, "abandoned", "never-return"
     elif latency is not None and u_slow < inj.slow_fraction:
         latency, injected = latency * inj.slow_factor, "slow"
-    if latency is not None and outcome == "ok" and u_err < inj.error_fraction:
+    if not spawns and latency is not None and outcome == "ok" and u_err < inj.error_fraction:
         outcome, injected = "error", (injected + "+error" if injected else "error")
     raw_deadline = r["deadline_s"]
-    deadline = (inj.default_deadline_s if raw_deadline is None
-                else float(str(raw_deadline)))
+    # A parent waits for its sub-agents as long as they run, unless the trace bounds it: the
+    # default deadline is for single tools.
+    default = math.inf if r["tool_class"] == TOOL_SUBAGENT else inj.default_deadline_s
+    deadline = default if raw_deadline is None else float(str(raw_deadline))
     return ToolStep(
         step=int(str(r["step"])), tool_name=str(r["tool_name"] or r["tool_class"]),
         tool_class=str(r["tool_class"]),

@@ -29,8 +29,10 @@ OLDEST_READABLE = 1
 class TraceRef:
     path: str
     sha256: str
-    trajectories: int
+    trajectories: int  # root trajectories (tasks)
     steps: int
+    subagents: int = 0  # trajectories started by a parent, beside `trajectories`
+    token_scale: float = 1.0  # every token count was multiplied by this (rounded up)
 
 
 @dataclass

@@ -16,13 +16,14 @@ import pyarrow as pa
 
 # Written into every records part's Parquet metadata and checked on read; a part without it
 # predates the key and has version 1's columns. Version 2 added `token_gaps` (a version-1 part
-# reads with it null).
-RECORDS_SCHEMA_VERSION = 2
+# reads with it null); version 3 added `parent_id` (a sub-agent's parent, on trajectory_start).
+RECORDS_SCHEMA_VERSION = 3
 RECORDS_VERSION_KEY = b"harness.records_schema_version"
 
 # Events and the columns each one fills (besides run_id, seq, t_ns, event, trajectory_id, traffic).
 EVENTS: dict[str, str] = {
-    "trajectory_start": "planned_ns (scheduled arrival), priority in detail",
+    "trajectory_start": "planned_ns (scheduled arrival), priority in detail; a sub-agent's "
+                        "parent_id and step (the parent's step that spawned it)",
     "call_start": "step, slot, planned_ns (when the call was due), prompt_tokens, "
                   "appended_tokens, is_resume",
     "first_token": "step, slot",
@@ -82,6 +83,7 @@ RECORDS_SCHEMA = pa.schema(
         pa.field("deadline_s", pa.float64()),
         pa.field("detail", pa.string()),
         pa.field("token_gaps", pa.binary()),
+        pa.field("parent_id", pa.string()),
     ],
     metadata={RECORDS_VERSION_KEY: str(RECORDS_SCHEMA_VERSION).encode()},
 )

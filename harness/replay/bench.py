@@ -39,10 +39,12 @@ from harness.replay.cli import (
     headers_from_flags,
     timeout_options,
     timeouts_from_flags,
+    token_scale_option,
 )
 from harness.replay.runner import redact_url
 from harness.report.repeats import REPEATS_JSON, format_spread, repeat_dirs, write_repeats
 from harness.selftest.result import read_selftest
+from harness.traces.scale import check_token_scale
 from harness.traces.validate import load_trajectories
 
 DEFAULT_POLICIES = ("keep", "swap", "recompute")
@@ -205,7 +207,7 @@ def plan_bench(runtime: str, url: str | None, trace: Path | None, policies: str,
                  for p in names)
     # The simulator models slots the harness controls, a closed loop and the trace's own tools.
     simulable = (rt.per_slot_control and base.inject == "none"
-                 and base.arrivals.time_scale == 1.0)
+                 and base.arrivals.time_scale == 1.0 and base.token_scale == 1.0)
     return BenchPlan(root, trace, rt, runs, calibration, calibrate_first, simulable, pin,
                      repeats)
 
@@ -290,6 +292,7 @@ def health_lines(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
 @click.option("--inject", default="none", show_default=True)
 @click.option("--concurrency", type=int, default=6, show_default=True)
 @click.option("--time-scale", type=float, default=1.0, show_default=True)
+@token_scale_option
 @click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True)
 @click.option("--slots", type=int, default=4, show_default=True)
 @click.option("--ctx-per-slot", type=int, default=4096, show_default=True)
@@ -321,15 +324,16 @@ def bench_cmd(runtime: str, url: str | None, trace_path: Path | None, policies: 
               selftest: Path | None, repeats: int, connect_timeout: float,
               first_token_timeout: float,
               stall_timeout: float, request_timeout: float, api_key: str | None,
-              headers: tuple[str, ...], skip_oversized: bool) -> None:
+              headers: tuple[str, ...], skip_oversized: bool, token_scale: float) -> None:
     """Replay one trace under several policies and compare them in one report."""
     check_run_flags(slots=slots, ctx_per_slot=ctx_per_slot, time_scale=time_scale)
+    check_token_scale(token_scale)
     check_url(url)
     timeouts = timeouts_from_flags(connect_timeout, first_token_timeout, stall_timeout,
                                    request_timeout)
     base = RunOptions(trace=Path(), policy="", out=Path(), inject=inject, timeouts=timeouts,
                       headers=headers_from_flags(api_key, headers, url),
-                      skip_oversized=skip_oversized,
+                      skip_oversized=skip_oversized, token_scale=token_scale,
                       arrivals=arrivals_from_flags(concurrency, None, False, time_scale),
                       seed=seed, slots=slots, ctx_per_slot=ctx_per_slot,
                       server_args=server_args,

@@ -30,6 +30,7 @@ from harness.replay import pinning
 from harness.replay.options import AUTO, RunOptions
 from harness.replay.runner import run_on_runtime
 from harness.selftest.result import read_selftest
+from harness.traces.scale import check_token_scale, scale_tokens
 from harness.traces.schema import file_sha256
 from harness.traces.validate import load_trajectories
 
@@ -55,7 +56,7 @@ def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo,
     """Validate inputs, plan, replay (starting a local server unless `url`); returns run.json.
     `runtime`: the runtime to drive (default: the registry's `o.runtime`)."""
     pol = make_policy(o.policy, o.policy_args)
-    steps = load_trajectories(o.trace)
+    steps = scale_tokens(load_trajectories(o.trace), o.token_scale)
     injection = load_injection(o.inject)
     plan = make_plan(steps, injection, o.arrivals, o.seed)
     rt = runtime or get_runtime(o.runtime)
@@ -68,7 +69,8 @@ def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo,
         runtime=rt.name, policy=o.policy, policy_args=dict(o.policy_args),
         policy_sees_true_latency=pol.sees_true_latency,
         trace=TraceRef(str(o.trace), file_sha256(o.trace), len(plan.trajectories),
-                       int(len(steps))),
+                       int(len(steps)), len(plan.all_trajectories()) - len(plan.trajectories),
+                       o.token_scale),
         seed=o.seed, injection=injection.as_dict(),
         arrivals=ArrivalsRef(a.mode, a.concurrency, a.rate, a.time_scale),
         harness_version=__version__, git_commit=git_commit(), host=host_identity(),
@@ -147,6 +149,14 @@ def timeout_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
+def token_scale_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """--token-scale: every token count of the trace times F (rounded up), so long real
+    sessions fit a small local model; recorded in run.json (trace.token_scale)."""
+    return click.option("--token-scale", type=float, default=1.0, show_default=True,
+                        help="Multiply every token count of the trace by this (rounded up), "
+                             "e.g. 0.05 to fit 100k-token sessions in a 16k context.")(f)
+
+
 def auth_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """--api-key (or HARNESS_API_KEY), repeatable --header, and --skip-oversized."""
     f = click.option("--skip-oversized", is_flag=True,
@@ -205,6 +215,7 @@ def timeouts_from_flags(connect_timeout: float, first_token_timeout: float,
 @click.option("--time-scale", type=float, default=1.0, show_default=True,
               help="Multiply arrivals, tool latencies and deadlines by this.")
 @click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True)
+@token_scale_option
 @click.option("--out", required=True, type=click.Path(path_type=Path))
 @click.option("--slots", type=int, default=4, show_default=True, help="Local server: -np.")
 @click.option("--ctx-per-slot", type=int, default=4096, show_default=True)
@@ -232,8 +243,9 @@ def run_cmd(runtime: str, url: str | None, trace_path: Path, policy: str,
             server_args: tuple[str, ...], selftest: Path | None, connect_timeout: float,
             first_token_timeout: float, stall_timeout: float, request_timeout: float,
             api_key: str | None, headers: tuple[str, ...], skip_oversized: bool,
-            repeats: int) -> None:
+            repeats: int, token_scale: float) -> None:
     """Replay TRACE against a runtime under POLICY and write a results directory."""
+    check_token_scale(token_scale)
     check_run_flags(slots=slots, ctx_per_slot=ctx_per_slot, threads=threads,
                     scrape_interval=scrape_interval, time_scale=time_scale)
     check_url(url)
@@ -247,7 +259,8 @@ def run_cmd(runtime: str, url: str | None, trace_path: Path, policy: str,
         slots=slots, ctx_per_slot=ctx_per_slot, threads=threads, model=model_path,
         scrape_interval_s=scrape_interval, calibration=calibration, server_args=server_args,
         instrument_error=instrument, timeouts=timeouts,
-        headers=headers_from_flags(api_key, headers, url), skip_oversized=skip_oversized)
+        headers=headers_from_flags(api_key, headers, url), skip_oversized=skip_oversized,
+        token_scale=token_scale)
     if repeats == 1:
         run = execute_run(opts, lambda m: click.echo(m, err=True))
         _print_result(out, run)

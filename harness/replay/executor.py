@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -16,7 +17,15 @@ from dataclasses import dataclass, field
 from harness.adapters.base import Adapter, CompletionRequest, Unsupported
 from harness.plan.planner import CallStep, Plan, ToolStep, TrajectoryPlan
 from harness.plan.tokens import token_ids
-from harness.policies.base import KEEP, RECOMPUTE, SWAP, PauseContext, PausePolicy, ServerRates
+from harness.policies.base import (
+    KEEP,
+    RECOMPUTE,
+    SWAP,
+    Decision,
+    PauseContext,
+    PausePolicy,
+    ServerRates,
+)
 from harness.policies.history import DEFAULT_WINDOW, History
 from harness.replay.clock import NS, Clock
 from harness.replay.progress import Progress
@@ -105,10 +114,11 @@ class Executor:
         self.history_window = history_window
         self.history: dict[str, History] = defaultdict(lambda: History(history_window))
         self.counters = RunCounters()
-        self.progress = Progress(sum(isinstance(s, CallStep) for t in plan.trajectories
+        self.progress = Progress(sum(isinstance(s, CallStep) for t in plan.all_trajectories()
                                      for s in t.steps))
         self._agents_done = asyncio.Event()
         self._bystander_tasks: set[asyncio.Task[None]] = set()
+        self._stopped: dict[str, str] = {}  # sub-agents being cancelled by their parent: why
 
     # ---- the run -------------------------------------------------------------------------
     async def run(self) -> RunCounters:
@@ -150,12 +160,15 @@ class Executor:
         await self.trajectory(traj, due)
 
     # ---- one trajectory ------------------------------------------------------------------
-    async def trajectory(self, traj: TrajectoryPlan, planned_ns: int) -> str:
-        """Run one trajectory; it ends completed | cancelled | failed | interrupted."""
+    async def trajectory(self, traj: TrajectoryPlan, planned_ns: int,
+                         spawn_step: int | None = None) -> str:
+        """Run one trajectory; it ends completed | cancelled | failed | interrupted. A
+        sub-agent's record names its parent and the parent's step that spawned it."""
         st = _State(traj.trajectory_id)
         self.progress.agents_active += 1
         self.rec.emit("trajectory_start", trajectory_id=st.tid, traffic="agent",
-                      planned_ns=planned_ns, detail=traj.priority)
+                      planned_ns=planned_ns, detail=traj.priority, parent_id=traj.parent_id,
+                      step=spawn_step)
         status, reason = "completed", None
         server_fault = False
         due = planned_ns
@@ -169,7 +182,10 @@ class Executor:
                     server_fault = reason is not None and reason.startswith(SERVER_FAULTS)
                     break
         except asyncio.CancelledError:
-            status, reason = "interrupted", "run-interrupted"
+            # A sub-agent its parent stopped waiting for was cancelled, not the run.
+            stopped = self._stopped.pop(st.tid, None)
+            status, reason = (("cancelled", stopped) if stopped
+                              else ("interrupted", "run-interrupted"))
             raise
         except Exception as exc:  # a server that breaks the protocol fails this trajectory only
             status, reason = "failed", f"{type(exc).__name__}: {exc}"[:300]
@@ -192,7 +208,9 @@ class Executor:
     async def _call(self, st: _State, call: CallStep, due_ns: int,
                     is_resume: bool) -> tuple[str, str | None]:
         appended = call.append_ids(self.vocab)
-        prompt = st.context + appended
+        # A trace that says the call shares only part of its context keeps just that part.
+        kept = st.context if call.keep_tokens is None else st.context[:call.keep_tokens]
+        prompt = kept + appended
         if self.ctx_per_slot and len(prompt) + call.output_tokens > self.ctx_per_slot:
             self.rec.emit("call_end", trajectory_id=st.tid, traffic="agent", step=call.step,
                           status="error", detail=f"context overflow: {len(prompt)} + "
@@ -235,12 +253,15 @@ class Executor:
                     tool: ToolStep) -> tuple[str, str | None, int]:
         ctx = PauseContext(
             run_id=self.run_id, trajectory_id=st.tid, tool_class=tool.tool_class,
-            deadline_ms=tool.deadline_s * 1000.0, retained_tokens=len(st.context),
+            deadline_ms=tool.deadline_s * 1000.0 if math.isfinite(tool.deadline_s) else None,
+            retained_tokens=len(st.context),
             resume_required=tool.resume_required, priority=traj.priority,
             history_s=self.history[tool.tool_class],
             free_slots=self.pool.free if self.pool else 0,
             total_slots=self.pool.total if self.pool else 1, rates=self.rates,
-            true_latency_s=tool.latency_s if self.policy.sees_true_latency else None)
+            # a parent's wait is its sub-agents', known only once they end
+            true_latency_s=(tool.latency_s if self.policy.sees_true_latency
+                            and not tool.children else None))
         d = self.policy.decide(ctx)
         supported = d.action in self.adapter.capabilities.pause_actions and (
             d.after is None or d.after in self.adapter.capabilities.pause_actions)
@@ -251,15 +272,26 @@ class Executor:
                       detail=f"ttl_s={d.ttl_s} after={d.after}" if d.ttl_s is not None else None)
         t0 = self.rec.emit("tool_start", trajectory_id=st.tid, traffic="agent", step=tool.step,
                            tool_class=tool.tool_class, tool_name=tool.tool_name,
-                           value_s=tool.latency_s, deadline_s=tool.deadline_s)
-        if not supported:
-            # Nothing was done, so the context stays where it was: held while paused.
-            self.counters.unsupported += 1
-        if supported and d.action != KEEP:
-            await self._evict(st, d.action, tool.step, "policy")
-        else:
-            self.rec.emit("kv_state", trajectory_id=st.tid, traffic="agent",
-                          kv_tokens=len(st.context), status="paused")
+                           value_s=tool.latency_s,
+                           deadline_s=tool.deadline_s if math.isfinite(tool.deadline_s)
+                           else None)
+        # Sub-agents start with the tool, while their parent's KV is being dealt with.
+        children = [asyncio.create_task(self.trajectory(c, t0, tool.step))
+                    for c in tool.children]
+        try:
+            if not supported:
+                # Nothing was done, so the context stays where it was: held while paused.
+                self.counters.unsupported += 1
+            if supported and d.action != KEEP:
+                await self._evict(st, d.action, tool.step, "policy")
+            else:
+                self.rec.emit("kv_state", trajectory_id=st.tid, traffic="agent",
+                              kv_tokens=len(st.context), status="paused")
+        except BaseException:
+            await _settle(children, cancel=True)
+            raise
+        if children:
+            return await self._subagents(st, tool, d, supported, t0, children)
         returns = tool.latency_s is not None and tool.latency_s <= tool.deadline_s
         end_ns = t0 + int((tool.latency_s if returns and tool.latency_s is not None
                            else tool.deadline_s) * NS)
@@ -287,6 +319,72 @@ class Executor:
             return "cancelled", f"tool {status}: deadline {tool.deadline_s:g}s", end_ns
         assert tool.latency_s is not None
         self.history[tool.tool_class].add(tool.latency_s)
+        self.rec.emit("tool_end", wake, trajectory_id=st.tid, traffic="agent", step=tool.step,
+                      tool_class=tool.tool_class, status=tool.outcome, planned_ns=end_ns)
+        return "completed", None, end_ns
+
+    async def _subagents(self, st: _State, tool: ToolStep, d: Decision, supported: bool,
+                         t0: int, children: list[asyncio.Task[str]]
+                         ) -> tuple[str, str | None, int]:
+        """A parent's pause while its sub-agents run: all start at once, each a trajectory of
+        its own; the tool ends `latency_s` after the last has ended (unless the step's deadline
+        comes first, which cancels those still running). A TTL decision expires as for any
+        tool."""
+        deadline_ns = (t0 + int(tool.deadline_s * NS) if math.isfinite(tool.deadline_s)
+                       else None)
+        ttl_ns = (t0 + int(d.ttl_s * NS) if supported and d.ttl_s is not None and d.after
+                  else None)
+        join = asyncio.ensure_future(asyncio.wait(children))
+        try:
+            while not join.done():
+                wake = min((x for x in (deadline_ns, ttl_ns) if x is not None), default=None)
+                if wake is None:
+                    await asyncio.wait([join])
+                    break
+                # Timers on the injected clock (a virtual one in tests), not asyncio's.
+                timer = asyncio.ensure_future(self.clock.sleep_until(wake))
+                try:
+                    await asyncio.wait([join, timer], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    timer.cancel()
+                if join.done():
+                    break
+                now = self.clock.now_ns()
+                if ttl_ns is not None and now >= ttl_ns:
+                    ttl_ns = None
+                    if d.after and (st.slot is not None or self.pool is None):
+                        await self._evict(st, d.after, tool.step, "ttl-expired")
+                if deadline_ns is not None and self.clock.now_ns() >= deadline_ns \
+                        and not join.done():
+                    join.cancel()
+                    for c in tool.children:
+                        self._stopped[c.trajectory_id] = (
+                            f"parent-timeout: {st.tid} stopped waiting after "
+                            f"{tool.deadline_s:g}s")
+                    await _settle(children, cancel=True)
+                    for c in tool.children:
+                        self._stopped.pop(c.trajectory_id, None)
+                    self.rec.emit("tool_end", trajectory_id=st.tid, traffic="agent",
+                                  step=tool.step, tool_class=tool.tool_class, status="timeout",
+                                  planned_ns=deadline_ns)
+                    return ("cancelled", f"tool timeout: deadline {tool.deadline_s:g}s",
+                            deadline_ns)
+        except BaseException:
+            join.cancel()
+            await _settle(children, cancel=True)
+            raise
+        joined = self.clock.now_ns()
+        wait_s = (joined - t0) / NS
+        end_ns = joined + int((tool.latency_s or 0.0) * NS)
+        if ttl_ns is not None and ttl_ns < end_ns:
+            await self.clock.sleep_until(ttl_ns)
+            if d.after and (st.slot is not None or self.pool is None):
+                await self._evict(st, d.after, tool.step, "ttl-expired")
+        await self.clock.sleep_until(end_ns)
+        wake = self.clock.now_ns()
+        if end_ns > joined:  # a planned wake-up: its lateness is the client's own
+            self.progress.lags_ms.append((wake - end_ns) / 1e6)
+        self.history[tool.tool_class].add(wait_s + (tool.latency_s or 0.0))
         self.rec.emit("tool_end", wake, trajectory_id=st.tid, traffic="agent", step=tool.step,
                       tool_class=tool.tool_class, status=tool.outcome, planned_ns=end_ns)
         return "completed", None, end_ns

@@ -41,5 +41,6 @@ class RunOptions:
     instrument_error: dict[str, Any] | None = None
     timeouts: Timeouts = field(default_factory=Timeouts)
     skip_oversized: bool = False  # skip (and record) trajectories that cannot fit a slot
+    token_scale: float = 1.0  # every token count of the trace times this, rounded up
     # sent with every request (--api-key, --header): never written to run.json or a log
     headers: dict[str, str] = field(default_factory=dict, repr=False)

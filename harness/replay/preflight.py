@@ -21,9 +21,43 @@ MEMORY_SHARE = 0.8
 
 
 def context_needed(traj: TrajectoryPlan) -> int:
-    """Tokens a trajectory's last call needs in its slot: every call's appended prompt and
-    output before it, its own prompt and output (no policy changes that length)."""
-    return sum(s.append_tokens + s.output_tokens for s in traj.steps if isinstance(s, CallStep))
+    """Tokens the longest call of a trajectory (or of one of its sub-agents, each in a slot of
+    its own) needs in its slot: what it keeps of the context, its appended prompt and its
+    output (no policy changes that length)."""
+    most = ctx = 0
+    for s in traj.steps:
+        if isinstance(s, CallStep):
+            if s.keep_tokens is not None:
+                ctx = min(ctx, s.keep_tokens)
+            ctx += s.append_tokens + s.output_tokens
+            most = max(most, ctx)
+        else:
+            most = max([most, *(context_needed(c) for c in s.children)])
+    return most
+
+
+def slots_needed(plan: Plan) -> int:
+    """The most slots the plan's trajectories can hold at once when every parent keeps its slot
+    while its sub-agents run: in a closed loop the `concurrency` hungriest trajectories
+    together, in open loop all of them (a bound: arrivals may not overlap)."""
+    peaks = sorted((t.peak_slots() for t in plan.trajectories), reverse=True)
+    if plan.arrivals.mode == "closed":
+        peaks = peaks[:plan.arrivals.concurrency]
+    return sum(peaks)
+
+
+def check_subagent_slots(plan: Plan, slots: int | None) -> None:
+    """InputError when sub-agents could wait forever for a slot: on a server whose slots the
+    harness assigns, a parent that keeps its slot while its sub-agents run leaves them fewer;
+    if paused parents can hold every slot, their children never start."""
+    if not slots or all(t.peak_slots() == 1 for t in plan.trajectories):
+        return
+    need = slots_needed(plan)
+    if plan.arrivals.mode == "closed" and need > slots:
+        raise InputError(
+            f"the sub-agents need up to {need} slots at once (each parent keeps its slot while "
+            f"its sub-agents run, each in a slot of its own) but the server has {slots}: lower "
+            "--concurrency or give the server more slots")
 
 
 def oversized(plan: Plan, ctx_per_slot: int | None) -> list[tuple[str, int]]:

@@ -38,7 +38,7 @@ from harness.replay import loop, progress
 from harness.replay.clock import NS, Clock, RealClock, sleep_s
 from harness.replay.executor import Executor, RunCounters
 from harness.replay.gcwatch import GcWatch
-from harness.replay.preflight import available_memory, check_plan
+from harness.replay.preflight import available_memory, check_plan, check_subagent_slots
 from harness.replay.recorder import Recorder
 
 SCRAPE_CONNECTIONS = 1  # the server-metrics sampler's own request
@@ -50,11 +50,12 @@ SCRAPE_MAX_STRETCH = 20.0
 
 def max_in_flight(plan: Plan) -> int:
     """The most requests the plan can have in flight at once: one per concurrent agent, one per
-    bystander, and the scrape. The connection pool is this large, so it never queues."""
-    trajectories = len(plan.trajectories)
-    agents = (min(plan.arrivals.concurrency, trajectories) if plan.arrivals.mode == "closed"
-              else trajectories)
-    return max(1, agents) + len(plan.bystanders) + SCRAPE_CONNECTIONS
+    bystander, and the scrape; an agent whose sub-agents run at once counts each of them. The
+    connection pool is this large, so it never queues."""
+    peaks = sorted((t.peak_requests() for t in plan.trajectories), reverse=True)
+    if plan.arrivals.mode == "closed":
+        peaks = peaks[:plan.arrivals.concurrency]
+    return max(1, sum(peaks)) + len(plan.bystanders) + SCRAPE_CONNECTIONS
 
 
 def run_on_runtime(runtime: Runtime, server: ServerOptions, plan: Plan,
@@ -100,6 +101,7 @@ async def _replay_session(session: RuntimeSession, plan: Plan, server: ServerOpt
                                    available_memory())
         if skipped:
             run.skipped_oversized = skipped
+        check_subagent_slots(plan, info.slots if adapter.capabilities.harness_slots else None)
         how = session.realise(info)
         run.harness_policy, run.server_policy = how.harness_policy, how.label
         same = how.harness_policy == server.policy

@@ -163,10 +163,40 @@ def occupancy(frames: Frames, kv_bytes_per_token: float | None,
     return to_data_uri(fig)
 
 
+def family_order(traj: pd.DataFrame) -> pd.DataFrame:
+    """Trajectories by start time, each sub-agent right under its parent (its siblings by
+    start time), with `depth` (0 for a root) for indenting."""
+    ordered = traj.sort_values("start_ns", kind="stable")
+    parent = (ordered["parent_tid"].astype(object) if "parent_tid" in ordered.columns
+              else pd.Series(None, index=ordered.index, dtype=object))
+    code_of = {str(t): c for c, t in zip(ordered.index, ordered["tid"], strict=True)}
+    kids: dict[object, list[object]] = {}
+    roots = []
+    for code, p in parent.items():
+        if isinstance(p, str) and p in code_of:
+            kids.setdefault(code_of[p], []).append(code)
+        else:
+            roots.append(code)
+    order: list[object] = []
+    depth: list[int] = []
+    drawn: set[object] = set()
+    stack = [(c, 0) for c in reversed(roots)]
+    while stack:
+        code, d = stack.pop()
+        if code in drawn:  # a broken chain of parents is drawn once
+            continue
+        drawn.add(code)
+        order.append(code)
+        depth.append(d)
+        stack.extend((k, d + 1) for k in reversed(kids.get(code, [])))
+    out = ordered.loc[order].copy()
+    out["depth"] = depth
+    return out
+
+
 def timeline(frames: Frames, cap: int = TIMELINE_CAP) -> str | None:
     """Per-trajectory bars: prefill, decode, tool wait, resume (restore + queue + prefill)."""
-    traj = frames.trajectories[~frames.trajectories["bystander"]].sort_values("start_ns")
-    traj = traj.head(cap)
+    traj = family_order(frames.trajectories[~frames.trajectories["bystander"]]).head(cap)
     if traj.empty:
         return None
     rows = {code: i for i, code in enumerate(traj.index)}
@@ -213,7 +243,8 @@ def timeline(frames: Frames, cap: int = TIMELINE_CAP) -> str | None:
         x = (cancelled["end_ns"].fillna(float(frames.t_max_ns)).to_numpy() - t0) / NS_PER_S
         ax.scatter(x, y, marker="X", s=60, color="black", zorder=3)
     ax.set_yticks(range(len(traj)))
-    ax.set_yticklabels([str(s)[:24] for s in traj["tid"]], fontsize=7)
+    ax.set_yticklabels([("  " * int(d) + ("└ " if d else "") + str(s))[:28]
+                        for s, d in zip(traj["tid"], traj["depth"], strict=True)], fontsize=7)
     ax.set_ylim(len(traj) - 0.5, -0.5)
     ax.set_xlabel("run time (s)")
     style_axes(ax)

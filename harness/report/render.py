@@ -126,7 +126,26 @@ def headline(runs: list[RunData]) -> str:
             "trajectories). Success: completed within deadlines and SLOs.</p>")
     warnings = "".join(f"<p class='note'><b>warning</b> ({html.escape(_label(r))}): "
                        f"{html.escape(w)}</p>" for r in runs for w in r.summary["warnings"])
-    return "<h2 id='headline'>Headline</h2>" + table(heads, rows) + note + warnings
+    return ("<h2 id='headline'>Headline</h2>" + table(heads, rows) + note + workload_note(runs)
+            + warnings)
+
+
+def workload_note(runs: list[RunData]) -> str:
+    """What the headline counts when a trace has sub-agents, and a token-scaled trace said."""
+    lines = []
+    for r in runs:
+        trace = r.run.to_dict().get("trace") or {}
+        scale = trace.get("token_scale", 1.0)
+        if isinstance(scale, int | float) and scale != 1.0:
+            lines.append(f"{_label(r)}: every token count of the trace was scaled by "
+                         f"{scale:g} (rounded up) to fit the model's context")
+        sub = r.summary["trajectories"].get("subagents")
+        if sub:
+            failed = r.summary["trajectories"].get("subagent_failed", 0)
+            lines.append(f"{_label(r)}: each task counts with its sub-agents (it succeeds only "
+                         f"if they all do): {sub['succeeded']}/{sub['total']} sub-agents "
+                         f"succeeded; {failed} task(s) completed but lost a sub-agent")
+    return "".join(f"<p class='note'>{line}</p>" for line in lines)
 
 
 def _err_cell(err: dict[str, Any], key: str, stat: str) -> str:

@@ -2,6 +2,19 @@
 
 The schema version and provenance travel in the Parquet file's key-value metadata, so a file
 explains where it came from and what was inferred rather than recorded.
+
+Version 2 added sub-agents and the shape of the context:
+- `parent_id` + `spawn_step` (per trajectory): a sub-agent, started by its parent's tool step
+  `spawn_step` (tool_class `subagent`). That step starts all its children at once and the parent
+  waits until every one has ended, then `latency_s` more (the time the trace spent after them).
+  Sub-agents never arrive on their own; they run beside their parent and each other.
+- `prefix_tokens` (per trajectory): how many leading tokens of its first call every trajectory
+  of its `prefix_group` shares (a shared tools + system prompt); null means 128.
+- `keep_tokens` (LLM steps): before this call appends `input_tokens`, the context is cut to its
+  first `keep_tokens` tokens (null: all of it is kept, the last call's output included). A trace
+  that says which blocks a request shares with the one before sets it, so the replay shares
+  exactly those.
+A version-1 file reads as version 2 with these columns null (`upgrade`).
 """
 
 from __future__ import annotations
@@ -17,7 +30,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
+# Versions a file may have: older ones are upgraded on read (`upgrade`).
+READABLE_VERSIONS = ("1", "2")
 META_SCHEMA_VERSION = b"harness.trajectory.schema_version"
 META_PROVENANCE = b"harness.trajectory.provenance"
 
@@ -33,7 +48,11 @@ TOOL_CLASSES = (
     "sandbox",
     "human",
     "long_job",
+    "subagent",
 )
+TOOL_SUBAGENT = "subagent"
+# When a trajectory's prefix_group is set and prefix_tokens is not (version-1 files).
+DEFAULT_PREFIX_TOKENS = 128
 
 ARROW_SCHEMA = pa.schema(
     [
@@ -52,11 +71,18 @@ ARROW_SCHEMA = pa.schema(
         pa.field("deadline_s", pa.float64()),
         pa.field("outcome", pa.string()),
         pa.field("mutating", pa.bool_()),
+        pa.field("parent_id", pa.string()),
+        pa.field("spawn_step", pa.int32()),
+        pa.field("prefix_tokens", pa.int64()),
+        pa.field("keep_tokens", pa.int64()),
     ]
 )
+# The columns version 2 added; a version-1 file has none of them.
+V2_COLUMNS = ("parent_id", "spawn_step", "prefix_tokens", "keep_tokens")
 COLUMNS: tuple[str, ...] = tuple(ARROW_SCHEMA.names)
 # Repeated per step but constant per trajectory: stored dictionary-encoded.
-TRAJECTORY_LEVEL = ("trajectory_id", "start_s", "priority", "tenant", "prefix_group")
+TRAJECTORY_LEVEL = ("trajectory_id", "start_s", "priority", "tenant", "prefix_group",
+                    "parent_id", "spawn_step", "prefix_tokens")
 DICTIONARY_COLUMNS = (
     "trajectory_id",
     "kind",
@@ -66,7 +92,18 @@ DICTIONARY_COLUMNS = (
     "tool_name",
     "tool_class",
     "outcome",
+    "parent_id",
 )
+
+
+def upgrade(table: pa.Table) -> pa.Table:
+    """A table of an older version with the columns it lacks added as nulls (a version-1 file
+    has no sub-agents, keeps its whole context and shares the default prefix)."""
+    for name in V2_COLUMNS:
+        if name not in table.column_names:
+            table = table.append_column(ARROW_SCHEMA.field(name),
+                                        pa.nulls(table.num_rows, ARROW_SCHEMA.field(name).type))
+    return table
 
 
 @dataclass
@@ -104,7 +141,12 @@ class Provenance:
 
 
 def to_table(df: pd.DataFrame) -> pa.Table:
-    """Convert a step frame (columns as in COLUMNS) to an Arrow table of the canonical schema."""
+    """Convert a step frame (columns as in COLUMNS; version 2's may be absent, meaning null) to
+    an Arrow table of the canonical schema."""
+    absent = [c for c in V2_COLUMNS if c not in df.columns]
+    if absent:
+        df = df.assign(**{c: pd.Series([None] * len(df), index=df.index, dtype=object)
+                          for c in absent})
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(f"missing columns: {', '.join(missing)}")

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 
 from harness.arrays import BoolArray, FloatArray, ObjectArray
 from harness.errors import InputError
+from harness.traces.context import context_lengths
 from harness.traces.schema import (
     ARROW_SCHEMA,
     KIND_LLM,
@@ -23,7 +24,10 @@ from harness.traces.schema import (
     META_SCHEMA_VERSION,
     OUTCOMES,
     PRIORITIES,
+    READABLE_VERSIONS,
     SCHEMA_VERSION,
+    TOOL_SUBAGENT,
+    upgrade,
 )
 
 MAX_REPORTED = 200
@@ -48,7 +52,8 @@ class Problem:
         return f"{': '.join(where)}: [{self.rule}] {self.message}"
 
 
-_INT_COLUMNS = ("step", "input_tokens", "output_tokens")
+_INT_COLUMNS = ("step", "input_tokens", "output_tokens", "spawn_step", "prefix_tokens",
+                "keep_tokens")
 _FLOAT_COLUMNS = ("start_s", "latency_s", "deadline_s")
 _STRING_COLUMNS = (
     "trajectory_id",
@@ -59,6 +64,7 @@ _STRING_COLUMNS = (
     "tool_name",
     "tool_class",
     "outcome",
+    "parent_id",
 )
 _REQUIRED_NON_NULL = ("trajectory_id", "step", "kind", "start_s", "priority", "tenant")
 
@@ -91,16 +97,16 @@ def _read(path: Path, problems: list[Problem]) -> pa.Table | None:
         problems.append(Problem(name, "not-parquet", f"cannot read as Parquet: {exc}"))
         return None
     version = (table.schema.metadata or {}).get(META_SCHEMA_VERSION)
-    if version is not None and version.decode(errors="replace") != SCHEMA_VERSION:
+    if version is not None and version.decode(errors="replace") not in READABLE_VERSIONS:
         problems.append(
             Problem(
                 name,
                 "schema-version",
-                f"schema version {version.decode(errors='replace')!r} is not the supported "
-                f"{SCHEMA_VERSION!r}",
+                f"schema version {version.decode(errors='replace')!r} is not one this harness "
+                f"reads ({', '.join(READABLE_VERSIONS)}; it writes {SCHEMA_VERSION!r})",
             )
         )
-    return table
+    return upgrade(table)
 
 
 def check_table(table: pa.Table, file: str) -> list[Problem]:
@@ -112,7 +118,8 @@ def check_table(table: pa.Table, file: str) -> list[Problem]:
                                 f"column {name!r} appears more than once"))
     if problems:
         return problems
-    present = set(names)
+    table = upgrade(table)  # columns a newer version added may be absent: null
+    present = set(table.column_names)
     for f in ARROW_SCHEMA:
         if f.name not in present:
             problems.append(Problem(file, "missing-column", f"column {f.name!r} is missing"))
@@ -181,7 +188,13 @@ def check_frame(df: pd.DataFrame, file: str) -> list[Problem]:
     _check_tool_fields(df, rows, is_tool)
     if rows.problems:
         return rows.problems
-    return _check_structure(df, file, rows.tid, rows.step_raw.astype(np.int64), is_tool)
+    problems = _check_structure(df, file, rows.tid, rows.step_raw.astype(np.int64), is_tool)
+    if problems:
+        return problems
+    _check_context(df, rows, is_llm, is_tool)
+    if rows.problems:
+        return rows.problems
+    return _check_subagents(df, file, rows.tid, rows.step_raw.astype(np.int64), is_tool)
 
 
 class _Rows:
@@ -249,6 +262,97 @@ def _check_tool_fields(df: pd.DataFrame, rows: _Rows, is_tool: BoolArray) -> Non
          "tool step needs 'mutating'")
 
 
+def _check_context(df: pd.DataFrame, rows: _Rows, is_llm: BoolArray,
+                   is_tool: BoolArray) -> None:
+    """keep_tokens (LLM steps, never above the context the call finds) and prefix_tokens."""
+    flag = rows.flag
+    keep = df["keep_tokens"].to_numpy(dtype="float64", na_value=np.nan)
+    has_keep = ~np.isnan(keep)
+    flag(is_tool & has_keep, "keep-on-tool", "keep_tokens is for LLM steps only")
+    flag(has_keep & (keep < 0), "bad-keep", "keep_tokens must be >= 0")
+    pre = df["prefix_tokens"].to_numpy(dtype="float64", na_value=np.nan)
+    has_pre = ~np.isnan(pre)
+    flag(has_pre & (pre < 0), "bad-prefix", "prefix_tokens must be >= 0")
+    flag(has_pre & df["prefix_group"].isna().to_numpy(), "bad-prefix",
+         "prefix_tokens needs a prefix_group (the trajectories that share the prefix)")
+    if rows.problems:
+        return
+    lengths = context_lengths(df)
+    flag(is_llm & has_keep & (keep > lengths.before), "bad-keep",
+         "keep_tokens is more than the context the call finds (what earlier steps appended "
+         "and generated)")
+    first = _starts(rows.tid)
+    inp = df["input_tokens"].to_numpy(dtype="float64", na_value=0.0)
+    flag(first & has_pre & (pre > inp), "bad-prefix",
+         "prefix_tokens is more than the first call's input_tokens")
+
+
+def _starts(tid: np.ndarray) -> BoolArray:
+    change = np.empty(len(tid), dtype=bool)
+    change[0] = True
+    change[1:] = tid[1:] != tid[:-1]
+    return change
+
+
+def _check_subagents(df: pd.DataFrame, file: str, tid: np.ndarray, step: np.ndarray,
+                     is_tool: BoolArray) -> list[Problem]:
+    """Sub-agents: a parent that exists, a spawn step that is one of its `subagent` tool steps,
+    no cycles, and no `subagent` step without a child."""
+    problems: list[Problem] = []
+    starts = np.flatnonzero(_starts(tid))
+    ids = [str(t) for t in tid[starts]]
+    parent = df["parent_id"].astype(object).to_numpy()[starts]
+    spawn = df["spawn_step"].to_numpy(dtype="float64", na_value=np.nan)[starts]
+    cls = df["tool_class"].astype(object).to_numpy()
+    is_spawn = is_tool & (cls == TOOL_SUBAGENT)
+    spawn_steps = {(str(tid[i]), int(step[i])) for i in np.flatnonzero(is_spawn)}
+    known = set(ids)
+    parent_of: dict[str, str] = {}
+    used: set[tuple[str, int]] = set()
+    for k, t in enumerate(ids):
+        p = parent[k]
+        has_p = isinstance(p, str)
+        if has_p != (not np.isnan(spawn[k])):
+            problems.append(Problem(file, "bad-spawn", "parent_id and spawn_step go together: "
+                                    "set both (a sub-agent) or neither", t))
+            continue
+        if not has_p:
+            continue
+        assert isinstance(p, str)
+        if p not in known:
+            problems.append(Problem(file, "missing-parent",
+                                    f"parent trajectory {p!r} is not in the file", t))
+            continue
+        key = (p, int(spawn[k]))
+        if key not in spawn_steps:
+            problems.append(Problem(file, "bad-spawn",
+                                    f"spawn_step {key[1]} of parent {p!r} is not a "
+                                    f"{TOOL_SUBAGENT!r} tool step", t))
+            continue
+        parent_of[t] = p
+        used.add(key)
+    for t in parent_of:  # a parent chain must end at a root
+        seen = {t}
+        p = parent_of.get(t)
+        while p is not None:
+            if p in seen:
+                problems.append(Problem(file, "subagent-cycle",
+                                        "its chain of parents comes back to itself", t))
+                break
+            seen.add(p)
+            p = parent_of.get(p)
+    lat_null = df["latency_s"].isna().to_numpy()
+    for i in np.flatnonzero(is_spawn & lat_null)[:MAX_REPORTED]:
+        problems.append(Problem(file, "bad-latency", f"a {TOOL_SUBAGENT!r} step's latency_s "
+                                "(the wait after its sub-agents end) cannot be null",
+                                str(tid[i]), int(step[i])))
+    for t, s in sorted(spawn_steps - used)[:MAX_REPORTED]:
+        problems.append(Problem(file, "no-children",
+                                f"a {TOOL_SUBAGENT!r} tool step must start at least one "
+                                "sub-agent (none names it as its spawn_step)", t, s))
+    return problems[:MAX_REPORTED]
+
+
 def _check_structure(
     df: pd.DataFrame, file: str, tid: np.ndarray, step: np.ndarray, is_tool: np.ndarray
 ) -> list[Problem]:
@@ -297,7 +401,8 @@ def _check_structure(
         problems.append(Problem(file, "not-alternating",
                                 f"{what}: LLM and tool steps must alternate",
                                 str(tid[i]), int(step[i])))
-    for col in ("start_s", "priority", "tenant", "prefix_group"):
+    for col in ("start_s", "priority", "tenant", "prefix_group", "parent_id", "spawn_step",
+                "prefix_tokens"):
         nuniq = df.groupby(codes, sort=False)[col].nunique(dropna=False).to_numpy()
         for c in np.flatnonzero(nuniq > 1)[:MAX_REPORTED]:
             problems.append(Problem(file, "trajectory-level-varies",

@@ -156,10 +156,12 @@ def is_seconds(value: Any) -> bool:
 
 @dataclass
 class LLM:
-    """An LLM step: tokens appended before the call and tokens it generates."""
+    """An LLM step: tokens appended before the call and tokens it generates; `keep_tokens`, when
+    set, cuts the context to that many leading tokens first."""
 
     input_tokens: int
     output_tokens: int
+    keep_tokens: int | None = None
 
 
 @dataclass
@@ -184,6 +186,9 @@ class Trajectory:
     priority: str = "interactive"
     tenant: str = "default"
     prefix_group: str | None = None
+    prefix_tokens: int | None = None
+    parent_id: str | None = None  # a sub-agent: its parent, and the parent's step that
+    spawn_step: int | None = None  # spawns it (a `subagent` tool step)
 
 
 def drop_trailing_tools(steps: list[LLM | Tool]) -> int:
@@ -206,10 +211,14 @@ def build_frame(trajectories: Iterable[Trajectory]) -> pd.DataFrame:
             cols["priority"].append(t.priority)
             cols["tenant"].append(t.tenant)
             cols["prefix_group"].append(t.prefix_group)
+            cols["prefix_tokens"].append(t.prefix_tokens)
+            cols["parent_id"].append(t.parent_id)
+            cols["spawn_step"].append(t.spawn_step)
             if isinstance(s, LLM):
                 cols["kind"].append(KIND_LLM)
                 cols["input_tokens"].append(s.input_tokens)
                 cols["output_tokens"].append(s.output_tokens)
+                cols["keep_tokens"].append(s.keep_tokens)
                 for c in ("tool_name", "tool_class", "outcome", "mutating"):
                     cols[c].append(None)
                 cols["latency_s"].append(math.nan)
@@ -218,6 +227,7 @@ def build_frame(trajectories: Iterable[Trajectory]) -> pd.DataFrame:
                 cols["kind"].append(KIND_TOOL)
                 cols["input_tokens"].append(None)
                 cols["output_tokens"].append(None)
+                cols["keep_tokens"].append(None)
                 cols["tool_name"].append(s.tool_name)
                 cols["tool_class"].append(s.tool_class)
                 cols["outcome"].append(s.outcome)
@@ -226,7 +236,7 @@ def build_frame(trajectories: Iterable[Trajectory]) -> pd.DataFrame:
                 cols["deadline_s"].append(math.nan if s.deadline_s is None else s.deadline_s)
     obj = {c: np.asarray(cols[c], dtype=object) for c in
            ("trajectory_id", "kind", "priority", "tenant", "prefix_group", "tool_name",
-            "tool_class", "outcome")}
+            "tool_class", "outcome", "parent_id")}
     return pd.DataFrame({
         "trajectory_id": obj["trajectory_id"],
         "step": np.asarray(cols["step"], dtype=np.int32),
@@ -243,4 +253,8 @@ def build_frame(trajectories: Iterable[Trajectory]) -> pd.DataFrame:
         "deadline_s": np.asarray(cols["deadline_s"], dtype=np.float64),
         "outcome": obj["outcome"],
         "mutating": pd.array(cols["mutating"], dtype="boolean"),
+        "parent_id": obj["parent_id"],
+        "spawn_step": pd.array(cols["spawn_step"], dtype="Int32"),
+        "prefix_tokens": pd.array(cols["prefix_tokens"], dtype="Int64"),
+        "keep_tokens": pd.array(cols["keep_tokens"], dtype="Int64"),
     }, columns=list(COLUMNS))

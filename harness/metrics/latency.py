@@ -9,14 +9,8 @@ import pandas as pd
 
 from harness.metrics.bootstrap import DEFAULT_RESAMPLES, DEFAULT_SEED, quantile_ci
 from harness.metrics.frames import token_gaps_ms
+from harness.traces.buckets import PAUSE_BUCKETS
 from harness.traces.stats import quantiles
-
-PAUSE_BUCKETS: tuple[tuple[str, float, float], ...] = (
-    ("<0.1s", 0.0, 0.1),
-    ("0.1-1s", 0.1, 1.0),
-    ("1-10s", 1.0, 10.0),
-    (">=10s", 10.0, float("inf")),
-)
 
 
 def pct(values: pd.Series | np.ndarray) -> dict[str, Any]:

@@ -66,10 +66,13 @@ def _own_success(frames: Frames, slo: dict[str, float]) -> pd.DataFrame:
                         "ok": completed & ~violating}, index=traj.index)
     parent = (traj["parent_tid"].astype(object) if "parent_tid" in traj.columns
               else pd.Series(None, index=traj.index, dtype=object))
-    code_of = pd.Series(traj.index, index=traj["tid"].astype(object).to_numpy())
-    code_of = code_of[~code_of.index.duplicated()]
-    up = {int(c): int(code_of[p]) for c, p in parent.items()
-          if isinstance(p, str) and p in code_of.index}
+    code_of: dict[str, int] = {}
+    for c, t in zip(traj.index.to_numpy(dtype=np.int64), traj["tid"].astype(object),
+                    strict=True):
+        code_of.setdefault(str(t), int(c))
+    up = {int(c): code_of[p] for c, p in zip(traj.index.to_numpy(dtype=np.int64),
+                                              parent.to_numpy(), strict=True)
+          if isinstance(p, str) and p in code_of}
     roots = []
     for c in traj.index:
         r, seen = int(c), set()
@@ -162,7 +165,7 @@ def cache_mismatches(
     retained = judged["retained_tokens"].fillna(0.0)
     if "resume_reusable_tokens" in judged.columns:
         # a call that keeps only part of its context can reuse only that part
-        retained = np.minimum(retained, judged["resume_reusable_tokens"].fillna(retained))
+        retained = retained.clip(upper=judged["resume_reusable_tokens"].fillna(retained))
     cached = judged["resume_cached_tokens"]
     tol = np.maximum(float(abs_tokens), rel * retained)
     discarded = judged["erased"].astype(bool) & (judged["swap_in_bytes"] <= 0)

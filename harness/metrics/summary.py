@@ -20,9 +20,11 @@ from harness.metrics.bootstrap import mean_ci
 from harness.metrics.events import read_events
 from harness.metrics.frames import Frames, build_frames, link_events
 from harness.metrics.health import CLIENT_LAG_WARN_MS, lag_cause, run_health
+from harness.metrics.reuse import measured_reuse
 from harness.metrics.server_times import server_times
 from harness.records.manifest import RunManifest, read_manifest
 from harness.records.store import read_records, read_server_metrics
+from harness.traces.buckets import PAUSE_BUCKETS
 
 SUMMARY_VERSION = "3"
 
@@ -35,8 +37,8 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "memory_time_token_s", "memory_time_mib_s", "kv_paused_peak_tokens", "kv_paused_mean_tokens",
     "kv_active_peak_tokens", "kv_active_mean_tokens", "goodput_per_min", "outcome_ci95",
     "bystander_ttft_ms",
-    "by_tool_class", "by_pause_bucket", "server_occupancy", "server_times_ms", "duration_s",
-    "pauses",
+    "by_tool_class", "by_pause_bucket", "reuse", "server_occupancy", "server_times_ms",
+    "duration_s", "pauses",
     "pause_actions", "slo", "kv_bytes_per_token", "warnings", "health", "run_id",
     "summary_version",
 )
@@ -112,6 +114,7 @@ def summarize_frames(
         "bystander_ttft_ms": lat["bystander_ttft_ms"],
         "by_tool_class": _by_tool_class(frames, bpt),
         "by_pause_bucket": _by_pause_bucket(frames, bpt),
+        "reuse": measured_reuse(frames),
         "server_occupancy": occupancy.server_occupancy(server_metrics),
         "server_times_ms": server_times(server_metrics),
         "duration_s": duration,
@@ -193,7 +196,7 @@ def _by_pause_bucket(frames: Frames, bpt: float | None) -> dict[str, Any]:
     empty = {"pauses": 0, "resume_latency_ms": latency.pct(np.zeros(0)),
              "wait_s": latency.pct(np.zeros(0)), "memory_time_token_s": 0.0,
              "memory_time_mib_s": occupancy.to_mib(0.0, bpt)}
-    return {label: stats.get(label, empty) for label, _, _ in latency.PAUSE_BUCKETS}
+    return {label: stats.get(label, empty) for label, _, _ in PAUSE_BUCKETS}
 
 
 def load_dir(results_dir: Path) -> tuple[pd.DataFrame, RunManifest, pd.DataFrame | None]:

@@ -33,6 +33,8 @@ class TraceRef:
     steps: int
     subagents: int = 0  # trajectories started by a parent, beside `trajectories`
     token_scale: float = 1.0  # every token count was multiplied by this (rounded up)
+    # the trace's best prefix-hit rate and each fixed policy's (harness.traces.reuse)
+    ideal_reuse: dict[str, Any] | None = None
 
 
 @dataclass

@@ -30,6 +30,7 @@ from harness.replay import pinning
 from harness.replay.options import AUTO, RunOptions
 from harness.replay.runner import run_on_runtime
 from harness.selftest.result import read_selftest
+from harness.traces.reuse import ideal_reuse
 from harness.traces.scale import check_token_scale, scale_tokens
 from harness.traces.schema import file_sha256
 from harness.traces.validate import load_trajectories
@@ -70,7 +71,7 @@ def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo,
         policy_sees_true_latency=pol.sees_true_latency,
         trace=TraceRef(str(o.trace), file_sha256(o.trace), len(plan.trajectories),
                        int(len(steps)), len(plan.all_trajectories()) - len(plan.trajectories),
-                       o.token_scale),
+                       o.token_scale, ideal_reuse(steps)),
         seed=o.seed, injection=injection.as_dict(),
         arrivals=ArrivalsRef(a.mode, a.concurrency, a.rate, a.time_scale),
         harness_version=__version__, git_commit=git_commit(), host=host_identity(),

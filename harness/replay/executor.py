@@ -12,7 +12,9 @@ import hashlib
 import math
 import re
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from harness.adapters.base import Adapter, CompletionRequest, Unsupported
 from harness.plan.planner import CallStep, Plan, ToolStep, TrajectoryPlan
@@ -71,7 +73,7 @@ class RunCounters:
 SERVER_FAULTS = ("server error:", "timeout:")
 
 
-async def _settle(tasks: list[asyncio.Task[None]], cancel: bool) -> None:
+async def _settle(tasks: Sequence[asyncio.Task[Any]], cancel: bool) -> None:
     """Wait until every task is done (first cancelling, when `cancel`, those not cancelled
     yet: a second cancel would cut their cleanup short); a cancel that arrives meanwhile is
     passed on to them, and the wait goes on until they have ended."""

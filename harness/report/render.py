@@ -11,8 +11,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from harness.metrics.latency import PAUSE_BUCKETS, resume_samples
+from harness.metrics.latency import resume_samples
 from harness.metrics.registry import Metric, metric
+from harness.metrics.reuse import reuse_rows
 from harness.report import plots
 from harness.report.data import RunData, load_runs
 from harness.report.differences import CSS as DIFF_CSS
@@ -21,6 +22,7 @@ from harness.report.fidelity import fidelity_section
 from harness.report.fmt import fmt, fmt_bytes, table
 from harness.report.health_view import HEALTH_CSS, health_section
 from harness.report.turns import turns
+from harness.traces.buckets import PAUSE_BUCKETS
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#222;
@@ -66,7 +68,8 @@ def render_runs(runs: list[RunData], baseline: int = 0) -> str:
     parts += [health_section(runs, _label), headline(runs),
               differences_section(runs, _label, baseline), instrument_section(runs),
               cdf_section(runs), bucket_grid(runs),
-              parts_section(runs), occupancy_section(runs), timeline_section(runs),
+              parts_section(runs), reuse_section(runs), occupancy_section(runs),
+              timeline_section(runs),
               tools_section(runs), by_class_section(runs), prediction_section(runs),
               fidelity_section(runs), metadata_section(runs)]
     parts.append("</body></html>")
@@ -128,6 +131,33 @@ def headline(runs: list[RunData]) -> str:
                        f"{html.escape(w)}</p>" for r in runs for w in r.summary["warnings"])
     return ("<h2 id='headline'>Headline</h2>" + table(heads, rows) + note + workload_note(runs)
             + warnings)
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * float(v):.1f}%"
+
+
+def reuse_section(runs: list[RunData]) -> str:
+    """Measured prefix reuse beside the trace's ideal (an infinite cache) and the run's policy's
+    with unlimited memory, by the pause before each call."""
+    blocks = []
+    for r in runs:
+        trace = r.run.to_dict().get("trace") or {}
+        rows = reuse_rows(r.summary.get("reuse"), trace.get("ideal_reuse"), r.run.policy)
+        if not rows:
+            continue
+        blocks.append(f"<h3>{_label(r)}</h3>" + table(
+            ["pause before the call", "calls", "measured (server's cached tokens)",
+             "ideal (infinite cache)", f"{html.escape(str(r.run.policy))}, unlimited memory"],
+            [[html.escape(x["bucket"]), fmt(x["calls"]), _pct(x["measured"]),
+              _pct(x["ideal"]), _pct(x["policy_ideal"])] for x in rows], 1))
+    if not blocks:
+        return ""
+    return ("<h2 id='reuse'>Prefix reuse vs the ideal</h2><p class='note'>Share of prompt "
+            "tokens served from cache. Ideal: what the trace allows with an infinite cache "
+            "(everything a call keeps of its context, and a prefix group's shared prefix after "
+            "its first sender), bucketed by the trace's pause lengths; measured: bucketed by "
+            "the pause as it ran (a parent's includes its sub-agents).</p>" + "".join(blocks))
 
 
 def workload_note(runs: list[RunData]) -> str:

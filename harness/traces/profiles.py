@@ -2,6 +2,9 @@
 
 A profile is a TOML file. Built-in ones live beside this module; users pass a path to their own.
 Every key is checked, and a profile with an unknown or malformed key is refused with its name.
+Two optional parts shape agent sessions: `prefix_tokens` (the tools + system prompt every
+trajectory of a prefix group starts with) and a `[subagent]` table (tool steps that start
+several shorter sub-agents at once, as a coding agent's task tool does).
 """
 
 from __future__ import annotations
@@ -38,6 +41,33 @@ class ToolClass:
     mutating: bool = False
     tool_names: tuple[str, ...] = ()
     result_tokens: Dist | None = None
+
+
+@dataclass(frozen=True)
+class Subagents:
+    """Sub-agent fan-out: each tool step of a top-level trajectory is, with `probability`, a
+    `subagent` step that starts `fanout_min`..`fanout_max` sub-agents at once.
+
+    A sub-agent is a shorter agent of its own: `turns_*` LLM calls, its first call the task the
+    parent gave it (`prompt_tokens`) after its prefix group's shared prefix (`prefix_tokens`,
+    drawn once per group, the parent's group + "-sub"), its tool steps drawn from the profile's
+    classes named in `tool_classes` (all when empty). The parent's step returns
+    `result_tokens` (the sub-agents' reports) `residual_s` after the last sub-agent ends.
+    """
+
+    probability: float
+    fanout_min: int = 2
+    fanout_max: int = 2
+    turns_min: int = 2
+    turns_max: int = 4
+    prompt_tokens: Dist = field(default_factory=lambda: Dist(median=128))
+    output_tokens: Dist | None = None  # None: the profile's output_tokens
+    result_tokens: Dist = field(default_factory=lambda: Dist(median=128))
+    prefix_tokens: Dist | None = None
+    residual_s: Dist = field(default_factory=lambda: Dist(median=0.1))
+    deadline_s: float | None = None
+    tool_classes: tuple[str, ...] = ()
+    tool_names: tuple[str, ...] = ("task",)
 
 
 @dataclass(frozen=True)
@@ -78,8 +108,10 @@ class Profile:
     interactive_fraction: float = 1.0
     tenants: tuple[str, ...] = ("default",)
     prefix_groups: int = 0
+    prefix_tokens: Dist | None = None  # the shared prefix of each group's first calls
     tool_classes: tuple[ToolClass, ...] = ()
     fixed: tuple[FixedTrajectory, ...] = ()
+    subagent: Subagents | None = None
 
 
 def _fail(where: str, msg: str) -> InputError:
@@ -209,12 +241,89 @@ def _fixed(raw: dict[str, Any], where: str) -> FixedTrajectory:
     )
 
 
+def _range(d: dict[str, Any], key: str, where: str, lo: int, hi: int,
+           most: float) -> tuple[int, int]:
+    """d[key] as {min, max} integers >= 1 (default (lo, hi))."""
+    raw = d.get(key, {"min": lo, "max": hi})
+    w = f"{where}.{key}"
+    if not isinstance(raw, dict):
+        raise _fail(w, "must be a table with 'min' and 'max'")
+    _take(raw, w, {"min", "max"})
+    for k in ("min", "max"):
+        if k in raw and not isinstance(raw[k], int):
+            raise _fail(w, f"{k!r} must be an integer, got {raw[k]!r}")
+    a = int(_num(raw, "min", w, lo, positive=True, most=most))
+    b = int(_num(raw, "max", w, hi, positive=True, most=most))
+    if b < a:
+        raise _fail(w, "'max' must be >= 'min'")
+    return a, b
+
+
+def _names(d: dict[str, Any], key: str, where: str, default: tuple[str, ...],
+           empty_ok: bool) -> tuple[str, ...]:
+    v = d.get(key, list(default))
+    if (not isinstance(v, list) or not all(isinstance(x, str) and x for x in v)
+            or (not v and not empty_ok)):
+        raise _fail(where, f"{key!r} must be a {'' if empty_ok else 'non-empty '}list of "
+                           "non-empty strings")
+    return tuple(v)
+
+
+def _subagents(raw: Any, where: str, classes: tuple[ToolClass, ...]) -> Subagents:
+    if not isinstance(raw, dict):
+        raise _fail(where, "'subagent' must be a table ([subagent])")
+    _take(raw, where, {"probability", "fanout", "turns", "prompt_tokens", "output_tokens",
+                       "result_tokens", "prefix_tokens", "residual_s", "deadline_s",
+                       "tool_classes", "tool_names"})
+    if "probability" not in raw:
+        raise _fail(where, "missing 'probability'")
+    fmin, fmax = _range(raw, "fanout", where, 2, 2, MAX_COUNT)
+    tmin, tmax = _range(raw, "turns", where, 2, 4, MAX_TURNS)
+    wanted = _names(raw, "tool_classes", where, (), empty_ok=True)
+    known = {c.name for c in classes}
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise _fail(where, f"'tool_classes' names no [[tool_class]] of the profile: "
+                           f"{', '.join(unknown)}")
+
+    def dist(key: str, most: float) -> Dist | None:
+        return _dist(raw[key], f"{where}.{key}", most) if key in raw else None
+
+    return Subagents(
+        probability=_fraction(raw, "probability", where, 0.0),
+        fanout_min=fmin, fanout_max=fmax, turns_min=tmin, turns_max=tmax,
+        prompt_tokens=dist("prompt_tokens", MAX_TOKENS) or Dist(median=128),
+        output_tokens=dist("output_tokens", MAX_TOKENS),
+        result_tokens=dist("result_tokens", MAX_TOKENS) or Dist(median=128),
+        prefix_tokens=dist("prefix_tokens", MAX_TOKENS),
+        residual_s=dist("residual_s", MAX_SECONDS) or Dist(median=0.1),
+        deadline_s=(_num(raw, "deadline_s", where, positive=True, most=MAX_SECONDS)
+                    if "deadline_s" in raw else None),
+        tool_classes=wanted,
+        tool_names=_names(raw, "tool_names", where, ("task",), empty_ok=False),
+    )
+
+
+def _check_sessions(prefix: Dist | None, sub: Subagents | None, groups: int, fixed: bool,
+                    where: str) -> None:
+    """prefix_tokens and [subagent] shape generated trajectories that have prefix groups."""
+    if fixed and (prefix is not None or sub is not None):
+        raise _fail(where, "'prefix_tokens' and [subagent] apply to generated trajectories, "
+                           "not to [[trajectory]] ones")
+    if prefix is not None and groups < 1:
+        raise _fail(where, "'prefix_tokens' needs 'prefix_groups' >= 1 (the groups that "
+                           "share the prefix)")
+    if sub is not None and sub.prefix_tokens is not None and groups < 1:
+        raise _fail(where, "'subagent.prefix_tokens' needs 'prefix_groups' >= 1 (a "
+                           "sub-agent's group is its parent's group + '-sub')")
+
+
 def parse_profile(data: dict[str, Any], where: str) -> Profile:
     """Build a Profile from parsed TOML, refusing unknown keys and bad values by name."""
     _take(data, where, {"name", "description", "turns", "prompt_tokens", "output_tokens",
                         "result_tokens", "max_context_tokens", "arrival_rate_per_s",
                         "interactive_fraction", "tenants", "prefix_groups", "tool_class",
-                        "trajectory"})
+                        "trajectory", "prefix_tokens", "subagent"})
     turns = data.get("turns", {"min": 1, "max": 1})
     if not isinstance(turns, dict):
         raise _fail(where, "'turns' must be a table with 'min' and 'max'")
@@ -232,6 +341,12 @@ def parse_profile(data: dict[str, Any], where: str) -> Profile:
     tenants = data.get("tenants", ["default"])
     if not isinstance(tenants, list) or not tenants:
         raise _fail(where, "'tenants' must be a non-empty list")
+    groups = int(_num(data, "prefix_groups", where, 0.0))
+    prefix = (_dist(data["prefix_tokens"], f"{where}.prefix_tokens", MAX_TOKENS)
+              if "prefix_tokens" in data else None)
+    sub = (_subagents(data["subagent"], f"{where}.subagent", classes)
+           if "subagent" in data else None)
+    _check_sessions(prefix, sub, groups, bool(fixed), where)
     return Profile(
         name=str(data.get("name", where)),
         description=str(data.get("description", "")),
@@ -251,9 +366,11 @@ def parse_profile(data: dict[str, Any], where: str) -> Profile:
                             if "arrival_rate_per_s" in data else None),
         interactive_fraction=_fraction(data, "interactive_fraction", where, 1.0),
         tenants=tuple(str(t) for t in tenants),
-        prefix_groups=int(_num(data, "prefix_groups", where, 0.0)),
+        prefix_groups=groups,
+        prefix_tokens=prefix,
         tool_classes=classes,
         fixed=fixed,
+        subagent=sub,
     )
 
 

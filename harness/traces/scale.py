@@ -43,7 +43,7 @@ def scale_tokens(df: pd.DataFrame, factor: float) -> pd.DataFrame:
         if col == "output_tokens":
             is_llm = (out["kind"].astype(object) == KIND_LLM).to_numpy()
             scaled = np.where(is_llm & ~np.isnan(scaled), np.maximum(scaled, 1), scaled)
-        out[col] = pd.array(np.where(np.isnan(raw), None, scaled).tolist(),
-                            dtype=out[col].dtype if str(out[col].dtype).startswith("Int")
-                            else "Int64")
+        series = pd.Series(scaled, index=out.index)
+        out[col] = (series.astype("Int32") if str(out[col].dtype) == "Int32"
+                    else series.astype("Int64"))
     return out

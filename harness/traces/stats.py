@@ -7,7 +7,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.traces.schema import KIND_LLM, KIND_TOOL
+from harness.traces.context import context_lengths
+from harness.traces.reuse import ideal_reuse
+from harness.traces.schema import KIND_LLM, KIND_TOOL, TOOL_SUBAGENT, Provenance
 
 
 def quantiles(
@@ -23,16 +25,39 @@ def quantiles(
 
 
 def retained_tokens_at_pauses(df: pd.DataFrame) -> pd.Series:
-    """Tokens held in KV at each tool step: everything appended and generated before it."""
-    tokens = df["input_tokens"].fillna(0).astype("int64") + df["output_tokens"].fillna(0).astype(
-        "int64"
-    )
-    cum = tokens.groupby(df["trajectory_id"].astype(object), sort=False).cumsum()
-    return cum[df["kind"] == KIND_TOOL]
+    """Tokens held in KV at each tool step: the context its trajectory's calls built before it
+    (everything appended and generated, less what a `keep_tokens` cut dropped)."""
+    before = pd.Series(context_lengths(df).before, index=df.index)
+    return before[(df["kind"] == KIND_TOOL).to_numpy()]
 
 
-def describe(df: pd.DataFrame) -> dict[str, Any]:
-    """Summary of a validated trajectory frame; keys documented in the README."""
+def subagent_counts(df: pd.DataFrame) -> dict[str, int]:
+    """Sub-agents of a validated frame: `children` (trajectories with a parent),
+    `subagent_steps` (tool steps that start them), `max_fanout` (most started by one step)."""
+    tid = df["trajectory_id"].astype(object)
+    is_spawn = (df["kind"] == KIND_TOOL) & (df["tool_class"].astype(object) == TOOL_SUBAGENT)
+    if "parent_id" not in df.columns:
+        return {"children": 0, "subagent_steps": int(is_spawn.sum()), "max_fanout": 0}
+    child = df["parent_id"].notna()
+    kids = df.loc[child, ["parent_id", "spawn_step", "trajectory_id"]].astype(object)
+    fan = kids.drop_duplicates().groupby(["parent_id", "spawn_step"]).size()
+    return {"children": int(tid[child].nunique()), "subagent_steps": int(is_spawn.sum()),
+            "max_fanout": int(fan.max()) if len(fan) else 0}
+
+
+def import_summary(provenance: Provenance | None) -> dict[str, Any] | None:
+    """What an importer counted over its source (provenance extra "files" and "totals"), or
+    None when the file's provenance has neither."""
+    if provenance is None:
+        return None
+    found: dict[str, Any] = {k: provenance.extra[k] for k in ("files", "totals")
+                             if k in provenance.extra}
+    return found or None
+
+
+def describe(df: pd.DataFrame, provenance: Provenance | None = None) -> dict[str, Any]:
+    """Summary of a validated trajectory frame; keys documented in the README. With the file's
+    `provenance`, an importer's source counts are added under "import"."""
     is_tool = df["kind"] == KIND_TOOL
     tools = df[is_tool]
     tid = df["trajectory_id"].astype(object)
@@ -64,4 +89,7 @@ def describe(df: pd.DataFrame) -> dict[str, Any]:
         "turns_per_trajectory": quantiles(llm_per_traj.to_numpy()),
         "input_tokens_total": int(df["input_tokens"].fillna(0).sum()),
         "output_tokens_total": int(df["output_tokens"].fillna(0).sum()),
+        "subagents": subagent_counts(df),
+        "ideal_reuse": ideal_reuse(df),
+        **({"import": imported} if (imported := import_summary(provenance)) else {}),
     }

@@ -109,3 +109,100 @@ def test_cli_describe_invalid_file(tmp_path: Path) -> None:
     p.write_text("nope")
     r = CliRunner().invoke(main, ["traces", "describe", str(p)])
     assert r.exit_code == 2 and "[not-parquet]" in r.output and "Traceback" not in r.output
+
+
+def test_describe_ideal_reuse_and_no_subagents() -> None:
+    d = describe(frame())
+    assert d["subagents"] == {"children": 0, "subagent_steps": 0, "max_fanout": 0}
+    u = d["ideal_reuse"]
+    # Prompts: a 100, 110+20, 135+30; b 50; c 10. Kept: 110 and 135; no prefix groups.
+    assert (u["calls"], u["prompt_tokens"], u["reusable_tokens"]) == (5, 455, 245)
+    assert u["hit_rate"] == pytest.approx(245 / 455)
+    assert u["policies"] == pytest.approx({"keep": 245 / 455, "swap": 245 / 455,
+                                           "recompute": 0.0, "ttl": 245 / 455})
+    by = {b["bucket"]: b for b in u["by_bucket"]}
+    assert (by["first call"]["calls"], by["first call"]["hit_rate"]) == (3, 0.0)
+    assert (by["0.1-1s"]["prompt_tokens"], by["0.1-1s"]["reusable_tokens"]) == (130, 110)
+    assert (by["1-10s"]["prompt_tokens"], by["1-10s"]["reusable_tokens"]) == (165, 135)
+    assert "import" not in d
+
+
+def family() -> pd.DataFrame:
+    """p starts q0, q1, q2 at step 1 and q3 at step 3 (all in group g-sub, prefix 40)."""
+    kid = dict(prefix_group="g-sub", prefix_tokens=40, parent_id="p")
+    rows = [_llm("p", 0, 100, 5), _tool("p", 1, "subagent", 0.1, "ok"), _llm("p", 2, 30, 5),
+            _tool("p", 3, "subagent", 0.2, "ok"), _llm("p", 4, 30, 5)]
+    for k, spawn in enumerate((1, 1, 1, 3)):
+        rows += [_llm(f"p/sa{k}", 0, 50, 5) | kid | {"spawn_step": spawn}]
+    df = pd.DataFrame(rows, columns=list(COLUMNS))
+    df["start_s"], df["priority"], df["tenant"] = 0.0, "interactive", "t"
+    return df
+
+
+def test_describe_subagents() -> None:
+    d = describe(family())
+    assert d["subagents"] == {"children": 4, "subagent_steps": 2, "max_fanout": 3}
+    u = d["ideal_reuse"]
+    # Four first calls of g-sub: the last three find 40 prefix tokens sent.
+    by = {b["bucket"]: b for b in u["by_bucket"]}
+    assert by["first call"]["reusable_tokens"] == 3 * 40
+
+
+def test_retained_tokens_follow_keep_tokens() -> None:
+    df = frame()
+    df["keep_tokens"] = pd.array([None, None, 60, None, None, None, None, None], dtype="Int64")
+    # a's second pause holds the 60 kept tokens plus 20 appended and 5 generated.
+    assert list(retained_tokens_at_pauses(df)) == [110, 85, 55]
+
+
+def test_import_totals_in_describe_and_text(tmp_path: Path) -> None:
+    prov = Provenance("kv-cache-tester", extra={
+        "files": 3, "totals": {"parent_tokens": {"input": 12345, "output": 67}}})
+    d = describe(frame(), prov)
+    assert d["import"] == {"files": 3, "totals": {"parent_tokens": {"input": 12345,
+                                                                     "output": 67}}}
+    assert "import" not in describe(frame(), Provenance("generator", extra={"seed": 1}))
+    path = write_trajectories(frame(), tmp_path / "i.parquet", prov)
+    r = CliRunner().invoke(main, ["traces", "describe", str(path)])
+    assert r.exit_code == 0, r.output
+    assert "imported from 3 source files" in r.output
+    assert "parent_tokens.input" in r.output and "12,345" in r.output
+    r = CliRunner().invoke(main, ["traces", "describe", "--json", str(path)])
+    assert json.loads(r.output)["import"]["files"] == 3
+
+
+def test_cli_describe_text_reuse_and_subagents(tmp_path: Path) -> None:
+    path = write_trajectories(family(), tmp_path / "f.parquet", Provenance("test"))
+    r = CliRunner().invoke(main, ["traces", "describe", str(path)])
+    assert r.exit_code == 0, r.output
+    assert "sub-agents: 4 started by 2 subagent steps, at most 3 at once" in r.output
+    assert "ideal prefix reuse (unlimited cache):" in r.output
+    assert "recompute" in r.output and "(tau 2 s, then recompute)" in r.output
+    lines = [ln.split() for ln in r.output.splitlines()]
+    first = next(ln for ln in lines if ln[:2] == ["first", "call"])
+    assert first[2:4] == ["5", "300"]  # 5 first calls, 100 + 4 x 50 prompt tokens
+    assert "10-60s" not in r.output  # empty buckets are left out
+
+
+def test_cli_describe_shipped_sessions_sample() -> None:
+    sample = Path(__file__).resolve().parents[2] / "traces" / "coding-subagents.parquet"
+    r = CliRunner().invoke(main, ["traces", "describe", "--json", str(sample)])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["subagents"]["children"] == 16 and d["subagents"]["max_fanout"] == 3
+    assert d["ideal_reuse"]["hit_rate"] == pytest.approx(1 - 8103 / 62765)
+
+
+def test_cli_describe_lists_source_files(tmp_path: Path) -> None:
+    per = [{"file": f"t{i}.json", "requests": 10 * i} for i in range(12)]
+    prov = Provenance("kv", extra={"files": per, "totals": {"files": 12, "requests": 660}})
+    path = write_trajectories(frame(), tmp_path / "l.parquet", prov)
+    r = CliRunner().invoke(main, ["traces", "describe", str(path)])
+    assert r.exit_code == 0, r.output
+    assert "imported from 12 source files" in r.output
+    out = r.output.splitlines()
+    at = out.index("    t1.json")
+    assert out[at + 1] == "      requests 10" and "t11.json" not in r.output
+    assert out[out.index("    t0.json") + 1] == "    t1.json"  # t0 counted nothing
+    assert "... and 2 more (--json lists them)" in r.output
+    assert [ln.split() for ln in r.output.splitlines()][-1] == ["requests", "660"]

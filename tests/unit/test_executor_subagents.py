@@ -161,3 +161,32 @@ def test_too_few_slots_for_kept_parents_and_their_children_is_refused() -> None:
     with pytest.raises(InputError, match="need up to 6 slots at once"):
         check_subagent_slots(plan, 5)
     check_subagent_slots(plan, None)  # the server manages its own memory
+
+
+def test_measured_reuse_by_pause_sits_beside_the_ideal(tmp_path: Path) -> None:
+    from harness.metrics.reuse import measured_reuse, reuse_rows
+    from harness.traces.reuse import ideal_reuse
+
+    t = TrajectoryPlan("a", 0.0, "interactive", "t", (
+        CallStep(0, 100, stable_seed("a", 0), 5),
+        ToolStep(1, "search", "remote_read", 2.0, 10.0, "ok", False, True),
+        CallStep(2, 30, stable_seed("a", 2), 5, keep_tokens=64),
+    ))
+    run_plan(tmp_path, plan_of(t), make_policy("keep"))
+    measured = measured_reuse(build_frames(read_records(tmp_path / "out")))
+    assert measured is not None
+    by = {b["bucket"]: b for b in measured["by_bucket"]}
+    assert by["first call"]["cached_tokens"] == 0 and by["first call"]["prompt_tokens"] == 100
+    assert by["1-10s"] == {"bucket": "1-10s", "calls": 1, "prompt_tokens": 94,
+                           "cached_tokens": 64, "hit_rate": 64 / 94}
+    df = steps_table([
+        dict(trajectory_id="a", step=0, kind="llm", input_tokens=100, output_tokens=5),
+        dict(trajectory_id="a", step=1, kind="tool", tool_name="search",
+             tool_class="remote_read", latency_s=2.0, outcome="ok", mutating=False),
+        dict(trajectory_id="a", step=2, kind="llm", input_tokens=30, output_tokens=5,
+             keep_tokens=64)], {"start_s": 0.0, "priority": "interactive",
+                                "tenant": "t"}).to_pandas()
+    rows = {r["bucket"]: r for r in reuse_rows(measured, ideal_reuse(df), "keep")}
+    assert rows["1-10s"]["measured"] == rows["1-10s"]["ideal"] == 64 / 94
+    assert rows["1-10s"]["policy_ideal"] == 64 / 94
+    assert set(rows) == {"first call", "1-10s"}  # buckets without calls are left out

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from harness.cli import main
 from harness.errors import InputError
+from harness.traces.context import context_lengths
 from harness.traces.generator import generate, provenance_for
 from harness.traces.profiles import builtin_profiles, load_profile
 from harness.traces.schema import write_trajectories
@@ -160,3 +161,125 @@ def test_cli_profile_error_is_one_line(tmp_path: Path) -> None:
                                   str(tmp_path / "o.parquet")])
     assert r.exit_code == 2 and "unknown key(s) bogus" in r.output
     assert "Traceback" not in r.output
+
+
+@pytest.fixture(scope="module")
+def sessions() -> pd.DataFrame:
+    return generate(load_profile("coding-subagents"), 40, 5)
+
+
+def test_subagents_follow_their_parent(sessions: pd.DataFrame) -> None:
+    firsts = sessions.groupby("trajectory_id", sort=False).head(1)
+    roots = firsts[firsts["parent_id"].isna()]
+    kids = firsts[firsts["parent_id"].notna()]
+    assert len(roots) == 40 and len(kids) > 0
+    order = list(firsts["trajectory_id"])
+    for _, k in kids.iterrows():
+        parent = roots[roots["trajectory_id"] == k["parent_id"]].iloc[0]
+        assert k["trajectory_id"].startswith(f"{k['parent_id']}/sa")
+        assert k["start_s"] == parent["start_s"] and k["tenant"] == parent["tenant"]
+        assert k["prefix_group"] == f"{parent['prefix_group']}-sub"
+        # Right after the parent: only the parent's other sub-agents come between.
+        between = order[order.index(parent["trajectory_id"]) + 1: order.index(k["trajectory_id"])]
+        assert all(t.startswith(f"{parent['trajectory_id']}/sa") for t in between)
+    # Each spawn step starts 2-3 at once, numbered sa0, sa1, ... per parent in step order.
+    fan = kids.groupby(["parent_id", "spawn_step"]).size()
+    assert fan.between(2, 3).all()
+    for p, grp in kids.groupby("parent_id", sort=False):
+        assert list(grp["trajectory_id"]) == [f"{p}/sa{j}" for j in range(len(grp))]
+        assert grp["spawn_step"].is_monotonic_increasing
+
+
+def test_subagent_steps_and_children_tools(sessions: pd.DataFrame) -> None:
+    t = tools(sessions)
+    spawn = t[t["tool_class"] == "subagent"]
+    assert len(spawn) and spawn["parent_id"].isna().all()  # sub-agents start none
+    assert (spawn["tool_name"] == "Task").all() and (spawn["outcome"] == "ok").all()
+    assert (spawn["latency_s"] <= 2.0).all() and (spawn["deadline_s"] == 900).all()
+    assert not spawn["mutating"].any()
+    child_tools = t[t["parent_id"].notna()]
+    assert set(child_tools["tool_class"]) <= {"local_read", "sandbox"}
+    assert "human" in set(t["tool_class"])
+
+
+def test_prefix_in_first_calls_and_contexts_fit_a_bench_slot(sessions: pd.DataFrame) -> None:
+    firsts = sessions.groupby("trajectory_id", sort=False).head(1)
+    roots = firsts["parent_id"].isna()
+    assert (firsts.loc[roots, "prefix_tokens"] == 1500).all()
+    assert (firsts.loc[~roots, "prefix_tokens"] == 500).all()
+    assert (firsts["input_tokens"] > firsts["prefix_tokens"]).all()
+    assert context_lengths(sessions).after.max() <= 3800 < 4096
+    assert check_frame(sessions, "sessions") == []
+
+
+def test_sessions_are_reproducible() -> None:
+    prof = load_profile("coding-subagents")
+    pd.testing.assert_frame_equal(generate(prof, 8, 3), generate(prof, 8, 3))
+    assert not generate(prof, 8, 3).equals(generate(prof, 8, 4))
+
+
+BASE = ('name = "p"\nturns = { min = 3, max = 6 }\nprefix_groups = 2\n'
+        '[[tool_class]]\nname = "x"\nlatency_s = 0.1\n'
+        '[[tool_class]]\nname = "h"\nlatency_s = 9\n')
+
+
+def test_new_keys_draw_after_the_old_ones(tmp_path: Path) -> None:
+    """Adding prefix_tokens and a [subagent] table that never fires leaves every other draw:
+    the same steps, with the prefix added to each first call."""
+    plain = generate(load_profile(str(_profile(tmp_path, BASE))), 30, 9)
+    p2 = tmp_path / "q.toml"
+    p2.write_text(BASE.replace('prefix_groups = 2\n', 'prefix_groups = 2\n'
+                               'prefix_tokens = { median = 300, sigma = 0.2 }\n')
+                  + "[subagent]\nprobability = 0.0\n")
+    more = generate(load_profile(str(p2)), 30, 9)
+    assert len(more) == len(plain) and more["parent_id"].isna().all()
+    first = (more["step"] == 0).to_numpy()
+    pre = more["prefix_tokens"]
+    assert pre[first].notna().all() and pre.groupby(more["prefix_group"]).nunique().eq(1).all()
+    expected = plain["input_tokens"].copy()
+    expected[first] += pre[first]
+    pd.testing.assert_series_equal(more["input_tokens"], expected)
+    same = [c for c in plain.columns if c not in ("input_tokens", "prefix_tokens")]
+    pd.testing.assert_frame_equal(more[same], plain[same])
+    assert plain[["parent_id", "spawn_step", "prefix_tokens", "keep_tokens"]].isna().all().all()
+
+
+def test_subagent_table_defaults_and_fanout(tmp_path: Path) -> None:
+    p = _profile(tmp_path, BASE + '[subagent]\nprobability = 1.0\nfanout = { min = 4, max = 4 }\n'
+                                  'tool_classes = ["x"]\nprefix_tokens = 64\n')
+    prof = load_profile(str(p))
+    assert prof.subagent is not None and prof.subagent.tool_names == ("task",)
+    df = generate(prof, 5, 0)
+    assert check_frame(df, "p") == []
+    kids = df[df["parent_id"].notna()].groupby("trajectory_id", sort=False).head(1)
+    spawns = tools(df)[tools(df)["tool_class"] == "subagent"]
+    assert len(kids) == 4 * len(spawns) == 4 * int((df["parent_id"].isna() & (df["kind"] ==
+                                                                            "tool")).sum())
+    assert set(tools(df[df["parent_id"].notna()])["tool_class"]) == {"x"}
+    assert set(kids["prefix_group"]) <= {"pg0-sub", "pg1-sub"}
+    assert (kids["prefix_tokens"] == 64).all()
+
+
+@pytest.mark.parametrize("extra, match", [
+    ("prefix_tokens = 100\n", "'prefix_tokens' needs 'prefix_groups' >= 1"),
+    ('[subagent]\nprobability = 0.5\nprefix_tokens = 9\n',
+     "'subagent.prefix_tokens' needs 'prefix_groups' >= 1"),
+    ("[subagent]\nfanout = { min = 2, max = 3 }\n", "subagent: missing 'probability'"),
+    ("[subagent]\nprobability = 0.5\nfanout = { min = 3, max = 2 }\n",
+     "subagent.fanout: 'max' must be >= 'min'"),
+    ("[subagent]\nprobability = 0.5\nfanout = { min = 0, max = 2 }\n",
+     "subagent.fanout: 'min' must be > 0"),
+    ("[subagent]\nprobability = 0.5\nfanout = { min = 1.5, max = 2 }\n",
+     "'min' must be an integer"),
+    ('[subagent]\nprobability = 0.5\ntool_classes = ["nope"]\n',
+     "'tool_classes' names no \\[\\[tool_class\\]\\] of the profile: nope"),
+    ("[subagent]\nprobability = 1.5\n", "'probability' must be a fraction"),
+    ("[subagent]\nprobability = 0.5\ncolour = 1\n", "subagent: unknown key\\(s\\) colour"),
+    ("subagent = 3\n", "'subagent' must be a table"),
+    ('[subagent]\nprobability = 0.5\ntool_names = []\n', "'tool_names' must be a non-empty"),
+    ('[[trajectory]]\nid = "t"\nsteps = [{ kind = "llm", input_tokens = 3, output_tokens = 3 }]'
+     '\n[subagent]\nprobability = 0.5\n', "apply to generated trajectories"),
+])
+def test_session_profile_errors(tmp_path: Path, extra: str, match: str) -> None:
+    with pytest.raises(InputError, match=match):
+        load_profile(str(_profile(tmp_path, 'name = "p"\n' + extra + GOOD_CLASS)))

@@ -12,9 +12,7 @@ import hashlib
 import math
 import re
 from collections import defaultdict
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from harness.adapters.base import Adapter, CompletionRequest, Unsupported
 from harness.plan.planner import CallStep, Plan, ToolStep, TrajectoryPlan
@@ -30,6 +28,7 @@ from harness.policies.base import (
 )
 from harness.policies.history import DEFAULT_WINDOW, History
 from harness.replay.clock import NS, Clock
+from harness.replay.join import join_by, settle
 from harness.replay.progress import Progress
 from harness.replay.recorder import ChunkTimes, Recorder, SlotPool
 
@@ -71,27 +70,6 @@ class RunCounters:
 
 # Failure reasons that mean the server failed, not the task (its tools, its context).
 SERVER_FAULTS = ("server error:", "timeout:")
-
-
-async def _settle(tasks: Sequence[asyncio.Task[Any]], cancel: bool) -> None:
-    """Wait until every task is done (first cancelling, when `cancel`, those not cancelled
-    yet: a second cancel would cut their cleanup short); a cancel that arrives meanwhile is
-    passed on to them, and the wait goes on until they have ended."""
-    if cancel:
-        for t in tasks:
-            if not t.cancelling():
-                t.cancel()
-    cancelled = False
-    while True:
-        try:
-            await asyncio.gather(*tasks, return_exceptions=True)
-            break
-        except asyncio.CancelledError:
-            cancelled = True
-            for t in tasks:
-                t.cancel()
-    if cancelled:
-        raise asyncio.CancelledError()  # the cancel that arrived is not lost
 
 
 class Executor:
@@ -144,10 +122,10 @@ class Executor:
             self._agents_done.set()
             bystanders.cancel()
             # A cancelled gather returns at once; the trajectories' cleanups may still run.
-            await _settle([*tasks, bystanders], cancel=interrupted)
+            await settle([*tasks, bystanders], cancel=interrupted)
             # Requests already sent finish (and free their slots) before the run ends; an
             # interrupted run stops them.
-            await _settle(list(self._bystander_tasks), cancel=interrupted)
+            await settle(list(self._bystander_tasks), cancel=interrupted)
             self.rec.flush()
         return self.counters
 
@@ -290,7 +268,7 @@ class Executor:
                 self.rec.emit("kv_state", trajectory_id=st.tid, traffic="agent",
                               kv_tokens=len(st.context), status="paused")
         except BaseException:
-            await _settle(children, cancel=True)
+            await settle(children, cancel=True)
             raise
         if children:
             return await self._subagents(st, tool, d, supported, t0, children)
@@ -336,52 +314,35 @@ class Executor:
                        else None)
         ttl_ns = (t0 + int(d.ttl_s * NS) if supported and d.ttl_s is not None and d.after
                   else None)
-        join = asyncio.ensure_future(asyncio.wait(children))
+        expired: list[bool] = []
+
+        async def expire() -> None:  # once, whether during the children or after them
+            if not expired and d.after and (st.slot is not None or self.pool is None):
+                expired.append(True)
+                await self._evict(st, d.after, tool.step, "ttl-expired")
+
         try:
-            while not join.done():
-                wake = min((x for x in (deadline_ns, ttl_ns) if x is not None), default=None)
-                if wake is None:
-                    await asyncio.wait([join])
-                    break
-                # Timers on the injected clock (a virtual one in tests), not asyncio's.
-                timer = asyncio.ensure_future(self.clock.sleep_until(wake))
-                try:
-                    await asyncio.wait([join, timer], return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    timer.cancel()
-                if join.done():
-                    break
-                now = self.clock.now_ns()
-                if ttl_ns is not None and now >= ttl_ns:
-                    ttl_ns = None
-                    if d.after and (st.slot is not None or self.pool is None):
-                        await self._evict(st, d.after, tool.step, "ttl-expired")
-                if deadline_ns is not None and self.clock.now_ns() >= deadline_ns \
-                        and not join.done():
-                    join.cancel()
-                    for c in tool.children:
-                        self._stopped[c.trajectory_id] = (
-                            f"parent-timeout: {st.tid} stopped waiting after "
-                            f"{tool.deadline_s:g}s")
-                    await _settle(children, cancel=True)
-                    for c in tool.children:
-                        self._stopped.pop(c.trajectory_id, None)
-                    self.rec.emit("tool_end", trajectory_id=st.tid, traffic="agent",
-                                  step=tool.step, tool_class=tool.tool_class, status="timeout",
-                                  planned_ns=deadline_ns)
-                    return ("cancelled", f"tool timeout: deadline {tool.deadline_s:g}s",
-                            deadline_ns)
+            joined_all = await join_by(self.clock, children, deadline_ns, ttl_ns, expire)
         except BaseException:
-            join.cancel()
-            await _settle(children, cancel=True)
+            await settle(children, cancel=True)
             raise
+        if not joined_all:
+            assert deadline_ns is not None
+            for c in tool.children:
+                self._stopped[c.trajectory_id] = (
+                    f"parent-timeout: {st.tid} stopped waiting after {tool.deadline_s:g}s")
+            await settle(children, cancel=True)
+            for c in tool.children:
+                self._stopped.pop(c.trajectory_id, None)
+            self.rec.emit("tool_end", trajectory_id=st.tid, traffic="agent", step=tool.step,
+                          tool_class=tool.tool_class, status="timeout", planned_ns=deadline_ns)
+            return "cancelled", f"tool timeout: deadline {tool.deadline_s:g}s", deadline_ns
         joined = self.clock.now_ns()
         wait_s = (joined - t0) / NS
         end_ns = joined + int((tool.latency_s or 0.0) * NS)
         if ttl_ns is not None and ttl_ns < end_ns:
             await self.clock.sleep_until(ttl_ns)
-            if d.after and (st.slot is not None or self.pool is None):
-                await self._evict(st, d.after, tool.step, "ttl-expired")
+            await expire()
         await self.clock.sleep_until(end_ns)
         wake = self.clock.now_ns()
         if end_ns > joined:  # a planned wake-up: its lateness is the client's own

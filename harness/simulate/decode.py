@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from harness.records.schema import RECORD_COLUMNS
 from harness.simulate.workload import OUTCOMES, Workload
 
 EVENTS = ("trajectory_start", "call_start", "first_token", "call_end", "tool_start",
@@ -28,6 +29,13 @@ ACTIONS = ("keep", "swap", "recompute", "ttl")
 KV_STATUSES = ("active", "paused", "released")
 END_STATUSES = ("completed", "cancelled", "failed")
 NS = 1_000_000_000
+# The columns `decode` builds, by group; it returns those of RECORDS_SCHEMA in its order.
+_IDENTITY = ("run_id", "seq", "t_ns", "event", "trajectory_id", "traffic", "step", "slot")
+_LABELS = ("tool_class", "tool_name", "action", "reason", "status")
+_COUNTS = ("planned_ns", "prompt_tokens", "appended_tokens", "is_resume", "output_tokens",
+           "cached_tokens", "prompt_n", "retained_tokens", "recomputed_tokens", "kv_tokens",
+           "bytes")
+_TIMES = ("server_ms", "decode_ms", "value_s", "deadline_s")
 _EVENT_NAMES = pa.array(EVENTS)
 _STATUS_VOCAB = pa.array([*OUTCOMES, *KV_STATUSES, *END_STATUSES])
 _ACTION_VOCAB = pa.array(ACTIONS)
@@ -65,13 +73,18 @@ class RunStatics:
 def decode(blocks: list[tuple[np.ndarray, ...]], texts: pa.Array,
            r: RunStatics) -> list[pa.Array]:
     """Compact rows by event (harness.simulate.steps.blocks) -> one Arrow array per
-    RECORDS_SCHEMA column."""
+    RECORDS_SCHEMA column, in its order."""
     p = _Part(blocks, r)
     ends = _CallEnds(p)
-    return [*_identity_columns(p), *_label_columns(p, texts, ends), *_count_columns(p, ends),
-            *_time_columns(p, ends), _detail_column(p, texts, ends),
+    cols = {**dict(zip(_IDENTITY, _identity_columns(p), strict=True)),
+            **dict(zip(_LABELS, _label_columns(p, texts, ends), strict=True)),
+            **dict(zip(_COUNTS, _count_columns(p, ends), strict=True)),
+            **dict(zip(_TIMES, _time_columns(p, ends), strict=True)),
+            "detail": _detail_column(p, texts, ends),
             # The simulator spaces a call's tokens evenly (decode_ms): no streamed chunk times.
-            pa.nulls(p.n, pa.binary())]
+            "token_gaps": pa.nulls(p.n, pa.binary()),
+            "parent_id": _parent_column(p)}
+    return [cols[name] for name in RECORD_COLUMNS]
 
 
 class _Part:
@@ -212,7 +225,9 @@ def _time_columns(p: _Part, ends: _CallEnds) -> list[pa.Array]:
         p.column(ends.ok_only(p.c[end]), pa.float64()),
         p.column({E_DECISION: b[sl[E_DECISION]], E_TOOL_START: w.lat[g_tool],
                   E_SLOT_WAIT: a[sl[E_SLOT_WAIT]]}, pa.float64()),
-        p.column({E_TOOL_START: w.deadline[g_tool]}, pa.float64()),
+        # no deadline (a parent waits as long as its sub-agents run): null, as the replay's
+        p.column({E_TOOL_START: np.where(np.isfinite(w.deadline[g_tool]), w.deadline[g_tool],
+                                         np.nan)}, pa.float64()),
     ]
 
 
@@ -230,3 +245,10 @@ def _detail_column(p: _Part, texts: pa.Array, ends: _CallEnds) -> pa.Array:
     priority = n_text + r.prio[p.ti[p.sl[E_TRAJ_START]]]
     return p.strings({E_DECISION: dec_a // 8, E_TRAJ_START: priority, E_CALL_END: err_detail},
                      vocab)
+
+
+def _parent_column(p: _Part) -> pa.Array:
+    """parent_id: a sub-agent's parent, on its trajectory_start."""
+    codes = np.full(p.n, -1, dtype=np.int64)
+    codes[p.sl[E_TRAJ_START]] = p.w.parent[p.ti[p.sl[E_TRAJ_START]]]
+    return dictionary(codes.astype(np.int32), p.r.ids, codes < 0)

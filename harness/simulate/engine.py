@@ -16,6 +16,8 @@ unbounded) and do not stall compute. Policies decide through harness.policies wi
 the replay builds (free/total slots in slot mode, free/total tokens in a token pool; the class's
 latency history, its last `history_window` observations); only an oracle sees the true latency;
 keep, swap and recompute are asked once, as they decide the same at every pause.
+Sub-agents start at once at their parent's spawning step, which ends `latency_s` after the last
+ended (a deadline cancels what still runs). A held KV serves only what the next call keeps.
 
 Written as typed classes so that mypyc can compile it with harness.simulate.scheduler,
 .engine_state and .trajectory (see harness.simulate.native); it runs unchanged as plain Python.
@@ -34,6 +36,7 @@ from harness.simulate.engine_state import (
     A_SWAP,
     ARRIVE,
     DEADLINE,
+    INF,
     NAN,
     SWAP_IN_DONE,
     SWAP_OUT_DONE,
@@ -49,7 +52,6 @@ from harness.simulate.engine_state import (
 from harness.simulate.records import (
     E_CALL_END,
     E_CANCEL,
-    E_ERASE,
     E_KV_STATE,
     E_SWAP_IN,
     E_SWAP_OUT,
@@ -98,7 +100,9 @@ SLOT_HANDOFFS = ("agent", "fifo")
 def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolicy,
              arrival_s: np.ndarray | None, concurrency: int, sink: RecordSink, run_id: str,
              history_window: int = 1000, slot_handoff: str = "fifo") -> Counters:
-    """Run every trajectory to its end; events go to `sink`. `arrival_s` None: closed loop.
+    """Run every trajectory to its end; events go to `sink`. `arrival_s`: one arrival time per
+    root (w.roots, in order), None: a closed loop of `concurrency` agents taking the roots in
+    order. Sub-agents never arrive on their own: their parent's tool step starts them.
 
     `slot_handoff` (slot mode, closed loop): "fifo", as the replay's slot pool does it: every
     freed slot goes to the longest waiter; "agent": the agent that ends a trajectory starts its
@@ -106,9 +110,10 @@ def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolic
     """
     if slot_handoff not in SLOT_HANDOFFS:
         raise ValueError(f"slot_handoff must be one of {SLOT_HANDOFFS}, got {slot_handoff!r}")
-    n = w.n_trajectories
-    starts = min(concurrency, n) if arrival_s is None else n
-    times = [0.0] * starts if arrival_s is None else arrival_s.tolist()
+    n = len(w.roots)
+    if arrival_s is not None and len(arrival_s) != n:
+        raise ValueError(f"{len(arrival_s)} arrival times for {n} root trajectories")
+    times = [0.0] * min(concurrency, n) if arrival_s is None else arrival_s.tolist()
     # The cyclic collector would only rescan the loop's objects (and, while the engine builds
     # its 100k+ objects, the whole workload, again and again): the loop makes no garbage
     # cycles. The engine and its scheduler are one cycle, freed when the collector next runs.
@@ -139,20 +144,23 @@ class Engine(EngineState):
         self.sched = Scheduler(self, self.costs, self.slot_mode, self.out, self.dcost, self.rb)
 
     def run(self, times: list[float]) -> Counters:
-        """Trajectory k arrives at `times[k]`; run the loop to its end, return the counters."""
-        for ti, t in enumerate(times):
+        """Root k arrives at `times[k]`; run the loop to its end, return the counters."""
+        for k, t in enumerate(times):
             self.seq += 1
-            heapq.heappush(self.ext, (t, self.seq, ARRIVE, self.trajs[ti], 0))
+            heapq.heappush(self.ext, (t, self.seq, ARRIVE, self.trajs[self.roots[k]], 0))
         if not self.open_loop:
             self.next_ti = len(times)
         events, t_last = self.sched.run(self.ext)
         c = self.c
         c.pauses, c.preemptions, c.events, c.sim_time_s = (self.pauses, self.preemptions,
                                                            events, t_last)
+        # e.g. sub-agents waiting for memory that their paused parents keep, with no deadline
+        c.stalled = sum(1 for tr in self.trajs if tr.state != DONE)
         return c
 
     def arrive(self, tr: Trajectory, t: float) -> None:
-        self.emit(t, E_TRAJ_START, tr.ti, -1, -1, t, 0, 0)
+        # a sub-agent's start names its parent's step that started it
+        self.emit(t, E_TRAJ_START, tr.ti, self.spawn_at[tr.ti], -1, t, 0, 0)
         tr.due = t
         tr.state = DROPPED
         self.request_call(tr, t)
@@ -226,7 +234,7 @@ class Engine(EngineState):
             if tr.held and tr is not head:
                 self.preemptions += 1
                 self.release(tr, t, self.r_preempted, tr.pos - tr.first)
-                tr.need_rc = tr.ret
+                tr.need_rc = self.kept[tr.pos]
                 tr.state = DROPPED
                 return True
         return False
@@ -236,7 +244,9 @@ class Engine(EngineState):
             row = self.stamp(tr.pos, F_SW_T, t)
             self.rb[row + F_SW_WAIT] = t - tr.ready
             self.rb[row + F_SW_SLOT] = tr.slot
-        if tr.state == SWAPPED:
+        if tr.state == SWAPPED and self.kept[tr.pos]:
+            # only what the call keeps comes back (a keep_tokens cut discards the rest)
+            tr.ret = self.kept[tr.pos]
             tr.state = RESTORING
             self.sched.defer(T_RESTORE, tr, 0, 0, t)
         else:
@@ -293,7 +303,7 @@ class Engine(EngineState):
                 done = self.link_in = (self.link_in if self.link_in > t else t) + dur
             self.inflight += 1
             tr.xfer_ms = dur * 1000
-            self.push(done, SWAP_OUT_DONE if kind == T_SWAP_OUT else SWAP_IN_DONE, tr)
+            self.push(done, SWAP_OUT_DONE if kind == T_SWAP_OUT else SWAP_IN_DONE, tr, tr.gen)
 
     def call_end(self, tr: Trajectory, t: float) -> None:
         """The scheduler's call: `tr`'s call produced its last token at `t`."""
@@ -311,16 +321,19 @@ class Engine(EngineState):
         retained = tr.ret = self.ctx[g]
         lt, dlt = self.lat[g], self.dl[g]
         returns = lt == lt and lt <= dlt
+        kids = self.kids.get(g) if self.kids else None  # the sub-agents this step starts
         has_ttl, after_swap, ttl = False, False, 0.0
         if self.fixed:  # a policy whose decision never changes
             action, code, ri, wait = self.f_action, self.f_code, self.f_reason, self.f_wait
         else:
             k = self.cls[g]
+            # a parent's wait is its sub-agents': not known until they end, even to an oracle
             d = self.policy.decide(self.make_ctx(
-                self.run_id, self.ids[tr.ti], self.classes[k], dlt * 1000.0, retained,
-                g + 1 < tr.end, self.prio[tr.ti], self.hist[k],
-                len(self.free_slots) if self.slot_mode else self.free_tok, self.total, self.rates,
-                (lt if lt == lt else None) if self.oracle else None))
+                self.run_id, self.ids[tr.ti], self.classes[k],
+                dlt * 1000.0 if dlt < INF else None, retained, g + 1 < tr.end, self.prio[tr.ti],
+                self.hist[k], len(self.free_slots) if self.slot_mode else self.free_tok,
+                self.total, self.rates,
+                (lt if lt == lt else None) if self.oracle and kids is None else None))
             ttl_s, after, act, code, ri, wait = resolve(d, self.texts, self.sink.text)
             action = action_code(act)
             if ttl_s is not None:
@@ -331,35 +344,55 @@ class Engine(EngineState):
         rb[row + F_PA_CODE] = code
         rb[row + F_PA_REASON] = ri
         rb[row + F_PA_WAIT] = wait
-        te = t + (lt if returns else dlt)
-        self.push(te, TOOL_END if returns else DEADLINE, tr)
+        if kids is None:
+            te = t + (lt if returns else dlt)
+            if te < INF:  # else it never ends (nothing to bound the wait)
+                self.push(te, TOOL_END if returns else DEADLINE, tr, g)
+        else:  # the tool ends once the children have (kids_done), unless the deadline is first
+            te = t + dlt
+            if te < INF:
+                self.push(te, DEADLINE, tr, g)
+            tr.kids_left = len(kids)
         if action == A_KEEP or has_ttl:
             tr.state = KEPT
             if has_ttl and t + ttl < te:
                 tr.after_swap = after_swap
-                self.push(t + ttl, TTL, tr)
+                self.push(t + ttl, TTL, tr, g)
         elif action == A_SWAP:
             self.swap_out(tr, t, self.r_policy)
         else:
             self.drop(tr, t, self.r_policy)
+        if kids is not None:  # all at once, as the pause starts (and after its own action)
+            trajs = self.trajs
+            for ki in kids:
+                self.arrive(trajs[ki], t)
+
+    def take_out(self, kids: list[int], t: float, out: list[Trajectory]) -> None:
+        """Those of `kids` still running, and theirs, into `out` (parents first), each taken
+        out of the batch or the queue it is in: their parent is cancelled at `t`, and none of
+        them may be admitted as another ends."""
+        for ki in kids:
+            c = self.trajs[ki]
+            if c.state == DONE:
+                continue
+            out.append(c)
+            if c.state == RUNNING:
+                self.sched.cancel(c, t)
+            elif c in self.queue:
+                self.queue.remove(c)
+            elif c in self.resume_q:
+                self.resume_q.remove(c)
+            nested = self.kids.get(c.pos) if c.kids_left else None
+            if nested is not None:
+                self.take_out(nested, t, out)
 
     def swap_out(self, tr: Trajectory, t: float, reason: int) -> None:
         tr.swap_reason = reason
         tr.state = SWAPPING
         self.sched.defer(T_SWAP_OUT, tr, 0, 0, t)
 
-    def release(self, tr: Trajectory, t: float, reason: int, step: int) -> None:
-        self.emit(t, E_ERASE, tr.ti, step, tr.slot, reason, 0, 0)
-        if self.slot_mode:
-            self.free_slots.append(tr.slot)
-            tr.slot = -1
-        else:
-            self.free_tok += tr.held
-            tr.held = 0
-        self.emit(t, E_KV_STATE, tr.ti, -1, -1, 0, 2, 0)
-
     def drop(self, tr: Trajectory, t: float, reason: int) -> None:
-        tr.need_rc = tr.ret
+        tr.need_rc = self.kept[tr.pos]  # what the next call keeps: the rest is discarded
         tr.state = DROPPING
         self.sched.defer(T_DROP, tr, reason, tr.pos - tr.first, t)
 
@@ -372,9 +405,10 @@ class Engine(EngineState):
             self.end_trajectory(tr, t, status, reason)
 
     def end_trajectory(self, tr: Trajectory, t: float, status: int, reason: int) -> None:
+        pi = self.parent[tr.ti]
         if tr.slot >= 0 or tr.held:
             self.release(tr, t, self.r_end, -1)
-            self.barge = self.agent_handoff
+            self.barge = self.agent_handoff and pi < 0  # a sub-agent's end starts no root
         else:
             self.emit(t, E_KV_STATE, tr.ti, -1, -1, 0, 2, 0)
         self.emit(t, E_TRAJ_END, tr.ti, -1, -1, status, reason, 0)
@@ -385,24 +419,33 @@ class Engine(EngineState):
             c.cancelled += 1
         else:
             c.failed += 1
-        if not self.open_loop and self.next_ti < self.n:
+        if pi >= 0:  # a sub-agent: its parent waits for it (it is not one of the agents)
+            p = self.trajs[pi]
+            p.kids_left -= 1
+            if p.kids_left == 0 and p.state != DONE:
+                self.kids_done(p, t)
+        elif not self.open_loop and self.next_ti < self.n_roots:
             self.next_ti += 1
-            self.arrive(self.trajs[self.next_ti - 1], t)
+            self.arrive(self.trajs[self.roots[self.next_ti - 1]], t)
         self.barge = False
         self.try_admit(t)
 
-    def external(self, kind: int, tr: Trajectory, gn: int, t: float) -> None:
-        """The scheduler's call: an external event (kinds above) for generation `gn`."""
+    def external(self, kind: int, tr: Trajectory, key: int, t: float) -> None:
+        """The scheduler's call: an external event (kinds above); `key` as EngineState.push
+        was given it."""
         if kind >= SWAP_OUT_DONE:
             self.inflight -= 1
-        if gn != tr.gen:
-            return  # scheduled for a trajectory that has ended since
+            if key != tr.gen:
+                return  # scheduled for a trajectory that has ended since
+        elif kind != ARRIVE and (key != tr.pos or tr.state == DONE):
+            return  # scheduled for a pause that is over (or a trajectory that has ended)
         g = tr.pos
         if kind == TOOL_END:
             row = self.stamp(g, F_TE_T, t)
             self.rb[row + F_TE_SLOT] = tr.slot
-            if not self.fixed:
-                self.hist[self.cls[g]].add(self.lat[g])
+            if not self.fixed:  # a parent's wait: its sub-agents' time and the residual
+                self.hist[self.cls[g]].add(self.lat[g] if not self.kids or g not in self.kids
+                                           else t - self.rb[row + F_PA_T])
             tr.pos = g + 1
             tr.due = t
             st = tr.state
@@ -435,12 +478,23 @@ class Engine(EngineState):
                 else:
                     self.drop(tr, t, self.r_ttl)
         elif kind == DEADLINE:
+            kids = self.kids.get(g) if self.kids else None
+            if kids is not None and not tr.kids_left:
+                return  # the children ended in time: the residual is not bounded
             lt = self.lat[g]
-            status = 3 if lt != lt else 2
+            status = 3 if lt != lt and kids is None else 2
             self.emit(t, E_TOOL_END, tr.ti, g - tr.first, tr.slot, status, 0, 0)
             why = self.sink.text(
                 f"tool {'abandoned' if status == 3 else 'timeout'}: deadline {self.dl[g]:g}s")
             self.emit(t, E_CANCEL, tr.ti, -1, -1, why, 0, 0)
+            doomed: list[Trajectory] = []
+            if kids is not None:  # the sub-agents still running are cancelled with it
+                self.take_out(kids, t, doomed)
             self.finish(tr, t, 1, why)
+            if doomed:
+                why = self.sink.text("parent-cancelled")
+                for c in doomed:
+                    self.emit(t, E_CANCEL, c.ti, -1, -1, why, 0, 0)
+                    self.finish(c, t, 1, why)
         else:
             self.arrive(tr, t)

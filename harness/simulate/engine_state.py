@@ -22,7 +22,7 @@ from typing import Any, Final
 from harness.model.iteration import IterationCosts
 from harness.policies.base import PauseContext, PausePolicy, ServerRates
 from harness.policies.builtin import Keep, Recompute, Swap
-from harness.simulate.records import RecordSink
+from harness.simulate.records import E_ERASE, E_KV_STATE, RecordSink
 from harness.simulate.scheduler import Event
 from harness.simulate.server import (
     ACTION_CODE,
@@ -36,12 +36,12 @@ from harness.simulate.server import (
 from harness.simulate.trajectory import STEP_WIDTH, Trajectory
 from harness.simulate.workload import Workload
 
-# external events
+# external events; those of a pause (TOOL_END, DEADLINE, TTL) carry its step, not a generation
 ARRIVE: Final = 0
 TOOL_END: Final = 1
 DEADLINE: Final = 2
 TTL: Final = 3
-SWAP_OUT_DONE: Final = 4
+SWAP_OUT_DONE: Final = 4  # swaps from here on (the in-flight count)
 SWAP_IN_DONE: Final = 5
 A_KEEP: Final = 0  # action codes (server.ACTION_CODE); anything else drops the KV
 A_SWAP: Final = 1
@@ -51,6 +51,7 @@ T_SWAP_OUT: Final = 1
 T_RESTORE: Final = 2
 T_FINISH: Final = 3
 NAN: Final = float("nan")
+INF: Final = float("inf")
 
 FixedDecision = tuple[bool, int, int, int, float]  # fixed?, action, code, reason text, wait
 
@@ -60,19 +61,22 @@ def action_code(action: str) -> int:
     return ACTION_CODE[action]
 
 
-StepLists = tuple[list[int], list[int], list[int], list[float], list[float], list[int]]
+StepLists = tuple[list[int], list[int], list[int], list[int], list[float], list[float],
+                  list[int]]
 
 
 def step_lists(w: Workload) -> StepLists:
     """The workload's per-step columns the loop reads, as lists (a list's item is quicker to
-    read than an array's): input, output and context tokens, tool latency, deadline, class."""
+    read than an array's): input, output, context and kept tokens, tool latency, deadline,
+    class."""
     inp: list[int] = w.inp.tolist()
     out: list[int] = w.out.tolist()
     ctx: list[int] = w.ctx.tolist()
+    kept: list[int] = w.kept.tolist()
     lat: list[float] = w.lat.tolist()
     dl: list[float] = w.deadline.tolist()
     cls: list[int] = w.cls.tolist()
-    return inp, out, ctx, lat, dl, cls
+    return inp, out, ctx, kept, lat, dl, cls
 
 
 def decode_costs(w: Workload, costs: IterationCosts) -> list[float]:
@@ -108,14 +112,20 @@ class EngineState:
         self.agent_handoff = agent_handoff and cap.slot_mode and not open_loop
         self.barge = False  # the agent that just freed a slot starts its next trajectory on it
         # per step
-        self.inp, self.out, self.ctx, self.lat, self.dl, self.cls = step_lists(w)
+        self.inp, self.out, self.ctx, self.kept, self.lat, self.dl, self.cls = step_lists(w)
         self.costs: IterationCosts = server.iteration_costs()
         self.dcost = decode_costs(w, self.costs)
         # per trajectory
         self.ids: list[str] = list(w.ids)
         self.prio: list[str] = list(w.priority)
         self.trajs = trajectories(w)
-        self.n = len(self.trajs)
+        # sub-agents: a parent's index (-1: a root, which arrives on its own), the parent's
+        # step that starts it (its trajectory_start's step), the children of each spawning step
+        self.parent: list[int] = w.parent.tolist()
+        self.spawn_at: list[int] = w.spawn_step.tolist()
+        self.kids: dict[int, list[int]] = w.children()
+        self.roots: list[int] = w.roots.tolist()
+        self.n_roots = len(self.roots)
         self.classes: list[str] = list(w.classes)
         self.hist: list[History] = [History(history_window) for _ in w.classes]
         # server, capacity, policy
@@ -158,7 +168,7 @@ class EngineState:
         self.link_out = 0.0  # when each swap link is next free
         self.link_in = 0.0
         self.inflight = 0  # swaps in flight
-        self.next_ti = 0  # closed loop: the next trajectory to start
+        self.next_ti = 0  # closed loop: the next root (index into `roots`) to start
         self.fixed, self.f_action, self.f_code, self.f_reason, self.f_wait = fixed_decision(
             policy, run_id, self.texts, sink.text)
 
@@ -167,6 +177,17 @@ class EngineState:
         """Append a compact row (an event that is not stored in the per-step fields)."""
         self.rows.extend((self.cnt, t, ev, ti, step, s, a, b, c))
         self.cnt += 1
+
+    def release(self, tr: Trajectory, t: float, reason: int, step: int) -> None:
+        """Free `tr`'s device KV (its slot, or the tokens it holds): erase, kv_state released."""
+        self.emit(t, E_ERASE, tr.ti, step, tr.slot, reason, 0, 0)
+        if self.slot_mode:
+            self.free_slots.append(tr.slot)
+            tr.slot = -1
+        else:
+            self.free_tok += tr.held
+            tr.held = 0
+        self.emit(t, E_KV_STATE, tr.ti, -1, -1, 0, 2, 0)
 
     def maybe_flush(self) -> None:
         """The scheduler's call, now and then: hand a part's worth of records to the sink."""
@@ -194,7 +215,16 @@ class EngineState:
         self.cnt += records
         return row
 
-    def push(self, t: float, kind: int, tr: Trajectory) -> None:
-        """Schedule external event `kind` of `tr` (for its current generation) at `t`."""
+    def kids_done(self, tr: Trajectory, t: float) -> None:
+        """The last sub-agent of `tr`'s pause ended at `t`: its tool ends `latency_s` later
+        (the trace's residual), the step's deadline notwithstanding (it bounds the children)."""
+        g = tr.pos
+        lt = self.lat[g]
+        self.push(t + (lt if lt == lt else 0.0), TOOL_END, tr, g)
+
+    def push(self, t: float, kind: int, tr: Trajectory, key: int) -> None:
+        """Schedule external event `kind` of `tr` at `t`; `key`: the step of the pause it
+        belongs to (TOOL_END, DEADLINE, TTL: void once the pause is over), else `tr`'s
+        generation (void once the trajectory has ended)."""
         self.seq += 1
-        heapq.heappush(self.ext, (t, self.seq, kind, tr, tr.gen))
+        heapq.heappush(self.ext, (t, self.seq, kind, tr, key))

@@ -44,16 +44,19 @@ SERVER_MODEL_DOC = (
 
 def arrival_times(arrivals: Arrivals, w: Workload, n_steps: int, seed: int
                   ) -> np.ndarray | None:
-    """Arrival times (None for a closed loop); Poisson draws follow harness.plan's order, so a
-    simulation and a replay of one trace and seed see the same arrivals."""
+    """Arrival times of the roots, in order (None for a closed loop; sub-agents arrive with
+    their parents' steps); Poisson draws follow harness.plan's order, so a simulation and a
+    replay of one trace and seed see the same arrivals."""
     if arrivals.mode == "closed":
         return None
+    roots = w.roots
     if arrivals.mode == "trace":
-        return np.asarray(w.start_s, dtype=float)
+        start_s: np.ndarray = np.asarray(w.start_s, dtype=float)[roots]
+        return start_s
     rng = np.random.default_rng(seed)
     for _ in range(4):  # the planner draws four per-step uniforms first
         rng.random(n_steps)
-    return np.cumsum(rng.exponential(1.0 / arrivals.rate, size=w.n_trajectories))
+    return np.cumsum(rng.exponential(1.0 / arrivals.rate, size=len(roots)))
 
 
 def check_capacity(tokens: int | None, slots: int | None, ctx_per_slot: int | None) -> Capacity:
@@ -121,6 +124,12 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     finally:
         t_loop = time.perf_counter() - t1
         sink.close()  # whatever was simulated is on disk, even when the loop failed
+    if counters.stalled:  # run.json stays as it started ("running"), as for a failed loop
+        raise InputError(
+            f"{counters.stalled} trajectories never ended: they waited for something that never "
+            "came (sub-agents waiting for KV memory that their paused parents keep, without a "
+            "deadline, or a tool that never returns without one); give the server more "
+            "capacity, lower --concurrency or choose a policy that frees KV during pauses")
     _record_end(run, counters, sink, (t_load, t_loop, time.perf_counter() - t0))
     run.write(out)
     if write_summary:

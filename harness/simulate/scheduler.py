@@ -100,6 +100,23 @@ class Scheduler:
             self.tasks.append((kind, tr, a, b))
             self.wake(t)
 
+    def cancel(self, tr: Trajectory, t: float) -> None:
+        """Take `tr`'s running call out of the batch at `t` (its trajectory was cancelled):
+        the running iteration costs what it was composed with; the next one goes without it."""
+        if tr.rem:  # prompt tokens left
+            self.pre.remove(tr)
+            self.chunks[:] = [c for c in self.chunks if c[0] is not tr]
+        else:
+            hd = self.hd
+            rest = [e for e in hd if e[2] is not tr]
+            if len(rest) < len(hd):
+                hd[:] = rest
+                heapq.heapify(hd)
+                self.n_d -= 1
+                self.dsum -= self.dcost[tr.pos]
+                self.dec_set.discard(tr)
+        self.wake(t)  # a decode run's iterations cost less from its next step on
+
     def idle(self) -> bool:
         """Nothing running, nothing waiting to run."""
         return self.mode == IDLE and not self.pre and not self.tasks

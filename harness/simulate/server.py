@@ -75,6 +75,7 @@ class Counters:
     preemptions: int = 0
     events: int = 0
     sim_time_s: float = 0.0
+    stalled: int = 0  # trajectories that started and were still waiting when nothing was left
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(PauseContext))

@@ -40,6 +40,7 @@ class Trajectory:
         self.swap_reason = 0
         self.after_swap = False  # TTL expiry swaps (else drops)
         self.prefilling = False  # the running call's prompt has had a chunk
+        self.kids_left = 0  # paused at a step that started sub-agents: those still running
 
 
 # A step's row of the per-step record fields (harness.simulate.steps.StepColumns): the loop

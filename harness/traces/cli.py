@@ -12,9 +12,10 @@ import click
 from harness.errors import InputError
 from harness.limits import MAX_SEED
 from harness.traces.generator import generate, provenance_for
-from harness.traces.importers import FORMATS, import_trace
+from harness.traces.importers import FORMATS, import_traces
 from harness.traces.profiles import builtin_profiles, load_profile
-from harness.traces.schema import write_trajectories
+from harness.traces.scale import check_token_scale, scale_tokens
+from harness.traces.schema import read_provenance, write_trajectories
 from harness.traces.stats import describe
 from harness.traces.validate import check_frame, load_trajectories, validate_file
 
@@ -47,8 +48,9 @@ def _fmt_q(q: dict[str, Any], unit: str = "") -> str:
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def describe_cmd(file: Path, as_json: bool) -> None:
-    """Trajectories, calls, tool latency by class, abandoned tools, retained tokens at pauses."""
-    d = describe(load_trajectories(file))
+    """Trajectories, calls, tool latency by class, abandoned tools, retained tokens at pauses,
+    sub-agents, and the ideal prefix reuse (overall, per policy, by pause length)."""
+    d = describe(load_trajectories(file), read_provenance(file))
     if as_json:
         click.echo(json.dumps(d, indent=2, sort_keys=True))
         return
@@ -64,17 +66,106 @@ def describe_cmd(file: Path, as_json: bool) -> None:
                    f"  never-return {v['never_return']}, errors {v['errors']}")
     r = d["retained_tokens"]
     click.echo(f"  retained tokens at pauses p50/p95/p99: {_fmt_q(r)}, max {r['max']}")
+    sa = d["subagents"]
+    if sa["children"] or sa["subagent_steps"]:
+        click.echo(f"  sub-agents: {sa['children']} started by {sa['subagent_steps']} subagent "
+                   f"steps, at most {sa['max_fanout']} at once")
+    _echo_reuse(d["ideal_reuse"])
+    if "import" in d:
+        _echo_import(d["import"])
+
+
+def _pct(rate: float | None) -> str:
+    return "-" if rate is None else f"{100 * rate:.1f}%"
+
+
+def _echo_reuse(u: dict[str, Any]) -> None:
+    """The ideal prefix reuse and each policy's, overall and by the pause before the call."""
+    pol = u["policies"]
+    click.echo(f"  ideal prefix reuse (unlimited cache): {_pct(u['hit_rate'])} of "
+               f"{u['prompt_tokens']:,} prompt tokens in {u['calls']:,} calls")
+    click.echo(f"    keep {_pct(pol['keep'])}, swap {_pct(pol['swap'])}, recompute "
+               f"{_pct(pol['recompute'])}, ttl {_pct(pol['ttl'])} (tau {u['tau_s']:g} s, then "
+               "recompute)")
+    click.echo(f"    {'pause before call':<17} {'calls':>8} {'prompt tokens':>15} {'ideal':>6} "
+               f"{'keep':>6} {'swap':>6} {'recompute':>9} {'ttl':>6}")
+    for b in u["by_bucket"]:
+        if not b["calls"]:
+            continue
+        p = b["policies"]
+        click.echo(f"    {b['bucket']:<17} {b['calls']:>8,} {b['prompt_tokens']:>15,} "
+                   f"{_pct(b['hit_rate']):>6} {_pct(p['keep']):>6} {_pct(p['swap']):>6} "
+                   f"{_pct(p['recompute']):>9} {_pct(p['ttl']):>6}")
+
+
+def _flat(prefix: str, value: Any) -> list[tuple[str, Any]]:
+    """A nested dict's leaves as (dotted key, value)."""
+    if isinstance(value, dict):
+        return [kv for k, v in value.items()
+                for kv in _flat(f"{prefix}.{k}" if prefix else str(k), v)]
+    return [(prefix, value)]
+
+
+def _fmt_count(v: Any) -> str:
+    return f"{v:,}" if isinstance(v, int | float) and not isinstance(v, bool) else str(v)
+
+
+SHOWN_FILES = 10  # source files listed one per line; --json has them all
+
+
+def _echo_import(imp: dict[str, Any]) -> None:
+    """What the importer counted over its source (provenance extra "files" and "totals")."""
+    files = imp.get("files")
+    if isinstance(files, list):
+        click.echo(f"  imported from {len(files):,} source files")
+        for f in files[:SHOWN_FILES]:
+            if not isinstance(f, dict):
+                click.echo(f"    {f}")
+                continue
+            click.echo(f"    {f.get('file', f.get('id', '?'))}")
+            # Its counts that are not zero, wrapped.
+            items = [f"{k} {_fmt_count(v)}" for k, v in _flat("", f)
+                     if k not in ("file", "id") and v not in (0, None, "")]
+            line = ""
+            for item in items:
+                if line and len(line) + len(item) + 10 > 100:
+                    click.echo(f"      {line},")
+                    line = ""
+                line = f"{line}, {item}" if line else item
+            if line:
+                click.echo(f"      {line}")
+        if len(files) > SHOWN_FILES:
+            click.echo(f"    ... and {len(files) - SHOWN_FILES:,} more (--json lists them)")
+    elif isinstance(files, dict):
+        click.echo("  source files: " + ", ".join(f"{k} {_fmt_count(v)}"
+                                                  for k, v in _flat("", files)))
+    elif files is not None:
+        click.echo(f"  imported from {_fmt_count(files)} source files")
+    totals = imp.get("totals")
+    if isinstance(totals, dict):
+        click.echo("  source totals:")
+        for k, v in _flat("", totals):
+            click.echo(f"    {k:<40} {_fmt_count(v)}")
+    elif totals is not None:
+        click.echo(f"  source totals: {_fmt_count(totals)}")
 
 
 @traces.command("import")
 @click.argument("fmt", metavar="FORMAT", type=click.Choice(sorted(FORMATS)))
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("paths", metavar="PATH...", nargs=-1, required=True,
+                type=click.Path(path_type=Path))
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Parquet to write.")
 @click.option("--option", "-o", "options", multiple=True, metavar="KEY=VALUE",
               help="Importer option (e.g. -o profile=flaky-tools for openai-chat).")
-def import_cmd(fmt: str, path: Path, out: Path, options: tuple[str, ...]) -> None:
-    """Import a real trace (FORMAT PATH) into the trajectory format."""
+@click.option("--token-scale", type=float, default=1.0, show_default=True,
+              help="Multiply every token count by this (rounded up), e.g. 0.05 to fit "
+                   "100k-token sessions in a 16k context; recorded in the provenance.")
+def import_cmd(fmt: str, paths: tuple[Path, ...], out: Path, options: tuple[str, ...],
+               token_scale: float) -> None:
+    """Import a real trace (FORMAT PATH...) into the trajectory format. Only kv-cache-tester
+    takes several paths (files or directories)."""
     check_out_file(out)
+    check_token_scale(token_scale)
     opts: dict[str, str] = {}
     for o in options:
         if "=" not in o:
@@ -82,7 +173,13 @@ def import_cmd(fmt: str, path: Path, out: Path, options: tuple[str, ...]) -> Non
         k, v = o.split("=", 1)
         opts[k] = v
     t0 = time.perf_counter()
-    imported = import_trace(fmt, path, opts)
+    imported = import_traces(fmt, paths, opts)
+    if token_scale != 1.0:
+        imported.steps = scale_tokens(imported.steps, token_scale)
+        imported.provenance.extra["token_scale"] = token_scale
+        imported.provenance.notes.append(
+            f"every token count multiplied by {token_scale:g} and rounded up (--token-scale); "
+            "an LLM step still generates at least 1 token")
     problems = check_frame(imported.steps, str(out))
     if problems:
         raise InputError("the import produced an invalid workload:\n"

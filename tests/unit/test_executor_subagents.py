@@ -190,3 +190,14 @@ def test_measured_reuse_by_pause_sits_beside_the_ideal(tmp_path: Path) -> None:
     assert rows["1-10s"]["measured"] == rows["1-10s"]["ideal"] == 64 / 94
     assert rows["1-10s"]["policy_ideal"] == 64 / 94
     assert set(rows) == {"first call", "1-10s"}  # buckets without calls are left out
+
+
+def test_a_ttl_expires_while_the_children_run(tmp_path: Path) -> None:
+    rec, _, _ = run_plan(tmp_path, plan_of(parent()),
+                         make_policy("ttl", {"tau": "1", "after": "recompute"}), slots=3)
+    t0 = ev(rec, "tool_start", "p").t_ns.iloc[0]
+    erase = ev(rec, "erase", "p")
+    assert erase.reason.iloc[0] == "ttl-expired" and erase.t_ns.iloc[0] - t0 == 1 * NS
+    assert len(erase[erase.reason == "ttl-expired"]) == 1
+    resumed = rec[(rec.event == "call_end") & (rec.trajectory_id == "p") & (rec.step == 2)]
+    assert resumed.cached_tokens.iloc[0] == 0

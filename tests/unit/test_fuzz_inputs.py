@@ -143,6 +143,16 @@ SEEDS: dict[str, tuple[str, Any]] = {
         {"role": "assistant", "content": None, "tool_calls": [_call("c1", "get_user")]},
         {"role": "tool", "tool_call_id": "c1", "content": "{\"name\": \"Ann\"}"},
         {"role": "assistant", "content": "Done."}]}]),
+    "kv-cache-tester": ("t.json", {
+        "id": "t", "block_size": 64, "tool_tokens": 5, "system_tokens": 5, "requests": [
+            {"t": 0.0, "type": "n", "in": 130, "out": 4, "hash_ids": [1, 2, 3],
+             "input_types": ["text"], "api_time": 1.0, "think_time": 0.0},
+            {"t": 3.0, "type": "subagent", "agent_id": "a1", "subagent_type": "Explore",
+             "duration_ms": 1500, "status": "completed", "tool_tokens": 5, "system_tokens": 5,
+             "requests": [{"t": 0.0, "type": "n", "in": 70, "out": 3, "hash_ids": [7, 8],
+                           "input_types": ["text"], "api_time": 0.5, "think_time": 0.0}]},
+            {"t": 5.0, "type": "n", "in": 200, "out": 5, "hash_ids": [1, 2, 4, 5],
+             "input_types": ["tool_result"], "api_time": 1.0, "think_time": 4.0}]}),
 }
 
 SCALAR = (st.none() | st.booleans() | st.integers(-2**70, 2**70)

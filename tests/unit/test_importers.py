@@ -257,7 +257,8 @@ def test_token_rule() -> None:
 
 
 def test_every_format_has_a_module() -> None:
-    assert set(FORMATS) == {"infercept", "mini-swe-agent", "mooncake", "openai-chat"}
+    assert set(FORMATS) == {"infercept", "kv-cache-tester", "mini-swe-agent", "mooncake",
+                            "openai-chat"}
 
 
 @pytest.mark.parametrize("opts, msg", [

@@ -1,11 +1,13 @@
 """Importers turn real public traces into the trajectory format; one small module per format.
 
-Each module exposes `import_path(path: Path, options: dict[str, str]) -> Imported`.
+Each module exposes `import_path(path: Path, options: dict[str, str]) -> Imported`; one that
+takes several paths at once also `import_paths(paths: Sequence[Path], options) -> Imported`.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from harness.traces.schema import Provenance
 
 FORMATS: dict[str, str] = {
     "infercept": "harness.traces.importers.infercept",
+    "kv-cache-tester": "harness.traces.importers.kv_cache_tester",
     "mini-swe-agent": "harness.traces.importers.mini_swe_agent",
     "mooncake": "harness.traces.importers.mooncake",
     "openai-chat": "harness.traces.importers.openai_chat",
@@ -32,10 +35,25 @@ class Imported:
 
 
 def import_trace(fmt: str, path: Path, options: dict[str, str]) -> Imported:
+    """Import one path (a file, or a directory where the format reads one) of format `fmt`."""
+    return import_traces(fmt, [path], options)
+
+
+def import_traces(fmt: str, paths: Sequence[Path], options: dict[str, str]) -> Imported:
+    """Import several paths of format `fmt` into one workload; a format without
+    `import_paths` takes exactly one."""
     if fmt not in FORMATS:
         raise InputError(f"unknown import format {fmt!r}; one of {', '.join(sorted(FORMATS))}")
-    if not path.exists():
-        raise InputError(f"{path}: does not exist")
+    if not paths:
+        raise InputError(f"{fmt} import: no path given")
+    for path in paths:
+        if not path.exists():
+            raise InputError(f"{path}: does not exist")
     module = importlib.import_module(FORMATS[fmt])
-    result: Imported = module.import_path(path, options)
-    return result
+    if len(paths) == 1:
+        one: Imported = module.import_path(paths[0], options)
+        return one
+    if not hasattr(module, "import_paths"):
+        raise InputError(f"{fmt} import takes one path, got {len(paths)}")
+    many: Imported = module.import_paths(list(paths), options)
+    return many

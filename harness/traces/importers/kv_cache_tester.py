@@ -1,0 +1,494 @@
+"""WEKA kv-cache-tester traces: one (gzipped) JSON per Claude Code conversation, with sub-agents.
+
+A file holds `block_size` (64), `tool_tokens` + `system_tokens` (the shared prefix) and
+`requests[]`: `t` (s from the start), `in`/`out` tokens, `hash_ids` (one id per full block of the
+prompt), `input_types`, `api_time` (s the server took), `think_time` (s of client time before the
+request). A `subagent` entry has its own `requests[]`; its `t` is when it ended in the parent's
+timeline, `duration_ms` how long it ran. Each conversation becomes a trajectory, each request an
+LLM step whose prompt is exactly `in` tokens and keeps the blocks it shares with the previous
+request; between two requests a tool step of the next one's think_time. Sub-agents become child
+trajectories spawned by the parent's tool step in the gap where they started.
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+import sys
+import zlib
+from bisect import bisect_right
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import repeat
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from harness.errors import InputError
+from harness.traces.importers import Imported
+from harness.traces.importers._common import (
+    LLM,
+    Tool,
+    Trajectory,
+    arrival_offsets,
+    build_frame,
+    is_count,
+    is_seconds,
+    opt_float,
+    opt_int,
+    summarize,
+    take_options,
+)
+from harness.traces.schema import TOOL_SUBAGENT, Provenance
+
+FORMAT = "kv-cache-tester"
+OPTIONS = {"arrival_rate": "", "seed": "0", "max_context": "", "max_requests": ""}
+MAIN_GROUP = f"{FORMAT}/main"
+# Request times are whole seconds: a sub-agent that started up to this long before a request's
+# `t` started after that request.
+SPAWN_TOLERANCE_S = 1.0
+MAX_TRACE_S = 1e9  # any time or duration in a file (ms for duration_ms)
+# Every count a file's provenance entry holds (0 when nothing happened).
+COUNTS = (
+    "requests", "subagent_requests", "llm_steps", "tool_pauses", "human_pauses",
+    "subagent_steps", "subagents", "subagents_replayed", "subagents_skipped_async",
+    "subagents_skipped_other", "subagents_dropped", "subagents_after_last_request",
+    "subagents_before_first_request", "subagent_waits_clipped", "extends",
+    "last_block_changed", "cut", "cut_tokens_dropped", "earlier_shares_more",
+    "earlier_blocks_understated", "zero_output", "think_time_inferred", "untyped_inputs",
+    "unsorted_requests", "dropped_max_context", "dropped_max_requests", "prompt_tokens",
+    "kept_tokens", "appended_tokens", "output_tokens",
+)
+
+
+@dataclass
+class _Req:
+    t: float
+    inp: int
+    out: int
+    hashes: bytes  # the hash ids as native int64s: slices compare as fast as memcmp
+    tool: bool  # input_types has tool_result (or is absent)
+    api: float | None
+    think: float | None
+
+
+@dataclass
+class _Conv:
+    """A conversation or a sub-agent: its requests in time order and its sub-agents."""
+
+    reqs: list[_Req]
+    subs: list[_Sub]
+    prefix: int  # tool_tokens + system_tokens
+
+
+@dataclass
+class _Sub:
+    agent_id: str
+    kind: str  # subagent_type
+    status: str
+    end: float  # its `t`: when it ended, in the parent's timeline
+    duration: float | None  # s; None: the parent did not wait for it (not replayed)
+    conv: _Conv
+
+    @property
+    def start(self) -> float:  # in the parent's timeline
+        return self.end - (self.duration or 0.0)
+
+
+@dataclass
+class _File:
+    """What one file became, and what was counted on the way."""
+
+    path: Path
+    block: int
+    ids: set[str]  # trajectory ids taken (all files)
+    root: str = ""
+    counts: Counter[str] = field(default_factory=Counter)
+    trajs: list[Trajectory] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    late: list[str] = field(default_factory=list)
+    zero_out: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Limits:
+    max_context: int | None
+    max_requests: int | None
+
+    def kept(self, reqs: list[_Req]) -> tuple[int, int]:
+        """How many leading requests stay, and how many go for max_context."""
+        n = len(reqs)
+        if self.max_context is not None:
+            n = next((i for i, r in enumerate(reqs) if r.inp > self.max_context), n)
+        return (n if self.max_requests is None else min(n, self.max_requests)), len(reqs) - n
+
+
+def _fail(where: str, what: str) -> InputError:
+    return InputError(f"{where}: {what}")
+
+
+def _read(path: Path) -> Any:
+    try:
+        raw = path.read_bytes()
+        return orjson.loads(gzip.decompress(raw) if path.name.endswith(".gz") else raw)
+    except orjson.JSONDecodeError as exc:
+        raise _fail(str(path), f"not valid JSON at line {exc.lineno} column {exc.colno}: "
+                               f"{exc.msg}") from None
+    except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
+        raise _fail(str(path), f"cannot read: {exc}") from None
+
+
+def _seconds(rec: dict[str, Any], key: str, where: str) -> float:
+    v: Any = rec.get(key)
+    if not is_seconds(v) or v > MAX_TRACE_S:  # bounded: sums and differences stay finite
+        raise _fail(where, f"{key!r} must be seconds >= 0 and <= {MAX_TRACE_S:g}, got {v!r}")
+    return float(v)
+
+
+def _opt_seconds(rec: dict[str, Any], key: str, where: str) -> float | None:
+    return None if rec.get(key) is None else _seconds(rec, key, where)
+
+
+def _int(rec: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+    v: Any = rec.get(key, default)
+    if not is_count(v):
+        raise _fail(where, f"{key!r} must be an integer >= 0, got {rec.get(key)!r}")
+    return int(v)
+
+
+def _hash_bytes(h: Any, where: str) -> bytes:
+    """A list of 64-bit integers as bytes (struct checks that each is one); else InputError."""
+    if isinstance(h, list):
+        for code in "qQ":  # signed, else unsigned (ids of 2**63 and above)
+            try:
+                return struct.pack(f"{len(h)}{code}", *h)
+            except struct.error:
+                pass
+    raise _fail(where, "'hash_ids' must be a list of 64-bit integers")
+
+
+def _request(rec: dict[str, Any], where: str, block: int, c: Counter[str]) -> _Req:
+    t = _seconds(rec, "t", where)
+    inp, out = _int(rec, "in", where), _int(rec, "out", where)
+    h = _hash_bytes(rec.get("hash_ids"), where)
+    if len(h) // 8 > -(-inp // block):
+        raise _fail(where, f"{len(h) // 8} hash_ids for {inp} input tokens: more blocks of "
+                           f"{block} than the prompt holds")
+    types = rec.get("input_types")
+    if types is None:
+        c["untyped_inputs"] += 1
+    elif not isinstance(types, list) or not all(isinstance(x, str) for x in types):
+        raise _fail(where, "'input_types' must be a list of strings")
+    return _Req(t, inp, out, h, types is None or "tool_result" in types,
+                _opt_seconds(rec, "api_time", where), _opt_seconds(rec, "think_time", where))
+
+
+def _conv(rec: dict[str, Any], where: str, block: int, c: Counter[str], sub: bool) -> _Conv:
+    """Parse a conversation (or sub-agent) object: its requests and sub-agents, recursively."""
+    entries = rec.get("requests")
+    if not isinstance(entries, list):
+        raise _fail(where, "'requests' must be a list")
+    reqs: list[_Req] = []
+    subs: list[_Sub] = []
+    for i, e in enumerate(entries):
+        at = f"{where}: requests[{i}]"
+        if not isinstance(e, dict):
+            raise _fail(at, "expected a JSON object")
+        if e.get("type") != "subagent":
+            reqs.append(_request(e, at, block, c))
+            c["subagent_requests" if sub else "requests"] += 1
+            continue
+        text = {k: e.get(k) or "" for k in ("agent_id", "subagent_type", "status")}
+        for k, v in text.items():
+            if not isinstance(v, str):
+                raise _fail(at, f"{k!r} must be a string, got {v!r}")
+        end, ms = _seconds(e, "t", at), _opt_seconds(e, "duration_ms", at)
+        aid = text["agent_id"] or f"agent{i}"
+        subs.append(_Sub(aid, text["subagent_type"] or "subagent", text["status"], end,
+                         None if ms is None else ms / 1000.0,
+                         _conv(e, f"{at} (sub-agent {aid})", block, c, True)))
+    if any(reqs[k].t > reqs[k + 1].t for k in range(len(reqs) - 1)):
+        c["unsorted_requests"] += 1
+        reqs.sort(key=lambda r: r.t)
+    return _Conv(reqs, subs, _int(rec, "tool_tokens", where, 0)
+                 + _int(rec, "system_tokens", where, 0))
+
+
+def _lcp(a: bytes, b: bytes) -> int:
+    """How many leading ids (8 bytes each) `a` and `b` share."""
+    n = min(len(a), len(b)) // 8
+    if a[:8 * n] == b[:8 * n]:
+        return n
+    lo, hi = 0, n  # in ids: a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if a[:8 * mid] == b[:8 * mid] else (lo, mid)
+    return lo
+
+
+def _llm_steps(reqs: list[_Req], block: int, c: Counter[str]) -> list[LLM]:
+    """Each request as an LLM step that keeps the blocks it shares with the one before."""
+    steps: list[LLM] = []
+    # id -> a request that held it. The ids name a block and all before it (true of every
+    # file here), so a request sharing more than k blocks with this one holds its id k;
+    # were they not, earlier_shares_more would be a lower bound.
+    seen: dict[int, int] = {}
+    for k, r in enumerate(reqs):
+        h, out, blocks = r.hashes, max(r.out, 1), len(r.hashes) // 8
+        c["prompt_tokens"] += r.inp
+        c["output_tokens"] += out
+        m = 0
+        if not k:
+            steps.append(LLM(r.inp, out))
+        else:
+            prev = reqs[k - 1]
+            m = _lcp(h, prev.hashes)
+            full = min(prev.inp // block, len(prev.hashes) // 8)
+            keep = min(block * m, prev.inp, r.inp)
+            if m >= full:
+                c["extends"] += 1
+            elif m == full - 1:
+                c["last_block_changed"] += 1
+            else:
+                c["cut"] += 1
+                c["cut_tokens_dropped"] += block * (full - m)
+            best = m
+            while best < blocks and (j := seen.get(int.from_bytes(
+                    h[8 * best:8 * best + 8], sys.byteorder, signed=True))) is not None:
+                more = _lcp(h, reqs[j].hashes)
+                if more <= best:
+                    break
+                best = more
+            if best > m:
+                c["earlier_shares_more"] += 1
+                c["earlier_blocks_understated"] += best - m
+            c["kept_tokens"] += keep
+            steps.append(LLM(r.inp - keep, out, keep))
+        seen.update(zip(struct.unpack(f"{blocks - m}q", h[8 * m:]), repeat(k)))
+    return steps
+
+
+def _wait(prev: _Req, nxt: _Req, c: Counter[str]) -> float:
+    """The client's time between two requests: think_time, else the gap less the server's."""
+    if nxt.think is not None:
+        return nxt.think
+    c["think_time_inferred"] += 1
+    return max(0.0, nxt.t - prev.t - (prev.api or 0.0))
+
+
+def _pause(prev: _Req, nxt: _Req, subs: list[_Sub], c: Counter[str]) -> Tool:
+    """The tool step between two requests: the sub-agents started there, else a tool's result
+    or the user's turn."""
+    wait = _wait(prev, nxt, c)
+    if subs:
+        ran_from = prev.t + prev.api if prev.api is not None else min(s.start for s in subs)
+        ran = max(s.end for s in subs) - ran_from
+        c["subagent_waits_clipped"] += wait < ran
+        return _spawn_step(subs, max(0.0, wait - ran), c)
+    c["tool_pauses" if nxt.tool else "human_pauses"] += 1
+    return (Tool("tool_result", "sandbox", round(wait, 6)) if nxt.tool
+            else Tool("user_turn", "human", round(wait, 6)))
+
+
+def _spawn_step(subs: list[_Sub], latency: float, c: Counter[str]) -> Tool:
+    c["subagent_steps"] += 1
+    return Tool("+".join(dict.fromkeys(s.kind for s in subs)), TOOL_SUBAGENT, round(latency, 6))
+
+
+def _build(conv: _Conv, tid: str, group: str, parent: tuple[str, int] | None, f: _File,
+           lim: _Limits) -> None:
+    """Append the trajectory `tid` of `conv` (one request at least stays under the limits),
+    then its sub-agents' trajectories, to `f`."""
+    c = f.counts
+    n, by_context = lim.kept(conv.reqs)
+    c["dropped_max_context"] += by_context
+    c["dropped_max_requests"] += len(conv.reqs) - by_context - n
+    reqs = conv.reqs[:n]
+    ts = [r.t for r in conv.reqs]
+    gaps: dict[int, list[tuple[_Sub, str]]] = {}  # gap after request g -> sub-agents, ids
+    for s in conv.subs:
+        if s.duration is None or s.status == "async_launched" or not s.conv.reqs:
+            c["subagents_skipped_async" if s.status == "async_launched"
+              else "subagents_skipped_other"] += 1
+            f.skipped.append(f"{tid}/{s.agent_id} ({s.status or 'no duration'})")
+            continue
+        g = bisect_right(ts, s.start + SPAWN_TOLERANCE_S) - 1
+        if g < 0:
+            c["subagents_before_first_request"] += 1
+            g = 0
+        if (g >= n - 1 and n < len(conv.reqs)) or not lim.kept(s.conv.reqs)[0]:
+            # It started after the last request kept, or its first request is over the limit.
+            c["subagents_dropped"] += 1
+            c["dropped_max_context" if lim.max_context is not None
+              else "dropped_max_requests"] += _count(s.conv)[0]
+            continue
+        cid, k = f"{tid}/{s.agent_id}", 2
+        while cid in f.ids:
+            cid, k = f"{tid}/{s.agent_id}-{k}", k + 1
+        f.ids.add(cid)
+        gaps.setdefault(g, []).append((s, cid))
+    steps: list[LLM | Tool] = []
+    for i, call in enumerate(_llm_steps(reqs, f.block, c)):
+        if i:
+            steps.append(_pause(reqs[i - 1], reqs[i], [s for s, _ in gaps.get(i - 1, [])], c))
+        steps.append(call)
+    if n - 1 in gaps:  # sub-agents that started after the last request: the parent waits
+        c["subagents_after_last_request"] += len(gaps[n - 1])
+        f.late.extend(cid for _, cid in gaps[n - 1])
+        steps.append(_spawn_step([s for s, _ in gaps[n - 1]], 0.0, c))
+    c["llm_steps"] += n
+    if zero := sum(r.out < 1 for r in reqs):
+        c["zero_output"] += zero
+        f.zero_out.append(f"{tid}: {zero}")
+    pre = min(conv.prefix, reqs[0].inp)
+    f.trajs.append(Trajectory(tid, steps, prefix_group=group if pre else None,
+                              prefix_tokens=pre or None,
+                              parent_id=None if parent is None else parent[0],
+                              spawn_step=None if parent is None else parent[1]))
+    for g in sorted(gaps):
+        for s, cid in gaps[g]:
+            c["subagents_replayed"] += 1
+            _build(s.conv, cid, f"{FORMAT}/{s.kind}", (tid, 2 * g + 1), f, lim)
+
+
+def _count(conv: _Conv) -> tuple[int, int]:
+    """Requests and sub-agents in `conv`, its sub-agents' included."""
+    inner = [_count(s.conv) for s in conv.subs]
+    return (len(conv.reqs) + sum(r for r, _ in inner),
+            len(conv.subs) + sum(n for _, n in inner))
+
+
+def _import_file(path: Path, taken: set[str], lim: _Limits) -> _File:
+    """One conversation file's trajectories (the root first, each parent before its
+    sub-agents) and counts; `taken` holds the ids used so far (all files)."""
+    doc = _read(path)
+    where = str(path)
+    if not isinstance(doc, dict) or "requests" not in doc:
+        raise _fail(where, "expected a JSON object with 'requests' (a kv-cache-tester trace)")
+    block = doc.get("block_size", 64)
+    if not is_count(block) or not 0 < block <= 1 << 20:
+        raise _fail(where, f"'block_size' must be a positive integer (tokens per hash block), "
+                           f"got {block!r}")
+    f = _File(path, block, ids=taken)
+    conv = _conv(doc, where, block, f.counts, False)
+    if not conv.reqs:
+        raise _fail(where, "no requests")
+    f.counts["subagents"] = _count(conv)[1]
+    raw_id = doc.get("id")
+    base = raw_id if isinstance(raw_id, str) and raw_id else path.name.split(".")[0]
+    f.root, k = base, 2
+    while f.root in taken:
+        f.root, k = f"{base}-{k}", k + 1
+    taken.add(f.root)
+    if lim.kept(conv.reqs)[0]:
+        _build(conv, f.root, MAIN_GROUP, None, f, lim)
+    else:
+        f.counts["dropped_max_context"] += _count(conv)[0]
+    f.counts["appended_tokens"] = f.counts["prompt_tokens"] - f.counts["kept_tokens"]
+    return f
+
+
+def _files(paths: Sequence[Path]) -> list[Path]:
+    """The files named, a directory meaning its *.json.gz and *.json files (sorted), each once."""
+    unique: dict[Path, Path] = {}
+    for p in paths:
+        if not p.exists():
+            raise InputError(f"{p}: does not exist")
+        found = sorted(q for q in p.iterdir() if q.is_file() and q.name.endswith(
+            (".json.gz", ".json"))) if p.is_dir() else [p]
+        if not found:
+            raise InputError(f"{p}: no *.json.gz or *.json files")
+        for q in found:
+            unique.setdefault(q.resolve(), q)
+    return list(unique.values())
+
+
+def import_path(path: Path, options: dict[str, str]) -> Imported:
+    """Import one kv-cache-tester trace file, or a directory of them."""
+    return import_paths([path], options)
+
+
+def import_paths(paths: Sequence[Path], options: dict[str, str]) -> Imported:
+    """Import kv-cache-tester trace files and directories of them (one conversation a file)."""
+    opts = take_options(options, FORMAT, OPTIONS)
+    rate = opt_float(opts, "arrival_rate", FORMAT)
+    seed = opt_int(opts, "seed", FORMAT, minimum=0)
+    lim = _Limits(*(None if opts[k] == "" else opt_int(opts, k, FORMAT, minimum=1)
+                    for k in ("max_context", "max_requests")))
+    taken: set[str] = set()
+    files = [_import_file(p, taken, lim) for p in _files(paths)]
+    trajs = [t for f in files for t in f.trajs]
+    if not trajs:
+        raise InputError(f"{FORMAT} import: every conversation's first request is over "
+                         f"max_context={opts['max_context']}")
+    roots = [t for t in trajs if t.parent_id is None]
+    starts = dict(zip((t.trajectory_id for t in roots),
+                      arrival_offsets(len(roots), rate, seed).tolist(), strict=True))
+    root = ""
+    for t in trajs:  # a sub-agent follows its root (in each file's list) and arrives with it
+        root = t.trajectory_id if t.parent_id is None else root
+        t.start_s, t.priority, t.tenant = starts[root], opts["priority"], opts["tenant"]
+    return Imported(build_frame(trajs), _provenance(files, opts, len(roots), len(trajs)),
+                    _warnings(files))
+
+
+def _warnings(files: list[_File]) -> list[str]:
+    found = (
+        ("sub-agents not replayed (no duration: the parent did not wait for them)",
+         [s for f in files for s in f.skipped]),
+        ("sub-agents started after their parent's last request: spawned by a final subagent "
+         "step (the time before them is not replayed)", [s for f in files for s in f.late]),
+        ("trajectories with requests of 0 output tokens raised to 1",
+         [s for f in files for s in f.zero_out]),
+        ("files whose requests were not in time order: sorted",
+         [str(f.path) for f in files if f.counts["unsorted_requests"]]),
+    )
+    return [summarize(what, items) for what, items in found if items]
+
+
+def _provenance(files: list[_File], opts: dict[str, str], roots: int,
+                trajectories: int) -> Provenance:
+    per = [{"file": str(f.path), "id": f.root, "block_size": f.block,
+            **{k: int(f.counts[k]) for k in COUNTS}} for f in files]
+    totals = {"files": len(files), "conversations": roots, "trajectories": trajectories,
+              **{k: sum(int(f.counts[k]) for f in files) for k in COUNTS}}
+    return Provenance(
+        source_format=FORMAT,
+        source_files=[str(f.path) for f in files],
+        inferred={
+            "keep_tokens": "block_size x the hash_ids a request shares with the previous "
+                           "request of its trajectory (at most that one's `in`); first: null",
+            "input_tokens": "`in` - keep_tokens (the replayed prompt is exactly `in` tokens)",
+            "output_tokens": "`out` (at least 1)",
+            "latency_s": "the next request's think_time (else the gap less api_time, >= 0); a "
+                         "subagent step: that less the time from the request's end (t + "
+                         "api_time) to its last sub-agent's end, >= 0 (0 after the last request)",
+            "tool_class": "'sandbox' when the next request's input_types has tool_result (the "
+                          "tool is not named), else 'human'; 'subagent' where sub-agents start",
+            "tool_name": "'tool_result', 'user_turn', or the sub-agents' subagent_type(s)",
+            "outcome": "'ok'", "mutating": "false", "deadline_s": "null",
+            "spawn_step": "the tool step after the parent's last request with t <= the "
+                          f"sub-agent's start (t - duration_ms / 1000) + {SPAWN_TOLERANCE_S:g} s",
+            "prefix_tokens": f"min(tool_tokens + system_tokens, first `in`); group {MAIN_GROUP!r}"
+                             f", or '{FORMAT}/<subagent_type>' for sub-agents",
+            "start_s": (f"Poisson arrivals at {opts['arrival_rate']}/s, seed {opts['seed']}"
+                        if opts["arrival_rate"] else "0") + "; a sub-agent: its root's",
+            "priority": f"option priority ({opts['priority']!r})",
+            "tenant": f"option tenant ({opts['tenant']!r})",
+        },
+        notes=[
+            "each request keeps exactly the hash blocks it shares with the previous request of "
+            "its trajectory; one that shares more with an earlier request is still replayed "
+            "from the previous one (earlier_shares_more, earlier_blocks_understated)",
+            "trajectories of one prefix_group share min(their prefix_tokens) tokens of one "
+            "canonical prefix (like the tester's warm prefix); the trace's own prefix ids are "
+            "local to each conversation",
+            f"{totals['subagents_replayed']} sub-agents replayed, "
+            f"{totals['subagents_skipped_async'] + totals['subagents_skipped_other']} skipped "
+            f"(no duration: not waited for), {totals['subagents_dropped']} dropped by limits",
+        ],
+        extra={"files": per, "totals": totals, "max_context": opts["max_context"] or None,
+               "max_requests": opts["max_requests"] or None},
+    )

@@ -32,7 +32,8 @@ class TraceRef:
     trajectories: int  # root trajectories (tasks)
     steps: int
     subagents: int = 0  # trajectories started by a parent, beside `trajectories`
-    token_scale: float = 1.0  # every token count was multiplied by this (rounded up)
+    # every token count was multiplied by this (rounded up), at import and replay together
+    token_scale: float = 1.0
     # the trace's best prefix-hit rate and each fixed policy's (harness.traces.reuse)
     ideal_reuse: dict[str, Any] | None = None
 

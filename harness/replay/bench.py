@@ -95,7 +95,8 @@ def simulate_like(real_dir: Path, trace: Path, policy: str, policy_args: dict[st
     cap = check_capacity(None, real.slots, real.ctx_per_slot)
     arrivals = Arrivals("closed", int(real.arrivals.concurrency))
     return run_simulation(trace, policy, policy_args, cap, read_calibration(calibration),
-                          calibration, arrivals, int(real.seed), out)
+                          calibration, arrivals, int(real.seed), out,
+                          token_scale=real.trace.token_scale if real.trace else 1.0)
 
 
 def _value(name: str, s: dict[str, Any], scale: float = 1.0, spec: str = ",.0f") -> str:
@@ -207,7 +208,7 @@ def plan_bench(runtime: str, url: str | None, trace: Path | None, policies: str,
                  for p in names)
     # The simulator models slots the harness controls, a closed loop and the trace's own tools.
     simulable = (rt.per_slot_control and base.inject == "none"
-                 and base.arrivals.time_scale == 1.0 and base.token_scale == 1.0)
+                 and base.arrivals.time_scale == 1.0)
     return BenchPlan(root, trace, rt, runs, calibration, calibrate_first, simulable, pin,
                      repeats)
 

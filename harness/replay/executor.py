@@ -35,12 +35,19 @@ from harness.replay.recorder import ChunkTimes, Recorder, SlotPool
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
-def dump_name(run_id: str, trajectory_id: str, step: int) -> str:
-    """A swap dump's file name: letters, digits, '-' and '_' only (no dots, so no '..' a server
-    would refuse), at most ~100 characters, unique per trajectory (a short hash of its raw id)."""
+def safe_key(run_id: str, trajectory_id: str, step: int) -> str:
+    """A key for one pause of one trajectory that servers accept as a name: letters, digits,
+    '-' and '_' only (a sub-agent's id has '/', which vLLM refuses in a cache salt and a
+    server refuses in a file name), at most ~100 characters, unique per trajectory (a short
+    hash of its raw id)."""
     digest = hashlib.blake2b(trajectory_id.encode(), digest_size=4).hexdigest()
     slug = _UNSAFE.sub("_", trajectory_id)[:40]
-    return f"{_UNSAFE.sub('_', run_id)[:48]}-{slug}-{digest}-{step}.bin"
+    return f"{_UNSAFE.sub('_', run_id)[:48]}-{slug}-{digest}-{step}"
+
+
+def dump_name(run_id: str, trajectory_id: str, step: int) -> str:
+    """A swap dump's file name (no dots but its suffix, so no '..' a server would refuse)."""
+    return safe_key(run_id, trajectory_id, step) + ".bin"
 MIN_PREFILL_SAMPLE = 64  # prompts shorter than this time overheads, not prefill
 
 
@@ -386,7 +393,7 @@ class Executor:
         if self.pool is None:
             if action == RECOMPUTE:
                 # Without slot control a fresh cache salt forbids reuse of the old prefix.
-                st.salt = f"{self.run_id}-{st.tid}-{step}"
+                st.salt = safe_key(self.run_id, st.tid, step)
                 self.rec.emit("erase", trajectory_id=st.tid, traffic="agent", step=step,
                               reason=f"{reason}: fresh cache salt")
                 self.rec.emit("recompute", trajectory_id=st.tid, traffic="agent", step=step,

@@ -61,13 +61,16 @@ def _float(flag: str, raw: str | None) -> float | None:
               help="Closed loop, slots: 'fifo' (as the replay: a freed slot goes to the longest "
                    "waiter) or 'agent' (an agent that ends a trajectory starts its next one on "
                    "the slot it freed, ahead of the waiters).")
+@click.option("--token-scale", type=float, default=1.0, show_default=True,
+              help="Multiply every token count of the trace by this (rounded up), as "
+                   "`harness run --token-scale` does.")
 @click.option("--no-summary", is_flag=True, help="Skip summary.json.")
 @click.option("--out", required=True, type=click.Path(path_type=Path))
 def simulate_cmd(trace: Path, policy: str, policy_args: tuple[str, ...],
                  capacity_tokens: str | None, slots: str | None, ctx_per_slot: str | None,
                  calibration: Path, concurrency: str | None, rate: str | None,
                  trace_timing: bool, seed: str, history_window: str, default_deadline_s: str,
-                 slot_handoff: str, no_summary: bool, out: Path) -> None:
+                 slot_handoff: str, token_scale: float, no_summary: bool, out: Path) -> None:
     """Simulate TRACE on a modelled server; writes the results directory a replay writes."""
     if sum(x is not None and x is not False for x in (concurrency, rate, trace_timing)) > 1:
         raise InputError("choose one of --concurrency, --rate, --trace-timing")
@@ -87,7 +90,8 @@ def simulate_cmd(trace: Path, policy: str, policy_args: tuple[str, ...],
                          arrivals, _seed(seed), out,
                          _int("--history-window", history_window) or 0,
                          _float("--default-deadline-s", default_deadline_s) or 0.0,
-                         write_summary=not no_summary, slot_handoff=slot_handoff)
+                         write_summary=not no_summary, slot_handoff=slot_handoff,
+                         token_scale=token_scale)
     o, s = run.outcome or Outcome(), run.simulator or {}
     click.echo(f"{policy}: {o.completed} completed, {o.cancelled} cancelled, "
                f"{o.failed} failed; {s['pauses']} pauses, {s['preemptions']} preemptions; "

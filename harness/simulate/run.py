@@ -24,6 +24,9 @@ from harness.simulate.engine import SLOT_HANDOFFS, simulate
 from harness.simulate.records import RecordSink
 from harness.simulate.server import Capacity, Counters, ServerModel
 from harness.simulate.workload import Workload, build_workload
+from harness.traces.context import trajectory_starts
+from harness.traces.reuse import ideal_reuse
+from harness.traces.scale import check_token_scale, imported_token_scale, scale_tokens
 from harness.traces.schema import file_sha256
 from harness.traces.validate import load_trajectories
 
@@ -78,10 +81,12 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
                    capacity: Capacity, calibration: Calibration, calibration_path: Path | None,
                    arrivals: Arrivals, seed: int, out: Path, history_window: int = 1000,
                    default_deadline_s: float = DEFAULT_DEADLINE_S,
-                   write_summary: bool = True, slot_handoff: str = "fifo") -> RunManifest:
+                   write_summary: bool = True, slot_handoff: str = "fifo",
+                   token_scale: float = 1.0) -> RunManifest:
     """Simulate `trace` under a policy and write a results directory; returns run.json.
 
-    `slot_handoff`: how a freed slot is handed on in a closed loop (see engine.simulate)."""
+    `slot_handoff`: how a freed slot is handed on in a closed loop (see engine.simulate);
+    `token_scale`: every token count of the trace times this, rounded up, as a replay does."""
     if slot_handoff not in SLOT_HANDOFFS:
         raise InputError(f"--slot-handoff must be one of {', '.join(SLOT_HANDOFFS)}")
     if history_window < 0:
@@ -94,15 +99,18 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     if any((out / RECORDS_DIR).glob("part-*.parquet")):
         raise InputError(f"{out} already holds records; choose a new --out directory")
     t0 = time.perf_counter()
-    df = load_trajectories(trace)
+    df = scale_tokens(load_trajectories(trace), check_token_scale(token_scale))
     w = build_workload(df, default_deadline_s)
     arrival_s = arrival_times(arrivals, w, len(df), seed)
     server = ServerModel(calibration.prefill_tok_s, calibration.decode_tok_s,
                          calibration.swap_out_bytes_per_s, calibration.swap_in_bytes_per_s,
                          calibration.kv_bytes_per_token, calibration.prefill_points,
                          calibration.decode_points, calibration.append_points)
-    run = _manifest(trace, TraceRef(str(trace), file_sha256(trace), w.n_trajectories,
-                                    int(len(df))), policy_name, policy_args,
+    roots = int(df.loc[trajectory_starts(df["trajectory_id"].astype(object).to_numpy()),
+                       "parent_id"].isna().sum())
+    ref = TraceRef(str(trace), file_sha256(trace), roots, int(len(df)), w.n_trajectories - roots,
+                   token_scale * imported_token_scale(trace), ideal_reuse(df))
+    run = _manifest(trace, ref, policy_name, policy_args,
                     policy.sees_true_latency, capacity, calibration, calibration_path, arrivals,
                     seed)
     run.simulator = {"engine": f"heapq event loop, {native.ENGINE}",

@@ -86,7 +86,7 @@ def _echo_reuse(u: dict[str, Any]) -> None:
                f"{u['prompt_tokens']:,} prompt tokens in {u['calls']:,} calls")
     click.echo(f"    keep {_pct(pol['keep'])}, swap {_pct(pol['swap'])}, recompute "
                f"{_pct(pol['recompute'])}, ttl {_pct(pol['ttl'])} (tau {u['tau_s']:g} s, then "
-               "recompute)")
+               f"{u['ttl_after']})")
     click.echo(f"    {'pause before call':<17} {'calls':>8} {'prompt tokens':>15} {'ideal':>6} "
                f"{'keep':>6} {'swap':>6} {'recompute':>9} {'ttl':>6}")
     for b in u["by_bucket"]:

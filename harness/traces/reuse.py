@@ -11,8 +11,9 @@ tokens. With unlimited memory:
 - keep and swap reuse everything: the ideal;
 - recompute reuses nothing on a resumed call (a call after a pause), the group prefix on a
   first call;
-- ttl with time-to-live `tau` keeps through a pause of at most `tau` and recomputes after a
-  longer one (a ttl that swaps after `tau`, the policy's default, reuses what swap does).
+- ttl with time-to-live `tau` keeps through a pause of at most `tau`; after a longer one it
+  reuses what swap does when it swaps after `tau` (the policy's default), nothing when it
+  recomputes.
 
 The figures are broken down by the length of the pause before each call, in the buckets of
 `harness.traces.buckets` (the ones a run's measured reuse uses); a trajectory's first call is
@@ -42,6 +43,7 @@ BUCKETS: tuple[str, ...] = (FIRST_CALL, *PAUSE_BUCKET_LABELS)
 POLICIES: tuple[str, ...] = ("keep", "swap", "recompute", "ttl")
 # The ttl policy's tau before it has seen any latency (it then follows their P90).
 DEFAULT_TAU_S: float = Ttl().default_tau
+DEFAULT_TTL_AFTER: str = Ttl().after
 
 
 @dataclass(frozen=True)
@@ -140,12 +142,16 @@ def _summary(mask: BoolArray, prompt: IntArray, reusable: dict[str, IntArray]) -
     }
 
 
-def ideal_reuse(df: pd.DataFrame, tau_s: float = DEFAULT_TAU_S) -> dict[str, Any]:
+def ideal_reuse(df: pd.DataFrame, tau_s: float = DEFAULT_TAU_S,
+                ttl_after: str = DEFAULT_TTL_AFTER) -> dict[str, Any]:
     """The ideal prefix-hit rate of a validated frame and each fixed policy's with unlimited
-    memory (ttl with `tau_s`), overall and by the pause before each call: a JSON-ready dict
-    (`hit_rate` and the policies' rates are None where there are no prompt tokens)."""
+    memory (ttl with `tau_s`, then `ttl_after`: swap, which restores everything, or
+    recompute), overall and by the pause before each call: a JSON-ready dict (`hit_rate` and
+    the policies' rates are None where there are no prompt tokens)."""
     if not (tau_s >= 0 and math.isfinite(tau_s)):
         raise ValueError(f"tau_s must be finite and >= 0, got {tau_s!r}")
+    if ttl_after not in ("swap", "recompute"):
+        raise ValueError(f"ttl_after must be swap or recompute, got {ttl_after!r}")
     lengths = context_lengths(df)
     is_tool = (df["kind"].astype(object) == KIND_TOOL).to_numpy()
     is_llm = ~is_tool
@@ -159,7 +165,7 @@ def ideal_reuse(df: pd.DataFrame, tau_s: float = DEFAULT_TAU_S) -> dict[str, Any
     pause = np.full(len(df), np.nan)
     pause_all = pause_lengths(df)
     pause[1:] = pause_all[:-1]  # the pause before each call (a resumed call follows its tool)
-    ttl_keeps = resumed & (pause <= tau_s)
+    ttl_keeps = resumed & ((pause <= tau_s) | (ttl_after == "swap"))
     reusable = {
         "ideal": ideal,
         "keep": ideal,
@@ -174,5 +180,6 @@ def ideal_reuse(df: pd.DataFrame, tau_s: float = DEFAULT_TAU_S) -> dict[str, Any
         by_bucket.append({"bucket": label, "min_s": lo,
                           "max_s": hi if math.isfinite(hi) else None,
                           **_summary(resumed & (bucket == b), lengths.prompt, reusable)})
-    return {"tau_s": float(tau_s), **_summary(is_llm, lengths.prompt, reusable),
+    return {"tau_s": float(tau_s), "ttl_after": ttl_after,
+            **_summary(is_llm, lengths.prompt, reusable),
             "by_bucket": by_bucket}

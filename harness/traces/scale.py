@@ -10,12 +10,13 @@ ceil(a F) <= ceil(b F) + ceil(c F) whenever a <= b + c.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from harness.errors import InputError
-from harness.traces.schema import KIND_LLM
+from harness.traces.schema import KIND_LLM, read_provenance
 
 SCALED_COLUMNS = ("input_tokens", "output_tokens", "keep_tokens", "prefix_tokens")
 
@@ -47,3 +48,11 @@ def scale_tokens(df: pd.DataFrame, factor: float) -> pd.DataFrame:
         out[col] = (series.astype("Int32") if str(out[col].dtype) == "Int32"
                     else series.astype("Int64"))
     return out
+
+
+def imported_token_scale(trace: Path) -> float:
+    """The token scale a trace file was imported with (its provenance's `token_scale`), 1 when
+    none: a run records this times its own --token-scale, the whole way from the source."""
+    prov = read_provenance(trace)
+    value = prov.extra.get("token_scale", 1.0) if prov else 1.0
+    return float(value) if isinstance(value, int | float) and value > 0 else 1.0

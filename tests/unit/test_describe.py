@@ -177,7 +177,7 @@ def test_cli_describe_text_reuse_and_subagents(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     assert "sub-agents: 4 started by 2 subagent steps, at most 3 at once" in r.output
     assert "ideal prefix reuse (unlimited cache):" in r.output
-    assert "recompute" in r.output and "(tau 2 s, then recompute)" in r.output
+    assert "recompute" in r.output and "(tau 2 s, then swap)" in r.output
     lines = [ln.split() for ln in r.output.splitlines()]
     first = next(ln for ln in lines if ln[:2] == ["first", "call"])
     assert first[2:4] == ["5", "300"]  # 5 first calls, 100 + 4 x 50 prompt tokens

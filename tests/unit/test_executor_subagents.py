@@ -201,3 +201,11 @@ def test_a_ttl_expires_while_the_children_run(tmp_path: Path) -> None:
     assert len(erase[erase.reason == "ttl-expired"]) == 1
     resumed = rec[(rec.event == "call_end") & (rec.trajectory_id == "p") & (rec.step == 2)]
     assert resumed.cached_tokens.iloc[0] == 0
+
+
+def test_a_sub_agent_cache_salt_is_a_name_servers_accept() -> None:
+    from harness.replay.executor import safe_key
+
+    key = safe_key("recompute-20261201T000000-abcdef", "trace_0254/agent_001", 3)
+    assert "/" not in key and len(key) <= 128
+    assert key != safe_key("recompute-20261201T000000-abcdef", "trace_0254_agent_001", 3)

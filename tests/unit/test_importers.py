@@ -503,6 +503,12 @@ def test_mooncake_sessions(tmp_path: Path) -> None:
     assert "line 4: -30" in imp.warnings[0]
     one = import_trace("mooncake", _jsonl(tmp_path, rows), {"min_blocks": "1"})
     assert one.steps["trajectory_id"].nunique() == 3  # the last row now continues [1, 8]
+    # first requests [1, 2, 3], [1, 2, 6], [1, 8] and [1, 8, 11] share leading blocks: one
+    # prefix group; each first request's prefix is the most full blocks it shares with another
+    first = df.groupby("trajectory_id").first()
+    assert set(first["prefix_group"]) == {"mooncake/1"}
+    assert first["prefix_tokens"].to_dict() == {"t-0": 1024, "t-1": 1024, "t-2": 512,
+                                                "t-3": 512}
 
 
 @pytest.mark.parametrize("bad, where", [

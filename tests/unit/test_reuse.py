@@ -48,7 +48,7 @@ def family() -> pd.DataFrame:
 
 
 def test_family_overall() -> None:
-    u = ideal_reuse(family(), tau_s=2.0)
+    u = ideal_reuse(family(), tau_s=2.0, ttl_after="recompute")
     # Prompts: a 150, 160+20, 185+10; b 100, 110+40; b/sa0 60, 66+10.
     assert (u["calls"], u["prompt_tokens"]) == (7, 911)
     # Reusable: a's kept 160 and 185; b's first call finds a's prefix (min(80, 100)); b's
@@ -60,11 +60,15 @@ def test_family_overall() -> None:
     assert pol["recompute"] == pytest.approx(80 / 911)
     # tau 2 s keeps only through a's 0.5 s read; b's pause lasts 0.2 s + its sub-agent's 3 s.
     assert pol["ttl"] == pytest.approx((80 + 160) / 911)
-    assert u["tau_s"] == 2.0
+    assert (u["tau_s"], u["ttl_after"]) == (2.0, "recompute")
+    # the policy's default swaps after tau: everything comes back, as with swap
+    assert ideal_reuse(family(), tau_s=2.0)["policies"]["ttl"] == pytest.approx(601 / 911)
+    with pytest.raises(ValueError, match="ttl_after"):
+        ideal_reuse(family(), ttl_after="keep")
 
 
 def test_family_by_bucket() -> None:
-    u = ideal_reuse(family(), tau_s=5.0)
+    u = ideal_reuse(family(), tau_s=5.0, ttl_after="recompute")
     assert [b["bucket"] for b in u["by_bucket"]] == list(BUCKETS)
     by = {b["bucket"]: b for b in u["by_bucket"]}
     first = by[FIRST_CALL]

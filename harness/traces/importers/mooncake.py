@@ -143,7 +143,42 @@ def _trajectories(path: Path, rows: list[Row], sessions: list[list[int]],
         trajs.append(Trajectory(f"{path.stem}-{s:0{width}d}", steps,
                                 start_s=round(rows[members[0]][0] / 1000.0, 6),
                                 priority=opts["priority"], tenant=opts["tenant"]))
+    _shared_prefixes(trajs, [rows[m[0]] for m in sessions])
     return trajs
+
+
+def _shared_prefixes(trajs: list[Trajectory], firsts: list[Row]) -> None:
+    """Sessions whose first requests begin with the same block share a prompt prefix: each
+    gets prefix_group = that block's id and prefix_tokens = the most full blocks its first
+    request shares with another session's first request, looked for among its neighbours in
+    sorted order, where the longest common prefixes are (the replay takes every group's
+    prefixes from one sequence, so two sessions share the shorter of their two)."""
+    by_head: dict[int, list[int]] = defaultdict(list)
+    for k, (_, _, _, h, _) in enumerate(firsts):
+        if h:
+            by_head[h[0]].append(k)
+    for head, members in by_head.items():
+        if len(members) < 2:
+            continue
+        order = sorted(members, key=lambda k: firsts[k][3])
+        full = {k: min(firsts[k][1] // BLOCK_TOKENS, len(firsts[k][3])) for k in members}
+        for i, k in enumerate(order):
+            # a block is shared only where it is full in both requests
+            blocks = max(min(_common(firsts[k][3], firsts[j][3]), full[k], full[j]) for j in
+                         (order[i - 1] if i else None,
+                          order[i + 1] if i + 1 < len(order) else None) if j is not None)
+            if blocks:
+                trajs[k].prefix_group = f"mooncake/{head}"
+                trajs[k].prefix_tokens = blocks * BLOCK_TOKENS
+
+
+def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _warnings(st: _Stats) -> list[str]:
@@ -179,6 +214,9 @@ def _provenance(path: Path, opts: dict[str, str], min_blocks: int, requests: int
             "outcome": "'ok'",
             "mutating": "false",
             "deadline_s": "null",
+            "prefix_group": "sessions whose first requests begin with the same hash block "
+                            "(group 'mooncake/<id>'); prefix_tokens: 512 x the full blocks "
+                            "a first request shares with another session's (longest)",
             "start_s": "first request's timestamp / 1000 (recorded)",
             "priority": f"option priority ({opts['priority']!r})",
             "tenant": f"option tenant ({opts['tenant']!r})",

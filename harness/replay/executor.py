@@ -45,6 +45,14 @@ def safe_key(run_id: str, trajectory_id: str, step: int) -> str:
     return f"{_UNSAFE.sub('_', run_id)[:48]}-{slug}-{digest}-{step}"
 
 
+def cache_salt(run_id: str, trajectory_id: str, step: int) -> str:
+    """A fresh cache salt for one pause: `run-trajectory-step` as it is where that is a name
+    servers accept (at most 128 of letters, digits, '-' and '_'), else `safe_key`'s."""
+    plain = f"{run_id}-{trajectory_id}-{step}"
+    return plain if len(plain) <= 128 and not _UNSAFE.search(plain) else safe_key(
+        run_id, trajectory_id, step)
+
+
 def dump_name(run_id: str, trajectory_id: str, step: int) -> str:
     """A swap dump's file name (no dots but its suffix, so no '..' a server would refuse)."""
     return safe_key(run_id, trajectory_id, step) + ".bin"
@@ -393,7 +401,7 @@ class Executor:
         if self.pool is None:
             if action == RECOMPUTE:
                 # Without slot control a fresh cache salt forbids reuse of the old prefix.
-                st.salt = safe_key(self.run_id, st.tid, step)
+                st.salt = cache_salt(self.run_id, st.tid, step)
                 self.rec.emit("erase", trajectory_id=st.tid, traffic="agent", step=step,
                               reason=f"{reason}: fresh cache salt")
                 self.rec.emit("recompute", trajectory_id=st.tid, traffic="agent", step=step,

@@ -19,7 +19,6 @@ from harness.policies.base import ServerRates
 from harness.records.manifest import RunManifest
 from harness.records.store import read_json, read_records
 from harness.replay.clock import NS, VirtualClock
-from harness.replay.executor import safe_key
 from harness.replay.runner import replay
 from tests.fakes.memory_adapter import MemoryAdapter
 
@@ -244,7 +243,7 @@ def test_ttl_expiry_without_harness_slots_uses_a_fresh_salt(tmp_path: Path) -> N
     assert erase.reason.startswith("ttl-expired")
     t0 = rec[rec.event == "tool_start"].t_ns.iloc[0]
     assert erase.t_ns - t0 == 1 * NS
-    assert [c.cache_salt for c in adapter.calls] == [None, safe_key("run1", "a", 1)]
+    assert [c.cache_salt for c in adapter.calls] == [None, "run1-a-1"]
     assert rec[rec.event == "pause_decision"].status.tolist() == ["ok"]
 
 

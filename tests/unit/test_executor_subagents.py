@@ -204,8 +204,11 @@ def test_a_ttl_expires_while_the_children_run(tmp_path: Path) -> None:
 
 
 def test_a_sub_agent_cache_salt_is_a_name_servers_accept() -> None:
-    from harness.replay.executor import safe_key
+    from harness.replay.executor import cache_salt
 
-    key = safe_key("recompute-20261201T000000-abcdef", "trace_0254/agent_001", 3)
-    assert "/" not in key and len(key) <= 128
-    assert key != safe_key("recompute-20261201T000000-abcdef", "trace_0254_agent_001", 3)
+    run = "recompute-20261201T000000-abcdef"
+    key = cache_salt(run, "trace_0254/agent_001", 3)
+    assert "/" not in key and len(key) <= 128 and key.endswith("-3")
+    assert key != cache_salt(run, "trace_0254_agent_001", 3)
+    assert cache_salt(run, "trace_0254_agent_001", 3) == f"{run}-trace_0254_agent_001-3"
+    assert len(cache_salt(run, "x" * 200, 3)) <= 128

@@ -8,9 +8,7 @@ run creates (slot contents, dump files) is released when a trajectory ends, howe
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import math
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -29,33 +27,10 @@ from harness.policies.base import (
 from harness.policies.history import DEFAULT_WINDOW, History
 from harness.replay.clock import NS, Clock
 from harness.replay.join import join_by, settle
+from harness.replay.names import cache_salt, dump_name
 from harness.replay.progress import Progress
 from harness.replay.recorder import ChunkTimes, Recorder, SlotPool
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
-
-
-def safe_key(run_id: str, trajectory_id: str, step: int) -> str:
-    """A key for one pause of one trajectory that servers accept as a name: letters, digits,
-    '-' and '_' only (a sub-agent's id has '/', which vLLM refuses in a cache salt and a
-    server refuses in a file name), at most ~100 characters, unique per trajectory (a short
-    hash of its raw id)."""
-    digest = hashlib.blake2b(trajectory_id.encode(), digest_size=4).hexdigest()
-    slug = _UNSAFE.sub("_", trajectory_id)[:40]
-    return f"{_UNSAFE.sub('_', run_id)[:48]}-{slug}-{digest}-{step}"
-
-
-def cache_salt(run_id: str, trajectory_id: str, step: int) -> str:
-    """A fresh cache salt for one pause: `run-trajectory-step` as it is where that is a name
-    servers accept (at most 128 of letters, digits, '-' and '_'), else `safe_key`'s."""
-    plain = f"{run_id}-{trajectory_id}-{step}"
-    return plain if len(plain) <= 128 and not _UNSAFE.search(plain) else safe_key(
-        run_id, trajectory_id, step)
-
-
-def dump_name(run_id: str, trajectory_id: str, step: int) -> str:
-    """A swap dump's file name (no dots but its suffix, so no '..' a server would refuse)."""
-    return safe_key(run_id, trajectory_id, step) + ".bin"
 MIN_PREFILL_SAMPLE = 64  # prompts shorter than this time overheads, not prefill
 
 

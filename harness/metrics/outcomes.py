@@ -85,15 +85,6 @@ def _own_success(frames: Frames, slo: dict[str, float]) -> pd.DataFrame:
     return out
 
 
-def task_success(frames: Frames, slo: dict[str, float]) -> pd.Series:
-    """Per root trajectory (a task): True when it and every sub-agent under it completed
-    within every SLO; a parent's success requires its children's."""
-    own = _own_success(frames, slo)
-    family_ok = own["ok"].groupby(own["root"]).all()
-    roots = own[own["is_root"]]
-    return family_ok.reindex(roots.index).fillna(False).astype(bool)
-
-
 def trajectory_outcomes(frames: Frames, slo: dict[str, float]) -> dict[str, Any]:
     """Task counts over root trajectories: total, succeeded, cancelled, failed, interrupted,
     slo_violating, incomplete; and, when sub-agents ran, `subagents` with the same counts

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import click
-import pandas as pd
 
 from harness import __version__
 from harness.adapters.base import Runtime, ServerOptions
@@ -25,15 +24,13 @@ from harness.model.calibration import read_calibration
 from harness.plan.injection import load_injection
 from harness.plan.planner import Arrivals, make_plan
 from harness.policies import POLICIES, make_policy, parse_policy_args
-from harness.policies.base import PausePolicy
-from harness.policies.builtin import Ttl
 from harness.records.host import host_identity
 from harness.records.manifest import ArrivalsRef, Outcome, RunManifest, TraceRef
 from harness.replay import pinning
 from harness.replay.options import AUTO, RunOptions
 from harness.replay.runner import run_on_runtime
 from harness.selftest.result import read_selftest
-from harness.traces.reuse import ideal_reuse
+from harness.traces.reuse import ideal_reuse_for
 from harness.traces.scale import check_token_scale, imported_token_scale, scale_tokens
 from harness.traces.schema import file_sha256
 from harness.traces.validate import load_trajectories
@@ -74,7 +71,7 @@ def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo,
         policy_sees_true_latency=pol.sees_true_latency,
         trace=TraceRef(str(o.trace), file_sha256(o.trace), len(plan.trajectories),
                        int(len(steps)), len(plan.all_trajectories()) - len(plan.trajectories),
-                       o.token_scale * imported_token_scale(o.trace), _ideal(steps, pol)),
+                       o.token_scale * imported_token_scale(o.trace), ideal_reuse_for(steps, pol)),
         seed=o.seed, injection=injection.as_dict(),
         arrivals=ArrivalsRef(a.mode, a.concurrency, a.rate, a.time_scale),
         harness_version=__version__, git_commit=git_commit(), host=host_identity(),
@@ -91,14 +88,6 @@ def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo,
     return run_on_runtime(rt, server, plan, o.policy_args, run, o.out,
                           cal.rates() if cal else None, o.scrape_interval_s, echo, o.timeouts,
                           o.headers, o.skip_oversized)
-
-
-def _ideal(steps: pd.DataFrame, policy: PausePolicy) -> dict[str, Any]:
-    """The trace's ideal reuse, its ttl figures for this run's ttl settings when it runs one."""
-    if isinstance(policy, Ttl):
-        return ideal_reuse(steps, policy.tau if policy.tau is not None else policy.default_tau,
-                           policy.after)
-    return ideal_reuse(steps)
 
 
 def ensure_out_dir(path: Path, flag: str = "--out") -> None:

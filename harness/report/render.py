@@ -142,8 +142,8 @@ def reuse_section(runs: list[RunData]) -> str:
     with unlimited memory, by the pause before each call."""
     blocks = []
     for r in runs:
-        trace = r.run.to_dict().get("trace") or {}
-        rows = reuse_rows(r.summary.get("reuse"), trace.get("ideal_reuse"), r.run.policy)
+        ideal = r.run.trace.ideal_reuse if r.run.trace else None
+        rows = reuse_rows(r.summary.get("reuse"), ideal, r.run.policy)
         if not rows:
             continue
         blocks.append(f"<h3>{_label(r)}</h3>" + table(
@@ -164,9 +164,8 @@ def workload_note(runs: list[RunData]) -> str:
     """What the headline counts when a trace has sub-agents, and a token-scaled trace said."""
     lines = []
     for r in runs:
-        trace = r.run.to_dict().get("trace") or {}
-        scale = trace.get("token_scale", 1.0)
-        if isinstance(scale, int | float) and scale != 1.0:
+        scale = r.run.trace.token_scale if r.run.trace else 1.0
+        if scale != 1.0:
             lines.append(f"{_label(r)}: every token count of the trace was scaled by "
                          f"{scale:g} (rounded up) to fit the model's context")
         sub = r.summary["trajectories"].get("subagents")

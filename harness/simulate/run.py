@@ -25,7 +25,7 @@ from harness.simulate.records import RecordSink
 from harness.simulate.server import Capacity, Counters, ServerModel
 from harness.simulate.workload import Workload, build_workload
 from harness.traces.context import trajectory_starts
-from harness.traces.reuse import ideal_reuse
+from harness.traces.reuse import ideal_reuse_for
 from harness.traces.scale import check_token_scale, imported_token_scale, scale_tokens
 from harness.traces.schema import file_sha256
 from harness.traces.validate import load_trajectories
@@ -109,7 +109,7 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     roots = int(df.loc[trajectory_starts(df["trajectory_id"].astype(object).to_numpy()),
                        "parent_id"].isna().sum())
     ref = TraceRef(str(trace), file_sha256(trace), roots, int(len(df)), w.n_trajectories - roots,
-                   token_scale * imported_token_scale(trace), ideal_reuse(df))
+                   token_scale * imported_token_scale(trace), ideal_reuse_for(df, policy))
     run = _manifest(trace, ref, policy_name, policy_args,
                     policy.sees_true_latency, capacity, calibration, calibration_path, arrivals,
                     seed)

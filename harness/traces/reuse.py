@@ -183,3 +183,12 @@ def ideal_reuse(df: pd.DataFrame, tau_s: float = DEFAULT_TAU_S,
     return {"tau_s": float(tau_s), "ttl_after": ttl_after,
             **_summary(is_llm, lengths.prompt, reusable),
             "by_bucket": by_bucket}
+
+
+def ideal_reuse_for(df: pd.DataFrame, policy: object) -> dict[str, Any]:
+    """`ideal_reuse` with the ttl figures for `policy`'s own tau and `after` when it is a ttl
+    policy (a run records the ideal of what it runs), the defaults otherwise."""
+    if isinstance(policy, Ttl):
+        return ideal_reuse(df, policy.tau if policy.tau is not None else policy.default_tau,
+                           policy.after)
+    return ideal_reuse(df)

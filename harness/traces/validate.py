@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from harness.arrays import BoolArray, FloatArray, ObjectArray
 from harness.errors import InputError
-from harness.traces.context import context_lengths
+from harness.traces.context import context_lengths, trajectory_starts
 from harness.traces.schema import (
     ARROW_SCHEMA,
     KIND_LLM,
@@ -281,17 +281,10 @@ def _check_context(df: pd.DataFrame, rows: _Rows, is_llm: BoolArray,
     flag(is_llm & has_keep & (keep > lengths.before), "bad-keep",
          "keep_tokens is more than the context the call finds (what earlier steps appended "
          "and generated)")
-    first = _starts(rows.tid)
+    first = trajectory_starts(rows.tid)
     inp = df["input_tokens"].to_numpy(dtype="float64", na_value=0.0)
     flag(first & has_pre & (pre > inp), "bad-prefix",
          "prefix_tokens is more than the first call's input_tokens")
-
-
-def _starts(tid: np.ndarray) -> BoolArray:
-    change = np.empty(len(tid), dtype=bool)
-    change[0] = True
-    change[1:] = tid[1:] != tid[:-1]
-    return change
 
 
 def _check_subagents(df: pd.DataFrame, file: str, tid: np.ndarray, step: np.ndarray,
@@ -299,7 +292,7 @@ def _check_subagents(df: pd.DataFrame, file: str, tid: np.ndarray, step: np.ndar
     """Sub-agents: a parent that exists, a spawn step that is one of its `subagent` tool steps,
     no cycles, and no `subagent` step without a child."""
     problems: list[Problem] = []
-    starts = np.flatnonzero(_starts(tid))
+    starts = np.flatnonzero(trajectory_starts(tid))
     ids = [str(t) for t in tid[starts]]
     parent = df["parent_id"].astype(object).to_numpy()[starts]
     spawn = df["spawn_step"].to_numpy(dtype="float64", na_value=np.nan)[starts]

@@ -25,6 +25,7 @@ from harness.simulate.run import Arrivals, run_simulation
 from harness.simulate.server import Capacity
 from harness.simulate.workload import build_workload
 from harness.traces.schema import SYNTHETIC_DEFAULTS, Provenance, steps_table, write_trajectories
+from tests.unit.test_simulate import ev, t_s
 
 BPT = 1000  # bytes of KV per token
 CAL = Calibration(runtime="test", server_version="0", model="m", kv_bytes_per_token=BPT,
@@ -88,17 +89,6 @@ def sim(tmp: Path, path: Path, policy: str, cap: Capacity, engine: str,
     assert '"engine": "heapq event loop, python (HARNESS_SIMULATOR=python)"' in (
         out / RUN_JSON).read_text()
     return read_records(out)
-
-
-def ev(df: pd.DataFrame, event: str, tid: str | None = None) -> pd.DataFrame:
-    m = df["event"] == event
-    if tid is not None:
-        m &= df["trajectory_id"] == tid
-    return df[m]
-
-
-def t_s(df: pd.DataFrame, event: str, tid: str, k: int = 0) -> float:
-    return float(ev(df, event, tid)["t_ns"].iloc[k]) / 1e9
 
 
 def device_kv(df: pd.DataFrame) -> pd.Series:

@@ -145,6 +145,9 @@ class Plan:
     seed: int
     injection: Injection
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # A bounded run ends here (seconds from its start): nothing starts after it, and what is
+    # still running is stopped and recorded interrupted (reason run-horizon). None: run it all.
+    horizon_s: float | None = None
 
     def all_trajectories(self) -> list[TrajectoryPlan]:
         """Every trajectory of the plan, sub-agents included (each after its parent)."""

@@ -36,6 +36,7 @@ class TraceRef:
     token_scale: float = 1.0
     # the trace's best prefix-hit rate and each fixed policy's (harness.traces.reuse)
     ideal_reuse: dict[str, Any] | None = None
+    copies: int = 1  # a bounded closed loop replays the trace this many times end to end
 
 
 @dataclass
@@ -154,6 +155,7 @@ class RunManifest:
     client_cpu_s: float | None = None  # the harness process's CPU (all threads) over the replay
     # the simulator's own
     capacity: dict[str, Any] | None = None
+    window: dict[str, float] | None = None  # a bounded run: warmup_s, duration_s (its horizon)
     simulator: dict[str, Any] | None = None
     schema_version: int = MANIFEST_VERSION
 

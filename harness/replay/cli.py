@@ -33,6 +33,7 @@ from harness.selftest.result import read_selftest
 from harness.traces.reuse import ideal_reuse_for
 from harness.traces.scale import check_token_scale, imported_token_scale, scale_tokens
 from harness.traces.schema import file_sha256
+from harness.traces.tile import copies_needed, tile_steps
 from harness.traces.validate import load_trajectories
 
 __all__ = ["RunOptions", "execute_run", "arrivals_from_flags", "run_cmd"]
@@ -59,24 +60,31 @@ def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo,
     pol = make_policy(o.policy, o.policy_args)
     steps = scale_tokens(load_trajectories(o.trace), o.token_scale)
     injection = load_injection(o.inject)
-    plan = make_plan(steps, injection, o.arrivals, o.seed)
+    a = o.arrivals
+    # A bounded closed loop never runs out of work: the trace repeats (new content per copy).
+    copies = (copies_needed(steps, a.concurrency, o.duration_s, a.time_scale)
+              if o.duration_s is not None and a.mode == "closed" else 1)
+    plan = dataclasses.replace(make_plan(tile_steps(steps, copies), injection, a, o.seed),
+                               horizon_s=o.duration_s)
     rt = runtime or get_runtime(o.runtime)
     pin = (pinning.decide(pinning.available_cpus(), o.url is None, rt.pins_local_server)
            if o.pinning == AUTO else o.pinning)
     pinning.apply(pin)
-    a = o.arrivals
     run = RunManifest(
         run_id=f"{o.policy}-{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}",
         runtime=rt.name, policy=o.policy, policy_args=dict(o.policy_args),
         policy_sees_true_latency=pol.sees_true_latency,
         trace=TraceRef(str(o.trace), file_sha256(o.trace), len(plan.trajectories),
                        int(len(steps)), len(plan.all_trajectories()) - len(plan.trajectories),
-                       o.token_scale * imported_token_scale(o.trace), ideal_reuse_for(steps, pol)),
+                       o.token_scale * imported_token_scale(o.trace), ideal_reuse_for(steps, pol),
+                       copies),
         seed=o.seed, injection=injection.as_dict(),
         arrivals=ArrivalsRef(a.mode, a.concurrency, a.rate, a.time_scale),
         harness_version=__version__, git_commit=git_commit(), host=host_identity(),
         started_at=datetime.now(UTC).isoformat(), cpu_pinning=pin,
-        instrument_error=o.instrument_error)
+        instrument_error=o.instrument_error,
+        window=(None if o.duration_s is None
+                else {"warmup_s": o.warmup_s, "duration_s": o.duration_s}))
     cal = read_calibration(o.calibration) if o.calibration else None
     if o.calibration and cal:
         run.calibration = {"path": str(o.calibration), **cal.to_dict()}
@@ -133,6 +141,20 @@ def check_run_flags(**values: float) -> None:
         key = flag[2:].replace("-", "_")
         if key in values and not low <= values[key] <= high:
             raise InputError(f"{flag} must be in [{low:g}, {high:g}], got {values[key]:g}")
+
+
+def check_window(duration_s: float | None, warmup_s: float) -> None:
+    """InputError unless --duration is a positive number of seconds and --warmup lies in
+    [0, duration)."""
+    if duration_s is None:
+        if warmup_s:
+            raise InputError("--warmup needs --duration (a bounded run)")
+        return
+    if not 0 < duration_s <= 7 * 86_400:
+        raise InputError(f"--duration must be in (0, 604800] seconds, got {duration_s:g}")
+    if not 0 <= warmup_s < duration_s:
+        raise InputError(f"--warmup must be in [0, --duration), got {warmup_s:g} with "
+                         f"--duration {duration_s:g}")
 
 
 def timeout_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -231,6 +253,12 @@ def timeouts_from_flags(connect_timeout: float, first_token_timeout: float,
                    "--server-arg=99 to offload a llama-server to the GPU).")
 @click.option("--selftest", "selftest", type=click.Path(path_type=Path),
               help="A `harness selftest` file: its instrument error goes into run.json.")
+@click.option("--duration", "duration_s", type=float,
+              help="Stop the run after this many seconds (what is still running is recorded "
+                   "interrupted, reason run-horizon): a bounded run for a steady-state figure.")
+@click.option("--warmup", "warmup_s", type=float, default=0.0, show_default=True,
+              help="With --duration: the first seconds, which the run's window figures "
+                   "(window.json) leave out.")
 @click.option("--repeats", type=click.IntRange(1, 100), default=1, show_default=True,
               help="Run N times (OUT/repeat-1 ...) and write the spread between the repeats "
                    "to OUT/repeats.json.")
@@ -244,9 +272,11 @@ def run_cmd(runtime: str, url: str | None, trace_path: Path, policy: str,
             server_args: tuple[str, ...], selftest: Path | None, connect_timeout: float,
             first_token_timeout: float, stall_timeout: float, request_timeout: float,
             api_key: str | None, headers: tuple[str, ...], skip_oversized: bool,
-            repeats: int, token_scale: float) -> None:
+            repeats: int, token_scale: float, duration_s: float | None,
+            warmup_s: float) -> None:
     """Replay TRACE against a runtime under POLICY and write a results directory."""
     check_token_scale(token_scale)
+    check_window(duration_s, warmup_s)
     check_run_flags(slots=slots, ctx_per_slot=ctx_per_slot, threads=threads,
                     scrape_interval=scrape_interval, time_scale=time_scale)
     check_url(url)
@@ -261,7 +291,7 @@ def run_cmd(runtime: str, url: str | None, trace_path: Path, policy: str,
         scrape_interval_s=scrape_interval, calibration=calibration, server_args=server_args,
         instrument_error=instrument, timeouts=timeouts,
         headers=headers_from_flags(api_key, headers, url), skip_oversized=skip_oversized,
-        token_scale=token_scale)
+        token_scale=token_scale, duration_s=duration_s, warmup_s=warmup_s)
     if repeats == 1:
         run = execute_run(opts, lambda m: click.echo(m, err=True))
         _print_result(out, run)

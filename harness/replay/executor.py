@@ -89,6 +89,7 @@ class Executor:
         self._agents_done = asyncio.Event()
         self._bystander_tasks: set[asyncio.Task[None]] = set()
         self._stopped: dict[str, str] = {}  # sub-agents being cancelled by their parent: why
+        self._horizon_hit = False  # a bounded run reached its horizon (plan.horizon_s)
 
     # ---- the run -------------------------------------------------------------------------
     async def run(self) -> RunCounters:
@@ -104,11 +105,19 @@ class Executor:
             tasks = [asyncio.create_task(self._agent(queue)) for _ in range(n)]
         else:
             tasks = [asyncio.create_task(self._open_loop(t)) for t in self.plan.trajectories]
+        horizon = self.plan.horizon_s
+        timer = (asyncio.create_task(self._horizon(tasks, horizon)) if horizon is not None
+                 else None)
         interrupted = True
         try:
-            await asyncio.gather(*tasks)
+            # Trajectories stopped at the horizon end cancelled, which is not the run's end.
+            for r in await asyncio.gather(*tasks, return_exceptions=timer is not None):
+                if isinstance(r, Exception):
+                    raise r
             interrupted = False
         finally:
+            if timer is not None:
+                timer.cancel()
             self._agents_done.set()
             bystanders.cancel()
             # A cancelled gather returns at once; the trajectories' cleanups may still run.
@@ -119,8 +128,16 @@ class Executor:
             self.rec.flush()
         return self.counters
 
+    async def _horizon(self, tasks: list[asyncio.Task[None]], horizon_s: float) -> None:
+        """At a bounded run's end: stop every trajectory still running (interrupted, reason
+        run-horizon) and every arrival still to come."""
+        await self.clock.sleep_until(int(horizon_s * NS))
+        self._horizon_hit = True
+        for t in tasks:
+            t.cancel()
+
     async def _agent(self, queue: asyncio.Queue[TrajectoryPlan]) -> None:
-        while not queue.empty():
+        while not queue.empty() and not self._horizon_hit:
             traj = queue.get_nowait()
             await self.trajectory(traj, self.clock.now_ns())
 
@@ -154,8 +171,8 @@ class Executor:
         except asyncio.CancelledError:
             # A sub-agent its parent stopped waiting for was cancelled, not the run.
             stopped = self._stopped.pop(st.tid, None)
-            status, reason = (("cancelled", stopped) if stopped
-                              else ("interrupted", "run-interrupted"))
+            status, reason = (("cancelled", stopped) if stopped else (
+                "interrupted", "run-horizon" if self._horizon_hit else "run-interrupted"))
             raise
         except Exception as exc:  # a server that breaks the protocol fails this trajectory only
             status, reason = "failed", f"{type(exc).__name__}: {exc}"[:300]

@@ -42,5 +42,9 @@ class RunOptions:
     timeouts: Timeouts = field(default_factory=Timeouts)
     skip_oversized: bool = False  # skip (and record) trajectories that cannot fit a slot
     token_scale: float = 1.0  # every token count of the trace times this, rounded up
+    # A bounded run: stop at duration_s (harness.plan.planner.Plan.horizon_s); the figures of
+    # its window (harness.metrics.window) leave out the first warmup_s.
+    duration_s: float | None = None
+    warmup_s: float = 0.0
     # sent with every request (--api-key, --header): never written to run.json or a log
     headers: dict[str, str] = field(default_factory=dict, repr=False)

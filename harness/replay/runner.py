@@ -247,6 +247,11 @@ def write_summary(out_dir: Path, run: RunManifest) -> dict[str, Any] | None:
     # Streamed over the record parts: memory stays flat however long the run was.
     summary: dict[str, Any] = summarize_dir(out_dir, run=run)
     write_json(out_dir / SUMMARY_JSON, summary)
+    if run.window is not None:  # a bounded run: the figures of its window too
+        from harness.metrics.window import WINDOW_JSON, window_of_dir
+
+        write_json(out_dir / WINDOW_JSON, window_of_dir(
+            out_dir, run.window["warmup_s"], run.window["duration_s"], run.kv_bytes_per_token))
     return summary
 
 

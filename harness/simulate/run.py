@@ -28,6 +28,7 @@ from harness.traces.context import trajectory_starts
 from harness.traces.reuse import ideal_reuse_for
 from harness.traces.scale import check_token_scale, imported_token_scale, scale_tokens
 from harness.traces.schema import file_sha256
+from harness.traces.tile import tile_steps
 from harness.traces.validate import load_trajectories
 
 __all__ = ["Arrivals", "arrival_times", "check_capacity", "run_simulation", "summarize_into"]
@@ -82,11 +83,12 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
                    arrivals: Arrivals, seed: int, out: Path, history_window: int = 1000,
                    default_deadline_s: float = DEFAULT_DEADLINE_S,
                    write_summary: bool = True, slot_handoff: str = "fifo",
-                   token_scale: float = 1.0) -> RunManifest:
+                   token_scale: float = 1.0, copies: int = 1) -> RunManifest:
     """Simulate `trace` under a policy and write a results directory; returns run.json.
 
     `slot_handoff`: how a freed slot is handed on in a closed loop (see engine.simulate);
-    `token_scale`: every token count of the trace times this, rounded up, as a replay does."""
+    `token_scale`: every token count of the trace times this, rounded up, as a replay does;
+    `copies`: the trace repeated end to end (harness.traces.tile), as a bounded replay does."""
     if slot_handoff not in SLOT_HANDOFFS:
         raise InputError(f"--slot-handoff must be one of {', '.join(SLOT_HANDOFFS)}")
     if history_window < 0:
@@ -99,7 +101,8 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     if any((out / RECORDS_DIR).glob("part-*.parquet")):
         raise InputError(f"{out} already holds records; choose a new --out directory")
     t0 = time.perf_counter()
-    df = scale_tokens(load_trajectories(trace), check_token_scale(token_scale))
+    once = scale_tokens(load_trajectories(trace), check_token_scale(token_scale))
+    df = tile_steps(once, copies)
     w = build_workload(df, default_deadline_s)
     arrival_s = arrival_times(arrivals, w, len(df), seed)
     server = ServerModel(calibration.prefill_tok_s, calibration.decode_tok_s,
@@ -109,7 +112,8 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     roots = int(df.loc[trajectory_starts(df["trajectory_id"].astype(object).to_numpy()),
                        "parent_id"].isna().sum())
     ref = TraceRef(str(trace), file_sha256(trace), roots, int(len(df)), w.n_trajectories - roots,
-                   token_scale * imported_token_scale(trace), ideal_reuse_for(df, policy))
+                   token_scale * imported_token_scale(trace), ideal_reuse_for(once, policy),
+                   copies)
     run = _manifest(trace, ref, policy_name, policy_args,
                     policy.sees_true_latency, capacity, calibration, calibration_path, arrivals,
                     seed)
@@ -120,7 +124,7 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
                      "default_deadline_s": default_deadline_s}
     out.mkdir(parents=True, exist_ok=True)
     run.write(out)
-    del df
+    del df, once
     t_load = time.perf_counter() - t0
     sink = RecordSink(out / RECORDS_DIR, str(run.run_id), w, calibration.kv_bytes_per_token,
                       capacity.context_limit)

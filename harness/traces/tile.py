@@ -1,0 +1,66 @@
+"""A trace repeated end to end, so a bounded run of many agents never runs out of work.
+
+Copy k of trajectory `t` is `t~k` (copy 0 keeps its id), with its sub-agents' parents renamed
+alike. The planner seeds token ids from the trajectory id, so every copy sends new content: no
+copy finds another's prompt in a server's prefix cache. Prefix groups stay shared, as the
+trace means them to be. Pure functions of data.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from harness.errors import InputError
+from harness.traces.schema import KIND_LLM
+
+# Each call takes at least this long on any server (a lower bound for sizing, not a model).
+MIN_CALL_S = 0.02
+MAX_TILED_TRAJECTORIES = 20_000
+
+
+def copy_id(tid: str, k: int) -> str:
+    return tid if k == 0 else f"{tid}~{k}"
+
+
+def tile_steps(steps: pd.DataFrame, copies: int) -> pd.DataFrame:
+    """`steps` repeated `copies` times, copy after copy (a closed loop takes them in order)."""
+    if copies < 1:
+        raise InputError(f"copies must be >= 1, got {copies}")
+    if copies == 1:
+        return steps
+    parts = []
+    for k in range(copies):
+        part = steps.copy()
+        part["trajectory_id"] = [copy_id(str(t), k) for t in part["trajectory_id"]]
+        if "parent_id" in part.columns:
+            part["parent_id"] = [None if p is None or (isinstance(p, float) and math.isnan(p))
+                                 else copy_id(str(p), k) for p in part["parent_id"]]
+        parts.append(part)
+    return pd.concat(parts, ignore_index=True)
+
+
+def least_trajectory_s(steps: pd.DataFrame, time_scale: float = 1.0) -> float:
+    """The mean least time a root trajectory (with its sub-agents) takes: its tool time plus
+    MIN_CALL_S per call; never-returning tools count nothing (their deadline may be long)."""
+    lat = steps["latency_s"].astype("float64").fillna(0.0) * time_scale
+    tool_s = float(lat[steps["kind"] != KIND_LLM].sum())
+    calls = int((steps["kind"] == KIND_LLM).sum())
+    roots = steps["trajectory_id"].nunique()
+    if "parent_id" in steps.columns:
+        roots = steps.loc[steps["parent_id"].isna(), "trajectory_id"].nunique()
+    return (tool_s + MIN_CALL_S * calls) / max(roots, 1)
+
+
+def copies_needed(steps: pd.DataFrame, agents: int, duration_s: float,
+                  time_scale: float = 1.0) -> int:
+    """How many copies keep `agents` closed-loop agents busy for `duration_s`, with a margin
+    of two: each agent can finish at most duration / least_trajectory_s trajectories."""
+    roots = steps["trajectory_id"].nunique()
+    if "parent_id" in steps.columns:
+        roots = steps.loc[steps["parent_id"].isna(), "trajectory_id"].nunique()
+    per_agent = duration_s / max(least_trajectory_s(steps, time_scale), MIN_CALL_S)
+    need = 2 * agents * per_agent / max(roots, 1)
+    most = max(1, MAX_TILED_TRAJECTORIES // max(roots, 1))
+    return int(min(max(1, math.ceil(need)), most))

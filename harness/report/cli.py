@@ -51,6 +51,9 @@ def report(dirs: tuple[Path, ...], out: Path | None, slo_items: tuple[str, ...],
         if len(dirs) > 1:
             raise InputError("several directories: say where the report goes with --out")
         out = dirs[0] / "report.html"
+    if len(dirs) == 1 and (written := _search_report(dirs[0], out)) is not None:
+        click.echo(f"wrote {written}")
+        return
     base = 0
     if baseline is not None:
         matches = [i for i, d in enumerate(dirs) if d.resolve() == baseline.resolve()]
@@ -61,6 +64,22 @@ def report(dirs: tuple[Path, ...], out: Path | None, slo_items: tuple[str, ...],
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(doc, encoding="utf-8")
     click.echo(f"wrote {out} ({len(doc):,} bytes)")
+
+
+def _search_report(root: Path, out: Path) -> Path | None:
+    """The report of a capacity search or an advice (a root with capacity.json or
+    advice.json), re-rendered from it; None for any other directory."""
+    from harness.records.store import read_json
+
+    if (root / "capacity.json").is_file():
+        from harness.capacity.cli import write_capacity_report
+
+        return write_capacity_report(root, read_json(root / "capacity.json"), out)
+    if (root / "advice.json").is_file():
+        from harness.capacity.advise_cli import write_advice_report
+
+        return write_advice_report(root, read_json(root / "advice.json"), out)
+    return None
 
 
 @click.command("compare")

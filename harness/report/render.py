@@ -53,10 +53,13 @@ def render_report(
     return render_runs(load_runs(paths, slo, write_summary), baseline)
 
 
-def render_runs(runs: list[RunData], baseline: int = 0) -> str:
+def render_runs(runs: list[RunData], baseline: int = 0, lead: str = "",
+                title: str | None = None) -> str:
     """The HTML document for these runs (side by side when several; the others' differences
-    against `runs[baseline]`)."""
-    title = "Tool-pause replay report" if len(runs) == 1 else "Tool-pause replay comparison"
+    against `runs[baseline]`). `lead`: an HTML section placed first (a capacity search's or
+    an advice's), under `title`."""
+    title = title or ("Tool-pause replay report" if len(runs) == 1
+                      else "Tool-pause replay comparison")
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
              f"<title>{html.escape(title)}</title><style>{CSS}{HEALTH_CSS}{DIFF_CSS}</style>"
              "</head><body>",
@@ -65,7 +68,7 @@ def render_runs(runs: list[RunData], baseline: int = 0) -> str:
     if any(r.simulated for r in runs):
         parts.append("<p class='banner'>Runs marked <span class='badge'>simulated</span> come "
                      "from the simulator, not a live server.</p>")
-    parts += [health_section(runs, _label), headline(runs),
+    parts += [lead, health_section(runs, _label), headline(runs),
               differences_section(runs, _label, baseline), instrument_section(runs),
               cdf_section(runs), bucket_grid(runs),
               parts_section(runs), reuse_section(runs), occupancy_section(runs),

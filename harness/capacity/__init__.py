@@ -1,0 +1,2 @@
+"""Capacity and advice: how many agents a server holds under an SLO, and which pause policy to
+run."""

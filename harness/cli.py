@@ -49,6 +49,8 @@ def main() -> None:
 
 
 def _register() -> None:
+    from harness.capacity.advise_cli import advise_cmd
+    from harness.capacity.cli import capacity_cmd
     from harness.model.cli import model
     from harness.replay.bench import bench_cmd
     from harness.replay.calibrate import calibrate_cmd
@@ -66,6 +68,8 @@ def _register() -> None:
     main.add_command(simulate_cmd)
     main.add_command(run_cmd)
     main.add_command(bench_cmd)
+    main.add_command(capacity_cmd)
+    main.add_command(advise_cmd)
     main.add_command(calibrate_cmd)
     main.add_command(clean_cmd)
     main.add_command(selftest_cmd)

@@ -48,6 +48,7 @@ from harness.traces.scale import check_token_scale
 from harness.traces.validate import load_trajectories
 
 DEFAULT_POLICIES = ("keep", "swap", "recompute")
+DEFAULT_PICK_SLO = "resume_p95=2000ms"
 
 
 def shipped_trace(name: str = "bench-small") -> Path:
@@ -316,6 +317,14 @@ def health_lines(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
               help="Run every policy N times, round by round (<policy>/repeat-1 ...); each "
                    "policy's spread between its repeats goes to <policy>/repeats.json and is "
                    "printed, and the report sets the repeats side by side.")
+@click.option("--slo", "slo_spec",
+              help="The SLO for --capacity and for the advisor's pick (which runs with a "
+                   f"calibration; default {DEFAULT_PICK_SLO}), e.g. resume_p95=2000ms.")
+@click.option("--capacity", "capacity_search", is_flag=True,
+              help="After the replays, a capacity search of every policy under --slo "
+                   "(harness capacity, into <out>/capacity).")
+@click.option("--capacity-budget", default="10m", show_default=True,
+              help="Wall time for the --capacity search.")
 @timeout_options
 @auth_options
 def bench_cmd(runtime: str, url: str | None, trace_path: Path | None, policies: str,
@@ -325,8 +334,16 @@ def bench_cmd(runtime: str, url: str | None, trace_path: Path | None, policies: 
               selftest: Path | None, repeats: int, connect_timeout: float,
               first_token_timeout: float,
               stall_timeout: float, request_timeout: float, api_key: str | None,
-              headers: tuple[str, ...], skip_oversized: bool, token_scale: float) -> None:
+              headers: tuple[str, ...], skip_oversized: bool, token_scale: float,
+              slo_spec: str | None, capacity_search: bool, capacity_budget: str) -> None:
     """Replay one trace under several policies and compare them in one report."""
+    from harness.capacity.budget import parse_span
+    from harness.capacity.slo import parse_slo
+
+    if capacity_search and not slo_spec:
+        raise InputError("--capacity needs --slo (e.g. --slo resume_p95=2000ms)")
+    slo = parse_slo(slo_spec or DEFAULT_PICK_SLO)
+    capacity_s = parse_span("--capacity-budget", capacity_budget, 60.0, 7 * 86_400.0)
     check_run_flags(slots=slots, ctx_per_slot=ctx_per_slot, time_scale=time_scale)
     check_token_scale(token_scale)
     check_url(url)
@@ -350,6 +367,43 @@ def bench_cmd(runtime: str, url: str | None, trace_path: Path | None, policies: 
         for o in plan.runs:
             click.echo(f"\nspread between the {plan.repeats} repeats of {o.policy}:")
             click.echo(format_spread(read_json(o.out / REPEATS_JSON)))
+    if plan.calibration is not None and plan.simulable:
+        show_pick(plan, slo, token_scale, seed)
+    if capacity_search:
+        bench_capacity(plan, slo, capacity_s)
     click.echo(f"\nresults: {plan.root}\nreport:  {plan.root / 'report.html'}")
     exit_on_server_failures([read_manifest(o.out) for r in plan.rounds() for o in r
                              if (o.out / "run.json").exists()])
+
+
+def show_pick(plan: BenchPlan, slo: Any, token_scale: float, seed: int) -> None:
+    """The advisor's pick on the bench's server settings, in simulation with the bench's
+    calibration (<out>/advice/advice.json); `harness advise` confirms one on the server."""
+    from harness.capacity.advise_cli import simulated_pick
+
+    assert plan.calibration is not None
+    o = plan.runs[0]
+    rec = simulated_pick(plan.trace, plan.calibration, slo, o.slots, o.ctx_per_slot,
+                         token_scale, seed, plan.root / "advice")
+    p = rec["predicted"]
+    p95 = (p.get("resume_latency_ms") or {}).get("p95")
+    click.echo(f"\nadvisor's pick (simulated with {plan.calibration}, SLO {slo.spec()}): "
+               f"{rec['label']}, predicted capacity {p['capacity']} agents"
+               + (f", resume P95 {p95:,.0f} ms there" if p95 is not None else "")
+               + "; not confirmed on the server (harness advise confirms it)")
+
+
+def bench_capacity(plan: BenchPlan, slo: Any, budget_s: float) -> None:
+    """bench --capacity: a capacity search of the bench's policies on its server."""
+    from harness.capacity.cli import CapacityPlan, result_table, run_capacity
+    from harness.capacity.driver import SearchSettings
+
+    o = plan.runs[0]
+    cplan = CapacityPlan(plan.root / "capacity", plan.trace, slo,
+                         tuple((r.policy, r.policy_args) for r in plan.runs),
+                         replace(o, pinning=plan.pinning), budget_s, 45.0, 10.0,
+                         SearchSettings())
+    click.echo(f"\ncapacity search under {slo.spec()} (budget {budget_s:.0f} s) ...")
+    doc = run_capacity(cplan)
+    click.echo(result_table(doc))
+    click.echo(f"capacity report: {cplan.root / 'report.html'}")

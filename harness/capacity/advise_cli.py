@@ -140,11 +140,13 @@ def confirm(rows: list[dict[str, Any]], slo: Slo, measure: Any, root: Path, budg
 
 
 def _progress(echo: Callable[[str], None], label: str) -> Callable[[dict[str, Any]], None]:
+    shown = [0]
+
     def show(entry: dict[str, Any]) -> None:
-        if entry["points"]:
-            p = entry["points"][-1]
+        for p in entry["points"][shown[0]:]:  # each point once
             echo(f"live {label}: n={p['agents']} {p['text']} -> "
                  f"{'pass' if p['passed'] else 'fail'}")
+        shown[0] = len(entry["points"])
     return show
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from harness.adapters.base import Runtime
 from harness.adapters.runtimes import RUNTIMES, get_runtime
 from harness.capacity.budget import Budget, parse_span
 from harness.capacity.driver import PointSpec, SearchSettings, search_policy
@@ -74,9 +75,10 @@ def policy_list(policies: str, policy_args: tuple[str, ...]) -> list[tuple[str, 
     return [(p, args[p]) for p in names]
 
 
-def run_capacity(plan: CapacityPlan, echo: Callable[[str], None] = click.echo
-                 ) -> dict[str, Any]:
-    """Search every policy of the plan on its server; returns capacity.json's content."""
+def run_capacity(plan: CapacityPlan, echo: Callable[[str], None] = click.echo,
+                 runtime: Runtime | None = None) -> dict[str, Any]:
+    """Search every policy of the plan on its server (`runtime`, default the registry's);
+    returns capacity.json's content."""
     from harness.capacity.driver import verdict_line
 
     budget = Budget(plan.budget_s, plan.settings.clock)
@@ -89,18 +91,20 @@ def run_capacity(plan: CapacityPlan, echo: Callable[[str], None] = click.echo
         "budget_s": plan.budget_s, "started_at": datetime.now(UTC).isoformat(),
         "slots": plan.base.slots, "ctx_per_slot": plan.base.ctx_per_slot,
         "policies": {}}
-    measure = live_measure(plan.base, get_runtime(plan.base.runtime), plan.duration_s,
-                           plan.warmup_s, lambda m: click.echo(m, err=True))
+    measure = live_measure(plan.base, runtime or get_runtime(plan.base.runtime),
+                           plan.duration_s, plan.warmup_s, lambda m: click.echo(m, err=True))
     ensure_out_dir(plan.root)
+
+    shown: dict[str, int] = {}
 
     def save(entry: dict[str, Any]) -> None:
         doc["policies"][entry["policy"]] = entry
         doc["elapsed_s"] = budget.elapsed_s()
         write_json(plan.root / CAPACITY_JSON, nan_free(doc))
-        if entry["points"]:
-            p = (entry.get("confirm") or {}).get("above") or entry["points"][-1]
+        for p in entry["points"][shown.get(entry["policy"], 0):]:  # each point once
             echo(f"[{budget.elapsed_s():5.0f}s / {plan.budget_s:.0f}s] "
                  + verdict_line(entry["policy"], p))
+        shown[entry["policy"]] = len(entry["points"])
 
     for i, (policy, args) in enumerate(plan.policies):
         share = budget.share_s(len(plan.policies) - i)

@@ -130,6 +130,7 @@ def search_policy(spec: PointSpec, slo: Slo, measure: Measure, root: Path, budge
     cap = entry["capacity"]
     if settings.confirm and cap >= 1 and fits(2 if cap < settings.max_agents else 1):
         at = run(cap, "confirm")
+        on_point(entry)
         above_n = max(cap + 1, math.ceil(CONFIRM_ABOVE * cap))
         above = run(above_n, "confirm") if cap < settings.max_agents else None
         entry["confirm"] = {"at": at, "above": above,

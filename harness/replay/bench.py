@@ -404,6 +404,6 @@ def bench_capacity(plan: BenchPlan, slo: Any, budget_s: float) -> None:
                          replace(o, pinning=plan.pinning), budget_s, 45.0, 10.0,
                          SearchSettings())
     click.echo(f"\ncapacity search under {slo.spec()} (budget {budget_s:.0f} s) ...")
-    doc = run_capacity(cplan)
+    doc = run_capacity(cplan, runtime=plan.runtime)
     click.echo(result_table(doc))
     click.echo(f"capacity report: {cplan.root / 'report.html'}")

@@ -109,7 +109,7 @@ def test_search_policy_finds_confirms_and_records(tmp_path: Path) -> None:
     assert entry["at_capacity"]["dir"] == str(tmp_path / "keep" / "confirm" / "n-004")
     assert entry["points"][3]["dir"] == str(tmp_path / "keep" / "n-004-r2")
     assert entry["elapsed_s"] == 450.0
-    assert len(saved) == 8  # after each of the 7 search points, and once at the end
+    assert len(saved) == 9  # after each of the 7 search points, the first confirmation, the end
     assert verdict_line("keep", entry["points"][4]) == (
         "keep n=8: resume_p95 4,000 ms (<= 2,000) -> fail")
     doc = {"policies": {"keep": entry}}
@@ -171,3 +171,43 @@ def test_bench_capacity_needs_an_slo() -> None:
     r = CliRunner().invoke(main, ["bench", "--slo", "resume_p95=2s", "--capacity",
                                   "--capacity-budget", "30s"])
     assert r.exit_code == 2 and "--capacity-budget" in r.output
+
+
+def test_run_capacity_end_to_end_on_the_in_memory_runtime(tmp_path: Path) -> None:
+    """The live path (bounded replays, window.json, capacity.json, the report) on the
+    in-memory server: 1-second points of a one-pause trace, every count meets a loose SLO."""
+    import os
+
+    from harness.capacity.cli import CapacityPlan, run_capacity
+    from harness.replay import pinning
+    from harness.replay.cli import RunOptions, arrivals_from_flags
+    from tests.fakes.runtime import MemoryRuntime
+    from tests.live.traces import write_one_pause_trace
+
+    before = pinning.available_cpus()
+    trace = write_one_pause_trace(tmp_path / "t.parquet")
+    base = RunOptions(trace=trace, policy="", out=Path(), runtime="memory",
+                      scrape_interval_s=0.05, arrivals=arrivals_from_flags(1, None, False, 1.0),
+                      pinning=None)
+    plan = CapacityPlan(tmp_path / "cap", trace, parse_slo("resume_p95=30s"),
+                        (("keep", {}),), base, 120.0, 1.5, 0.2,
+                        SearchSettings(max_agents=2))
+    runtime = MemoryRuntime()
+    try:
+        lines: list[str] = []
+        doc = run_capacity(plan, lines.append, runtime)
+    finally:
+        if before and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, set(before))
+    keep = doc["policies"]["keep"]
+    assert (keep["capacity"], keep["reason"]) == (2, "max-agents")
+    assert keep["confirm"]["confirmed"] is True
+    assert [o.policy for o in runtime.started] == ["keep"] * 3 and runtime.stopped == 3
+    on_disk = json.loads((tmp_path / "cap" / "capacity.json").read_text())
+    assert on_disk["policies"]["keep"]["capacity"] == 2
+    assert (tmp_path / "cap" / "keep" / "n-002" / "window.json").is_file()
+    assert "Capacity under the SLO" in (tmp_path / "cap" / "report.html").read_text()
+    assert lines[0].endswith("keep: searching (up to 120s)")
+    assert any("keep n=2:" in line and line.endswith("-> pass") for line in lines)
+    # every point once: 1 and 2, then the confirmation at 2
+    assert sum("keep" in line and "-> " in line for line in lines) == 3

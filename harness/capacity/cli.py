@@ -27,7 +27,7 @@ from harness.limits import MAX_SEED
 from harness.plan.injection import load_injection
 from harness.policies import POLICIES
 from harness.records.store import write_json
-from harness.replay.bench import scoped_policy_args, shipped_trace
+from harness.replay.bench import policy_names, scoped_policy_args, shipped_trace
 from harness.replay.cli import (
     RunOptions,
     arrivals_from_flags,
@@ -64,13 +64,7 @@ class CapacityPlan:
 
 def policy_list(policies: str, policy_args: tuple[str, ...]) -> list[tuple[str, dict[str, str]]]:
     """The policies to search with their arguments; InputError for an unknown or repeated one."""
-    names = [p.strip() for p in policies.split(",") if p.strip()]
-    unknown = [p for p in names if p not in POLICIES]
-    if unknown or not names:
-        raise InputError(f"unknown policy {', '.join(unknown) or '(none)'}; "
-                         f"one of {', '.join(POLICIES)}")
-    if len(set(names)) != len(names):
-        raise InputError(f"--policies {policies}: a policy is named twice")
+    names = policy_names(policies)
     args = scoped_policy_args(names, policy_args)
     return [(p, args[p]) for p in names]
 

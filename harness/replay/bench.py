@@ -127,6 +127,18 @@ def headline_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def policy_names(policies: str) -> list[str]:
+    """The names of a comma-separated --policies; InputError for an unknown or repeated one."""
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    unknown = [p for p in names if p not in POLICIES]
+    if unknown or not names:
+        raise InputError(f"unknown policy {', '.join(unknown) or '(none)'}; "
+                         f"one of {', '.join(POLICIES)}")
+    if len(set(names)) != len(names):
+        raise InputError(f"--policies {policies}: a policy is named twice")
+    return names
+
+
 def scoped_policy_args(policies: list[str], pairs: tuple[str, ...]) -> dict[str, dict[str, str]]:
     """Each bench policy's `--policy-arg`s: `POLICY.KEY=VALUE` goes to that policy, a plain
     `KEY=VALUE` to every policy of the bench that takes KEY. InputError for an argument that
@@ -181,13 +193,7 @@ def plan_bench(runtime: str, url: str | None, trace: Path | None, policies: str,
     """Check every input of a bench (policies and their arguments, the trace, the injection
     profile, the calibration file) and decide its CPU pinning once; InputError on the first
     problem, before anything is started."""
-    names = [p.strip() for p in policies.split(",") if p.strip()]
-    unknown = [p for p in names if p not in POLICIES]
-    if unknown or not names:
-        raise InputError(f"unknown policy {', '.join(unknown) or '(none)'}; "
-                         f"one of {', '.join(POLICIES)}")
-    if len(set(names)) != len(names):
-        raise InputError(f"--policies {policies}: a policy is named twice")
+    names = policy_names(policies)
     rt = runtimes(runtime)
     if calibrate_first and (calibration is not None or not rt.per_slot_control):
         raise InputError("--calibrate measures a server whose slots the harness controls "

@@ -5,7 +5,6 @@ found, writes capacity.json and the report, and leaves no server running."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -13,17 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
+from tests.live.test_signals_live import _alive
 
 pytestmark = pytest.mark.live
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(")")[1].split()[0] == "Z")
 
 
 @pytest.fixture(scope="module")
@@ -44,20 +35,16 @@ def _capacity(trace: Path, out: Path, *args: str) -> tuple[Any, dict[str, Any]]:
     return r, doc
 
 
-def _points(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    c = entry.get("confirm") or {}
-    return [*entry["points"], *(p for p in (c.get("at"), c.get("above")) if p)]
-
-
 def test_capacity_finds_and_confirms_on_a_real_server(trace: Path, tmp_path: Path) -> None:
     r, doc = _capacity(trace, tmp_path / "c", "--slo", "resume_p95=60s", "--policies", "keep")
     assert r.exit_code == 0, r.output
     keep = doc["policies"]["keep"]
-    assert [p["agents"] for p in keep["points"]] == [1, 2]
+    assert [(p["phase"], p["agents"]) for p in keep["points"]] == [
+        ("search", 1), ("search", 2), ("confirm", 2)]
     assert (keep["capacity"], keep["failing_above"], keep["reason"]) == (2, None, "max-agents")
     assert keep["confirm"]["confirmed"] is True and keep["confirm"]["above"] is None
     assert keep["at_capacity"]["resume_latency_ms"]["n"] > 0
-    for p in _points(keep):
+    for p in keep["points"]:
         d = Path(p["dir"])
         run = json.loads((d / "run.json").read_text())
         assert run["window"] == {"warmup_s": 2.0, "duration_s": 8.0}
@@ -80,6 +67,6 @@ def test_a_slo_no_count_meets_ends_after_one_point(trace: Path, tmp_path: Path) 
     rec = doc["policies"]["recompute"]
     assert (rec["capacity"], rec["failing_above"], rec["reason"]) == (0, 1, "none-pass")
     assert rec["confirm_skipped"] == "nothing passed"
-    assert [p["agents"] for p in rec["points"]] == [1]
+    assert [(p["phase"], p["agents"]) for p in rec["points"]] == [("search", 1)]
     run = json.loads((Path(rec["points"][0]["dir"]) / "run.json").read_text())
     assert not _alive(run["server_process"]["pid"])

@@ -83,16 +83,21 @@ SHM_DIR = Path("/dev/shm")
 # The process groups of the servers this process started and has not stopped yet: a forced
 # exit (a second Ctrl-C or SIGTERM) kills them before it leaves.
 LIVE_GROUPS: set[int] = set()
+# Each live group's private folder (slot dumps): a forced exit removes it too.
+LIVE_DIRS: dict[int, Path] = {}
 # How long a server gets to stop on SIGTERM when the run itself is being interrupted.
 INTERRUPTED_TERM_WAIT_S = 3.0
 
 
 def kill_live_groups() -> None:
-    """SIGKILL every server group still registered (the forced-exit path)."""
+    """SIGKILL every server group still registered and remove its private folder (the
+    forced-exit path)."""
     for pgid in list(LIVE_GROUPS):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
         LIVE_GROUPS.discard(pgid)
+        if (folder := LIVE_DIRS.pop(pgid, None)) is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def free_port() -> int:
@@ -198,6 +203,7 @@ class ServerProcess:
                                       preexec_fn=None if umask is None else _masked(umask))
         self._pgid = self._proc.pid  # start_new_session: the group id is the leader's pid
         LIVE_GROUPS.add(self._pgid)
+        LIVE_DIRS[self._pgid] = self.tmp_dir
         try:
             wait_healthy(self._proc, health_url, self.name, timeout_s, self.log_tail,
                          poll_s=poll_s, probe_timeout_s=probe_timeout_s)
@@ -234,6 +240,7 @@ class ServerProcess:
         if proc is not None:
             stop_group(proc, term_wait_s, linger_s=min(5.0, term_wait_s))
             LIVE_GROUPS.discard(proc.pid)
+            LIVE_DIRS.pop(proc.pid, None)
             remove_leaked_shm(self._shm_before, self.leaked_shm)
         if self._log is not None:
             self._log.close()

@@ -96,6 +96,7 @@ def test_a_second_signal_stops_at_once_and_kills_the_server(tmp_path: Path) -> N
     while _alive(server["pid"]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(server["pid"]), "a forced exit left the local llama-server running"
+    assert not Path(server["tmp_dir"]).exists(), "a forced exit left the server's dump folder"
 
 
 def test_a_local_server_that_dies_ends_the_run_at_once(tmp_path: Path) -> None:

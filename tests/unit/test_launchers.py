@@ -87,3 +87,19 @@ def test_stop_group_kills_a_server_that_ignores_sigterm() -> None:
     stop_group(proc, term_wait_s=0.5, linger_s=0.5)
     assert proc.returncode == -9 and not group_alive(proc.pid)
     assert time.monotonic() - t0 < 5
+
+
+def test_a_forced_exit_kills_live_groups_and_removes_their_folders(tmp_path: Path) -> None:
+    from harness.adapters.launchers import process
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            start_new_session=True)
+    folder = tmp_path / "harness-slots-x"
+    folder.mkdir()
+    (folder / "dump.bin").write_bytes(b"x")
+    process.LIVE_GROUPS.add(proc.pid)
+    process.LIVE_DIRS[proc.pid] = folder
+    process.kill_live_groups()
+    assert proc.wait(timeout=10) == -9
+    assert not folder.exists()
+    assert proc.pid not in process.LIVE_GROUPS and proc.pid not in process.LIVE_DIRS

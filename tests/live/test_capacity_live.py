@@ -30,7 +30,7 @@ def _capacity(trace: Path, out: Path, *args: str) -> tuple[Any, dict[str, Any]]:
     r = CliRunner().invoke(main, [
         "capacity", "--trace", str(trace), "--slots", "2", "--ctx-per-slot", "2048",
         "--token-scale", "0.5", "--point-duration", "8s", "--warmup", "2s", "--budget", "3m",
-        "--max-agents", "2", "--out", str(out), *args])
+        "--max-agents", "1", "--out", str(out), *args])
     doc = json.loads((out / "capacity.json").read_text())
     return r, doc
 
@@ -39,9 +39,11 @@ def test_capacity_finds_and_confirms_on_a_real_server(trace: Path, tmp_path: Pat
     r, doc = _capacity(trace, tmp_path / "c", "--slo", "resume_p95=60s", "--policies", "keep")
     assert r.exit_code == 0, r.output
     keep = doc["policies"]["keep"]
+    # One agent at most: a verdict on goodput between two counts would hang on a few tasks
+    # in 6-s windows (the search itself is tested on fakes).
     assert [(p["phase"], p["agents"]) for p in keep["points"]] == [
-        ("search", 1), ("search", 2), ("confirm", 2)]
-    assert (keep["capacity"], keep["failing_above"], keep["reason"]) == (2, None, "max-agents")
+        ("search", 1), ("confirm", 1)]
+    assert (keep["capacity"], keep["failing_above"], keep["reason"]) == (1, None, "max-agents")
     assert keep["confirm"]["confirmed"] is True and keep["confirm"]["above"] is None
     assert keep["at_capacity"]["resume_latency_ms"]["n"] > 0
     for p in keep["points"]:

@@ -16,13 +16,13 @@ from typing import Any
 
 from harness.capacity.search import CapacitySearch, PointVerdict
 from harness.capacity.slo import Slo
-from harness.metrics.window import QUEUE_GROWTH_SATURATED
+from harness.metrics.window import QUEUE_GROWTH_MIN_MS, QUEUE_GROWTH_SATURATED
 
 CONFIRM_ABOVE = 1.25  # the count the confirmation expects to fail: this much above capacity
 # The figures of a window a point keeps (harness.metrics.window.window_figures).
 POINT_FIGURES = ("resume_latency_ms", "ttft_ms", "success_rate", "goodput_per_min",
                  "jobs_per_hour", "kv_paused_mean_mib", "kv_paused_mean_tokens", "queue_growth",
-                 "tasks", "calls", "measured_s")
+                 "ttft_halves_ms", "tasks", "calls", "measured_s")
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,11 @@ Measure = Callable[[PointSpec, Path], dict[str, Any]]
 
 
 def saturated(window: dict[str, Any]) -> bool:
-    """Queues grew through the window: not a steady state the server can hold."""
-    growth = window.get("queue_growth")
-    return growth is not None and growth >= QUEUE_GROWTH_SATURATED
+    """Queues grew through the window (mean TTFT up QUEUE_GROWTH_SATURATED times and by
+    QUEUE_GROWTH_MIN_MS from its first half to its second): not a steady state."""
+    growth, halves = window.get("queue_growth"), window.get("ttft_halves_ms")
+    return (growth is not None and growth >= QUEUE_GROWTH_SATURATED
+            and halves is not None and halves[1] - halves[0] >= QUEUE_GROWTH_MIN_MS)
 
 
 def judge_point(spec: PointSpec, window: dict[str, Any], slo: Slo, out: Path,

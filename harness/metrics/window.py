@@ -19,9 +19,11 @@ from harness.metrics import latency, outcomes
 from harness.metrics.frames import NS_PER_S, Frames
 
 WINDOW_JSON = "window.json"
-# A point saturates when its second half's mean TTFT is this many times its first half's:
-# queues that grow through the window, not a steady state.
+# A point saturates when its second half's mean TTFT is this many times its first half's, and
+# longer by this many ms: queues that grow through the window, not a steady state (the floor
+# keeps millisecond jitter on a fast server from reading as a queue).
 QUEUE_GROWTH_SATURATED = 1.5
+QUEUE_GROWTH_MIN_MS = 250.0
 HORIZON_REASON = "run-horizon"
 
 
@@ -47,15 +49,25 @@ def mean_paused_tokens(frames: Frames, start_s: float, end_s: float) -> float:
 MIN_TREND_CALLS = 5
 
 
-def queue_growth(calls: pd.DataFrame, start_s: float, end_s: float) -> float | None:
-    """Mean TTFT of the window's second half over its first half's (None with fewer than
-    MIN_TREND_CALLS calls in either half): above 1 the queue grew while it was measured."""
+def ttft_halves(calls: pd.DataFrame, start_s: float, end_s: float
+                ) -> tuple[float, float] | None:
+    """Mean TTFT (ms) of the calls sent in the window's first half and in its second (None
+    with fewer than MIN_TREND_CALLS calls in either half)."""
     mid = (start_s + end_s) / 2
     first = calls.loc[_in(calls["start_ns"], start_s, mid), "ttft_ms"].dropna()
     second = calls.loc[_in(calls["start_ns"], mid, end_s), "ttft_ms"].dropna()
-    if min(len(first), len(second)) < MIN_TREND_CALLS or float(first.mean()) <= 0:
+    if min(len(first), len(second)) < MIN_TREND_CALLS:
         return None
-    return float(second.mean()) / float(first.mean())
+    return float(first.mean()), float(second.mean())
+
+
+def queue_growth(calls: pd.DataFrame, start_s: float, end_s: float) -> float | None:
+    """The second half's mean TTFT over the first half's (ttft_halves): above 1 the queue grew
+    while the window was measured."""
+    halves = ttft_halves(calls, start_s, end_s)
+    if halves is None or halves[0] <= 0:
+        return None
+    return halves[1] / halves[0]
 
 
 def window_figures(frames: Frames, warmup_s: float, end_s: float | None,
@@ -96,6 +108,7 @@ def window_figures(frames: Frames, warmup_s: float, end_s: float | None,
         "kv_paused_mean_tokens": paused,
         "kv_paused_mean_mib": None if bpt is None else paused * bpt / 2**20,
         "queue_growth": queue_growth(sent, start, end),
+        "ttft_halves_ms": ttft_halves(sent, start, end),
     }
 
 

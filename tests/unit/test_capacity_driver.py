@@ -136,8 +136,8 @@ def test_saturated_or_failing_server_points_fail(tmp_path: Path) -> None:
 
     def measure(spec: PointSpec, out: Path) -> dict[str, Any]:
         w = real(spec, out)
-        if spec.agents >= 2:
-            w["queue_growth"] = 2.0
+        if spec.agents >= 2:  # mean TTFT 400 -> 800 ms through the window
+            w["queue_growth"], w["ttft_halves_ms"] = 2.0, [400.0, 800.0]
         return w
 
     entry = search_policy(PointSpec("keep", {}, 0), parse_slo("success=0.5"), measure,
@@ -146,6 +146,15 @@ def test_saturated_or_failing_server_points_fail(tmp_path: Path) -> None:
     assert (entry["capacity"], entry["failing_above"]) == (1, 2)
     assert entry["points"][1]["saturated"] and not entry["points"][1]["passed"]
     assert "confirm_skipped" not in entry and entry["confirm"] is None
+
+
+def test_millisecond_jitter_is_not_a_growing_queue() -> None:
+    from harness.capacity.driver import saturated
+
+    assert saturated({"queue_growth": 2.0, "ttft_halves_ms": [400.0, 800.0]})
+    assert not saturated({"queue_growth": 2.0, "ttft_halves_ms": [4.0, 8.0]})
+    assert not saturated({"queue_growth": 1.2, "ttft_halves_ms": [4000.0, 4800.0]})
+    assert not saturated({"queue_growth": None, "ttft_halves_ms": None})
 
 
 def test_report_rerenders_a_search_root(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ candidates are ranked on an objective under the SLO. The live confirmation is in
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -123,8 +124,7 @@ def simulate_candidates(cands: list[Candidate], slo: Slo, measure: Measure, root
     for c in cands:
         spec = PointSpec(c.policy, dict(c.args), 0, label=c.key())
         entry = search_policy(spec, slo, measure, root, float("inf"),
-                              SearchSettings(settings.start, settings.max_agents,
-                                             settings.growth, settings.resolution, False),
+                              dataclasses.replace(settings, confirm=False),
                               lambda e: None)
         rows.append({"label": c.label(with_server), "key": c.key(), "policy": c.policy,
                      "policy_args": dict(c.args), "slots": c.slots,

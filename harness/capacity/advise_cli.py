@@ -43,7 +43,6 @@ from harness.replay.cli import (
     RunOptions,
     arrivals_from_flags,
     auth_options,
-    check_run_flags,
     check_url,
     ensure_out_dir,
     headers_from_flags,
@@ -51,6 +50,7 @@ from harness.replay.cli import (
     timeouts_from_flags,
     token_scale_option,
 )
+from harness.report.fidelity import relative_error
 from harness.traces.scale import check_token_scale, scale_tokens
 from harness.traces.validate import load_trajectories
 
@@ -72,9 +72,8 @@ def int_list(flag: str, text: str, low: int, high: int) -> list[int]:
 
 def rel_error(predicted: float | None, measured: float | None) -> float | None:
     """|predicted - measured| / measured (None when either is unknown or measured is 0)."""
-    if predicted is None or measured is None or measured == 0:
-        return None
-    return abs(predicted - measured) / abs(measured)
+    err = relative_error(predicted, measured)
+    return None if err is None else abs(err)
 
 
 def compare(row: dict[str, Any], measured: dict[str, Any], measured_objective: float | None,
@@ -232,8 +231,6 @@ def advise_cmd(trace_path: Path | None, calibration: Path, objective: str, polic
     trace = trace_path or shipped_trace()
     steps = scale_tokens(load_trajectories(trace), token_scale)
     cands = candidate_space([p.strip() for p in policies.split(",") if p.strip()], slots, ctx)
-    for s in slots:
-        check_run_flags(slots=s)
     root = out or Path("reports") / f"advise-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
     ensure_out_dir(root)
     budget_clock = Budget(budget_s, settings.clock)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -249,7 +249,7 @@ def capacity_cmd(runtime: str, url: str | None, trace_path: Path | None, policie
         token_scale=token_scale)
     root = out or Path("reports") / f"capacity-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
     plan = CapacityPlan(root, trace, slo, tuple(pols), base, budget_s, duration_s, warmup_s,
-                        replace(settings))
+                        settings)
     doc = run_capacity(plan)
     click.echo("")
     click.echo(result_table(doc))

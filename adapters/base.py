@@ -8,7 +8,7 @@ actions an adapter can execute per pause; the executor never pretends an unsuppo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +41,9 @@ class ServerInfo:
     # Prefix reuse in whole blocks of this many tokens (vLLM): up to one block of a kept
     # context is prefilled again, and is no cache mismatch.
     cache_block_tokens: int | None = None
+    # Whether a resumed call reuses the KV of the tokens the call before it generated (False:
+    # only prompt blocks are cached, as Dynamo's mocker does; None: not known, taken as True).
+    reuses_output: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,9 @@ class CompletionRequest:
     slot: int | None = None
     abort_after_first_token: bool = False
     cache_salt: str | None = None  # runtimes with a salt: a fresh salt forbids prefix reuse
+    # The conversation the call belongs to (the trajectory id): runtimes that route or pin by
+    # session use it; the others ignore it.
+    session: str | None = None
 
 
 @dataclass
@@ -61,6 +67,7 @@ class CompletionResult:
     prompt_ms: float | None = None
     decode_ms: float | None = None
     error: str | None = None
+    served_by: str | None = None  # the server-side worker that served it, where it says
 
 
 def failed_result(error: str, tokens: list[int]) -> CompletionResult:
@@ -133,7 +140,7 @@ class ServerOptions:
     slots: int = 4
     ctx_per_slot: int = 4096
     threads: int = 1
-    model: Path | None = None
+    model: Path | None = None  # a local server's model; the served model's name for `openai`
     server_args: tuple[str, ...] = ()  # extra flags for a local server
     server_cpus: str | None = None  # a local server's CPUs (taskset list), decided by the core
     # The most connections the run's client opens at once: a local server whose HTTP layer
@@ -201,6 +208,11 @@ class Runtime(Protocol):
     # Whether the client controls the server's KV slots (what calibrate measures, and what the
     # simulator models).
     per_slot_control: bool
+    # Policies this runtime adds beyond the harness's own: server configurations (a router
+    # mode, session affinity), each name -> the per-pause policy the harness runs under it.
+    server_policies: Mapping[str, str]
+    # What `bench` compares on this runtime when no --policies are given.
+    default_policies: tuple[str, ...]
 
     def start(self, options: ServerOptions, out: Path
               ) -> AbstractContextManager[RuntimeSession]: ...

@@ -93,12 +93,16 @@ class Origin:
             password = urllib.parse.unquote(parts.password or "")
             token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
             lines["Authorization"] = f"Basic {token}"
-        for name, value in (headers or {}).items():
-            if any(c in name + value for c in "\r\n"):
-                raise ValueError(f"header {name!r} has a line break")
-            lines[name] = value
-        head = "".join(f"{k}: {v}\r\n" for k, v in lines.items()).encode("latin-1")
-        return cls(host, port, parts.path.rstrip("/"), tls, head)
+        lines.update(headers or {})
+        return cls(host, port, parts.path.rstrip("/"), tls, header_lines(lines))
+
+
+def header_lines(headers: dict[str, str]) -> bytes:
+    """`Name: value` lines, CRLF-terminated; ValueError for a line break in either part."""
+    for name, value in headers.items():
+        if any(c in name + value for c in "\r\n"):
+            raise ValueError(f"header {name!r} has a line break")
+    return "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode("latin-1")
 
 
 @dataclass
@@ -385,13 +389,16 @@ class Pool:
             self._idle.append(conn)
 
     def request_bytes(self, method: str, path: str, body: bytes | None,
-                      content_type: bytes = b"application/json") -> bytes:
+                      content_type: bytes = b"application/json",
+                      headers: dict[str, str] | None = None) -> bytes:
+        """The request's bytes: the origin's header lines, then `headers` (per request)."""
         o = self.origin
         target = (o.base_path + path).encode()
+        head = o.head + header_lines(headers) if headers else o.head
         if body is None:
-            return b"%s %s HTTP/1.1\r\n%s\r\n" % (method.encode(), target, o.head)
+            return b"%s %s HTTP/1.1\r\n%s\r\n" % (method.encode(), target, head)
         return b"%s %s HTTP/1.1\r\n%sContent-Type: %s\r\nContent-Length: %d\r\n\r\n%s" % (
-            method.encode(), target, o.head, content_type, len(body), body)
+            method.encode(), target, head, content_type, len(body), body)
 
     async def close(self) -> None:
         """Close every connection the pool opened, in use or idle."""

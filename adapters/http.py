@@ -99,12 +99,13 @@ class HttpClient:
         return self.pool.waits
 
     async def _exchange(self, method: str, path: str, body: bytes | None = None,
-                        sink: Sink | None = None) -> Reply:
+                        sink: Sink | None = None, headers: dict[str, str] | None = None
+                        ) -> Reply:
         """One request and its whole answer. With a `sink` (a stream) the first-byte and
         silence timeouts apply, else the request timeout. A reused connection that the server
         had closed (it fails before any answer) is retried once, on a new connection."""
         pool, t = self.pool, self.timeouts
-        data = pool.request_bytes(method, path, body)
+        data = pool.request_bytes(method, path, body, headers=headers)
         first_s, idle_s = (t.first_byte_s, t.idle_s) if sink else (t.request_s, None)
         await pool.hold()
         try:
@@ -151,18 +152,21 @@ class HttpClient:
         return _text(reply.body) if reply.status == 200 else None
 
     async def stream(self, path: str, body: dict[str, Any],
-                     on_chunk: Callable[[dict[str, Any]], bool]) -> str | None:
-        """POST `body` and hand each server-sent `data:` JSON object to `on_chunk` until the
-        stream ends (`[DONE]` or EOF) or `on_chunk` returns False, when the client hangs up (the
-        server then stops the request). Returns None, or the error: a non-200 status, an
-        `{"error": ...}` chunk, a broken connection or an unparseable chunk. A connection that
-        fails before the first chunk (a stale keep-alive one) is retried once."""
+                     on_chunk: Callable[[dict[str, Any]], bool],
+                     headers: dict[str, str] | None = None) -> str | None:
+        """POST `body` (with `headers` besides the client's own) and hand each server-sent
+        `data:` JSON object to `on_chunk` until the stream ends (`[DONE]` or EOF) or `on_chunk`
+        returns False, when the client hangs up (the server then stops the request). Returns
+        None, or the error: a non-200 status, an `{"error": ...}` chunk, a broken connection or
+        an unparseable chunk. A connection that fails before the first chunk (a stale
+        keep-alive one) is retried once."""
         # orjson: a resumed call's body carries its whole context as token ids, and the stream
         # one JSON object per token; the stdlib's json was the client's largest cost per call.
         t = self.timeouts
         reader = _SseReader(on_chunk)
         try:
-            reply = await self._exchange("POST", path, orjson.dumps(body), reader.feed)
+            reply = await self._exchange("POST", path, orjson.dumps(body), reader.feed,
+                                         headers)
         except SilenceTimeout as exc:
             if exc.received:
                 return f"{TIMEOUT_PREFIX}the stream stalled: no data for {t.idle_s:g} s"

@@ -16,6 +16,8 @@ RUNTIMES: dict[str, str] = {
     "llamacpp": "harness.adapters.launchers.llamacpp_server",
     "vllm": "harness.adapters.launchers.vllm_server",
     "sglang": "harness.adapters.launchers.sglang_server",
+    "openai": "harness.adapters.launchers.openai_server",
+    "dynamo": "harness.adapters.launchers.dynamo_server",
 }
 
 

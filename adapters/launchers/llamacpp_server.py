@@ -111,6 +111,8 @@ class LlamaCppRuntime:
     name = "llamacpp"
     pins_local_server = True
     per_slot_control = True
+    server_policies: dict[str, str] = {}
+    default_policies = ("keep", "swap", "recompute")
 
     @contextmanager
     def start(self, options: ServerOptions, out: Path) -> Iterator[RuntimeSession]:

@@ -8,6 +8,9 @@ Run it with the vLLM virtualenv's python (it needs torch, transformers and token
 
     python make_tiny_model.py [--out-root DIR]
 
+`--no-weights` makes the same folder without weights (config, tokenizer and chat template only;
+no torch needed): what a simulated engine such as Dynamo's mocker serves.
+
 It prints the model folder on its last line. A finished folder is reused at once.
 """
 
@@ -23,6 +26,7 @@ import string
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 # Geometry: 2 layers, GQA (4 query heads over 2 KV heads), head_dim 32 (the smallest the CPU
 # attention backend supports). KV bytes per token in bfloat16: 2 x 2 x 2 x 32 x 2 = 512.
@@ -38,6 +42,10 @@ GEOMETRY = {
 VOCAB_SIZE = 2048
 SEED = 1234
 NAME = "tiny-llama"
+# A plain template: the model folder must have one for servers whose frontends require it
+# (Dynamo's); the harness itself sends token ids, never chat messages.
+CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<s>assistant: {% endif %}")
 
 
 def _corpus(seed: int, n_words: int = 40_000) -> list[str]:
@@ -70,19 +78,30 @@ def _train_tokenizer(out: Path) -> int:
     tok.train_from_iterator(_corpus(SEED), trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
                                    pad_token="<pad>")
+    fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(out))
+    config = out / "tokenizer_config.json"  # some releases save the template elsewhere
+    data = json.loads(config.read_text())
+    if "chat_template" not in data:
+        data["chat_template"] = CHAT_TEMPLATE
+        config.write_text(json.dumps(data, indent=1))
     return int(tok.get_vocab_size())
+
+
+def _config(vocab_size: int) -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=vocab_size, bos_token_id=0, eos_token_id=1, pad_token_id=2,
+                       tie_word_embeddings=True, rms_norm_eps=1e-5, rope_theta=10000.0,
+                       torch_dtype="bfloat16", architectures=["LlamaForCausalLM"], **GEOMETRY)
 
 
 def _make_model(out: Path, vocab_size: int) -> None:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(SEED)
-    cfg = LlamaConfig(vocab_size=vocab_size, bos_token_id=0, eos_token_id=1, pad_token_id=2,
-                      tie_word_embeddings=True, rms_norm_eps=1e-5, rope_theta=10000.0,
-                      torch_dtype="bfloat16", **GEOMETRY)
-    model = LlamaForCausalLM(cfg)
+    model = LlamaForCausalLM(_config(vocab_size))
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.05)
@@ -94,16 +113,20 @@ def recipe_key() -> str:
     return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
 
 
-def make(out_root: Path) -> Path:
-    """Make the model under `out_root` (once) and return its folder."""
-    dest = out_root / f"{NAME}-{recipe_key()}"
+def make(out_root: Path, weights: bool = True) -> Path:
+    """Make the model under `out_root` (once) and return its folder; without `weights`, only
+    its config and tokenizer."""
+    dest = out_root / f"{NAME}{'' if weights else '-no-weights'}-{recipe_key()}"
     if (dest / ".complete").exists():
         return dest
     out_root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{NAME}-", dir=out_root))
     try:
         vocab = _train_tokenizer(work)
-        _make_model(work, vocab)
+        if weights:
+            _make_model(work, vocab)
+        else:
+            _config(vocab).save_pretrained(str(work))
         (work / "recipe.json").write_text(json.dumps(
             {"seed": SEED, "vocab_size": vocab, **GEOMETRY}, indent=1, sort_keys=True))
         (work / ".complete").touch()
@@ -120,8 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     cache = Path(os.environ.get("HARNESS_CACHE") or Path(
         os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "agent-pause-harness")
     ap.add_argument("--out-root", type=Path, default=cache / "models")
+    ap.add_argument("--no-weights", action="store_true",
+                    help="config, tokenizer and chat template only (no torch needed)")
     args = ap.parse_args(argv)
-    print(make(args.out_root))
+    print(make(args.out_root, weights=not args.no_weights))
     return 0
 
 

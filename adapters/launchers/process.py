@@ -254,7 +254,7 @@ class ServerProcess:
         self.stop(INTERRUPTED_TERM_WAIT_S if interrupted else 20.0)
 
 
-HARNESS_TMP_PREFIXES = ("harness-slots-", "harness-sglang-", "harness-vllm-")
+HARNESS_TMP_PREFIXES = ("harness-slots-", "harness-sglang-", "harness-vllm-", "harness-dynamo-")
 
 
 def _mentions(pid: int, needle: str) -> bool:

@@ -154,6 +154,8 @@ class VllmRuntime:
     # vLLM's CPU backend binds its OpenMP threads to cores itself; it is never pinned here.
     pins_local_server = False
     per_slot_control = False
+    server_policies: dict[str, str] = {}
+    default_policies = ("keep", "swap", "recompute")
 
     @contextmanager
     def start(self, options: ServerOptions, out: Path) -> Iterator[RuntimeSession]:

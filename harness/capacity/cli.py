@@ -27,7 +27,7 @@ from harness.limits import MAX_SEED
 from harness.plan.injection import load_injection
 from harness.policies import POLICIES
 from harness.records.store import write_json
-from harness.replay.bench import policy_names, scoped_policy_args, shipped_trace
+from harness.replay.bench import scoped_policy_args, shipped_trace
 from harness.replay.cli import (
     RunOptions,
     arrivals_from_flags,
@@ -40,6 +40,7 @@ from harness.replay.cli import (
     timeouts_from_flags,
     token_scale_option,
 )
+from harness.replay.named_policies import policy_names
 from harness.traces.scale import check_token_scale
 from harness.traces.validate import load_trajectories
 
@@ -62,9 +63,11 @@ class CapacityPlan:
     settings: SearchSettings
 
 
-def policy_list(policies: str, policy_args: tuple[str, ...]) -> list[tuple[str, dict[str, str]]]:
-    """The policies to search with their arguments; InputError for an unknown or repeated one."""
-    names = policy_names(policies)
+def policy_list(policies: str, policy_args: tuple[str, ...], runtime: Runtime | None = None
+                ) -> list[tuple[str, dict[str, str]]]:
+    """The policies to search with their arguments; InputError for an unknown or repeated one
+    (`runtime`'s server policies are known too)."""
+    names = policy_names(policies, runtime)
     args = scoped_policy_args(names, policy_args)
     return [(p, args[p]) for p in names]
 
@@ -235,7 +238,7 @@ def capacity_cmd(runtime: str, url: str | None, trace_path: Path | None, policie
     check_run_flags(slots=slots, ctx_per_slot=ctx_per_slot)
     check_token_scale(token_scale)
     check_url(url)
-    pols = policy_list(policies, policy_args)
+    pols = policy_list(policies, policy_args, get_runtime(runtime))
     trace = trace_path or shipped_trace()
     load_trajectories(trace)
     load_injection("none")

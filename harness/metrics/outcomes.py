@@ -141,13 +141,15 @@ def cache_mismatches(
     frames: Frames,
     abs_tokens: int = MISMATCH_ABS_TOKENS,
     rel: float = MISMATCH_REL,
+    reuses_output: bool = True,
 ) -> pd.DataFrame:
     """Resumed calls whose server-reported cached tokens contradict the pause decision.
 
     keep / swap (and ttl that was kept, or swapped out when it expired) should reuse the
-    retained tokens (those the resumed prompt keeps, when it keeps only part):
-    cached >= retained - tol; recompute (and ttl erased without a swap-out) should reuse
-    nothing: cached <= tol;
+    retained tokens (those the resumed prompt keeps, when it keeps only part; without
+    `reuses_output`, a server that caches prompt blocks only, less what the call before the
+    pause generated): cached >= retained - tol; recompute (and ttl erased without a swap-out)
+    should reuse nothing: cached <= tol;
     tol = max(abs_tokens, rel x retained). Calls without a cached count are not judged.
     """
     p = frames.pauses
@@ -157,6 +159,8 @@ def cache_mismatches(
     if "resume_reusable_tokens" in judged.columns:
         # a call that keeps only part of its context can reuse only that part
         retained = retained.clip(upper=judged["resume_reusable_tokens"].fillna(retained))
+    if not reuses_output:
+        retained = (retained - _output_before(frames.calls, judged)).clip(lower=0.0)
     cached = judged["resume_cached_tokens"]
     tol = np.maximum(float(abs_tokens), rel * retained)
     discarded = judged["erased"].astype(bool) & (judged["swap_in_bytes"] <= 0)
@@ -172,6 +176,16 @@ def cache_mismatches(
         "cached_tokens": out["resume_cached_tokens"],
         "expected": np.where(expect_reuse[bad], "reuse", "recompute"),
     })
+
+
+def _output_before(calls: pd.DataFrame, pauses: pd.DataFrame) -> pd.Series:
+    """The tokens the call before each pause (its step - 1) generated; 0 where unknown."""
+    agent = calls[~calls["bystander"]].dropna(subset=["step", "output_tokens"])
+    lookup = {(str(t), int(s)): float(v) for t, s, v in zip(
+        agent["tid"].astype(object), agent["step"], agent["output_tokens"], strict=True)}
+    values = [lookup.get((str(t), int(s) - 1), 0.0) if s == s else 0.0
+              for t, s in zip(pauses["tid"].astype(object), pauses["step"], strict=True)]
+    return pd.Series(values, index=pauses.index, dtype="float64")
 
 
 def mismatch_list(mismatches: pd.DataFrame, cap: int = MISMATCH_LIST_CAP) -> list[dict[str, Any]]:

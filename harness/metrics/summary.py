@@ -21,6 +21,7 @@ from harness.metrics.events import read_events
 from harness.metrics.frames import Frames, build_frames, link_events
 from harness.metrics.health import CLIENT_LAG_WARN_MS, lag_cause, run_health
 from harness.metrics.reuse import measured_reuse
+from harness.metrics.routing import routing
 from harness.metrics.server_times import server_times
 from harness.records.manifest import RunManifest, read_manifest
 from harness.records.store import read_records, read_server_metrics
@@ -37,7 +38,8 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "memory_time_token_s", "memory_time_mib_s", "kv_paused_peak_tokens", "kv_paused_mean_tokens",
     "kv_active_peak_tokens", "kv_active_mean_tokens", "goodput_per_min", "outcome_ci95",
     "bystander_ttft_ms",
-    "by_tool_class", "by_pause_bucket", "reuse", "server_occupancy", "server_times_ms",
+    "by_tool_class", "by_pause_bucket", "reuse", "routing", "server_occupancy",
+    "server_times_ms",
     "duration_s", "pauses",
     "pause_actions", "slo", "kv_bytes_per_token", "warnings", "health", "run_id",
     "summary_version",
@@ -86,7 +88,8 @@ def summarize_frames(
     block = run.cache_block_tokens
     if isinstance(block, int | float) and not isinstance(block, bool) and block > 0:
         mismatch_abs_tokens = max(mismatch_abs_tokens, int(block))
-    mism = outcomes.cache_mismatches(frames, mismatch_abs_tokens, mismatch_rel)
+    mism = outcomes.cache_mismatches(frames, mismatch_abs_tokens, mismatch_rel,
+                                     reuses_output=run.cache_reuses_output is not False)
     mem = occupancy.memory_time(frames.kv, duration, bpt)
     lat = latency.call_latency(calls)
     lag = latency.pct(pauses["lag_ms"].dropna())
@@ -115,6 +118,7 @@ def summarize_frames(
         "by_tool_class": _by_tool_class(frames, bpt),
         "by_pause_bucket": _by_pause_bucket(frames, bpt),
         "reuse": measured_reuse(frames),
+        "routing": routing(calls),
         "server_occupancy": occupancy.server_occupancy(server_metrics),
         "server_times_ms": server_times(server_metrics),
         "duration_s": duration,

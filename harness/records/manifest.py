@@ -129,6 +129,9 @@ class RunManifest:
     slots: int | None = None
     ctx_per_slot: int | None = None
     cache_block_tokens: int | None = None
+    # False: the server reuses prompt blocks only, not the KV of generated tokens (a resumed
+    # call can reuse its context less the last call's output); None: not known (as True)
+    cache_reuses_output: bool | None = None
     capabilities: dict[str, Any] | None = None
     cpu_pinning: CpuPinning | None = None
     http: dict[str, Any] | None = None  # the client's connection pool

@@ -29,7 +29,8 @@ EVENTS: dict[str, str] = {
     "first_token": "step, slot",
     "call_end": "step, slot, status (ok|error|timeout|aborted), output_tokens, cached_tokens, "
                 "prompt_n (tokens the server processed), server_ms (prompt ms), "
-                "decode_ms, detail (error text), token_gaps (the client's time between one "
+                "decode_ms, detail (error text), reason (the worker that served it, where the "
+                "runtime says: Dynamo's worker id), token_gaps (the client's time between one "
                 "streamed chunk of tokens and the next, microseconds, little-endian uint32)",
     "tool_start": "step, tool_class, tool_name, value_s (planned latency; hidden from policies), "
                   "deadline_s",

@@ -41,6 +41,7 @@ from harness.replay.cli import (
     timeouts_from_flags,
     token_scale_option,
 )
+from harness.replay.named_policies import per_pause_policy, policy_names, policy_params
 from harness.replay.runner import redact_url
 from harness.report.repeats import REPEATS_JSON, format_spread, repeat_dirs, write_repeats
 from harness.selftest.result import read_selftest
@@ -127,32 +128,21 @@ def headline_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
-def policy_names(policies: str) -> list[str]:
-    """The names of a comma-separated --policies; InputError for an unknown or repeated one."""
-    names = [p.strip() for p in policies.split(",") if p.strip()]
-    unknown = [p for p in names if p not in POLICIES]
-    if unknown or not names:
-        raise InputError(f"unknown policy {', '.join(unknown) or '(none)'}; "
-                         f"one of {', '.join(POLICIES)}")
-    if len(set(names)) != len(names):
-        raise InputError(f"--policies {policies}: a policy is named twice")
-    return names
-
-
-def scoped_policy_args(policies: list[str], pairs: tuple[str, ...]) -> dict[str, dict[str, str]]:
+def scoped_policy_args(policies: list[str], pairs: tuple[str, ...]
+                       ) -> dict[str, dict[str, str]]:
     """Each bench policy's `--policy-arg`s: `POLICY.KEY=VALUE` goes to that policy, a plain
     `KEY=VALUE` to every policy of the bench that takes KEY. InputError for an argument that
     no policy of the bench takes, or one scoped to a policy the bench does not run."""
     out: dict[str, dict[str, str]] = {p: {} for p in policies}
     for key, value in parse_policy_args(pairs).items():
         scope, dot, name = key.partition(".")
-        if dot and scope in POLICIES:
+        if dot and (scope in POLICIES or scope in out):
             if scope not in out:
                 raise InputError(f"--policy-arg {key}={value}: the bench does not run {scope!r} "
                                  f"(--policies {','.join(policies)})")
             out[scope][name] = value
             continue
-        takers = [p for p in policies if key in POLICIES[p][1]]
+        takers = [p for p in policies if key in policy_params(p)]
         if not takers:
             raise InputError(f"--policy-arg {key}={value}: no policy of the bench takes "
                              f"{key!r} (--policies {','.join(policies)}); scope it as "
@@ -186,21 +176,21 @@ class BenchPlan:
                 for k in range(self.repeats)]
 
 
-def plan_bench(runtime: str, url: str | None, trace: Path | None, policies: str,
+def plan_bench(runtime: str, url: str | None, trace: Path | None, policies: str | None,
                policy_args: tuple[str, ...], base: RunOptions, calibration: Path | None,
                calibrate_first: bool, out: Path | None,
                runtimes: Callable[[str], Runtime] = get_runtime, repeats: int = 1) -> BenchPlan:
     """Check every input of a bench (policies and their arguments, the trace, the injection
     profile, the calibration file) and decide its CPU pinning once; InputError on the first
     problem, before anything is started."""
-    names = policy_names(policies)
     rt = runtimes(runtime)
+    names = policy_names(policies or ",".join(rt.default_policies), rt)
     if calibrate_first and (calibration is not None or not rt.per_slot_control):
         raise InputError("--calibrate measures a server whose slots the harness controls "
                          "(llama.cpp); it replaces --calibration")
     args = scoped_policy_args(names, policy_args)
     for p in names:
-        make_policy(p, args[p])
+        make_policy(per_pause_policy(p, rt), args[p])
     trace = trace or shipped_trace()
     load_trajectories(trace)
     load_injection(base.inject)
@@ -292,8 +282,9 @@ def health_lines(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
 @click.option("--url", help="A running server (default: start a local server per policy).")
 @click.option("--trace", "trace_path", type=click.Path(path_type=Path),
               help="Trajectory file (default: the shipped traces/bench-small.parquet).")
-@click.option("--policies", default=",".join(DEFAULT_POLICIES), show_default=True,
-              help=f"Comma-separated, from: {', '.join(POLICIES)}.")
+@click.option("--policies", help=f"Comma-separated, from: {', '.join(POLICIES)} and the "
+              "runtime's server policies (default: the runtime's, e.g. "
+              f"{','.join(DEFAULT_POLICIES)}).")
 @click.option("--policy-arg", "policy_args", multiple=True, metavar="[POLICY.]KEY=VALUE",
               help="A policy argument; POLICY.KEY=VALUE for one policy (e.g. ttl.tau=2), "
                    "KEY=VALUE for every policy of the bench that takes KEY.")
@@ -333,7 +324,7 @@ def health_lines(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
               help="Wall time for the --capacity search.")
 @timeout_options
 @auth_options
-def bench_cmd(runtime: str, url: str | None, trace_path: Path | None, policies: str,
+def bench_cmd(runtime: str, url: str | None, trace_path: Path | None, policies: str | None,
               policy_args: tuple[str, ...], inject: str, concurrency: int, time_scale: float,
               seed: int, slots: int, ctx_per_slot: int, calibration: Path | None,
               calibrate_first: bool, server_args: tuple[str, ...], out: Path | None,

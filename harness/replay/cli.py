@@ -27,6 +27,7 @@ from harness.policies import POLICIES, make_policy, parse_policy_args
 from harness.records.host import host_identity
 from harness.records.manifest import ArrivalsRef, Outcome, RunManifest, TraceRef
 from harness.replay import pinning
+from harness.replay.named_policies import per_pause_policy
 from harness.replay.options import AUTO, RunOptions
 from harness.replay.runner import run_on_runtime
 from harness.selftest.result import read_selftest
@@ -57,7 +58,8 @@ def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo,
                 runtime: Runtime | None = None) -> RunManifest:
     """Validate inputs, plan, replay (starting a local server unless `url`); returns run.json.
     `runtime`: the runtime to drive (default: the registry's `o.runtime`)."""
-    pol = make_policy(o.policy, o.policy_args)
+    rt = runtime or get_runtime(o.runtime)
+    pol = make_policy(per_pause_policy(o.policy, rt), o.policy_args)
     steps = scale_tokens(load_trajectories(o.trace), o.token_scale)
     injection = load_injection(o.inject)
     a = o.arrivals
@@ -66,7 +68,6 @@ def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo,
               if o.duration_s is not None and a.mode == "closed" else 1)
     plan = dataclasses.replace(make_plan(tile_steps(steps, copies), injection, a, o.seed),
                                horizon_s=o.duration_s)
-    rt = runtime or get_runtime(o.runtime)
     pin = (pinning.decide(pinning.available_cpus(), o.url is None, rt.pins_local_server)
            if o.pinning == AUTO else o.pinning)
     pinning.apply(pin)
@@ -228,7 +229,9 @@ def timeouts_from_flags(connect_timeout: float, first_token_timeout: float,
               show_default=True)
 @click.option("--url", help="A running server; without it a local one is started and stopped.")
 @click.option("--trace", "trace_path", required=True, type=click.Path(path_type=Path))
-@click.option("--policy", required=True, type=click.Choice(list(POLICIES)))
+@click.option("--policy", required=True,
+              help=f"One of {', '.join(POLICIES)}, or a server policy of the runtime's "
+                   "(e.g. Dynamo's round-robin, session).")
 @click.option("--policy-arg", "policy_args", multiple=True, metavar="KEY=VALUE")
 @click.option("--inject", default="none", show_default=True,
               help="Injection profile: none, slow-tools, abandoned-tools, chaos, or a TOML file.")
@@ -244,7 +247,8 @@ def timeouts_from_flags(connect_timeout: float, first_token_timeout: float,
 @click.option("--ctx-per-slot", type=int, default=4096, show_default=True)
 @click.option("--threads", type=int, default=1, show_default=True)
 @click.option("--model", "model_path", type=click.Path(path_type=Path),
-              help="Local server: GGUF model (default: SmolLM2-135M-Instruct).")
+              help="Local server: GGUF model (default: SmolLM2-135M-Instruct); --runtime "
+              "openai: the served model's name (default: the first /v1/models lists).")
 @click.option("--scrape-interval", type=float, default=0.2, show_default=True)
 @click.option("--calibration", type=click.Path(path_type=Path),
               help="Rates from `harness calibrate` for the policies to price actions with.")

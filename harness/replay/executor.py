@@ -215,13 +215,14 @@ class Executor:
         chunks = ChunkTimes(self.rec, self.clock, st.tid, "agent", call.step, st.slot)
         res = await self.adapter.complete(
             CompletionRequest(prompt, call.output_tokens, st.slot,
-                              abort_after_first_token=call.disconnect, cache_salt=st.salt),
+                              abort_after_first_token=call.disconnect, cache_salt=st.salt,
+                              session=st.tid),
             chunks)
         self.rec.emit("call_end", trajectory_id=st.tid, traffic="agent", step=call.step,
                       slot=st.slot, status=res.status, output_tokens=len(res.tokens),
                       cached_tokens=res.cached_tokens, prompt_n=res.prompt_n,
                       server_ms=res.prompt_ms, decode_ms=res.decode_ms, detail=res.error,
-                      token_gaps=chunks.gaps())
+                      reason=res.served_by, token_gaps=chunks.gaps())
         self._learn_prefill(res.prompt_n, res.prompt_ms)
         self.progress.calls_done += 1
         self.progress.call_errors += res.status in ("error", "timeout")

@@ -260,6 +260,7 @@ def _record_info(run: RunManifest, adapter: Adapter, info: ServerInfo, clock: Cl
                                                          info.model)
     run.vocab_size, run.slots, run.ctx_per_slot = info.vocab_size, info.slots, info.ctx_per_slot
     run.cache_block_tokens = info.cache_block_tokens
+    run.cache_reuses_output = info.reuses_output
     if info.extra:
         run.server_extra = {**(run.server_extra or {}), **info.extra}
     run.capabilities = {"harness_slots": adapter.capabilities.harness_slots,

@@ -26,6 +26,8 @@ class MemoryRuntime:
     name = "memory"
     pins_local_server = True
     per_slot_control = True
+    server_policies: dict[str, str] = {}
+    default_policies = ("keep", "swap", "recompute")
 
     def __init__(self, slots: int = 2, dies_after_s: float | None = None) -> None:
         self.slots = slots

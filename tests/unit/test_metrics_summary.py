@@ -420,3 +420,19 @@ def test_itl_is_over_every_streamed_gap_where_the_client_recorded_them() -> None
 def test_itl_without_chunk_times_is_the_servers_decode_per_token() -> None:
     s = summarize(keep_run().frame(), default_run(), None)
     assert s["itl_source"] == "server decode per token" and s["itl_ms"]["n"] == 2
+
+
+def test_a_server_that_caches_prompt_blocks_only_owes_the_prompt() -> None:
+    """Dynamo's mocker keeps the KV of prompts, not of generated tokens: a kept context's
+    reuse is judged against the context less what the call before the pause generated."""
+    b = Records()
+    t = b.agent("a")
+    t.call(appended=2000, out=100).tool(action="keep", retained=2100).call(cached=2000).end()
+    frame = b.frame()
+    assert summarize(frame, default_run(), None)["cache_mismatches"] == 1
+    prompt_only = {**default_run(), "cache_reuses_output": False}
+    assert summarize(frame, prompt_only, None)["cache_mismatches"] == 0
+    b2 = Records()
+    b2.agent("b").call(appended=2000, out=100).tool(action="keep", retained=2100).call(
+        cached=1500).end()
+    assert summarize(b2.frame(), prompt_only, None)["cache_mismatches"] == 1

@@ -1,0 +1,340 @@
+"""OpenAI-compatible adapter: any server that serves `/v1/completions` (vLLM, SGLang,
+llama-server, NVIDIA Dynamo's frontend, TensorRT-LLM's `trtllm-serve`, hosted endpoints).
+
+One client for every such server; a runtime that adds controls of its own (Dynamo's `nvext`, a
+session header) passes a `Variant` with only what differs. What a server can do is never
+assumed: `server_info` probes it once (harness.adapters.openai_probe) with a prompt no run
+shares, and records what it found:
+- token-id prompts (required: the replay's prompt lengths are exact), and where the generated
+  token ids come back (`token_ids`, or the ids of `logprobs`);
+- whether cached prompt tokens are reported (`usage.prompt_tokens_details.cached_tokens`);
+  where they are not, every call's reuse is recorded unknown, never guessed;
+- which cache salt the server honours, found by its effect: the same prompt under a fresh salt
+  must come back with 0 cached tokens. With one, `recompute` executes per pause (a fresh salt on
+  the resumed call) and every request carries the run's salt; without one, `recompute` is
+  recorded unsupported.
+Per pause the harness can only keep (send nothing) and, with a salt, recompute; swap is never a
+client action here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.adapters.base import (
+    Capabilities,
+    CompletionRequest,
+    CompletionResult,
+    ServerInfo,
+    SlotIO,
+    Unsupported,
+    add_streamed_tokens,
+    failed_result,
+)
+from harness.adapters.http import REQUEST_ERRORS, HttpClient, Sample
+from harness.adapters.models import local_vocab
+
+# Used when the model's vocabulary cannot be learnt: small enough for any real vocabulary (the
+# harness draws ids in [256, vocab - 256)), since some servers crash on an id past theirs.
+SAFE_VOCAB = 1024
+COMPLETIONS = "/v1/completions"
+# Gauges that say a server is busy, by runtime; a server exporting none leaves idleness unknown.
+BUSY_GAUGES = frozenset({
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "sglang:num_running_reqs",
+    "sglang:num_queue_reqs", "llamacpp:requests_processing", "llamacpp:requests_deferred",
+    "dynamo_frontend_inflight_requests", "dynamo_frontend_queued_requests"})
+_SKIP_PREFIXES = ("python_", "process_")
+_SKIP_SUFFIXES = ("_bucket", "_created")
+
+
+@dataclass(frozen=True)
+class SaltField:
+    """One way to ask a server not to reuse cached prefixes: `place(body, salt)` writes it.
+
+    `per_call`: the field only forbids reuse on the call that carries it (llama-server's
+    `cache_prompt: false`), so it goes on the first call under a fresh salt only, and the run's
+    own salt is never sent with it."""
+
+    name: str
+    place: Callable[[dict[str, Any], str], None]
+    per_call: bool = False
+
+
+def _top(key: str) -> Callable[[dict[str, Any], str], None]:
+    def place(body: dict[str, Any], salt: str) -> None:
+        body[key] = salt
+    return place
+
+
+def _nested(outer: str, key: str) -> Callable[[dict[str, Any], str], None]:
+    def place(body: dict[str, Any], salt: str) -> None:
+        body.setdefault(outer, {})[key] = salt
+    return place
+
+
+def _no_cache(body: dict[str, Any], _: str) -> None:
+    body["cache_prompt"] = False
+
+
+# Tried in this order; the first whose effect is seen is used.
+SALT_FIELDS: tuple[SaltField, ...] = (
+    SaltField("cache_salt", _top("cache_salt")),  # vLLM
+    SaltField("nvext.cache_salt", _nested("nvext", "cache_salt")),  # NVIDIA Dynamo
+    SaltField("extra_key", _top("extra_key")),  # SGLang
+    SaltField("cache_prompt=false", _no_cache, per_call=True),  # llama-server
+)
+# Ways to have the generated token ids returned, tried in this order.
+ID_REQUESTS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("token_ids", {"return_token_ids": True}),  # vLLM
+    ("logprobs", {"logprobs": 1, "return_tokens_as_token_ids": True}),  # llama-server, others
+    ("nvext.completion_token_ids",  # NVIDIA Dynamo
+     {"nvext": {"extra_fields": ["completion_token_ids"]}}),
+)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What a runtime adds to the plain OpenAI request.
+
+    `body(req)`: fields merged into every completion request; `headers(req)`: per-request header
+    lines; `salts`: the salt fields to probe, first match wins; `id_requests`: the ways to ask
+    for the generated ids, first that works wins."""
+
+    runtime: str = "openai"
+    body: Callable[[CompletionRequest], dict[str, Any]] = lambda _: {}
+    headers: Callable[[CompletionRequest], dict[str, str]] = lambda _: {}
+    salts: tuple[SaltField, ...] = SALT_FIELDS
+    id_requests: tuple[tuple[str, dict[str, Any]], ...] = ID_REQUESTS
+
+
+@dataclass
+class Probed:
+    """What the probe learnt about the server (run.json `server_extra.openai_probe`)."""
+
+    ids_via: str | None = None  # how generated ids come back; None: they do not
+    ids_body: dict[str, Any] = field(default_factory=dict)
+    cached_reported: bool = False
+    prefix_reuse_seen: bool = False
+    output_reused: bool | None = None  # a resumed call reused the generated tokens' KV too
+    salt: SaltField | None = None
+    notes: list[str] = field(default_factory=list)
+    fingerprint: str | None = None  # the answers' system_fingerprint (often the build)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"output_ids": self.ids_via or "not returned",
+                "cached_tokens_reported": self.cached_reported,
+                "prefix_reuse_seen": self.prefix_reuse_seen,
+                "output_reused": self.output_reused,
+                "cache_salt": self.salt.name if self.salt else None, "notes": self.notes}
+
+
+class OpenAIAdapter:
+    """Talks to one OpenAI-compatible server through the run's HTTP client.
+
+    `salt`: the run's cache salt (sent on every request once a salt field is found, so a run
+    never reuses an earlier run's cache). `model`: the served model to use (default: the first
+    `/v1/models` lists). `vocab_size`: the model's vocabulary when known; otherwise `meta.n_vocab`
+    from `/v1/models`, the model folder's config when it is on this machine, else SAFE_VOCAB.
+    `probe`: learn the server's abilities in `server_info` (off only for transcript tests that
+    set `probed` themselves)."""
+
+    def __init__(self, http: HttpClient, salt: str | None = None, model: str | None = None,
+                 vocab_size: int | None = None, variant: Variant | None = None) -> None:
+        self.http = http
+        self.variant = variant or Variant()
+        self.runtime = self.variant.runtime
+        self._salt = salt
+        self._model = model
+        self._vocab = vocab_size
+        self.probed = Probed()
+        self._fresh_salts: set[str] = set()  # per-call salts already sent once
+        self.capabilities = Capabilities(harness_slots=False, pause_actions=frozenset({"keep"}))
+
+    async def server_info(self) -> ServerInfo:
+        from harness.adapters.openai_probe import probe
+
+        models = await self.http.get_json("/v1/models")
+        cards = [c for c in (models or {}).get("data") or [] if isinstance(c, dict)]
+        if not cards:
+            raise ValueError("/v1/models lists no model")
+        card = next((c for c in cards if c.get("id") == self._model), None)
+        if card is None:
+            if self._model is not None:
+                raise ValueError(f"/v1/models does not list {self._model!r} (it lists "
+                                 f"{', '.join(str(c.get('id')) for c in cards[:5])})")
+            card = cards[0]
+        self._model = str(card.get("id", ""))
+        meta: dict[str, Any] = card["meta"] if isinstance(card.get("meta"), dict) else {}
+        extra: dict[str, Any] = {"models": [str(c.get("id")) for c in cards[:8]],
+                                 "owned_by": card.get("owned_by")}
+        vocab, source = self._vocab, "given"
+        if vocab is None and meta.get("n_vocab"):
+            vocab, source = int(meta["n_vocab"]), "/v1/models meta.n_vocab"
+        if vocab is None:
+            vocab = local_vocab(card.get("root"))
+            source = "model root config.json" if vocab else f"fallback {SAFE_VOCAB}"
+        extra["vocab_from"] = source
+        vocab = vocab or SAFE_VOCAB
+        self.probed = await probe(self, vocab)
+        extra["openai_probe"] = self.probed.to_dict()
+        actions = {"keep"} | ({"recompute"} if self.probed.salt else set())
+        self.capabilities = Capabilities(harness_slots=False, pause_actions=frozenset(actions))
+        ctx = card.get("max_model_len") or card.get("context_length")
+        return ServerInfo(runtime=self.runtime, server_version=await self._version(),
+                          model=self._model, vocab_size=vocab, slots=None,
+                          ctx_per_slot=int(ctx) if ctx else None, extra=extra,
+                          reuses_output=self.probed.output_reused)
+
+    async def _version(self) -> str:
+        """`/version` where served (vLLM, Dynamo), else the answers' system_fingerprint."""
+        fallback = self.probed.fingerprint or "unknown"
+        try:
+            data = await self.http.get_json("/version")
+        except REQUEST_ERRORS:
+            return fallback
+        return str(data.get("version", fallback)) if isinstance(data, dict) else fallback
+
+    def body(self, req: CompletionRequest, ids_body: dict[str, Any] | None = None
+             ) -> dict[str, Any]:
+        """The request body for `req` (public for the probe, which sends its own)."""
+        body: dict[str, Any] = {
+            "model": self._model, "prompt": req.prompt, "max_tokens": req.max_tokens,
+            "ignore_eos": True, "temperature": 0.0,
+            "stream": True, "stream_options": {"include_usage": True},
+            **(self.probed.ids_body if ids_body is None else ids_body)}
+        for key, value in self.variant.body(req).items():
+            if isinstance(value, dict) and isinstance(body.get(key), dict):
+                body[key] = {**body[key], **value}
+            else:
+                body[key] = value
+        salt, found = req.cache_salt, self.probed.salt
+        if found is not None:
+            if found.per_call:
+                if salt is not None and salt not in self._fresh_salts:
+                    self._fresh_salts.add(salt)
+                    found.place(body, salt)
+            elif salt or self._salt:
+                found.place(body, salt or self._salt or "")
+        return body
+
+    async def complete(self, req: CompletionRequest,
+                       on_tokens: Callable[[], object]) -> CompletionResult:
+        if req.slot is not None:
+            raise Unsupported("an OpenAI-compatible server has no client-chosen slots")
+        return await self.send(self.body(req), req, on_tokens)
+
+    async def send(self, body: dict[str, Any], req: CompletionRequest,
+                   on_tokens: Callable[[], object]) -> CompletionResult:
+        """Stream one completion request and read tokens, usage and timings from it."""
+        result = CompletionResult(status="ok")
+
+        def on_chunk(chunk: dict[str, Any]) -> bool:
+            if not add_streamed_tokens(result, chunk_ids(chunk), req, on_tokens):
+                return False  # hang up: the server aborts the request
+            worker = served_by(chunk)
+            if worker is not None:
+                result.served_by = worker
+            if chunk.get("usage"):
+                read_usage(chunk["usage"], result)
+            if isinstance(chunk.get("timings"), dict):
+                read_timings(chunk["timings"], result)
+            return True
+
+        error = await self.http.stream(COMPLETIONS, body, on_chunk,
+                                       headers=self.variant.headers(req) or None)
+        if error is not None:
+            return failed_result(error, result.tokens)
+        return result
+
+    async def save_slot(self, slot: int, name: str) -> SlotIO:
+        raise Unsupported("the OpenAI API has no per-request KV save")
+
+    async def restore_slot(self, slot: int, name: str) -> SlotIO:
+        raise Unsupported("the OpenAI API has no per-request KV restore")
+
+    async def erase_slot(self, slot: int) -> None:
+        raise Unsupported("the OpenAI API has no client-visible slots")
+
+    async def delete_dump(self, name: str) -> bool:
+        """No dump files: the harness never saves KV through the OpenAI API."""
+        return False
+
+    async def scrape(self) -> list[Sample]:
+        """The server's Prometheus samples, if it exports any at /metrics (buckets and the
+        process's own series left out); [] when it does not."""
+        try:
+            return await self.http.scrape(_scraped)
+        except REQUEST_ERRORS:
+            return []
+
+    async def slots_idle(self) -> bool | None:
+        """True when the server's own gauges show nothing running or queued; None when it
+        exports none of BUSY_GAUGES."""
+        busy = [s[3] for s in await self.http.scrape(BUSY_GAUGES.__contains__)]
+        return sum(busy) == 0 if busy else None
+
+
+def _scraped(name: str) -> bool:
+    return not name.startswith(_SKIP_PREFIXES) and not name.endswith(_SKIP_SUFFIXES)
+
+
+def chunk_ids(chunk: dict[str, Any]) -> list[int]:
+    """The generated ids a streamed chunk carries: in its choices (output_ids), else in its
+    `nvext.completion_token_ids` (Dynamo)."""
+    ids = [t for choice in chunk.get("choices") or [] for t in output_ids(choice)]
+    if ids:
+        return ids
+    nvext = chunk.get("nvext")
+    if isinstance(nvext, dict) and isinstance(nvext.get("completion_token_ids"), list):
+        return [int(t) for t in nvext["completion_token_ids"]]
+    return []
+
+
+def served_by(chunk: dict[str, Any]) -> str | None:
+    """The worker that served the request, where the chunk says (Dynamo's
+    `nvext.worker_id.decode_worker_id`, asked for with `nvext.extra_fields`); else None."""
+    nvext = chunk.get("nvext")
+    worker = nvext.get("worker_id") if isinstance(nvext, dict) else None
+    if isinstance(worker, dict) and worker.get("decode_worker_id") is not None:
+        return str(worker["decode_worker_id"])
+    return None
+
+
+def output_ids(choice: dict[str, Any]) -> list[int]:
+    """The generated token ids a streamed choice carries: `token_ids` (vLLM), the `id` of each
+    `logprobs.content` entry (llama-server), or `token_id:N` logprob tokens (vLLM's
+    return_tokens_as_token_ids); [] when it carries none."""
+    ids = choice.get("token_ids")
+    if ids:
+        return [int(t) for t in ids]
+    lp = choice.get("logprobs")
+    if not isinstance(lp, dict):
+        return []
+    content = lp.get("content")
+    if isinstance(content, list) and content:
+        return [int(e["id"]) for e in content if isinstance(e, dict) and "id" in e]
+    tokens = lp.get("tokens")
+    if isinstance(tokens, list):
+        return [int(t.split(":", 1)[1]) for t in tokens
+                if isinstance(t, str) and t.startswith("token_id:")]
+    return []
+
+
+def read_usage(usage: dict[str, Any], result: CompletionResult) -> None:
+    """Cached and processed prompt tokens from an OpenAI `usage` object."""
+    details = usage.get("prompt_tokens_details") or {}
+    if isinstance(details, dict) and details.get("cached_tokens") is not None:
+        result.cached_tokens = int(details["cached_tokens"])
+    prompt = usage.get("prompt_tokens")
+    if prompt is not None and result.cached_tokens is not None:
+        result.prompt_n = int(prompt) - result.cached_tokens
+
+
+def read_timings(timings: dict[str, Any], result: CompletionResult) -> None:
+    """Server-side prefill and decode times where the server adds them (llama-server)."""
+    if timings.get("prompt_ms") is not None:
+        result.prompt_ms = float(timings["prompt_ms"])
+    if timings.get("predicted_ms") is not None:
+        result.decode_ms = float(timings["predicted_ms"])

@@ -1,0 +1,140 @@
+"""A fake OpenAI-compatible server whose abilities are set per test: how generated ids come back
+(`token_ids`, `logprobs` or not at all), which cache salt it honours (a top-level or nested field,
+`cache_prompt: false`, or none), whether `usage` reports cached tokens, whether token-id prompts
+are accepted, and which fields it refuses.
+
+Prefix caching is modelled at block granularity, keyed by salt: a prompt reuses the full blocks
+it shares with an earlier request's prompt + generated tokens (all but the last generated one).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass
+class FakeOpenAIConfig:
+    vocab: int = 2048
+    block_size: int = 16
+    ids: str = "token_ids"  # token_ids | logprobs | none
+    salt_field: str | None = "cache_salt"  # dotted path, "cache_prompt", or None
+    report_cached: bool = True
+    token_prompts: bool = True
+    refused_fields: tuple[str, ...] = ()  # top-level fields answered with HTTP 400
+    context_length: int | None = 4096
+    n_vocab_in_meta: bool = False
+    metrics: str | None = "fake:requests_running 0\n"
+    # the first request naming any salt field lands on a replica that never saw its prompt
+    first_salted_cold: bool = False
+    prompt_only_cache: bool = False  # keep prompts' KV, never generated tokens' (Dynamo mocker)
+
+
+@dataclass
+class FakeOpenAIState:
+    cfg: FakeOpenAIConfig
+    cached: dict[str, list[list[int]]] = field(default_factory=dict)  # salt -> sequences
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    salted_seen: int = 0
+
+
+STATE: web.AppKey[FakeOpenAIState] = web.AppKey("openai_state", FakeOpenAIState)
+
+
+def _lcp(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _salt(body: dict[str, Any], path: str | None) -> tuple[str, bool]:
+    """(the cache namespace the request names, whether it forbids reuse on this call)."""
+    if path is None:
+        return "", False
+    if path == "cache_prompt":
+        return "", body.get("cache_prompt") is False
+    node: Any = body
+    for part in path.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return (str(node) if node is not None else ""), False
+
+
+def _choice(tok: int, last: bool, ids: str) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "text": "x", "finish_reason": "length" if last
+                              else None}
+    if ids == "token_ids":
+        choice["token_ids"] = [tok]
+    elif ids == "logprobs":
+        choice["logprobs"] = {"content": [{"id": tok, "token": "x", "logprob": -0.1}]}
+    return choice
+
+
+def make_app(cfg: FakeOpenAIConfig) -> web.Application:
+    """The fake server's aiohttp application; its state is app[STATE]."""
+    state = FakeOpenAIState(cfg)
+    app = web.Application()
+    app[STATE] = state
+
+    async def models(_: web.Request) -> web.Response:
+        card: dict[str, Any] = {"id": "fake-model", "object": "model", "owned_by": "fake"}
+        if cfg.context_length:
+            card["context_length"] = cfg.context_length
+        if cfg.n_vocab_in_meta:
+            card["meta"] = {"n_vocab": cfg.vocab}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def metrics(_: web.Request) -> web.Response:
+        if cfg.metrics is None:
+            raise web.HTTPNotFound()
+        return web.Response(text=cfg.metrics)
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        state.requests.append(body)
+        state.headers.append(dict(request.headers))
+        refused = [f for f in cfg.refused_fields if f in body]
+        prompt = body.get("prompt")
+        if refused or not isinstance(prompt, list) or not cfg.token_prompts:
+            what = refused[0] if refused else "prompt"
+            return web.json_response({"error": {"message": f"invalid {what}", "code": 400}},
+                                     status=400)
+        prompt = [int(t) for t in prompt]
+        wants_ids = (cfg.ids == "token_ids" and body.get("return_token_ids")) or (
+            cfg.ids == "logprobs" and body.get("logprobs"))
+        salt, no_reuse = _salt(body, cfg.salt_field)
+        best = 0 if no_reuse else max(
+            (_lcp(s, prompt) for s in state.cached.get(salt, [])), default=0)
+        if {"cache_salt", "nvext", "extra_key", "cache_prompt"} & set(body):
+            state.salted_seen += 1
+            if cfg.first_salted_cold and state.salted_seen == 1:
+                best = 0
+        cached = min(best, len(prompt) - 1) // cfg.block_size * cfg.block_size
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        n_out = int(body.get("max_tokens", 16))
+        generated: list[int] = []
+        for i in range(n_out):
+            tok = (sum(prompt[-4:]) + 7 * i) % (cfg.vocab - 300) + 256
+            generated.append(tok)
+            choice = _choice(tok, i == n_out - 1, cfg.ids if wants_ids else "none")
+            await resp.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
+        state.cached.setdefault(salt, []).append(
+            prompt if cfg.prompt_only_cache else prompt + generated[:-1])
+        usage: dict[str, Any] = {"prompt_tokens": len(prompt), "completion_tokens": n_out}
+        if cfg.report_cached:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/v1/completions", completions)
+    return app

@@ -13,7 +13,7 @@ BENCH_ARGS ?=
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup llama vllm sglang browser bench test test-unit lint perf clean
+.PHONY: help setup llama vllm sglang dynamo browser bench test test-unit lint perf clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -41,9 +41,13 @@ sglang: ## Install CPU SGLang (pinned, sgl_kernel stand-in) once into its own ca
 	  >/dev/null || { echo "error: the CPU SGLang setup failed (install_sglang.sh: pinned sglang" \
 	  "without its CUDA-only requirements, unsupported upstream); see the lines above" >&2; exit 1; }
 
-bench: setup ## Replay the shipped trace under keep, swap, recompute on a local server (RUNTIME=llamacpp|vllm|sglang)
+dynamo: ## Install NVIDIA Dynamo (frontend + mocker workers) once into its own cached virtualenv and make the tiny model's config
+	@py=$$(bash adapters/launchers/install_dynamo.sh | tail -1) && \
+	  "$$py" adapters/launchers/make_tiny_model.py --no-weights >/dev/null
+
+bench: setup ## Replay the shipped trace under the runtime's policies on a local server (RUNTIME=llamacpp|vllm|sglang|dynamo; openai needs URL)
 ifeq ($(URL),)
-	@$(MAKE) --no-print-directory $(if $(filter vllm sglang,$(RUNTIME)),$(RUNTIME),llama)
+	@$(MAKE) --no-print-directory $(if $(filter vllm sglang dynamo,$(RUNTIME)),$(RUNTIME),llama)
 	$(BIN)/harness bench --runtime $(RUNTIME) $(BENCH_ARGS)
 else
 	$(BIN)/harness bench --runtime $(RUNTIME) --url $(URL) $(BENCH_ARGS)
@@ -54,7 +58,7 @@ browser: ## Debian's headless Chromium for the report-rendering test (skipped wi
 	  && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
 	  >/dev/null 2>&1 || echo "note: chromium not installed; the report-rendering test will skip"; }
 
-test: setup llama vllm sglang browser lint ## Lint, then unit, conformance and live tests (real llama-server, vLLM and SGLang)
+test: setup llama vllm sglang dynamo browser lint ## Lint, then unit, conformance and live tests (real llama-server, vLLM, SGLang and Dynamo)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test-unit: setup ## Unit and conformance tests only: no servers, no runtime installs, no lint

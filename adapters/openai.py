@@ -187,6 +187,11 @@ class OpenAIAdapter:
                           ctx_per_slot=int(ctx) if ctx else None, extra=extra,
                           reuses_output=self.probed.output_reused)
 
+    def probe_headers(self) -> dict[str, str]:
+        """Headers the probe's requests carry besides the variant's: a runtime behind a router
+        sends them to one worker here, so a repeated prompt meets its own cache."""
+        return {}
+
     async def _version(self) -> str:
         """`/version` where served (vLLM, Dynamo), else the answers' system_fingerprint."""
         fallback = self.probed.fingerprint or "unknown"

@@ -66,8 +66,9 @@ async def _ask(adapter: OpenAIAdapter, body: dict[str, Any]) -> _Answer:
         return True
 
     req = CompletionRequest(body["prompt"], PROBE_OUTPUT)
+    headers = {**adapter.variant.headers(req), **adapter.probe_headers()}
     answer.error = await adapter.http.stream(COMPLETIONS, body, on_chunk,
-                                             headers=adapter.variant.headers(req) or None)
+                                             headers=headers or None)
     return answer
 
 

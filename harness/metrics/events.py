@@ -45,7 +45,7 @@ EVENT_COLUMNS: dict[str, tuple[str, ...]] = {
                  "decode_ms", "token_gaps", "reason"),
     "tool_start": ("trajectory_id", "step", "tool_class", "tool_name", "value_s", "deadline_s"),
     "pause_decision": ("trajectory_id", "step", "tool_class", "action", "reason",
-                       "retained_tokens", "value_s"),
+                       "retained_tokens", "value_s", "status"),
     "tool_end": ("status", "planned_ns"),
     "swap_out": ("bytes", "server_ms"),
     "swap_in": ("bytes", "server_ms"),

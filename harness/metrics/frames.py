@@ -184,16 +184,17 @@ def _pauses(ev: Events, t_max: int) -> pd.DataFrame:
     start = start.rename(columns={"trajectory_id": "tid", "t_ns": "start_ns",
                                   "value_s": "planned_s"})
     dec = _first_per_pause(ev, "pause_decision", ["trajectory_id", "_code", "step", "t_ns",
-                           "tool_class", "action", "reason", "retained_tokens", "value_s"], "first")
+                           "tool_class", "action", "reason", "retained_tokens", "value_s",
+                           "status"], "first")
     dec = dec.rename(columns={"trajectory_id": "tid", "value_s": "predicted_s",
-                              "t_ns": "decision_ns"})
+                              "t_ns": "decision_ns", "status": "decision_status"})
     index = start.index.union(dec.index)
     pauses = pd.DataFrame(index=index)
     for col in ("tid", "_code", "step", "tool_class"):
         pauses[col] = start[col].reindex(index).combine_first(dec[col].reindex(index))
     for col in ("start_ns", "tool_name", "planned_s", "deadline_s"):
         pauses[col] = start[col].reindex(index)
-    for col in ("action", "reason", "retained_tokens", "predicted_s"):
+    for col in ("action", "reason", "retained_tokens", "predicted_s", "decision_status"):
         pauses[col] = dec[col].reindex(index)
     pauses["start_ns"] = _num(pauses["start_ns"]).fillna(_num(dec["decision_ns"].reindex(index)))
     end = _first_per_pause(ev, "tool_end", ["t_ns", "status", "planned_ns"], "last")

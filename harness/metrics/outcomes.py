@@ -150,11 +150,16 @@ def cache_mismatches(
     `reuses_output`, a server that caches prompt blocks only, less what the call before the
     pause generated): cached >= retained - tol; recompute (and ttl erased without a swap-out)
     should reuse nothing: cached <= tol;
-    tol = max(abs_tokens, rel x retained). Calls without a cached count are not judged.
+    tol = max(abs_tokens, rel x retained). Calls without a cached count are not judged; a
+    decision recorded unsupported is judged as keep (nothing was done).
     """
     p = frames.pauses
     judged = p[p["resume_cached_tokens"].notna() & p["action"].notna()]
     action = judged["action"].astype(object)
+    if "decision_status" in judged.columns:
+        # an action the runtime could not do was not done: the context stayed, as if kept
+        unsupported = judged["decision_status"].astype(object) == "unsupported"
+        action = action.where(~unsupported, "keep")
     retained = judged["retained_tokens"].fillna(0.0)
     if "resume_reusable_tokens" in judged.columns:
         # a call that keeps only part of its context can reuse only that part

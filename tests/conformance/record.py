@@ -1,6 +1,8 @@
 """Record conformance transcripts from real servers started here (127.0.0.1 only).
 
-    .venv/bin/python -m tests.conformance.record llamacpp vllm
+    .venv/bin/python -m tests.conformance.record llamacpp vllm openai-sglang
+
+`openai-<server>`: the generic OpenAI-compatible client against that server's /v1 endpoints.
 
 llama.cpp: the cached llama-server build and default GGUF model (install_llamacpp.sh,
 fetch_model.sh); vLLM: the cached CPU vLLM and the tiny model (install_vllm.sh,
@@ -18,7 +20,13 @@ from typing import Any
 
 from aiohttp.test_utils import TestServer
 
-from tests.conformance.transcript import ACTIONS, recording_proxy, run_plan
+from tests.conformance.transcript import (
+    ACTIONS,
+    OPENAI_SERVERS,
+    probe_of,
+    recording_proxy,
+    run_plan,
+)
 
 TRANSCRIPTS = Path(__file__).resolve().parent / "transcripts"
 
@@ -33,12 +41,14 @@ async def _record(runtime: str, upstream: str, setup: dict[str, Any], work: Path
         await proxy.close()
     run = outcome["run"]
     assert run["status"] == "finished" and run["outcome"]["completed"] == 2, run
+    probe = probe_of(outcome)
     return {"runtime": runtime, "server_version": run["server_version"], "setup": setup,
+            **({"probe": probe} if probe else {}),
             "actions": ACTIONS[runtime], "exchanges": exchanges,
             "results": outcome["results"], "events": outcome["events"]}
 
 
-def record_llamacpp(work: Path) -> dict[str, Any]:
+def record_llamacpp(work: Path, name: str = "llamacpp") -> dict[str, Any]:
     """A transcript of the plan against a real llama-server (2 slots, 1024 tokens each)."""
     from harness.adapters.launchers.llamacpp_server import (
         LlamaServerConfig,
@@ -49,11 +59,11 @@ def record_llamacpp(work: Path) -> dict[str, Any]:
     model = default_model()
     cfg = LlamaServerConfig(model=model, slots=2, ctx_per_slot=1024)
     with LocalLlamaServer(cfg, work / "llama.log") as server:
-        return asyncio.run(_record("llamacpp", server.url, {
+        return asyncio.run(_record(name, server.url, {
             "model": model.name, "slots": 2, "ctx_per_slot": 1024}, work))
 
 
-def record_tiny(runtime: str, work: Path) -> dict[str, Any]:
+def record_tiny(runtime: str, work: Path, name: str | None = None) -> dict[str, Any]:
     """A transcript of the plan against a real CPU vLLM or SGLang server with the tiny model."""
     from harness.adapters.launchers import sglang_server, vllm_server
 
@@ -67,8 +77,21 @@ def record_tiny(runtime: str, work: Path) -> dict[str, Any]:
         python, setup = mod.sglang_python(), {"page_size": 1}
         model = mod.sglang_model(python)
     with launcher(config(model=model), work / f"{runtime}.log", python=python) as s:
-        return asyncio.run(_record(runtime, s.url, {"model": "tiny-llama (make_tiny_model.py)",
-                                                    **setup}, work))
+        return asyncio.run(_record(name or runtime, s.url, {
+            "model": "tiny-llama (make_tiny_model.py)", **setup}, work))
+
+
+def record_dynamo(work: Path) -> dict[str, Any]:
+    """A transcript of the plan against a local Dynamo deployment (KV-aware routing, two mocker
+    workers) with the tiny model's tokenizer."""
+    from harness.adapters.launchers import dynamo_server as d
+
+    python = d.dynamo_python()
+    cfg = d.DynamoConfig(model=d.dynamo_model(python))
+    with d.LocalDynamo(cfg, work, python=python) as stack:
+        return asyncio.run(_record("dynamo", stack.url, {
+            "model": "tiny-llama (make_tiny_model.py --no-weights)", "workers": cfg.workers,
+            "router_mode": cfg.router_mode, "block_size": cfg.block_size}, work))
 
 
 def _dumps(rec: dict[str, Any]) -> str:
@@ -85,10 +108,16 @@ def _dumps(rec: dict[str, Any]) -> str:
 
 def main(argv: list[str]) -> int:
     TRANSCRIPTS.mkdir(exist_ok=True)
-    for runtime in argv or ["llamacpp", "vllm", "sglang"]:
+    for runtime in argv or ["llamacpp", "vllm", "sglang",
+                            *(f"openai-{s}" for s in OPENAI_SERVERS), "dynamo"]:
         with tempfile.TemporaryDirectory() as tmp:
-            rec = (record_llamacpp(Path(tmp)) if runtime == "llamacpp"
-                   else record_tiny(runtime, Path(tmp)))
+            server = runtime.removeprefix("openai-")
+            if runtime == "dynamo":
+                rec = record_dynamo(Path(tmp))
+            elif server == "llamacpp":
+                rec = record_llamacpp(Path(tmp), runtime)
+            else:
+                rec = record_tiny(server, Path(tmp), runtime)
         path = TRANSCRIPTS / f"{runtime}.json"
         path.write_text(_dumps(rec))
         print(f"{path}: {len(rec['exchanges'])} exchanges, {path.stat().st_size} bytes")

@@ -30,6 +30,7 @@ from harness.plan.tokens import stable_seed
 from harness.policies.base import Decision, PauseContext
 
 RUN_ID = "conformance"
+OPENAI_SERVERS = ("vllm", "sglang", "llamacpp")  # the servers the openai client is recorded on
 METRICS_KEPT = ("llamacpp:prompt_tokens_total", "llamacpp:requests_processing",
                 "vllm:num_requests_running", "vllm:num_requests_waiting",
                 "vllm:cache_config_info", "vllm:kv_cache_usage_perc",
@@ -79,15 +80,21 @@ class Recording:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.runtime = inner.runtime
-        self.capabilities = inner.capabilities
         self.results: list[list[Any]] = []
+
+    @property
+    def capabilities(self) -> Any:
+        return self.inner.capabilities  # server_info may narrow or widen them
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
     async def complete(self, req: CompletionRequest, on_tokens: Callable[[], object]) -> Any:
         res = await self.inner.complete(req, on_tokens)
-        self.results.append(["complete", asdict(res)])
+        got = asdict(res)
+        if got["served_by"] is None:  # only runtimes that name a worker record one
+            del got["served_by"]
+        self.results.append(["complete", got])
         return res
 
     async def save_slot(self, slot: int, name: str) -> Any:
@@ -167,10 +174,72 @@ def _vllm_chunk(c: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _openai_chunk(c: dict[str, Any]) -> dict[str, Any]:
+    if "error" in c:
+        return c
+    choices = []
+    for ch in c.get("choices") or []:
+        keep = {k: ch[k] for k in ("index", "token_ids", "finish_reason") if k in ch}
+        content = (ch.get("logprobs") or {}).get("content") if isinstance(
+            ch.get("logprobs"), dict) else None
+        if content:
+            keep["logprobs"] = {"content": [{"id": e["id"]} for e in content if "id" in e]}
+        choices.append(keep)
+    out: dict[str, Any] = {"choices": choices}
+    if c.get("usage"):
+        out["usage"] = c["usage"]
+    if isinstance(c.get("timings"), dict):
+        out["timings"] = {k: c["timings"][k] for k in ("prompt_ms", "predicted_ms")
+                          if k in c["timings"]}
+    nvext = c.get("nvext")
+    if isinstance(nvext, dict):  # Dynamo: the generated ids and the worker, nothing else
+        kept: dict[str, Any] = {}
+        if nvext.get("completion_token_ids") is not None:
+            kept["completion_token_ids"] = nvext["completion_token_ids"]
+        worker = nvext.get("worker_id")
+        if isinstance(worker, dict) and "decode_worker_id" in worker:
+            kept["worker_id"] = {"decode_worker_id": worker["decode_worker_id"]}
+        if kept:
+            out["nvext"] = kept
+    return out
+
+
+def _openai_trim(path: str, content_type: str, body: str) -> str:
+    """An OpenAI-compatible server's body, whichever server: the stream's ids, usage and
+    timings; the models list's names and sizes; metrics as the native runtimes keep them."""
+    route = path.split("?")[0]
+    if route == "/metrics":
+        return _trim_metrics(body) + "\n".join(
+            ln for ln in body.splitlines() if _metric_name(ln) in SGLANG_METRICS_KEPT
+            or (_metric_name(ln) or "").startswith("dynamo_frontend_model_")) + "\n"
+    if "event-stream" in content_type:
+        return _trim_stream(body, _openai_chunk)
+    if "json" not in content_type:
+        return body
+    data = json.loads(body)
+    if route == "/v1/models":
+        cards = []
+        for m in data.get("data", [])[:1]:
+            # the id as served: every request names it (llama-server's is the model's path)
+            card = {k: m[k] for k in ("id", "max_model_len", "context_length") if k in m}
+            if isinstance(m.get("meta"), dict):
+                card["meta"] = {"n_vocab": m["meta"].get("n_vocab")}
+            cards.append(card)
+        data = {"data": cards}
+    elif route == "/health" and isinstance(data, dict):  # Dynamo: the workers, by id
+        data = {"instances": [{k: i.get(k) for k in ("endpoint", "instance_id")}
+                              for i in data.get("instances") or [] if isinstance(i, dict)]}
+    elif route == "/openapi.json":
+        data = {"info": {"version": (data.get("info") or {}).get("version")}}
+    return json.dumps(data, separators=(",", ":"))
+
+
 def trim(path: str, content_type: str, body: str, runtime: str = "llamacpp") -> str:
     """The body without fields no adapter reads (see the module docstring)."""
     if runtime == "sglang":
         return _sglang_trim(path, content_type, body)
+    if runtime.startswith(("openai", "dynamo")):
+        return _openai_trim(path, content_type, body)
     route = path.split("?")[0]
     if route == "/metrics":
         return _trim_metrics(body)
@@ -307,13 +376,27 @@ def replay_app(exchanges: list[dict[str, Any]], unmatched: list[str]) -> web.App
 
 # ---- one run ------------------------------------------------------------------------------
 # SGLang: swap is recorded as unsupported (HiCache needs CUDA), so the KV stays
+# The generic OpenAI client, on each server it is recorded against: keep, a fresh cache salt
+# (recompute), keep again.
 ACTIONS = {"llamacpp": ["keep", "swap", "recompute"], "vllm": ["keep", "recompute", "keep"],
-           "sglang": ["keep", "swap", "recompute"]}
+           "sglang": ["keep", "swap", "recompute"],
+           **{f"openai-{s}": ["keep", "recompute", "keep"] for s in OPENAI_SERVERS},
+           # Dynamo's mocker ignores cache salts: recompute is recorded unsupported (kept)
+           "dynamo": ["keep", "recompute", "keep"]}
 TINY_VOCAB = 2048  # the tiny model's (make_tiny_model.py), served by vLLM and SGLang
 
 
 def make_adapter(runtime: str, http: HttpClient) -> Any:
     """The adapter under test, configured the same way when recording and replaying."""
+    if runtime == "dynamo":
+        from harness.adapters.dynamo import DynamoAdapter
+
+        return DynamoAdapter(http, salt=RUN_ID, vocab_size=TINY_VOCAB)
+    if runtime.startswith("openai-"):
+        from harness.adapters.openai import OpenAIAdapter
+
+        tiny = runtime != "openai-llamacpp"  # llama-server reports its vocabulary itself
+        return OpenAIAdapter(http, salt=RUN_ID, vocab_size=TINY_VOCAB if tiny else None)
     if runtime == "llamacpp":
         from harness.adapters.llamacpp import LlamaCppAdapter
 
@@ -343,3 +426,10 @@ async def run_plan(runtime: str, url: str, out: Path) -> dict[str, Any]:
                      FALLBACK_RATES, scrape_interval_s=3600.0)
     return {"results": adapter.results, "events": events(read_records(out)),
             "run": run.to_dict()}
+
+
+def probe_of(outcome: dict[str, Any]) -> dict[str, Any] | None:
+    """What the generic client's probe found (run.json server_extra), for the transcript."""
+    probe: dict[str, Any] | None = (outcome["run"].get("server_extra") or {}).get(
+        "openai_probe")
+    return probe

@@ -436,3 +436,15 @@ def test_a_server_that_caches_prompt_blocks_only_owes_the_prompt() -> None:
     b2.agent("b").call(appended=2000, out=100).tool(action="keep", retained=2100).call(
         cached=1500).end()
     assert summarize(b2.frame(), prompt_only, None)["cache_mismatches"] == 1
+
+
+def test_an_unsupported_decision_is_judged_as_keep() -> None:
+    """A recompute the runtime could not do left the context cached: reuse is what is owed."""
+    b = Records()
+    b.agent("a").call(appended=500, out=10).tool(action="keep", retained=510).call(
+        cached=500).end()
+    frame = b.frame()
+    frame.loc[frame["event"] == "pause_decision", "action"] = "recompute"
+    assert summarize(frame, default_run(), None)["cache_mismatches"] == 1
+    frame.loc[frame["event"] == "pause_decision", "status"] = "unsupported"
+    assert summarize(frame, default_run(), None)["cache_mismatches"] == 0

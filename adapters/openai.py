@@ -35,6 +35,7 @@ from harness.adapters.base import (
 )
 from harness.adapters.http import REQUEST_ERRORS, HttpClient, Sample
 from harness.adapters.models import local_vocab
+from harness.adapters.openai_chat import CHAT_COMPLETIONS, ChatText, delta_text
 
 # Used when the model's vocabulary cannot be learnt: small enough for any real vocabulary (the
 # harness draws ids in [256, vocab - 256)), since some servers crash on an id past theirs.
@@ -121,9 +122,12 @@ class Probed:
     salt: SaltField | None = None
     notes: list[str] = field(default_factory=list)
     fingerprint: str | None = None  # the answers' system_fingerprint (often the build)
+    # chat fallback (token-id prompts refused): server prompt tokens per planned token
+    text_tokens_per_id: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"output_ids": self.ids_via or "not returned",
+                "text_tokens_per_id": self.text_tokens_per_id,
                 "cached_tokens_reported": self.cached_reported,
                 "prefix_reuse_seen": self.prefix_reuse_seen,
                 "output_reused": self.output_reused,
@@ -137,11 +141,12 @@ class OpenAIAdapter:
     never reuses an earlier run's cache). `model`: the served model to use (default: the first
     `/v1/models` lists). `vocab_size`: the model's vocabulary when known; otherwise `meta.n_vocab`
     from `/v1/models`, the model folder's config when it is on this machine, else SAFE_VOCAB.
-    `probe`: learn the server's abilities in `server_info` (off only for transcript tests that
-    set `probed` themselves)."""
+    `chat`: use the chat fallback (harness.adapters.openai_chat) even where token-id prompts
+    are accepted."""
 
     def __init__(self, http: HttpClient, salt: str | None = None, model: str | None = None,
-                 vocab_size: int | None = None, variant: Variant | None = None) -> None:
+                 vocab_size: int | None = None, variant: Variant | None = None,
+                 chat: bool = False) -> None:
         self.http = http
         self.variant = variant or Variant()
         self.runtime = self.variant.runtime
@@ -150,6 +155,8 @@ class OpenAIAdapter:
         self._vocab = vocab_size
         self.probed = Probed()
         self._fresh_salts: set[str] = set()  # per-call salts already sent once
+        self.chat: ChatText | None = None  # set by the probe when token-id prompts are refused
+        self.force_chat = chat  # the chat fallback whether or not token ids are accepted
         self.capabilities = Capabilities(harness_slots=False, pause_actions=frozenset({"keep"}))
 
     async def server_info(self) -> ServerInfo:
@@ -201,14 +208,23 @@ class OpenAIAdapter:
             return fallback
         return str(data.get("version", fallback)) if isinstance(data, dict) else fallback
 
+    @property
+    def endpoint(self) -> str:
+        """Where completions go: /v1/completions, or the chat endpoint in the chat fallback."""
+        return CHAT_COMPLETIONS if self.chat else COMPLETIONS
+
     def body(self, req: CompletionRequest, ids_body: dict[str, Any] | None = None
              ) -> dict[str, Any]:
         """The request body for `req` (public for the probe, which sends its own)."""
+        extra = self.probed.ids_body if ids_body is None else ids_body
         body: dict[str, Any] = {
-            "model": self._model, "prompt": req.prompt, "max_tokens": req.max_tokens,
-            "ignore_eos": True, "temperature": 0.0,
-            "stream": True, "stream_options": {"include_usage": True},
-            **(self.probed.ids_body if ids_body is None else ids_body)}
+            "model": self._model, "max_tokens": req.max_tokens, "temperature": 0.0,
+            "stream": True, "stream_options": {"include_usage": True}}
+        if self.chat is not None:  # the chat fallback: ignore_eos only where accepted
+            body["messages"] = self.chat.messages(req.prompt)
+            body.update(extra)
+        else:
+            body.update({"prompt": req.prompt, "ignore_eos": True, **extra})
         for key, value in self.variant.body(req).items():
             if isinstance(value, dict) and isinstance(body.get(key), dict):
                 body[key] = {**body[key], **value}
@@ -235,23 +251,36 @@ class OpenAIAdapter:
         """Stream one completion request and read tokens, usage and timings from it."""
         result = CompletionResult(status="ok")
 
+        generated: list[int | None] = [None]
+
         def on_chunk(chunk: dict[str, Any]) -> bool:
-            if not add_streamed_tokens(result, chunk_ids(chunk), req, on_tokens):
+            if not add_streamed_tokens(result, self.ids_in(chunk), req, on_tokens):
                 return False  # hang up: the server aborts the request
             worker = served_by(chunk)
             if worker is not None:
                 result.served_by = worker
             if chunk.get("usage"):
                 read_usage(chunk["usage"], result)
+                generated[0] = chunk["usage"].get("completion_tokens")
             if isinstance(chunk.get("timings"), dict):
                 read_timings(chunk["timings"], result)
             return True
 
-        error = await self.http.stream(COMPLETIONS, body, on_chunk,
+        error = await self.http.stream(self.endpoint, body, on_chunk,
                                        headers=self.variant.headers(req) or None)
         if error is not None:
             return failed_result(error, result.tokens)
+        if self.chat is not None and result.status == "ok":
+            self.chat.pad(result.tokens, generated[0])
         return result
+
+    def ids_in(self, chunk: dict[str, Any]) -> list[int]:
+        """The generated ids a streamed chunk carries (chat fallback: one synthetic id for
+        its text)."""
+        if self.chat is None:
+            return chunk_ids(chunk)
+        text = delta_text(chunk)
+        return [self.chat.generated(text)] if text else []
 
     async def save_slot(self, slot: int, name: str) -> SlotIO:
         raise Unsupported("the OpenAI API has no per-request KV save")

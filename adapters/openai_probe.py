@@ -52,23 +52,23 @@ class _Answer:
         return bool(self.ids) and (n is None or len(self.ids) == int(n))
 
 
-async def _ask(adapter: OpenAIAdapter, body: dict[str, Any]) -> _Answer:
-    from harness.adapters.openai import COMPLETIONS, chunk_ids
-
+async def _ask(adapter: OpenAIAdapter, req: CompletionRequest, body: dict[str, Any]
+               ) -> _Answer:
     answer = _Answer()
 
     def on_chunk(chunk: dict[str, Any]) -> bool:
-        answer.ids.extend(chunk_ids(chunk))
+        answer.ids.extend(adapter.ids_in(chunk))
         if isinstance(chunk.get("usage"), dict):
             answer.usage = chunk["usage"]
         if chunk.get("system_fingerprint"):
             answer.fingerprint = str(chunk["system_fingerprint"])
         return True
 
-    req = CompletionRequest(body["prompt"], PROBE_OUTPUT)
     headers = {**adapter.variant.headers(req), **adapter.probe_headers()}
-    answer.error = await adapter.http.stream(COMPLETIONS, body, on_chunk,
+    answer.error = await adapter.http.stream(adapter.endpoint, body, on_chunk,
                                              headers=headers or None)
+    if adapter.chat is not None and answer.error is None:
+        adapter.chat.pad(answer.ids, answer.usage.get("completion_tokens"))
     return answer
 
 
@@ -88,14 +88,16 @@ async def probe(adapter: OpenAIAdapter, vocab: int) -> Probed:
     prompt = probe_prompt(salt, vocab)
     req = CompletionRequest(prompt, PROBE_OUTPUT)
     answers: list[_Answer] = []
-    for via, extra in adapter.variant.id_requests:
-        answer = await _ask(adapter, adapter.body(req, extra))
+    if adapter.force_chat:
+        answers.append(await _chat_fallback(adapter, req, found, None))
+    for via, extra in () if adapter.force_chat else adapter.variant.id_requests:
+        answer = await _ask(adapter, req, adapter.body(req, extra))
         answers.append(answer)
         found.fingerprint = found.fingerprint or answer.fingerprint
         if answer.error is not None:
             if not answers[:-1]:  # the plain request: token-id prompts refused, or no server
-                raise ValueError(f"{adapter.runtime}: a completion with a token-id prompt "
-                                 f"failed: {answer.error}")
+                answers[-1] = await _chat_fallback(adapter, req, found, answer.error)
+                break
             found.notes.append(f"asking for ids with {sorted(extra)}: {answer.error}"[:200])
             continue
         if answer.ids_complete():
@@ -108,7 +110,7 @@ async def probe(adapter: OpenAIAdapter, vocab: int) -> Probed:
     # The prompt, what the server generated for it and a few more ids: as a resumed call.
     tail = probe_prompt(f"{salt}-tail" if salt else None, vocab)[:PROBE_APPEND]
     resumed = CompletionRequest(prompt + answers[-1].ids + tail, PROBE_OUTPUT)
-    again = await _ask(adapter, adapter.body(resumed, found.ids_body))
+    again = await _ask(adapter, resumed, adapter.body(resumed, found.ids_body))
     if again.error is not None:
         raise ValueError(f"{adapter.runtime}: a resumed probe completion failed: "
                          f"{again.error}")
@@ -116,7 +118,8 @@ async def probe(adapter: OpenAIAdapter, vocab: int) -> Probed:
     found.prefix_reuse_seen = bool(again.cached)
     if again.cached:
         # More than the prompt came from the cache: the generated tokens' KV was kept too.
-        found.output_reused = again.cached > len(prompt)
+        first_prompt = answers[-1].usage.get("prompt_tokens") or len(prompt)
+        found.output_reused = again.cached > int(first_prompt)
     if not found.cached_reported:
         found.notes.append("usage reports no prompt_tokens_details.cached_tokens: reuse is "
                            "unknown on every call, and no cache salt can be confirmed")
@@ -134,6 +137,41 @@ async def probe(adapter: OpenAIAdapter, vocab: int) -> Probed:
     return found
 
 
+# The chat fallback's requests: with ignore_eos (the output length the plan asks for), else plain.
+CHAT_REQUESTS: tuple[dict[str, Any], ...] = ({"ignore_eos": True}, {})
+
+
+async def _chat_fallback(adapter: OpenAIAdapter, req: CompletionRequest, found: Probed,
+                         refused: str | None) -> _Answer:
+    """Token-id prompts were refused (`refused`; None: the chat fallback was asked for): try
+    the chat endpoint with deterministic text (harness.adapters.openai_chat); its answer, or
+    ValueError naming both refusals."""
+    from harness.adapters.openai_chat import ChatText
+
+    why = "asked for" if refused is None else f"token-id prompts refused ({refused[:80]})"
+    if refused is not None and (refused.startswith("HTTP 5") or not refused.startswith("HTTP")):
+        raise ValueError(f"{adapter.runtime}: a completion with a token-id prompt failed: "
+                         f"{refused}")
+    adapter.chat = ChatText()
+    errors = []
+    for extra in CHAT_REQUESTS:
+        answer = await _ask(adapter, req, adapter.body(req, extra))
+        if answer.error is None and answer.ids:
+            found.ids_via, found.ids_body = "chat text", dict(extra)
+            server = answer.usage.get("prompt_tokens")
+            if server:
+                found.text_tokens_per_id = round(int(server) / len(req.prompt), 4)
+            found.notes.append(
+                f"{why}: chat fallback, {len(req.prompt)} "
+                f"planned tokens as words were {server} prompt tokens on the server"
+                + ("" if extra else "; ignore_eos refused: output lengths are the model's"))
+            return answer
+        errors.append(answer.error or "no text generated")
+    adapter.chat = None
+    raise ValueError(f"{adapter.runtime}: {why} and the chat fallback failed "
+                     f"({errors[-1][:120]})")
+
+
 async def _try_salt(adapter: OpenAIAdapter, req: CompletionRequest, found: Probed,
                     candidate: SaltField, stem: str) -> str | None:
     """None when `candidate` keeps the probe prompt from reuse under SALT_TRIALS fresh values,
@@ -144,7 +182,7 @@ async def _try_salt(adapter: OpenAIAdapter, req: CompletionRequest, found: Probe
     for k in range(SALT_TRIALS):
         body = adapter.body(req, found.ids_body)
         candidate.place(body, f"{stem}-probe-salt-{k}")
-        answer = await _ask(adapter, body)
+        answer = await _ask(adapter, req, body)
         if answer.error is not None:
             return f"refused ({answer.error})"
         if answer.cached != 0:

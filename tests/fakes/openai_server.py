@@ -10,6 +10,8 @@ it shares with an earlier request's prompt + generated tokens (all but the last 
 from __future__ import annotations
 
 import json
+import os
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +33,8 @@ class FakeOpenAIConfig:
     # the first request naming any salt field lands on a replica that never saw its prompt
     first_salted_cold: bool = False
     prompt_only_cache: bool = False  # keep prompts' KV, never generated tokens' (Dynamo mocker)
+    chat: bool = False  # serve /v1/chat/completions (one token per word, a marker per turn)
+    chat_refuses_ignore_eos: bool = False
 
 
 @dataclass
@@ -46,12 +50,7 @@ STATE: web.AppKey[FakeOpenAIState] = web.AppKey("openai_state", FakeOpenAIState)
 
 
 def _lcp(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+    return len(os.path.commonprefix([a, b]))
 
 
 def _salt(body: dict[str, Any], path: str | None) -> tuple[str, bool]:
@@ -134,6 +133,40 @@ def make_app(cfg: FakeOpenAIConfig) -> web.Application:
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        state.requests.append(body)
+        state.headers.append(dict(request.headers))
+        if not cfg.chat:
+            raise web.HTTPNotFound()
+        if cfg.chat_refuses_ignore_eos and "ignore_eos" in body:
+            return web.json_response({"error": {"message": "Unsupported parameter: ignore_eos",
+                                                "code": 400}}, status=400)
+        words: list[str] = []
+        for m in body["messages"]:
+            words += [f"<{m['role']}>", *m["content"].split()]
+        words.append("<assistant>")
+        prompt = [zlib.crc32(w.encode()) for w in words]
+        salt, no_reuse = _salt(body, cfg.salt_field)
+        best = 0 if no_reuse else max(
+            (_lcp(s, prompt) for s in state.cached.get(salt, [])), default=0)
+        cached = min(best, len(prompt) - 1) // cfg.block_size * cfg.block_size
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        n_out = int(body.get("max_tokens", 16))
+        out = [f"w{(len(prompt) + i) % 97}" for i in range(n_out)]
+        for w in out:
+            delta = {"choices": [{"index": 0, "delta": {"content": " " + w}}]}
+            await resp.write(f"data: {json.dumps(delta)}\n\n".encode())
+        state.cached.setdefault(salt, []).append(
+            prompt + [zlib.crc32(w.encode()) for w in out])
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": n_out,
+                 "prompt_tokens_details": {"cached_tokens": cached}}
+        await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/v1/completions", completions)

@@ -6,7 +6,9 @@ conformance transcripts recorded from them.)"""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -56,3 +58,41 @@ def test_openai_runtime_refuses_a_server_without_completions(tmp_path: Path) -> 
                                     "--connect-timeout", "2"])
     assert res.exit_code == 3, res.output
     assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_chat_fallback_on_vllm_s_chat_endpoint(tmp_path: Path) -> None:
+    """The chat fallback (for servers that refuse token-id prompts) against a real vLLM chat
+    endpoint: the plan's ids go as words, the generated text comes back as the assistant turn,
+    the server's prefix cache reuses the conversation, and a fresh cache salt forbids it."""
+    from harness.adapters.base import CompletionRequest
+    from harness.adapters.http import connect
+    from harness.adapters.launchers.vllm_server import (
+        LocalVllmServer,
+        VllmServerConfig,
+        vllm_model,
+        vllm_python,
+    )
+    from harness.adapters.openai import OpenAIAdapter
+
+    python = vllm_python()
+    with LocalVllmServer(VllmServerConfig(model=vllm_model(python)), tmp_path / "vllm.log",
+                         python=python) as server:
+        async def go() -> tuple[Any, ...]:
+            async with connect(server.url, 2) as http:
+                ad = OpenAIAdapter(http, salt="chat-live", chat=True)
+                info = await ad.server_info()
+                ctx = [300 + 7 * i for i in range(120)]
+                first = await ad.complete(CompletionRequest(ctx, 8), lambda: None)
+                ctx += first.tokens + [900 + i for i in range(6)]
+                kept = await ad.complete(CompletionRequest(ctx, 4), lambda: None)
+                fresh = await ad.complete(CompletionRequest(ctx, 4, cache_salt="chat-live-2"),
+                                          lambda: None)
+                return info, first, kept, fresh
+
+        info, first, kept, fresh = asyncio.run(go())
+    probe = info.extra["openai_probe"]
+    assert probe["output_ids"] == "chat text" and probe["cache_salt"] == "cache_salt"
+    assert probe["text_tokens_per_id"] is not None and probe["text_tokens_per_id"] > 0.5
+    assert first.status == "ok" and len(first.tokens) == 8 and first.cached_tokens == 0
+    assert kept.cached_tokens is not None and kept.cached_tokens >= 96  # 32-token blocks
+    assert fresh.cached_tokens == 0

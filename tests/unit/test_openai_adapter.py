@@ -55,7 +55,8 @@ def test_probe_finds_token_ids_cached_tokens_and_the_salt() -> None:
         assert (info.runtime, info.model, info.ctx_per_slot) == ("openai", "fake-model", 4096)
         assert info.vocab_size == 1024 and info.extra["vocab_from"] == "fallback 1024"
         probe = info.extra["openai_probe"]
-        assert probe == {"output_ids": "token_ids", "cached_tokens_reported": True,
+        assert probe == {"output_ids": "token_ids", "text_tokens_per_id": None,
+                         "cached_tokens_reported": True,
                          "prefix_reuse_seen": True, "output_reused": True,
                          "cache_salt": "cache_salt", "notes": []}
         assert info.reuses_output is True
@@ -171,7 +172,8 @@ def test_unreported_cache_is_unknown_never_zero() -> None:
 
 
 @pytest.mark.parametrize("cfg, message", [
-    (FakeOpenAIConfig(token_prompts=False), "token-id prompt failed: HTTP 400"),
+    (FakeOpenAIConfig(token_prompts=False),
+     "token-id prompts refused .HTTP 400.* and the chat fallback failed .HTTP 404"),
     (FakeOpenAIConfig(ids="none"), "returns no generated token ids"),
 ])
 def test_a_server_the_replay_cannot_drive_is_refused(cfg: FakeOpenAIConfig,
@@ -181,6 +183,35 @@ def test_a_server_the_replay_cannot_drive_is_refused(cfg: FakeOpenAIConfig,
             await ad.server_info()
 
     with_server(cfg, body)
+
+
+@pytest.mark.parametrize("ignore_eos", [True, False])
+def test_chat_fallback_replays_a_conversation_of_words(ignore_eos: bool) -> None:
+    """Token-id prompts refused: the plan's ids become words in user turns, what the server
+    generated comes back as assistant turns word for word, and the prefix cache sees it."""
+    async def body(ad: OpenAIAdapter, state: FakeOpenAIState) -> None:
+        info = await ad.server_info()
+        probe = info.extra["openai_probe"]
+        assert probe["output_ids"] == "chat text" and probe["cache_salt"] == "cache_salt"
+        assert probe["output_reused"] is True
+        assert probe["text_tokens_per_id"] == round((PROBE_TOKENS + 2) / PROBE_TOKENS, 4)
+        assert ("ignore_eos refused" in probe["notes"][0]) is not ignore_eos
+        prompt = _prompt(40)
+        first = await ad.complete(CompletionRequest(prompt, 6), lambda: None)
+        assert first.status == "ok" and len(first.tokens) == 6 and first.cached_tokens == 0
+        sent = state.requests[-1]
+        assert [m["role"] for m in sent["messages"]] == ["user"]
+        assert len(sent["messages"][0]["content"].split()) == 40
+        assert ("ignore_eos" in sent) is ignore_eos and sent["cache_salt"] == "run-1"
+        nxt = await ad.complete(CompletionRequest(prompt + first.tokens + _prompt(5, 700), 2),
+                                lambda: None)
+        msgs = state.requests[-1]["messages"]
+        assert [m["role"] for m in msgs] == ["user", "assistant", "user"]
+        assert msgs[1]["content"].split() == [f"w{(42 + i) % 97}" for i in range(6)]
+        assert nxt.cached_tokens == 48  # 42 prompt + 6 generated, in whole 16-token blocks
+
+    with_server(FakeOpenAIConfig(token_prompts=False, chat=True,
+                                 chat_refuses_ignore_eos=not ignore_eos), body)
 
 
 def test_model_choice_vocab_from_meta_and_hanging_up() -> None:

@@ -29,6 +29,7 @@ PROBE_TOKENS = 256  # whole blocks of 16, 32 or 64 tokens, and more than one of 
 # Generated tokens on the first call: more than one cache block of the usual sizes (16-64), so
 # whether their KV is reused shows on the resumed call.
 PROBE_OUTPUT = 72
+SHORT_OUTPUT = 2  # the other probe requests' (only their cached tokens are read)
 PROBE_APPEND = 8
 SALT_TRIALS = 2  # fresh values a salt field must keep at 0 cached tokens (see _try_salt)
 
@@ -109,7 +110,7 @@ async def probe(adapter: OpenAIAdapter, vocab: int) -> Probed:
                          "send the context an agent would; token-exact replay needs them")
     # The prompt, what the server generated for it and a few more ids: as a resumed call.
     tail = probe_prompt(f"{salt}-tail" if salt else None, vocab)[:PROBE_APPEND]
-    resumed = CompletionRequest(prompt + answers[-1].ids + tail, PROBE_OUTPUT)
+    resumed = CompletionRequest(prompt + answers[-1].ids + tail, SHORT_OUTPUT)
     again = await _ask(adapter, resumed, adapter.body(resumed, found.ids_body))
     if again.error is not None:
         raise ValueError(f"{adapter.runtime}: a resumed probe completion failed: "
@@ -128,8 +129,10 @@ async def probe(adapter: OpenAIAdapter, vocab: int) -> Probed:
         found.notes.append("a repeated prompt reused 0 cached tokens: no prefix caching seen, "
                            "so no cache salt can be confirmed")
         return found
+    again_prompt = CompletionRequest(prompt, SHORT_OUTPUT)
     for i, candidate in enumerate(adapter.variant.salts):
-        verdict = await _try_salt(adapter, req, found, candidate, f"{salt or 'probe'}-{i}")
+        verdict = await _try_salt(adapter, again_prompt, found, candidate,
+                                  f"{salt or 'probe'}-{i}")
         if verdict is None:
             found.salt = candidate
             break

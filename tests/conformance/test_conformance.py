@@ -32,8 +32,8 @@ COMPLETION_PATH = {"llamacpp": "/completion", "vllm": "/v1/completions", "sglang
 # (Dynamo: a fresh salt's first request may or may not meet the prompt, so 5 or 6.)
 PROBES = {"openai-vllm": (4,), "openai-sglang": (4,), "openai-llamacpp": (8,),
           "dynamo": (5, 6)}
-# The generic client's transcripts hold its probe's streams too (72 generated ids each).
-SIZE_LIMIT = {r: 100_000 for r in PROBES}
+# The generic client's transcripts hold its probe's streams too (one or two of 72 ids).
+SIZE_LIMIT = {r: 60_000 for r in PROBES}
 
 
 def _load(runtime: str) -> dict[str, Any]:

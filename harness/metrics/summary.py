@@ -21,7 +21,7 @@ from harness.metrics.events import read_events
 from harness.metrics.frames import Frames, build_frames, link_events
 from harness.metrics.health import CLIENT_LAG_WARN_MS, lag_cause, run_health
 from harness.metrics.reuse import measured_reuse
-from harness.metrics.routing import routing
+from harness.metrics.routing import router_report, routing
 from harness.metrics.server_times import server_times
 from harness.records.manifest import RunManifest, read_manifest
 from harness.records.store import read_records, read_server_metrics
@@ -118,7 +118,7 @@ def summarize_frames(
         "by_tool_class": _by_tool_class(frames, bpt),
         "by_pause_bucket": _by_pause_bucket(frames, bpt),
         "reuse": measured_reuse(frames),
-        "routing": routing(calls),
+        "routing": _routing(calls, server_metrics),
         "server_occupancy": occupancy.server_occupancy(server_metrics),
         "server_times_ms": server_times(server_metrics),
         "duration_s": duration,
@@ -132,6 +132,14 @@ def summarize_frames(
         "run_id": run.run_id,
         "summary_version": SUMMARY_VERSION,
     }
+    return out
+
+
+def _routing(calls: pd.DataFrame, server_metrics: pd.DataFrame | None) -> dict[str, Any] | None:
+    """Where calls were served, with the router's own account of it where it gives one."""
+    out = routing(calls)
+    if out is not None:
+        out["router"] = router_report(server_metrics)
     return out
 
 

@@ -91,6 +91,11 @@ def test_kv_routing_and_session_affinity_keep_resumed_calls_with_their_cache(
     assert hit["keep"] > hit["round-robin"] and hit["session"] > hit["round-robin"], seen
     for r in bench.values():
         assert r["run"]["cache_reuses_output"] is False
+    # the KV router's own account (its /metrics over the run); round-robin has no KV router
+    router = bench["keep"]["summary"]["routing"]["router"]
+    assert router["routed"] >= 32 and 0.0 < router["predicted_hit_rate"] < 1.0, router
+    assert 0 < router["selected_prefix_tokens"] <= router["best_prefix_tokens"], router
+    assert bench["round-robin"]["summary"]["routing"]["router"] is None
 
 
 def test_recompute_is_recorded_unsupported_on_the_mocker(

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pandas as pd
 
-from harness.metrics.routing import routing
+from harness.metrics.routing import (
+    ROUTER_BEST,
+    ROUTER_HIT_RATE,
+    ROUTER_SELECTED,
+    router_report,
+    routing,
+)
 
 
 def _calls(rows: list[tuple[str, int, str | None, bool, float | None]]) -> pd.DataFrame:
@@ -34,3 +40,24 @@ def test_order_is_by_step_within_a_trajectory_and_bystanders_are_left_out() -> N
 def test_no_worker_named_means_no_routing() -> None:
     assert routing(_calls([("a", 0, None, False, 0.0)])) is None
     assert routing(_calls([]).drop(columns=["served_by"])) is None
+
+
+def _samples(rows: list[tuple[float, str, float]]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=["t_ns", "name", "value"]).assign(labels="")
+
+
+def test_the_router_s_own_account_over_the_run() -> None:
+    sm = _samples([
+        (0.0, ROUTER_HIT_RATE + "_count", 10.0), (0.0, ROUTER_HIT_RATE + "_sum", 2.0),
+        (0.0, ROUTER_SELECTED, 100.0), (0.0, ROUTER_BEST, 100.0),
+        (1e9, ROUTER_HIT_RATE + "_count", 30.0), (1e9, ROUTER_HIT_RATE + "_sum", 12.0),
+        (1e9, ROUTER_SELECTED, 900.0), (1e9, ROUTER_BEST, 1100.0),
+    ])
+    assert router_report(sm) == {"source": "the KV router's /metrics", "routed": 20,
+                                 "predicted_hit_rate": 0.5, "selected_prefix_tokens": 800.0,
+                                 "best_prefix_tokens": 1000.0}
+
+
+def test_no_router_metrics_no_account() -> None:
+    assert router_report(None) is None
+    assert router_report(_samples([(0.0, "vllm:num_requests_running", 1.0)])) is None

@@ -39,7 +39,7 @@ from harness.adapters.dynamo import DynamoAdapter, ready_workers
 from harness.adapters.http import HttpClient
 from harness.adapters.launchers.installs import LAUNCHERS, script_output
 from harness.adapters.launchers.openai_server import realisation
-from harness.adapters.launchers.process import ServerProcess
+from harness.adapters.launchers.process import ServerProcess, pinned
 from harness.adapters.models import hf_geometry, local_vocab, model_record
 from harness.errors import ServerError
 
@@ -136,6 +136,7 @@ class DynamoConfig:
     max_model_len: int = 4096
     speedup_ratio: float = 1.0  # the mocker's simulated time: 1.0 = its engine model's timing
     extra_args: list[str] = field(default_factory=list)  # more frontend flags
+    server_cpus: str | None = None  # taskset list for the whole deployment, e.g. "1"
 
 
 class LocalDynamo(ServerProcess):
@@ -186,7 +187,10 @@ class LocalDynamo(ServerProcess):
 
     def __enter__(self) -> LocalDynamo:
         t0 = time.monotonic()
-        self.start([str(self.python), str(LAUNCHERS / "dynamo_stack.py"), str(self.spec_path)],
+        # Pinned, the whole group runs on its CPUs (children inherit the affinity), away from
+        # the harness's: its Python processes would otherwise delay the client's wake-ups.
+        self.start(pinned([str(self.python), str(LAUNCHERS / "dynamo_stack.py"),
+                           str(self.spec_path)], self.config.server_cpus),
                    self.env, self.url + "/live", self.startup_timeout_s)
         try:
             self._wait_workers()
@@ -221,7 +225,7 @@ class DynamoRuntime:
     """`harness run --runtime dynamo`: Dynamo's controls are server policies (SERVER_POLICIES)."""
 
     name = "dynamo"
-    pins_local_server = False
+    pins_local_server = True
     per_slot_control = False
     server_policies: dict[str, str] = {
         k: p.harness_policy for k, p in SERVER_POLICIES.items() if k not in ("keep",)}
@@ -261,7 +265,8 @@ class DynamoRuntime:
         cfg = DynamoConfig(model=model, router_mode=dp.router_mode,
                            session_affinity=dp.session_affinity,
                            max_model_len=options.ctx_per_slot,
-                           extra_args=list(options.server_args))
+                           extra_args=list(options.server_args),
+                           server_cpus=options.server_cpus)
         with LocalDynamo(cfg, out, python=python) as stack:
             details = ServerDetails(
                 url=stack.url, flags=stack.flags, python=str(python), env=stack.env,

@@ -23,7 +23,7 @@ def routing_section(runs: list[RunData], run_label: Callable[[RunData], str]) ->
         if not rt:
             continue
         extra = r.run.server_extra or {}
-        how = " ".join(x for x in (
+        how = " + ".join(x for x in (
             f"router {extra['router_mode']}" if extra.get("router_mode") else "",
             "session affinity" if extra.get("session_affinity") else "") if x) or "-"
         per = ", ".join(fmt(v) for v in rt["calls_per_worker"].values())

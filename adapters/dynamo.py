@@ -25,7 +25,7 @@ from typing import Any
 
 from harness.adapters.base import CompletionRequest, ServerInfo
 from harness.adapters.http import REQUEST_ERRORS, HttpClient
-from harness.adapters.openai import SALT_FIELDS, OpenAIAdapter, Variant
+from harness.adapters.openai import COMPLETIONS, SALT_FIELDS, OpenAIAdapter, Variant
 
 SESSION_HEADER = "x-dynamo-session-id"
 WORKER_HEADER = "x-worker-instance-id"  # sends a request to that worker, whatever the router
@@ -82,8 +82,10 @@ class DynamoAdapter(OpenAIAdapter):
         version = info.server_version
         with contextlib.suppress(*_INFO_ERRORS):
             version = str((await self.http.get_json("/openapi.json"))["info"]["version"])
-        gauges = {name: value for _, name, _, value in await self.scrape()
-                  if name.startswith("dynamo_frontend_model_")}
+        gauges: dict[str, float] = {}
+        with contextlib.suppress(*_INFO_ERRORS):
+            gauges = {name: value for _, name, _, value in await self.http.scrape(
+                lambda n: n.startswith("dynamo_frontend_model_"))}
         block = gauges.get("dynamo_frontend_model_kv_cache_block_size")
         if "dynamo_frontend_model_total_kv_blocks" in gauges:
             extra["total_kv_blocks"] = int(gauges["dynamo_frontend_model_total_kv_blocks"])
@@ -130,4 +132,4 @@ async def pinning_refused(http: HttpClient, model: str, prompt: list[int]) -> st
     Dynamo 1.0 had); the error it answers with, or None when it accepted the request."""
     body = {"model": model, "prompt": prompt, "max_tokens": 1, "stream": True,
             "nvext": {"cache_control": {"type": "ephemeral", "ttl": "300s"}}}
-    return await http.stream("/v1/completions", body, lambda _: True)
+    return await http.stream(COMPLETIONS, body, lambda _: True)

@@ -250,10 +250,10 @@ class OpenAIAdapter:
                    on_tokens: Callable[[], object]) -> CompletionResult:
         """Stream one completion request and read tokens, usage and timings from it."""
         result = CompletionResult(status="ok")
-
-        generated: list[int | None] = [None]
+        generated: int | None = None  # the server's count of completion tokens
 
         def on_chunk(chunk: dict[str, Any]) -> bool:
+            nonlocal generated
             if not add_streamed_tokens(result, self.ids_in(chunk), req, on_tokens):
                 return False  # hang up: the server aborts the request
             worker = served_by(chunk)
@@ -261,7 +261,7 @@ class OpenAIAdapter:
                 result.served_by = worker
             if chunk.get("usage"):
                 read_usage(chunk["usage"], result)
-                generated[0] = chunk["usage"].get("completion_tokens")
+                generated = chunk["usage"].get("completion_tokens")
             if isinstance(chunk.get("timings"), dict):
                 read_timings(chunk["timings"], result)
             return True
@@ -271,7 +271,7 @@ class OpenAIAdapter:
         if error is not None:
             return failed_result(error, result.tokens)
         if self.chat is not None and result.status == "ok":
-            self.chat.pad(result.tokens, generated[0])
+            self.chat.pad(result.tokens, generated)
         return result
 
     def ids_in(self, chunk: dict[str, Any]) -> list[int]:

@@ -37,7 +37,7 @@ from harness.adapters.base import (
 )
 from harness.adapters.dynamo import DynamoAdapter, ready_workers
 from harness.adapters.http import HttpClient
-from harness.adapters.launchers.installs import LAUNCHERS, script_output
+from harness.adapters.launchers.installs import LAUNCHERS, script_output, tiny_model
 from harness.adapters.launchers.openai_server import realisation
 from harness.adapters.launchers.process import ServerProcess, pinned
 from harness.adapters.models import hf_geometry, local_vocab, model_record
@@ -109,21 +109,7 @@ def dynamo_python() -> Path:
 
 def dynamo_model(python: Path) -> Path:
     """The tiny model's config and tokenizer: $HARNESS_DYNAMO_MODEL, or made once."""
-    import os
-    import subprocess
-
-    if os.environ.get(MODEL_ENV):
-        p = Path(os.environ[MODEL_ENV])
-        if not p.is_dir():
-            raise ServerError(f"{MODEL_ENV}={p} is not a model folder")
-        return p
-    proc = subprocess.run([str(python), str(LAUNCHERS / "make_tiny_model.py"), "--no-weights"],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-        raise ServerError(f"make_tiny_model.py --no-weights failed (exit {proc.returncode}):\n"
-                          f"{tail}")
-    return Path(proc.stdout.strip().splitlines()[-1])
+    return tiny_model(python, MODEL_ENV, "--no-weights")
 
 
 @dataclass

@@ -27,17 +27,18 @@ def script_output(script: str, env_override: str) -> Path:
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
-def tiny_model(python: Path, env_override: str) -> Path:
+def tiny_model(python: Path, env_override: str, *args: str) -> Path:
     """The local random-weight model folder: $`env_override`, or made once by
-    make_tiny_model.py run with the runtime's `python`."""
+    make_tiny_model.py (with `args`, e.g. --no-weights) run with the runtime's `python`."""
     if os.environ.get(env_override):
         p = Path(os.environ[env_override])
         if not p.is_dir():
             raise ServerError(f"{env_override}={p} is not a model folder")
         return p
-    proc = subprocess.run([str(python), str(LAUNCHERS / "make_tiny_model.py")],
+    proc = subprocess.run([str(python), str(LAUNCHERS / "make_tiny_model.py"), *args],
                           capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-        raise ServerError(f"make_tiny_model.py failed (exit {proc.returncode}):\n{tail}")
+        what = " ".join(["make_tiny_model.py", *args])
+        raise ServerError(f"{what} failed (exit {proc.returncode}):\n{tail}")
     return Path(proc.stdout.strip().splitlines()[-1])

@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from harness.metrics.occupancy import per_sample_sum
+from harness.metrics.server_times import histogram_delta
 
 # Dynamo's KV router: its predicted hit rate per routed request (a histogram), and the cached
 # prefix tokens on the workers it chose against the best it could have chosen (counters).
@@ -61,11 +62,11 @@ def router_report(server_metrics: pd.DataFrame | None) -> dict[str, Any] | None:
     runtime, or a router mode that does not weigh cache overlap)."""
     if server_metrics is None or server_metrics.empty or "name" not in server_metrics.columns:
         return None
-    routed = _delta(server_metrics, ROUTER_HIT_RATE + "_count")
-    if not routed:
+    hit_rate = histogram_delta(server_metrics, ROUTER_HIT_RATE)
+    if hit_rate is None:
         return None
-    rate_sum = _delta(server_metrics, ROUTER_HIT_RATE + "_sum")
+    routed, rate_sum = hit_rate
     return {"source": "the KV router's /metrics", "routed": int(round(routed)),
-            "predicted_hit_rate": None if rate_sum is None else rate_sum / routed,
+            "predicted_hit_rate": rate_sum / routed,
             "selected_prefix_tokens": _delta(server_metrics, ROUTER_SELECTED),
             "best_prefix_tokens": _delta(server_metrics, ROUTER_BEST)}

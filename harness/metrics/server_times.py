@@ -38,15 +38,25 @@ def server_times(server_metrics: pd.DataFrame | None) -> dict[str, Any] | None:
         return None
     out: dict[str, Any] = {}
     for family, part in FAMILIES.items():
-        sums, counts = _totals(server_metrics, family + "_sum"), \
-            _totals(server_metrics, family + "_count")
-        both = pd.concat([sums.rename("sum"), counts.rename("count")], axis=1).dropna()
-        if len(both) < 2:
-            continue
-        first, last = both.iloc[0], both.iloc[-1]
-        n = float(last["count"] - first["count"])
-        if n <= 0:
-            continue  # nothing finished between the samples (or the server restarted)
-        out[part] = {"source": family, "requests": int(round(n)),
-                     "mean_ms": 1e3 * float(last["sum"] - first["sum"]) / n}
+        delta = histogram_delta(server_metrics, family)
+        if delta is not None:
+            n, total = delta
+            out[part] = {"source": family, "requests": int(round(n)),
+                         "mean_ms": 1e3 * total / n}
     return out or None
+
+
+def histogram_delta(server_metrics: pd.DataFrame, family: str) -> tuple[float, float] | None:
+    """(observations, their sum) a Prometheus histogram gained between the first and the last
+    sample holding both its _count and its _sum (summed over label sets); None with fewer than
+    two such samples or nothing observed between them (or a server restart)."""
+    sums, counts = _totals(server_metrics, family + "_sum"), \
+        _totals(server_metrics, family + "_count")
+    both = pd.concat([sums.rename("sum"), counts.rename("count")], axis=1).dropna()
+    if len(both) < 2:
+        return None
+    first, last = both.iloc[0], both.iloc[-1]
+    n = float(last["count"] - first["count"])
+    if n <= 0:
+        return None
+    return n, float(last["sum"] - first["sum"])

@@ -40,6 +40,6 @@ def policy_names(policies: str, runtime: Runtime | None = None) -> list[str]:
     return names
 
 
-def policy_params(name: str, runtime: Runtime | None = None) -> tuple[str, ...]:
+def policy_params(name: str) -> tuple[str, ...]:
     """The arguments policy `name` takes (a server policy takes none of its own)."""
     return tuple(POLICIES[name][1]) if name in POLICIES else ()

@@ -51,6 +51,7 @@ def main() -> None:
 def _register() -> None:
     from harness.capacity.advise_cli import advise_cmd
     from harness.capacity.cli import capacity_cmd
+    from harness.distributed.merge_cli import merge_cmd
     from harness.model.cli import model
     from harness.replay.bench import bench_cmd
     from harness.replay.calibrate import calibrate_cmd
@@ -67,6 +68,7 @@ def _register() -> None:
     main.add_command(model)
     main.add_command(simulate_cmd)
     main.add_command(run_cmd)
+    main.add_command(merge_cmd)
     main.add_command(bench_cmd)
     main.add_command(capacity_cmd)
     main.add_command(advise_cmd)

@@ -14,6 +14,7 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import Callable
 from types import FrameType
 
 from harness.errors import Terminated
@@ -21,6 +22,9 @@ from harness.errors import Terminated
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 _received: list[int] = []
+# Running replays' stop hooks (harness.replay.loop): a stop asked for from another thread (a
+# load generator's driver) reaches them as a signal would.
+_stoppers: list[Callable[[int], None]] = []
 
 
 def force_exit(signum: int) -> None:
@@ -64,3 +68,20 @@ def install() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_sigint)
+
+
+def add_stopper(stop: Callable[[int], None]) -> None:
+    """Register a running replay's stop hook (thread-safe to call: see request_stop)."""
+    _stoppers.append(stop)
+
+
+def remove_stopper(stop: Callable[[int], None]) -> None:
+    with contextlib.suppress(ValueError):
+        _stoppers.remove(stop)
+
+
+def request_stop(signum: int = signal.SIGTERM) -> bool:
+    """Stop the running replays as `signum` would, from any thread; False when none runs."""
+    for stop in list(_stoppers):
+        stop(signum)
+    return bool(_stoppers)

@@ -19,9 +19,9 @@ from typing import Any
 from harness.errors import InputError
 from harness.records.store import RUN_JSON, write_json
 
-MANIFEST_VERSION = 3
+MANIFEST_VERSION = 4
 # Version 1: the same fields without `schema_version` (and a top-level `kv_connector`);
-# version 2: without `host`.
+# version 2: without `host`; version 3: without `shard`, `start_at` and `workers`.
 OLDEST_READABLE = 1
 
 
@@ -160,6 +160,12 @@ class RunManifest:
     capacity: dict[str, Any] | None = None
     window: dict[str, float] | None = None  # a bounded run: warmup_s, duration_s (its horizon)
     simulator: dict[str, Any] | None = None
+    # several load generators as one run (harness.plan.shard): a shard's own run.json names
+    # its shard ('i/n') and the shared origin (`start_at`, Unix seconds); the merged run.json
+    # lists every load generator (`workers`: shard, status, outcome, CPU, host, where)
+    shard: str | None = None
+    start_at: float | None = None
+    workers: list[dict[str, Any]] | None = None
     schema_version: int = MANIFEST_VERSION
 
     @property

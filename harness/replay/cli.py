@@ -5,14 +5,17 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+import time
 import urllib.parse
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import click
+import pandas as pd
 
 from harness import __version__
 from harness.adapters.base import Runtime, ServerOptions
@@ -21,15 +24,18 @@ from harness.adapters.runtimes import RUNTIMES, get_runtime
 from harness.errors import InputError
 from harness.limits import MAX_SEED
 from harness.model.calibration import read_calibration
-from harness.plan.injection import load_injection
-from harness.plan.planner import Arrivals, make_plan
+from harness.plan.injection import Injection, load_injection
+from harness.plan.planner import Arrivals, Plan, make_plan
+from harness.plan.shard import MAX_SHARDS, Shard, shard_plan
+from harness.plan.tokens import stable_seed
 from harness.policies import POLICIES, make_policy, parse_policy_args
+from harness.policies.base import PausePolicy
 from harness.records.host import host_identity
-from harness.records.manifest import ArrivalsRef, Outcome, RunManifest, TraceRef
+from harness.records.manifest import ArrivalsRef, CpuPinning, Outcome, RunManifest, TraceRef
 from harness.replay import pinning
 from harness.replay.named_policies import per_pause_policy
 from harness.replay.options import AUTO, RunOptions
-from harness.replay.runner import run_on_runtime
+from harness.replay.runner import ShardRun, run_on_runtime
 from harness.selftest.result import read_selftest
 from harness.traces.reuse import ideal_reuse_for
 from harness.traces.scale import check_token_scale, imported_token_scale, scale_tokens
@@ -54,11 +60,19 @@ def git_commit() -> str | None:
     return out.stdout.strip() + ("-dirty" if dirty else "")
 
 
-def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo,
-                runtime: Runtime | None = None) -> RunManifest:
-    """Validate inputs, plan, replay (starting a local server unless `url`); returns run.json.
-    `runtime`: the runtime to drive (default: the registry's `o.runtime`)."""
-    rt = runtime or get_runtime(o.runtime)
+@dataclass(frozen=True)
+class PlannedRun:
+    """A run's whole plan (every shard's), and what it was made from."""
+
+    plan: Plan
+    steps: pd.DataFrame
+    injection: Injection
+    copies: int
+    policy: PausePolicy
+
+
+def plan_run(o: RunOptions, rt: Runtime) -> PlannedRun:
+    """Check the policy and plan the whole run (InputError for bad input)."""
     pol = make_policy(per_pause_policy(o.policy, rt), o.policy_args)
     steps = scale_tokens(load_trajectories(o.trace), o.token_scale)
     injection = load_injection(o.inject)
@@ -68,35 +82,52 @@ def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo,
               if o.duration_s is not None and a.mode == "closed" else 1)
     plan = dataclasses.replace(make_plan(tile_steps(steps, copies), injection, a, o.seed),
                                horizon_s=o.duration_s)
+    return PlannedRun(plan, steps, injection, copies, pol)
+
+
+def server_options(o: RunOptions, run_id: str, pin: CpuPinning | None) -> ServerOptions:
+    """What a local server is started with (or which server is reached: `o.url`)."""
+    return ServerOptions(policy=o.policy, run_id=run_id, url=o.url, slots=o.slots,
+                         ctx_per_slot=o.ctx_per_slot, threads=o.threads, model=o.model,
+                         server_args=o.server_args, server_cpus=pin.server if pin else None)
+
+
+def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo,
+                runtime: Runtime | None = None) -> RunManifest:
+    """Validate inputs, plan, replay (starting a local server unless `url`); returns run.json.
+    `runtime`: the runtime to drive (default: the registry's `o.runtime`). A shard of a run
+    (`o.shard`) replays its part of the whole plan on the run's shared timeline."""
+    rt = runtime or get_runtime(o.runtime)
+    p = plan_run(o, rt)
+    whole, steps, a = p.plan, p.steps, o.arrivals
+    plan = shard_plan(whole, o.shard)
     pin = (pinning.decide(pinning.available_cpus(), o.url is None, rt.pins_local_server)
            if o.pinning == AUTO else o.pinning)
     pinning.apply(pin)
     run = RunManifest(
-        run_id=f"{o.policy}-{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}",
+        run_id=o.run_id or f"{o.policy}-{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}",
         runtime=rt.name, policy=o.policy, policy_args=dict(o.policy_args),
-        policy_sees_true_latency=pol.sees_true_latency,
-        trace=TraceRef(str(o.trace), file_sha256(o.trace), len(plan.trajectories),
-                       int(len(steps)), len(plan.all_trajectories()) - len(plan.trajectories),
-                       o.token_scale * imported_token_scale(o.trace), ideal_reuse_for(steps, pol),
-                       copies),
-        seed=o.seed, injection=injection.as_dict(),
+        policy_sees_true_latency=p.policy.sees_true_latency,
+        trace=TraceRef(str(o.trace), file_sha256(o.trace), len(whole.trajectories),
+                       int(len(steps)), len(whole.all_trajectories()) - len(whole.trajectories),
+                       o.token_scale * imported_token_scale(o.trace),
+                       ideal_reuse_for(steps, p.policy), p.copies),
+        seed=o.seed, injection=p.injection.as_dict(),
         arrivals=ArrivalsRef(a.mode, a.concurrency, a.rate, a.time_scale),
         harness_version=__version__, git_commit=git_commit(), host=host_identity(),
         started_at=datetime.now(UTC).isoformat(), cpu_pinning=pin,
         instrument_error=o.instrument_error,
         window=(None if o.duration_s is None
-                else {"warmup_s": o.warmup_s, "duration_s": o.duration_s}))
+                else {"warmup_s": o.warmup_s, "duration_s": o.duration_s}),
+        shard=str(o.shard) if o.shard.count > 1 else None, start_at=o.start_at)
     cal = read_calibration(o.calibration) if o.calibration else None
     if o.calibration and cal:
         run.calibration = {"path": str(o.calibration), **cal.to_dict()}
     ensure_out_dir(o.out)
-    server = ServerOptions(policy=o.policy, run_id=str(run.run_id), url=o.url, slots=o.slots,
-                           ctx_per_slot=o.ctx_per_slot, threads=o.threads, model=o.model,
-                           server_args=o.server_args,
-                           server_cpus=pin.server if pin else None)
+    server = server_options(o, str(run.run_id), pin)
     return run_on_runtime(rt, server, plan, o.policy_args, run, o.out,
                           cal.rates() if cal else None, o.scrape_interval_s, echo, o.timeouts,
-                          o.headers, o.skip_oversized)
+                          o.headers, o.skip_oversized, ShardRun(o.shard, o.start_at))
 
 
 def ensure_out_dir(path: Path, flag: str = "--out") -> None:
@@ -266,6 +297,18 @@ def timeouts_from_flags(connect_timeout: float, first_token_timeout: float,
 @click.option("--repeats", type=click.IntRange(1, 100), default=1, show_default=True,
               help="Run N times (OUT/repeat-1 ...) and write the spread between the repeats "
                    "to OUT/repeats.json.")
+@click.option("--shard", "shard_text", metavar="I/N",
+              help="Replay only shard I of N of the run (trajectories by a hash of their id, "
+                   "agents, bystanders and slots split): one of N load generators acting as "
+                   "one run, with --start-at; `harness merge` joins their results.")
+@click.option("--start-at", type=float, metavar="UNIX_S",
+              help="With --shard: the run's shared start, in Unix seconds (every shard the "
+                   "same, e.g. $(( $(date +%s) + 30 ))).")
+@click.option("--workers", type=click.IntRange(1, MAX_SHARDS), default=1, show_default=True,
+              help="Drive the run from N load generators (Ray actors; needs the "
+                   "[distributed] extra): a local Ray instance, or --ray-address.")
+@click.option("--ray-address", metavar="HOST:PORT",
+              help="With --workers: an existing Ray cluster instead of a local instance.")
 @timeout_options
 @auth_options
 def run_cmd(runtime: str, url: str | None, trace_path: Path, policy: str,
@@ -277,7 +320,8 @@ def run_cmd(runtime: str, url: str | None, trace_path: Path, policy: str,
             first_token_timeout: float, stall_timeout: float, request_timeout: float,
             api_key: str | None, headers: tuple[str, ...], skip_oversized: bool,
             repeats: int, token_scale: float, duration_s: float | None,
-            warmup_s: float) -> None:
+            warmup_s: float, shard_text: str | None, start_at: float | None, workers: int,
+            ray_address: str | None) -> None:
     """Replay TRACE against a runtime under POLICY and write a results directory."""
     check_token_scale(token_scale)
     check_window(duration_s, warmup_s)
@@ -296,6 +340,14 @@ def run_cmd(runtime: str, url: str | None, trace_path: Path, policy: str,
         instrument_error=instrument, timeouts=timeouts,
         headers=headers_from_flags(api_key, headers, url), skip_oversized=skip_oversized,
         token_scale=token_scale, duration_s=duration_s, warmup_s=warmup_s)
+    opts = sharding_from_flags(opts, shard_text, start_at, workers, ray_address, repeats)
+    if workers > 1:
+        from harness.distributed.driver import run_distributed
+
+        run = run_distributed(opts, workers, ray_address, lambda m: click.echo(m, err=True))
+        _print_result(out, run)
+        exit_on_server_failures([run])
+        return
     if repeats == 1:
         run = execute_run(opts, lambda m: click.echo(m, err=True))
         _print_result(out, run)
@@ -314,6 +366,43 @@ def run_cmd(runtime: str, url: str | None, trace_path: Path, policy: str,
     click.echo(format_spread(write_repeats(out, dirs)))
     click.echo(f"spread between repeats -> {out / 'repeats.json'}")
     exit_on_server_failures(runs)
+
+
+# A shared start this far from now is a mistake (a typo, milliseconds for seconds).
+START_AT_WINDOW_S = 86_400.0
+
+
+def sharding_from_flags(opts: RunOptions, shard_text: str | None, start_at: float | None,
+                        workers: int, ray_address: str | None, repeats: int) -> RunOptions:
+    """`opts` as one shard of a run (--shard, --start-at), after the flags' checks; InputError
+    naming the flag when they do not go together."""
+    if ray_address is not None and workers == 1:
+        raise InputError("--ray-address needs --workers N (N >= 2)")
+    if workers > 1 and (shard_text is not None or start_at is not None):
+        raise InputError("--workers shards the run itself: leave out --shard and --start-at")
+    if (workers > 1 or shard_text is not None) and repeats > 1:
+        raise InputError("--repeats runs one process: leave it out with --workers or --shard")
+    if shard_text is None:
+        if start_at is not None:
+            raise InputError("--start-at needs --shard I/N")
+        return opts
+    shard = Shard.parse(shard_text)
+    if shard.count > 1 and start_at is None:
+        raise InputError("--shard needs --start-at UNIX_S: the shards' shared start")
+    if start_at is not None and not abs(start_at - time.time()) <= START_AT_WINDOW_S:
+        raise InputError(f"--start-at must be Unix seconds within a day of now, got "
+                         f"{start_at:.0f}")
+    return dataclasses.replace(opts, shard=shard, start_at=start_at,
+                               run_id=shared_run_id(opts, start_at))
+
+
+def shared_run_id(opts: RunOptions, start_at: float | None) -> str:
+    """The run id every shard of one run derives alike, without talking to the others: the
+    policy, the start, and a hash of the trace, seed and start."""
+    when = datetime.fromtimestamp(start_at or 0.0, UTC)
+    tag = stable_seed("run", file_sha256(opts.trace) if opts.trace.is_file() else opts.trace,
+                      opts.seed, repr(start_at)) % 16**6
+    return f"{opts.policy}-{when:%Y%m%dT%H%M%S}-{tag:06x}"
 
 
 # The run finished, but trajectories failed because the server did (not the task's own fault).

@@ -29,11 +29,16 @@ async def sleep_s(clock: Clock, seconds: float) -> None:
 
 
 class RealClock:
-    """time.monotonic_ns relative to construction; wall_anchor_ns is the wall time at origin."""
+    """time.monotonic_ns relative to construction; wall_anchor_ns is the wall time at origin.
 
-    def __init__(self) -> None:
-        self._origin = time.monotonic_ns()
-        self.wall_anchor_ns = time.time_ns()
+    `origin_wall_ns`: put the origin at that wall-clock time instead (it may lie ahead: the
+    clock reads negative until then), so load generators started apart share one timeline."""
+
+    def __init__(self, origin_wall_ns: int | None = None) -> None:
+        mono, wall = time.monotonic_ns(), time.time_ns()
+        anchor = wall if origin_wall_ns is None else origin_wall_ns
+        self._origin = mono + (anchor - wall)
+        self.wall_anchor_ns = anchor
 
     def now_ns(self) -> int:
         return time.monotonic_ns() - self._origin

@@ -63,12 +63,12 @@ SERVER_FAULTS = ("server error:", "timeout:")
 
 
 class Executor:
-    """Replays a plan through an adapter. Clock, adapter (and its HTTP session) are injected."""
+    """Replays a plan through an adapter (clock, adapter, HTTP injected; slot_ids: a shard's)."""
 
     def __init__(self, adapter: Adapter, clock: Clock, recorder: Recorder, policy: PausePolicy,
                  plan: Plan, run_id: str, vocab_size: int, slots: int | None,
-                 ctx_per_slot: int | None, rates: ServerRates,
-                 history_window: int = DEFAULT_WINDOW) -> None:
+                 ctx_per_slot: int | None, rates: ServerRates, history_window: int = DEFAULT_WINDOW,
+                 slot_ids: list[int] | None = None) -> None:
         self.adapter = adapter
         self.clock = clock
         self.rec = recorder
@@ -79,7 +79,7 @@ class Executor:
         self.ctx_per_slot = ctx_per_slot
         self.rates = rates
         caps = adapter.capabilities
-        self.pool = SlotPool(slots) if caps.harness_slots and slots else None
+        self.pool = SlotPool(slots, slot_ids) if caps.harness_slots and slots else None
         # Each pause hands the policy the live window (no copy): decide() is synchronous.
         self.history_window = history_window
         self.history: dict[str, History] = defaultdict(lambda: History(history_window))

@@ -5,6 +5,7 @@ run.json records which loop ran (`event_loop`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from collections.abc import Callable, Coroutine
@@ -65,6 +66,11 @@ async def _stoppable(coro: Coroutine[Any, Any, T]) -> T:
         task.cancel()
         loop.call_later(CLEANUP_S, task.cancel)  # a cleanup that hangs is cut short
 
+    def stop_from_any_thread(signum: int) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nothing to stop
+            loop.call_soon_threadsafe(stop, signum)
+
+    signals.add_stopper(stop_from_any_thread)
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     installed = []
     for s in previous:
@@ -76,6 +82,7 @@ async def _stoppable(coro: Coroutine[Any, Any, T]) -> T:
     try:
         return await coro
     finally:
+        signals.remove_stopper(stop_from_any_thread)
         for s in installed:
             loop.remove_signal_handler(s)
             signal.signal(s, previous[s])

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from harness.adapters.http import Timeouts
 from harness.plan.planner import Arrivals
+from harness.plan.shard import WHOLE, Shard
 from harness.records.manifest import CpuPinning
 
 AUTO: Literal["auto"] = "auto"
@@ -48,3 +49,9 @@ class RunOptions:
     warmup_s: float = 0.0
     # sent with every request (--api-key, --header): never written to run.json or a log
     headers: dict[str, str] = field(default_factory=dict, repr=False)
+    # One load generator of several acting as one run (harness.plan.shard): this one replays
+    # `shard` of the plan, on a timeline whose origin is `start_at` (Unix seconds, the same for
+    # every shard), under `run_id` (the same for every shard; None: a new id).
+    shard: Shard = WHOLE
+    start_at: float | None = None
+    run_id: str | None = None

@@ -19,12 +19,15 @@ def available_cpus() -> list[int]:
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 
 
-def decide(cpus: list[int], local_server: bool, server_pinnable: bool) -> CpuPinning | None:
+def decide(cpus: list[int], local_server: bool, server_pinnable: bool,
+           load_generators: int = 1) -> CpuPinning | None:
     """The first CPU for the harness and the rest for a local server, on 2+ CPUs; None when
-    there is no local server, it cannot be pinned, or there is one CPU only. Pure."""
+    there is no local server, it cannot be pinned, or there is one CPU only. Several load
+    generators get one CPU each while at least one is left for the server. Pure."""
     if not local_server or not server_pinnable or len(cpus) < 2:
         return None
-    return CpuPinning(harness=[cpus[0]], server=",".join(str(c) for c in cpus[1:]))
+    k = max(1, min(load_generators, len(cpus) - 1))
+    return CpuPinning(harness=cpus[:k], server=",".join(str(c) for c in cpus[k:]))
 
 
 def apply(pinning: CpuPinning | None) -> None:

@@ -85,12 +85,17 @@ class SlotPool:
     frees a slot and asks again at once queues behind those already waiting.
     """
 
-    def __init__(self, slots: int) -> None:
-        if slots < 1:
-            raise ValueError("a slot pool needs at least one slot")
-        self.total = slots
-        self._free = list(range(slots - 1, -1, -1))
-        self._is_free = [True] * slots  # membership in O(1): pools of thousands of slots
+    def __init__(self, slots: int, ids: list[int] | None = None) -> None:
+        """A pool of slots 0..slots-1, or of `ids` among them (a shard of a run assigns its
+        own slots only: harness.plan.shard.shard_slots)."""
+        ids = list(range(slots)) if ids is None else ids
+        if not ids or min(ids) < 0 or max(ids) >= slots:
+            raise ValueError("a slot pool needs at least one slot, each in [0, slots)")
+        self.total = len(ids)
+        self._free = sorted(ids, reverse=True)
+        self._is_free = [False] * slots  # membership in O(1): pools of thousands of slots
+        for i in ids:
+            self._is_free[i] = True
         self._waiters: deque[asyncio.Future[int]] = deque()
 
     @property

@@ -22,6 +22,7 @@ from harness.adapters.base import Adapter, Runtime, RuntimeSession, ServerInfo, 
 from harness.adapters.http import KEEPALIVE_S, REQUEST_ERRORS, Timeouts, connect
 from harness.errors import InputError, ServerError
 from harness.plan.planner import Plan
+from harness.plan.shard import WHOLE, Shard, check_shardable, shard_slots
 from harness.policies import make_policy
 from harness.policies.base import PausePolicy, ServerRates
 from harness.policies.builtin import FALLBACK_RATES
@@ -48,6 +49,15 @@ SCRAPE_SHARE = 0.02  # the most of the client's time a server sample may take
 SCRAPE_MAX_STRETCH = 20.0
 
 
+@dataclass(frozen=True)
+class ShardRun:
+    """One load generator of several acting as one run: its shard of the plan, and the shared
+    origin of the run's timeline (Unix seconds; None: now)."""
+
+    shard: Shard = WHOLE
+    start_at: float | None = None
+
+
 def max_in_flight(plan: Plan) -> int:
     """The most requests the plan can have in flight at once: one per concurrent agent, one per
     bystander, and the scrape; an agent whose sub-agents run at once counts each of them. The
@@ -62,8 +72,8 @@ def run_on_runtime(runtime: Runtime, server: ServerOptions, plan: Plan,
                    policy_args: dict[str, str], run: RunManifest, out: Path,
                    rates: ServerRates | None, scrape_interval_s: float,
                    echo: Callable[[str], None], timeouts: Timeouts | None = None,
-                   headers: dict[str, str] | None = None, skip_oversized: bool = False
-                   ) -> RunManifest:
+                   headers: dict[str, str] | None = None, skip_oversized: bool = False,
+                   shard_run: ShardRun = ShardRun()) -> RunManifest:
     """Start (or reach) the runtime's server, replay `plan` on it and stop what was started;
     returns the final run.json. `rates`: calibrated rates, else defaults with the model's KV
     bytes per token. The client's pool and the server are sized for the plan's most requests in
@@ -72,7 +82,7 @@ def run_on_runtime(runtime: Runtime, server: ServerOptions, plan: Plan,
     with runtime.start(server, out) as session:
         for note in session.notes:
             echo(note)
-        _record_details(run, session)
+        record_details(run, session)
         bpt = session.details.kv_bytes_per_token
         rates = rates or ServerRates(FALLBACK_RATES.prefill_tok_s,
                                      FALLBACK_RATES.swap_bytes_per_s,
@@ -80,7 +90,7 @@ def run_on_runtime(runtime: Runtime, server: ServerOptions, plan: Plan,
         run.event_loop = loop.loop_name()
         loop.run(_replay_session(session, plan, server, policy_args, run, out, rates,
                                  scrape_interval_s, timeouts or Timeouts(), headers,
-                                 skip_oversized))
+                                 skip_oversized, shard_run))
     return run
 
 
@@ -88,7 +98,8 @@ async def _replay_session(session: RuntimeSession, plan: Plan, server: ServerOpt
                           policy_args: dict[str, str], run: RunManifest, out: Path,
                           rates: ServerRates, scrape_interval_s: float,
                           timeouts: Timeouts, headers: dict[str, str] | None = None,
-                          skip_oversized: bool = False) -> None:
+                          skip_oversized: bool = False, shard_run: ShardRun = ShardRun()
+                          ) -> None:
     limit = server.connections
     run.http = {"connection_limit": limit, "keepalive_s": KEEPALIVE_S, "pooled": True,
                 "timeouts_s": timeouts.to_dict()}
@@ -101,17 +112,25 @@ async def _replay_session(session: RuntimeSession, plan: Plan, server: ServerOpt
                                    available_memory())
         if skipped:
             run.skipped_oversized = skipped
-        check_subagent_slots(plan, info.slots if adapter.capabilities.harness_slots else None)
+        shard = shard_run.shard
+        slots = info.slots if adapter.capabilities.harness_slots else None
+        check_shardable(plan, shard.count, slots)
+        check_subagent_slots(plan, len(shard_slots(slots, shard)) if slots else None)
         how = session.realise(info)
         run.harness_policy, run.server_policy = how.harness_policy, how.label
         same = how.harness_policy == server.policy
         policy = make_policy(how.harness_policy, policy_args if same else {})
         leftover = session.leftover_dumps
         died: list[str] = []
+        clock = RealClock(None if shard_run.start_at is None
+                          else int(shard_run.start_at * NS))
+        # A shared origin ahead: wait for it. One already past: start now; the calls planned
+        # before now are recorded late (their client lag says by how much).
+        await clock.sleep_until(0)
         replaying = asyncio.ensure_future(replay(
-            adapter, RealClock(), plan, policy, out, run, rates, scrape_interval_s,
+            adapter, clock, plan, policy, out, run, rates, scrape_interval_s,
             leftover_dumps=(lambda: leftover(str(run.run_id))) if leftover else None,
-            info=info, progress_every_s=progress.interval_s()))
+            info=info, progress_every_s=progress.interval_s(), shard=shard))
         watch = (asyncio.create_task(_watch_server(session.server_exited, replaying, died))
                  if session.server_exited else None)
         collector = GcWatch()
@@ -178,7 +197,8 @@ async def server_info(adapter: Adapter, url: str) -> ServerInfo:
                           f"({type(exc).__name__}: {exc})"[:400]) from None
 
 
-def _record_details(run: RunManifest, session: RuntimeSession) -> None:
+def record_details(run: RunManifest, session: RuntimeSession) -> None:
+    """What the runtime's session says about its server, into run.json."""
     d = session.details
     run.server_url, run.server_flags, run.server_binary = redact_url(d.url), d.flags, d.binary
     run.server_build, run.server_python, run.server_env = d.build, d.python, d.env
@@ -272,10 +292,13 @@ def _record_info(run: RunManifest, adapter: Adapter, info: ServerInfo, clock: Cl
 async def replay(adapter: Adapter, clock: Clock, plan: Plan, policy: PausePolicy, out_dir: Path,
                  run: RunManifest, rates: ServerRates, scrape_interval_s: float = 0.2,
                  leftover_dumps: Callable[[], list[str]] | None = None,
-                 info: ServerInfo | None = None, progress_every_s: float | None = None
-                 ) -> RunManifest:
+                 info: ServerInfo | None = None, progress_every_s: float | None = None,
+                 shard: Shard = WHOLE) -> RunManifest:
     """Replay `plan` through `adapter` (whose `info` is asked for when not given); returns
-    run.json's final content. `progress_every_s`: print a progress line that often (stderr)."""
+    run.json's final content. `progress_every_s`: print a progress line that often (stderr).
+    `shard`: one load generator of several (the plan is its shard already): it assigns its own
+    slots only, only the first samples the server, and the server-wide end checks (slots idle)
+    are left to whoever merges the shards, since the others may still be running."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if any((out_dir / RECORDS_DIR).glob("part-*.parquet")):
         raise InputError(f"{out_dir} already holds records; choose a new --out directory")
@@ -287,10 +310,14 @@ async def replay(adapter: Adapter, clock: Clock, plan: Plan, policy: PausePolicy
     metrics_writer = PartWriter(out_dir / SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA)
     scrape_errors: list[str] = []
     scrape = ScrapeStats(scrape_interval_s)
-    scraper = asyncio.create_task(
+    scraper = (asyncio.create_task(
         _scrape_loop(adapter, clock, metrics_writer, scrape, scrape_errors))
+        if shard.index == 0 else None)
+    sharded = shard.count > 1
     executor = Executor(adapter, clock, recorder, policy, plan, str(run.run_id),
-                        info.vocab_size, info.slots, info.ctx_per_slot, rates)
+                        info.vocab_size, info.slots, info.ctx_per_slot, rates,
+                        slot_ids=shard_slots(info.slots, shard) if sharded and info.slots
+                        else None)
     run.history_window = executor.history_window
     shown = (asyncio.create_task(progress.report(executor.progress, clock, progress_every_s))
              if progress_every_s else None)
@@ -309,7 +336,7 @@ async def replay(adapter: Adapter, clock: Clock, plan: Plan, policy: PausePolicy
         recorder.close()
         idle: bool | None = None
         with contextlib.suppress(Exception):
-            idle = await adapter.slots_idle()
+            idle = None if sharded else await adapter.slots_idle()
         errors = executor.counters.cleanup_errors
         _record_end(run, executor, clock, status, Cleanup(
             idle, leftover_dumps() if leftover_dumps else None,

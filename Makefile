@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml $(COMPILED)
 	@bash adapters/launchers/install_c_compiler.sh $(PYTHON)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q -e ".[dev,distributed]"
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

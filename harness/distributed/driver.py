@@ -1,0 +1,287 @@
+"""`harness run --workers N`: one run driven by N load generators, Ray actors on a local Ray
+instance the driver starts (and stops) or on an existing cluster (`--ray-address`).
+
+The driver plans the whole run (to check it, size the server and name each shard's
+trajectories), starts or reaches the server once, starts the actors, gives each its shard, the
+server's URL, one run id and one shared start a moment ahead, and waits. Each actor replays its
+shard into OUT/shards/shard-I (harness.distributed.worker). The driver then merges the shards
+into OUT (harness.records.merge), checks the server's end state once every shard has ended,
+and writes the summary: OUT reads like a single process's results.
+
+Faults: an actor that dies is recorded (its unfinished trajectories `failed`, reason
+`worker-lost`) and the run goes on with the others; a shard's server error, the local server's
+exit, Ctrl-C or SIGTERM stop every actor (each records what it measured and frees its slots),
+then the actors, the Ray instance and the local server are stopped; nothing is left running.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from harness.adapters.base import RuntimeSession
+from harness.adapters.http import connect
+from harness.adapters.runtimes import get_runtime
+from harness.errors import HarnessError, InputError, ServerError, Terminated
+from harness.plan.planner import Plan
+from harness.plan.shard import Shard, check_shardable, shard_plan
+from harness.records.manifest import CpuPinning, RunManifest
+from harness.records.merge import Planned, ShardInput, merge_shards
+from harness.records.store import RECORDS_DIR, SERVER_METRICS_DIR
+from harness.replay import loop, pinning
+from harness.replay.cli import ensure_out_dir, plan_run, server_options
+from harness.replay.clock import NS
+from harness.replay.options import AUTO, RunOptions
+from harness.replay.runner import max_in_flight, record_details, write_summary
+
+SHARDS_DIR = "shards"
+START_LEAD_S = 2.0  # from the last load generator ready to the run's shared start
+READY_TIMEOUT_S = 180.0  # for the actors to start (a cold Ray node imports the harness)
+STOP_GRACE_S = loop.CLEANUP_S + 10.0  # for stopped shards to record and free what they hold
+POLL_S = 0.25
+
+
+def import_ray() -> Any:
+    """The ray module; InputError naming the extra to install when it is missing."""
+    try:
+        import ray
+    except ImportError:
+        raise InputError("--workers needs Ray: install the extra, pip install "
+                         "'agent-pause-harness[distributed]' (make setup does)") from None
+    return ray
+
+
+def shard_dir(out: Path, shard: Shard) -> Path:
+    return out / SHARDS_DIR / f"shard-{shard.index}"
+
+
+def planned_by_shard(plan: Plan, count: int) -> dict[int, tuple[Planned, ...]]:
+    """Every trajectory (sub-agents included) each shard is to replay, with its arrival."""
+    out: dict[int, tuple[Planned, ...]] = {}
+    for i in range(count):
+        part = shard_plan(plan, Shard(i, count))
+        out[i] = tuple(Planned(t.trajectory_id, int(root.arrival_s * NS), t.parent_id)
+                       for root in part.trajectories for t in root.family())
+    return out
+
+
+@dataclasses.dataclass
+class Outcomes:
+    """What the actors did: each one's answer, the lost ones (when, why), the first error."""
+
+    answers: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    lost: dict[int, tuple[int, str]] = dataclasses.field(default_factory=dict)
+    error: HarnessError | None = None
+    stopped_by: BaseException | None = None
+
+
+def run_distributed(o: RunOptions, workers: int, address: str | None,
+                    echo: Callable[[str], None]) -> RunManifest:
+    """Run `o` from `workers` load generators as one run; returns the merged run.json."""
+    ray = import_ray()
+    # Ray prefixes each actor's lines with its name and pid; without colour codes in logs.
+    os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+    rt = get_runtime(o.runtime)
+    whole = plan_run(o, rt).plan
+    check_shardable(whole, workers)
+    ensure_out_dir(o.out)
+    if any((o.out / RECORDS_DIR).glob("part-*.parquet")) or (o.out / SHARDS_DIR).exists():
+        raise InputError(f"{o.out} already holds results; choose a new --out directory")
+    pin = (pinning.decide(pinning.available_cpus(), o.url is None, rt.pins_local_server,
+                          workers) if o.pinning == AUTO else o.pinning)
+    run_id = o.run_id or f"{o.policy}-{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
+    server = dataclasses.replace(server_options(o, run_id, pin),
+                                 connections=max_in_flight(whole) + workers)
+    planned = planned_by_shard(whole, workers)
+    with rt.start(server, o.out) as session:
+        for note in session.notes:
+            echo(note)
+        with _fleet(ray, address, workers) as actors:
+            where = ray.get([a.where.remote() for a in actors], timeout=READY_TIMEOUT_S)
+            here = ray.get_runtime_context().get_node_id()
+            start_at = time.time() + START_LEAD_S
+            opts = [dataclasses.replace(
+                o, url=session.details.url, shard=Shard(i, workers), start_at=start_at,
+                run_id=run_id, out=shard_dir(o.out, Shard(i, workers)),
+                pinning=_worker_pin(pin, i) if where[i]["node"] == here else None)
+                for i in range(workers)]
+            _write_start(o.out, run_id, o, start_at, where)
+            echo(f"{workers} load generators ({', '.join(sorted({w['host'] for w in where}))}) "
+                 f"start at {datetime.fromtimestamp(start_at, UTC):%H:%M:%S.%f} UTC")
+            result = _drive(ray, actors, opts, start_at, session, echo)
+            for i, a in enumerate(actors):  # results on another machine's disk: fetched
+                if where[i]["node"] != here and i not in result.lost:
+                    _fetch(ray, a, opts[i].out)
+        pins = [p.harness if isinstance(p := opts[i].pinning, CpuPinning) else None
+                for i in range(workers)]
+        shards = [ShardInput(opts[i].out, i in result.lost,
+                             result.lost[i][0] if i in result.lost else None, planned[i],
+                             {**where[i], "pinned_cpus": pins[i]}, shard=str(Shard(i, workers)))
+                  for i in range(workers)]
+        merged = merge_shards(shards, o.out).run
+        record_details(merged, session)
+        merged.cpu_pinning = pin
+        if merged.cleanup is not None:
+            merged.cleanup.slots_idle = _slots_idle(session, o)
+            if session.leftover_dumps is not None:
+                merged.cleanup.dump_files_left = session.leftover_dumps(run_id)
+        merged.write(o.out)
+    write_summary(o.out, merged)
+    _drop_shard_records(o.out, workers)
+    for i, (_, why) in sorted(result.lost.items()):
+        echo(f"warning: load generator {i}/{workers} was lost ({why}); its unfinished "
+             "trajectories are recorded failed, reason worker-lost")
+    if result.stopped_by is not None:
+        raise result.stopped_by
+    if result.error is not None:
+        raise result.error
+    return merged
+
+
+def _worker_pin(pin: CpuPinning | None, i: int) -> CpuPinning | None:
+    """Load generator i's own CPU of those the harness has (one each, round robin)."""
+    if pin is None:
+        return None
+    return CpuPinning(harness=[pin.harness[i % len(pin.harness)]], server=pin.server)
+
+
+@contextmanager
+def _fleet(ray: Any, address: str | None, workers: int) -> Iterator[list[Any]]:
+    """`workers` LoadGenerator actors on a local Ray instance (started here, in a private
+    folder, no dashboard) or on the cluster at `address`; every actor is killed on exit, and
+    the local instance stopped and its folder removed."""
+    from harness.distributed.worker import LoadGenerator
+
+    temp = None if address else tempfile.mkdtemp(prefix="harness-ray-")
+    try:
+        if address:
+            ray.init(address=address, include_dashboard=False, logging_level="ERROR",
+                     configure_logging=True)
+        else:
+            ray.init(num_cpus=max(workers, os.cpu_count() or 1), include_dashboard=False,
+                     logging_level="ERROR", _temp_dir=temp)
+    except Exception as exc:  # noqa: BLE001 - Ray's own errors vary by version
+        with suppress(Exception):
+            ray.shutdown()
+        if temp:
+            shutil.rmtree(temp, ignore_errors=True)
+        what = f"the Ray cluster at {address}" if address else "a local Ray instance"
+        raise ServerError(f"{what} could not be started or reached: "
+                          f"{type(exc).__name__}: {exc}"[:300]) from None
+    actor_cls = ray.remote(num_cpus=1, max_concurrency=2, max_restarts=0)(LoadGenerator)
+    actors = [actor_cls.options(scheduling_strategy="SPREAD").remote() for _ in range(workers)]
+    try:
+        yield actors
+    finally:
+        for a in actors:
+            with suppress(Exception):
+                ray.kill(a, no_restart=True)
+        with suppress(Exception):
+            ray.shutdown()
+        if temp:
+            shutil.rmtree(temp, ignore_errors=True)
+
+
+def _drive(ray: Any, actors: list[Any], opts: list[RunOptions], start_at: float,
+           session: RuntimeSession, echo: Callable[[str], None]) -> Outcomes:
+    """Run every shard to its end; stop them all at the first server error, a local server's
+    exit or a stop signal (the signal is kept in `stopped_by` for the caller to re-raise)."""
+    refs = {a.run.remote(opt): i for i, (a, opt) in enumerate(zip(actors, opts, strict=True))}
+    pending = list(refs)
+    res = Outcomes()
+    try:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=POLL_S)
+            for ref in done:
+                _collect(ray, ref, refs[ref], start_at, res, echo)
+            exited = session.server_exited() if session.server_exited else None
+            if exited is not None and res.error is None:
+                res.error = ServerError(exited)
+            if res.error is not None and pending:
+                pending = _stop_all(ray, actors, pending, refs, start_at, res, echo)
+    except (KeyboardInterrupt, Terminated) as exc:
+        res.stopped_by = exc
+        echo("stopping every load generator (each records what it measured)")
+        _stop_all(ray, actors, pending, refs, start_at, res, echo)
+    return res
+
+
+def _collect(ray: Any, ref: Any, i: int, start_at: float, res: Outcomes,
+             echo: Callable[[str], None]) -> None:
+    try:
+        answer = ray.get(ref)
+    except Exception as exc:  # noqa: BLE001 - the actor died (RayActorError and kin)
+        why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+        res.lost[i] = (int((time.time() - start_at) * NS), why)
+        echo(f"load generator {i} lost: {why}")
+        return
+    res.answers[i] = answer
+    if answer.get("error") and res.error is None:
+        cls = ServerError if answer.get("exit_code") == ServerError.exit_code else InputError
+        res.error = cls(f"load generator {i}: {answer['error']}")
+
+
+def _stop_all(ray: Any, actors: list[Any], pending: list[Any], refs: dict[Any, int],
+              start_at: float, res: Outcomes, echo: Callable[[str], None]) -> list[Any]:
+    """Ask every running shard to stop, wait STOP_GRACE_S for them, and collect them."""
+    for a in actors:
+        with suppress(Exception):
+            a.stop.remote()
+    deadline = time.monotonic() + STOP_GRACE_S
+    while pending and time.monotonic() < deadline:
+        done, pending = ray.wait(pending, num_returns=1, timeout=POLL_S)
+        for ref in done:
+            _collect(ray, ref, refs[ref], start_at, res, echo)
+    for ref in pending:  # did not stop in time: killed on the way out, recorded lost
+        res.lost[refs[ref]] = (int((time.time() - start_at) * NS), "did not stop in time")
+    return []
+
+
+def _fetch(ray: Any, actor: Any, directory: Path) -> None:
+    """A shard's results from the machine it ran on, written under `directory` here."""
+    files: dict[str, bytes] = ray.get(actor.files.remote(str(directory)),
+                                      timeout=READY_TIMEOUT_S)
+    for rel, data in files.items():
+        path = directory / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def _slots_idle(session: RuntimeSession, o: RunOptions) -> bool | None:
+    """The server's slots once every shard has ended (None: it cannot say)."""
+    async def ask() -> bool | None:
+        async with connect(session.details.url, 1, o.timeouts, o.headers) as http:
+            idle: bool | None = await session.connect(http).slots_idle()
+            return idle
+
+    try:
+        return loop.run(ask())
+    except Exception:  # noqa: BLE001 - an end check that fails is unknown, not an error
+        return None
+
+
+def _write_start(out: Path, run_id: str, o: RunOptions, start_at: float,
+                 where: list[dict[str, Any]]) -> None:
+    """OUT/run.json while the shards run: which run, and where its shards write (a driver
+    killed now leaves them for `harness merge`)."""
+    n = len(where)
+    RunManifest(run_id=run_id, status="running", policy=o.policy, runtime=o.runtime,
+                started_at=datetime.now(UTC).isoformat(), start_at=start_at,
+                workers=[{"shard": f"{i}/{n}", "dir": str(shard_dir(out, Shard(i, n))),
+                          **w} for i, w in enumerate(where)]).write(out)
+
+
+def _drop_shard_records(out: Path, workers: int) -> None:
+    """The shards' record parts, once merged (their run.json files stay, as provenance)."""
+    for i in range(workers):
+        for sub in (RECORDS_DIR, SERVER_METRICS_DIR):
+            shutil.rmtree(shard_dir(out, Shard(i, workers)) / sub, ignore_errors=True)

@@ -98,8 +98,8 @@ class _Part:
         self.n = int(sizes.sum())
         bounds = np.concatenate([[0], np.cumsum(sizes)])
         self.sl = [slice(int(bounds[e]), int(bounds[e + 1])) for e in range(len(EVENTS))]
-        seq, self.t, ti, step, slot, self.a, self.b, self.c = (
-            np.concatenate([bk[k] for bk in blocks]) for k in range(8))
+        seq, self.t, ti, step, slot, self.a, self.b, self.c, self.d = (
+            np.concatenate([bk[k] for bk in blocks]) for k in range(9))
         self.seq, self.ti, self.step, self.slot = (x.astype(np.int64)
                                                    for x in (seq, ti, step, slot))
         self.ev = np.repeat(np.arange(len(EVENTS), dtype=np.int64), sizes)
@@ -170,7 +170,7 @@ def _identity_columns(p: _Part) -> list[pa.Array]:
 
 def _label_columns(p: _Part, texts: pa.Array, ends: _CallEnds) -> list[pa.Array]:
     """tool_class, tool_name, action, reason, status."""
-    w, a, b, c, sl = p.w, p.a, p.b, p.c, p.sl
+    w, a, b, c, d, sl = p.w, p.a, p.b, p.c, p.d, p.sl
     tools = {e: w.cls[p.steps_of(e)] for e in (E_TOOL_START, E_DECISION, E_TOOL_END)}
     dec_a = a[sl[E_DECISION]].astype(np.int64)
     ok_or_err = np.where(ends.err, 1, 0)
@@ -179,9 +179,10 @@ def _label_columns(p: _Part, texts: pa.Array, ends: _CallEnds) -> list[pa.Array]
         p.strings({E_TOOL_START: w.name[p.steps_of(E_TOOL_START)]},
                   pa.array(w.names, type=pa.string())),
         p.strings({E_DECISION: dec_a % 8}, _ACTION_VOCAB),
+        # a call_end's reason: the server that served it, as a replay records its worker
         p.strings({E_DECISION: c[sl[E_DECISION]], E_ERASE: a[sl[E_ERASE]],
                    E_CANCEL: a[sl[E_CANCEL]], E_SWAP_OUT: c[sl[E_SWAP_OUT]],
-                   E_TRAJ_END: b[sl[E_TRAJ_END]]}, texts),
+                   E_TRAJ_END: b[sl[E_TRAJ_END]], E_CALL_END: d[sl[E_CALL_END]]}, texts),
         p.strings({E_CALL_END: ok_or_err, E_DECISION: 0, E_TOOL_END: a[sl[E_TOOL_END]],
                    E_KV_STATE: 4 + b[sl[E_KV_STATE]], E_TRAJ_END: 7 + a[sl[E_TRAJ_END]]},
                   _STATUS_VOCAB),

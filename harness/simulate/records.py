@@ -10,7 +10,7 @@ up from the workload by (trajectory, step) when a part is written, vectorised ov
 (harness.simulate.decode). A part holds a range of seq, its rows grouped by event; parts are
 written while the loop goes on, by a thread or a process of their own (harness.simulate.writer),
 numbered, to a temporary name then renamed, like `PartWriter`'s. The per-step columns take
-14 x 8 bytes per step of the trace.
+15 x 8 bytes per step of the trace.
 """
 
 from __future__ import annotations

@@ -37,14 +37,15 @@ from harness.simulate.workload import Workload
 
 # The fields of an LLM step's row and of a tool step's, in column order (trajectory.F_*).
 LLM_FIELDS = ("st_t", "st_seq", "slot", "due", "rc", "pre_t", "ft_t", "ft_seq", "en_t", "en_seq",
-              "sw_t", "sw_seq", "sw_wait", "sw_slot")
+              "sw_t", "sw_seq", "sw_wait", "sw_slot", "srv")
 TOOL_FIELDS = ("pa_t", "pa_seq", "pa_code", "pa_wait", "pa_reason", "te_t", "te_seq", "te_slot")
 FIELD = {**{f: k for k, f in enumerate(LLM_FIELDS)}, **{f: k for k, f in enumerate(TOOL_FIELDS)}}
 SEQ_FIELDS = ("st_seq", "ft_seq", "en_seq", "sw_seq", "pa_seq", "te_seq")
 # -1 in every column that holds a seq in either kind of row (no seq range holds it), else 0;
-# `rc` must start at 0 (no recompute); the rest is written before it is read.
+# `rc` must start at 0 (no recompute) and `srv` at 0 (no server named: one server); the rest
+# is written before it is read.
 _INIT_ROW = [-1.0 if any(FIELD[f] == k for f in SEQ_FIELDS) else 0.0 for k in range(STEP_WIDTH)]
-ROW = 8  # a block row: seq, t, trajectory, step, slot, a, b, c
+ROW = 9  # a block row: seq, t, trajectory, step, slot, a, b, c, d
 DROP_CODE = 2  # a decision whose action drops the KV: no kv_state row after tool_start
 if (len(LLM_FIELDS) != STEP_WIDTH or len(TOOL_FIELDS) > STEP_WIDTH
         or any(FIELD[f] != FIELD[f.replace("_seq", "_t")] + 1 for f in SEQ_FIELDS)):
@@ -58,7 +59,8 @@ class StepColumns:
 
     LLM step: start time and seq, slot, when it was due, recomputed tokens, prefill start, first
     token time and seq, end time and seq, and when it waited for memory: admission time and seq,
-    seconds waited, slot. Tool step: decision time and seq, action code, predicted wait, reason
+    seconds waited, slot; the server that served it (a fleet, harness.simulate.fleet: its
+    name's text). Tool step: decision time and seq, action code, predicted wait, reason
     text; tool return time, seq and slot.
 
     `shared`: the buffer is a block of shared memory (a memoryview, as fast to index as an
@@ -123,7 +125,9 @@ def step_trajectory(w: Workload) -> np.ndarray:
     return np.repeat(np.arange(w.n_trajectories, dtype=np.int64), np.asarray(w.n_steps))
 
 
-Block = tuple[np.ndarray, ...]  # seq, t, trajectory, step, slot, a, b, c of one event's rows
+# seq, t, trajectory, step, slot, a, b, c, d of one event's rows; `d`: a text for the reason
+# column where the event has none in a/b/c (a call_end's server in a fleet; 0: none)
+Block = tuple[np.ndarray, ...]
 
 
 def blocks(cols: StepColumns, w: Workload, traj: np.ndarray, lo: int, hi: int,
@@ -164,7 +168,8 @@ class _PartBlocks:
             if cuts[e + 1] > cuts[e]:
                 x = gen[cuts[e]:cuts[e + 1]]
                 self.parts[e].append((x[:, 0].astype(np.int64), x[:, 1], *(
-                    x[:, k].astype(np.int64) for k in (3, 4, 5)), x[:, 6], x[:, 7], x[:, 8]))
+                    x[:, k].astype(np.int64) for k in (3, 4, 5)), x[:, 6], x[:, 7], x[:, 8],
+                    np.zeros(len(x))))
 
     def stamped(self, seq_name: str) -> tuple[np.ndarray, np.ndarray]:
         """(steps, seq) of the steps whose `seq_name` field holds a seq of this part."""
@@ -176,7 +181,7 @@ class _PartBlocks:
 
     def put(self, seq: np.ndarray, t: np.ndarray, ev: int, g: np.ndarray, own_step: bool,
             s: np.ndarray | int, a: np.ndarray | float, b: np.ndarray | float = 0.0,
-            c: np.ndarray | float = 0.0) -> None:
+            c: np.ndarray | float = 0.0, d: np.ndarray | float = 0.0) -> None:
         """A block of event `ev` at steps `g`; `own_step` False: a trajectory-level event (no
         step, no slot); scalar payloads are repeated over the rows."""
         m = len(g)
@@ -187,7 +192,7 @@ class _PartBlocks:
         self.parts[ev].append((seq, t, ti, g - self.first[ti] if own_step else full(m, -1),
                                np.asarray(s) if own_step else full(m, -1),
                                *(x if isinstance(x, np.ndarray) else full(m, x)
-                                 for x in (a, b, c))))
+                                 for x in (a, b, c, d))))
 
     def add_call_events(self) -> None:
         """An LLM step's events: recompute, kv_state and call_start; first token; call end;
@@ -207,7 +212,7 @@ class _PartBlocks:
         g, seq = self.stamped("en_seq")
         ft, en = v("ft_t")[g], v("en_t")[g]
         put(seq, en, E_CALL_END, g, True, slot[g].astype(np.int64), w.inp[g] + v("rc")[g],
-            (ft - v("pre_t")[g]) * 1000, (en - ft) * 1000)
+            (ft - v("pre_t")[g]) * 1000, (en - ft) * 1000, v("srv")[g])
         g, seq = self.stamped("sw_seq")
         put(seq, v("sw_t")[g], E_SLOT_WAIT, g, True, v("sw_slot")[g].astype(np.int64),
             v("sw_wait")[g])

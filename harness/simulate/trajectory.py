@@ -47,7 +47,7 @@ class Trajectory:
 # stores into `row + F_...` of one float64 buffer, `row` = step x STEP_WIDTH. One row per step
 # keeps the fields a call or a pause writes on the same cache lines; an LLM step and a tool step
 # use the same columns for different fields. Every seq field follows its time field.
-STEP_WIDTH: Final = 14
+STEP_WIDTH: Final = 15
 # LLM step
 F_ST_T: Final = 0  # call_start: time
 F_ST_SEQ: Final = 1  # ... and seq (its recompute and kv_state rows are seq + 0..2)
@@ -63,6 +63,7 @@ F_SW_T: Final = 10  # slot_wait (admitted after waiting for memory): time
 F_SW_SEQ: Final = 11
 F_SW_WAIT: Final = 12  # seconds waited
 F_SW_SLOT: Final = 13  # the slot it got
+F_SRV: Final = 14  # the server that served it, as its name's text (fleet; 0: not recorded)
 # tool step
 F_PA_T: Final = 0  # pause_decision (and tool_start, kv_state): time
 F_PA_SEQ: Final = 1

@@ -1,9 +1,10 @@
-"""`harness simulate`: run a trace through the discrete-event server model under one policy."""
+"""`harness simulate`: run a trace through the discrete-event server model under one policy (one
+server, or a fleet of identical servers behind a router: harness.simulate.fleet)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import click
 
@@ -12,6 +13,7 @@ from harness.limits import MAX_SEED
 from harness.model.calibration import read_calibration
 from harness.policies import parse_policy_args
 from harness.records.manifest import Outcome
+from harness.simulate.fleet import ROUND_ROBIN, ROUTERS, check_fleet
 from harness.simulate.run import DEFAULT_DEADLINE_S, Arrivals, check_capacity, run_simulation
 
 
@@ -64,14 +66,27 @@ def _float(flag: str, raw: str | None) -> float | None:
 @click.option("--token-scale", type=float, default=1.0, show_default=True,
               help="Multiply every token count of the trace by this (rounded up), as "
                    "`harness run --token-scale` does.")
+@click.option("--servers", default="1", show_default=True,
+              help="K identical servers (each with the calibration and the capacity given) "
+                   "behind --router.")
+@click.option("--router", default=ROUND_ROBIN, show_default=True,
+              help=f"With --servers > 1, one of {', '.join(ROUTERS)}: 'round-robin' sends each "
+                   "LLM call to the next server in turn (a resumed call that moves prefills its "
+                   "whole context again there; its KV on the old server is released); "
+                   "'prefix-affinity' sends every call of a trajectory to the server of its "
+                   "first call, a new trajectory (or sub-agent) to the server with the fewest "
+                   "trajectories assigned (ties: lowest index).")
 @click.option("--no-summary", is_flag=True, help="Skip summary.json.")
 @click.option("--out", required=True, type=click.Path(path_type=Path))
 def simulate_cmd(trace: Path, policy: str, policy_args: tuple[str, ...],
                  capacity_tokens: str | None, slots: str | None, ctx_per_slot: str | None,
                  calibration: Path, concurrency: str | None, rate: str | None,
                  trace_timing: bool, seed: str, history_window: str, default_deadline_s: str,
-                 slot_handoff: str, token_scale: float, no_summary: bool, out: Path) -> None:
+                 slot_handoff: str, token_scale: float, servers: str, router: str,
+                 no_summary: bool, out: Path) -> None:
     """Simulate TRACE on a modelled server; writes the results directory a replay writes."""
+    k = _servers(servers)
+    check_fleet(k, router)
     if sum(x is not None and x is not False for x in (concurrency, rate, trace_timing)) > 1:
         raise InputError("choose one of --concurrency, --rate, --trace-timing")
     cap = check_capacity(_int("--capacity-tokens", capacity_tokens), _int("--slots", slots),
@@ -91,8 +106,27 @@ def simulate_cmd(trace: Path, policy: str, policy_args: tuple[str, ...],
                          _int("--history-window", history_window) or 0,
                          _float("--default-deadline-s", default_deadline_s) or 0.0,
                          write_summary=not no_summary, slot_handoff=slot_handoff,
-                         token_scale=token_scale)
+                         token_scale=token_scale, servers=k, router=router)
     o, s = run.outcome or Outcome(), run.simulator or {}
     click.echo(f"{policy}: {o.completed} completed, {o.cancelled} cancelled, "
                f"{o.failed} failed; {s['pauses']} pauses, {s['preemptions']} preemptions; "
                f"{run.duration_s or 0:.1f} s simulated in {s['wall_s']['total']:.2f} s -> {out}")
+    if "routing" in s:
+        click.echo(fleet_line(k, router, s["routing"]))
+
+
+def _servers(raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise InputError(f"--servers must be an integer >= 1, got {raw!r}") from None
+
+
+def fleet_line(servers: int, router: str, routing: dict[str, Any]) -> str:
+    """One line on what the router did (run.json's simulator.routing)."""
+    share = routing["same_server_share"]
+    stayed = "no resumed calls" if share is None else (
+        f"{routing['resumed_same_server']} of {routing['resumed_calls']} resumed calls "
+        f"({share:.0%}) stayed on their server")
+    calls = "/".join(str(n) for n in routing["calls_per_server"])
+    return f"{servers} servers, {router}: {stayed}; calls per server {calls}"

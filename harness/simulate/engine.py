@@ -19,6 +19,9 @@ keep, swap and recompute are asked once, as they decide the same at every pause.
 Sub-agents start at once at their parent's spawning step, which ends `latency_s` after the last
 ended (a deadline cancels what still runs). A held KV serves only what the next call keeps.
 
+A fleet (harness.simulate.fleet) runs K servers through the same transitions: its router picks
+each call's server, and a transition acts on its trajectory's server (`use`).
+
 Written as typed classes so that mypyc can compile it with harness.simulate.scheduler,
 .engine_state and .trajectory (see harness.simulate.native); it runs unchanged as plain Python.
 """
@@ -27,10 +30,11 @@ from __future__ import annotations
 
 import gc
 import heapq
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from harness.policies.base import SWAP, PausePolicy
+from harness.policies.base import PausePolicy
 from harness.simulate.engine_state import (
     A_KEEP,
     A_SWAP,
@@ -61,7 +65,7 @@ from harness.simulate.records import (
     RecordSink,
 )
 from harness.simulate.scheduler import Scheduler
-from harness.simulate.server import DROP, Capacity, Counters, ServerModel, resolve
+from harness.simulate.server import DROP, Capacity, Counters, ServerModel
 from harness.simulate.trajectory import (
     DONE,
     DROPPED,
@@ -92,6 +96,9 @@ from harness.simulate.trajectory import (
 )
 from harness.simulate.workload import Workload
 
+if TYPE_CHECKING:
+    from harness.simulate.fleet import Fleet
+
 # A_KEEP and A_SWAP: re-exported for the tests that hold them to server.ACTION_CODE
 __all__ = ["A_KEEP", "A_SWAP", "SLOT_HANDOFFS", "Engine", "action_code", "simulate"]
 SLOT_HANDOFFS = ("agent", "fifo")
@@ -99,7 +106,8 @@ SLOT_HANDOFFS = ("agent", "fifo")
 
 def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolicy,
              arrival_s: np.ndarray | None, concurrency: int, sink: RecordSink, run_id: str,
-             history_window: int = 1000, slot_handoff: str = "fifo") -> Counters:
+             history_window: int = 1000, slot_handoff: str = "fifo",
+             fleet: Fleet | None = None) -> Counters:
     """Run every trajectory to its end; events go to `sink`. `arrival_s`: one arrival time per
     root (w.roots, in order), None: a closed loop of `concurrency` agents taking the roots in
     order. Sub-agents never arrive on their own: their parent's tool step starts them.
@@ -107,6 +115,7 @@ def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolic
     `slot_handoff` (slot mode, closed loop): "fifo", as the replay's slot pool does it: every
     freed slot goes to the longest waiter; "agent": the agent that ends a trajectory starts its
     next one on the slot it just freed, ahead of the calls waiting for a slot.
+    `fleet`: K servers like `server` and `cap` each, behind a router (None: one server).
     """
     if slot_handoff not in SLOT_HANDOFFS:
         raise ValueError(f"slot_handoff must be one of {SLOT_HANDOFFS}, got {slot_handoff!r}")
@@ -123,6 +132,8 @@ def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolic
     try:
         engine = Engine(w, server, cap, policy, arrival_s is not None, sink, run_id,
                         history_window, slot_handoff == "agent")
+        if fleet is not None:
+            fleet.bind(engine)  # sets engine.fleet
         return engine.run(times)
     finally:
         if engine is not None:
@@ -150,7 +161,8 @@ class Engine(EngineState):
             heapq.heappush(self.ext, (t, self.seq, ARRIVE, self.trajs[self.roots[k]], 0))
         if not self.open_loop:
             self.next_ti = len(times)
-        events, t_last = self.sched.run(self.ext)
+        fleet = self.fleet
+        events, t_last = self.sched.run(self.ext) if fleet is None else fleet.run(self.ext)
         c = self.c
         c.pauses, c.preemptions, c.events, c.sim_time_s = (self.pauses, self.preemptions,
                                                            events, t_last)
@@ -166,6 +178,13 @@ class Engine(EngineState):
         self.request_call(tr, t)
 
     def request_call(self, tr: Trajectory, t: float) -> None:
+        if self.fleet is None:
+            self.request_here(tr, t)
+        else:  # the router picks the server, then calls request_here on it
+            self.fleet.route(tr, t)
+
+    def request_here(self, tr: Trajectory, t: float) -> None:
+        """`tr`'s next call asks this server (the only one, or the fleet's active one)."""
         g = tr.pos
         need = self.ctx[g]
         if need > self.limit:
@@ -295,15 +314,7 @@ class Engine(EngineState):
                 tr.state = DROPPED
             self.try_admit(t)
         else:  # a slot save or restore: over its link, FIFO
-            if kind == T_SWAP_OUT:
-                dur = tr.ret * self.bpt / self.bw_out
-                done = self.link_out = (self.link_out if self.link_out > t else t) + dur
-            else:
-                dur = tr.ret * self.bpt / self.bw_in
-                done = self.link_in = (self.link_in if self.link_in > t else t) + dur
-            self.inflight += 1
-            tr.xfer_ms = dur * 1000
-            self.push(done, SWAP_OUT_DONE if kind == T_SWAP_OUT else SWAP_IN_DONE, tr, tr.gen)
+            self.transfer(kind == T_SWAP_OUT, tr, t)
 
     def call_end(self, tr: Trajectory, t: float) -> None:
         """The scheduler's call: `tr`'s call produced its last token at `t`."""
@@ -318,26 +329,16 @@ class Engine(EngineState):
 
     def pause(self, tr: Trajectory, t: float, g: int) -> None:
         self.pauses += 1
-        retained = tr.ret = self.ctx[g]
+        tr.ret = self.ctx[g]
         lt, dlt = self.lat[g], self.dl[g]
         returns = lt == lt and lt <= dlt
         kids = self.kids.get(g) if self.kids else None  # the sub-agents this step starts
-        has_ttl, after_swap, ttl = False, False, 0.0
         if self.fixed:  # a policy whose decision never changes
             action, code, ri, wait = self.f_action, self.f_code, self.f_reason, self.f_wait
+            has_ttl, after_swap, ttl = False, False, 0.0
         else:
-            k = self.cls[g]
-            # a parent's wait is its sub-agents': not known until they end, even to an oracle
-            d = self.policy.decide(self.make_ctx(
-                self.run_id, self.ids[tr.ti], self.classes[k],
-                dlt * 1000.0 if dlt < INF else None, retained, g + 1 < tr.end, self.prio[tr.ti],
-                self.hist[k], len(self.free_slots) if self.slot_mode else self.free_tok,
-                self.total, self.rates,
-                (lt if lt == lt else None) if self.oracle and kids is None else None))
-            ttl_s, after, act, code, ri, wait = resolve(d, self.texts, self.sink.text)
-            action = action_code(act)
-            if ttl_s is not None:
-                has_ttl, after_swap, ttl = True, after == SWAP, ttl_s
+            action, code, ri, wait, has_ttl, after_swap, ttl = self.ask_policy(
+                tr, g, kids is not None)
         # pause_decision, tool_start (and kv_state paused unless the KV is dropped)
         row = self.stamp(g, F_PA_T, t, 2 if code == DROP else 3)
         rb = self.rb
@@ -376,6 +377,7 @@ class Engine(EngineState):
             if c.state == DONE:
                 continue
             out.append(c)
+            self.use(c)  # a fleet: its own server's batch and queues
             if c.state == RUNNING:
                 self.sched.cancel(c, t)
             elif c in self.queue:
@@ -412,13 +414,7 @@ class Engine(EngineState):
         else:
             self.emit(t, E_KV_STATE, tr.ti, -1, -1, 0, 2, 0)
         self.emit(t, E_TRAJ_END, tr.ti, -1, -1, status, reason, 0)
-        c = self.c
-        if status == 0:
-            c.completed += 1
-        elif status == 1:
-            c.cancelled += 1
-        else:
-            c.failed += 1
+        self.count_end(tr, status)
         if pi >= 0:  # a sub-agent: its parent waits for it (it is not one of the agents)
             p = self.trajs[pi]
             p.kids_left -= 1
@@ -490,11 +486,13 @@ class Engine(EngineState):
             doomed: list[Trajectory] = []
             if kids is not None:  # the sub-agents still running are cancelled with it
                 self.take_out(kids, t, doomed)
+                self.use(tr)
             self.finish(tr, t, 1, why)
             if doomed:
                 why = self.sink.text("parent-cancelled")
                 for c in doomed:
                     self.emit(t, E_CANCEL, c.ti, -1, -1, why, 0, 0)
+                    self.use(c)
                     self.finish(c, t, 1, why)
         else:
             self.arrive(tr, t)

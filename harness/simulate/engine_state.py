@@ -17,10 +17,10 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from harness.model.iteration import IterationCosts
-from harness.policies.base import PauseContext, PausePolicy, ServerRates
+from harness.policies.base import SWAP, PauseContext, PausePolicy, ServerRates
 from harness.policies.builtin import Keep, Recompute, Swap
 from harness.simulate.records import E_ERASE, E_KV_STATE, RecordSink
 from harness.simulate.scheduler import Event
@@ -35,6 +35,9 @@ from harness.simulate.server import (
 )
 from harness.simulate.trajectory import STEP_WIDTH, Trajectory
 from harness.simulate.workload import Workload
+
+if TYPE_CHECKING:
+    from harness.simulate.fleet import Fleet
 
 # external events; those of a pause (TOOL_END, DEADLINE, TTL) carry its step, not a generation
 ARRIVE: Final = 0
@@ -171,6 +174,10 @@ class EngineState:
         self.next_ti = 0  # closed loop: the next root (index into `roots`) to start
         self.fixed, self.f_action, self.f_code, self.f_reason, self.f_wait = fixed_decision(
             policy, run_id, self.texts, sink.text)
+        # K servers behind a router (harness.simulate.fleet); None: one server, and then the
+        # per-server state above (sched, free_slots, free_tok, queue, resume_q, link_out,
+        # link_in, inflight, barge) is the only server's, else the active server's
+        self.fleet: Fleet | None = None
 
     def emit(self, t: float, ev: int, ti: int, step: int, s: int, a: float, b: float,
              c: float) -> None:
@@ -214,6 +221,56 @@ class EngineState:
         rb[row + f_t + 1] = self.cnt
         self.cnt += records
         return row
+
+    def ask_policy(self, tr: Trajectory, g: int, spawns: bool
+                   ) -> tuple[int, int, int, float, bool, bool, float]:
+        """The policy's decision at `tr`'s pause at tool step `g` (`spawns`: it starts
+        sub-agents): action, code, reason text and predicted wait as the loop records them,
+        then whether a TTL runs, whether its expiry swaps (else drops) and its length."""
+        k = self.cls[g]
+        lt, dlt = self.lat[g], self.dl[g]
+        # a parent's wait is its sub-agents': not known until they end, even to an oracle
+        d = self.policy.decide(self.make_ctx(
+            self.run_id, self.ids[tr.ti], self.classes[k],
+            dlt * 1000.0 if dlt < INF else None, self.ctx[g], g + 1 < tr.end, self.prio[tr.ti],
+            self.hist[k], len(self.free_slots) if self.slot_mode else self.free_tok,
+            self.total, self.rates,
+            (lt if lt == lt else None) if self.oracle and not spawns else None))
+        ttl_s, after, act, code, ri, wait = resolve(d, self.texts, self.sink.text)
+        if ttl_s is None:
+            return action_code(act), code, ri, wait, False, False, 0.0
+        return action_code(act), code, ri, wait, True, after == SWAP, ttl_s
+
+    def transfer(self, out: bool, tr: Trajectory, t: float) -> None:
+        """Start `tr`'s slot save (`out`) or restore of `tr.ret` tokens over its link, FIFO;
+        its end is an external event."""
+        if out:
+            dur = tr.ret * self.bpt / self.bw_out
+            done = self.link_out = (self.link_out if self.link_out > t else t) + dur
+        else:
+            dur = tr.ret * self.bpt / self.bw_in
+            done = self.link_in = (self.link_in if self.link_in > t else t) + dur
+        self.inflight += 1
+        tr.xfer_ms = dur * 1000
+        self.push(done, SWAP_OUT_DONE if out else SWAP_IN_DONE, tr, tr.gen)
+
+    def count_end(self, tr: Trajectory, status: int) -> None:
+        """Count `tr`'s end by its status (and tell a fleet, which counts trajectories per
+        server)."""
+        c = self.c
+        if status == 0:
+            c.completed += 1
+        elif status == 1:
+            c.cancelled += 1
+        else:
+            c.failed += 1
+        if self.fleet is not None:
+            self.fleet.ended(tr)
+
+    def use(self, tr: Trajectory) -> None:
+        """A fleet: make `tr`'s server the one the transitions act on (one server: nothing)."""
+        if self.fleet is not None:
+            self.fleet.use(tr)
 
     def kids_done(self, tr: Trajectory, t: float) -> None:
         """The last sub-agent of `tr`'s pause ended at `t`: its tool ends `latency_s` later

@@ -21,6 +21,7 @@ from harness.records.manifest import ArrivalsRef, Outcome, RunManifest, TraceRef
 from harness.records.store import RECORDS_DIR, SUMMARY_JSON, write_json
 from harness.simulate import native
 from harness.simulate.engine import SLOT_HANDOFFS, simulate
+from harness.simulate.fleet import ROUND_ROBIN, Fleet, check_fleet
 from harness.simulate.records import RecordSink
 from harness.simulate.server import Capacity, Counters, ServerModel
 from harness.simulate.workload import Workload, build_workload
@@ -83,12 +84,16 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
                    arrivals: Arrivals, seed: int, out: Path, history_window: int = 1000,
                    default_deadline_s: float = DEFAULT_DEADLINE_S,
                    write_summary: bool = True, slot_handoff: str = "fifo",
-                   token_scale: float = 1.0, copies: int = 1) -> RunManifest:
+                   token_scale: float = 1.0, copies: int = 1, servers: int = 1,
+                   router: str = ROUND_ROBIN) -> RunManifest:
     """Simulate `trace` under a policy and write a results directory; returns run.json.
 
     `slot_handoff`: how a freed slot is handed on in a closed loop (see engine.simulate);
     `token_scale`: every token count of the trace times this, rounded up, as a replay does;
-    `copies`: the trace repeated end to end (harness.traces.tile), as a bounded replay does."""
+    `copies`: the trace repeated end to end (harness.traces.tile), as a bounded replay does;
+    `servers`: K servers of `capacity` each behind `router` (harness.simulate.fleet); one
+    server (the default) runs no router."""
+    check_fleet(servers, router)
     if slot_handoff not in SLOT_HANDOFFS:
         raise InputError(f"--slot-handoff must be one of {', '.join(SLOT_HANDOFFS)}")
     if history_window < 0:
@@ -117,22 +122,26 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     run = _manifest(trace, ref, policy_name, policy_args,
                     policy.sees_true_latency, capacity, calibration, calibration_path, arrivals,
                     seed)
-    run.simulator = {"engine": f"heapq event loop, {native.ENGINE}",
+    # a fleet's own loop (harness.simulate.fleet) is Python around the engine's transitions
+    loop = "heapq event loop" if servers == 1 else "heapq event loop of a fleet (python)"
+    run.simulator = {"engine": f"{loop}, {native.ENGINE}",
                      "server_model": SERVER_MODEL_DOC,
                      "iteration_costs": server.iteration_costs().to_dict(),
                      "history_window": history_window, "slot_handoff": slot_handoff,
-                     "default_deadline_s": default_deadline_s}
+                     "default_deadline_s": default_deadline_s,
+                     "servers": servers, "router": router if servers > 1 else None}
     out.mkdir(parents=True, exist_ok=True)
     run.write(out)
     del df, once
     t_load = time.perf_counter() - t0
     sink = RecordSink(out / RECORDS_DIR, str(run.run_id), w, calibration.kv_bytes_per_token,
                       capacity.context_limit)
+    fleet = Fleet(servers, router) if servers > 1 else None
     t1 = time.perf_counter()
     try:
         counters: Counters = simulate(w, server, capacity, policy, arrival_s,
                                       arrivals.concurrency, sink, str(run.run_id),
-                                      history_window, slot_handoff)
+                                      history_window, slot_handoff, fleet)
     finally:
         t_loop = time.perf_counter() - t1
         sink.close()  # whatever was simulated is on disk, even when the loop failed
@@ -142,7 +151,7 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
             "came (sub-agents waiting for KV memory that their paused parents keep, without a "
             "deadline, or a tool that never returns without one); give the server more "
             "capacity, lower --concurrency or choose a policy that frees KV during pauses")
-    _record_end(run, counters, sink, (t_load, t_loop, time.perf_counter() - t0))
+    _record_end(run, counters, sink, (t_load, t_loop, time.perf_counter() - t0), fleet)
     run.write(out)
     if write_summary:
         summarize_into(out, run)
@@ -173,7 +182,7 @@ def _manifest(trace: Path, ref: TraceRef, policy_name: str, policy_args: dict[st
 
 
 def _record_end(run: RunManifest, counters: Counters, sink: RecordSink,
-                wall_s: tuple[float, float, float]) -> None:
+                wall_s: tuple[float, float, float], fleet: Fleet | None) -> None:
     run.status, run.duration_s = "finished", counters.sim_time_s
     run.outcome = Outcome(counters.completed, counters.cancelled, counters.failed, 0)
     load, loop, total = wall_s
@@ -183,6 +192,8 @@ def _record_end(run: RunManifest, counters: Counters, sink: RecordSink,
         "events": counters.events, "records": sink.n_rows, "record_writer": sink.writer,
         "wall_s": {"load": round(load, 3), "loop": round(loop, 3), "total": round(total, 3)},
     })
+    if fleet is not None:  # what the router did (summary.json's `routing` has it per call)
+        run.simulator["routing"] = fleet.report()
 
 
 def summarize_into(out: Path, run: RunManifest) -> None:

@@ -146,6 +146,9 @@ class ServerOptions:
     # The most connections the run's client opens at once: a local server whose HTTP layer
     # serves one connection per thread is given at least as many threads.
     connections: int = 8
+    # With `url`: the server was started on this machine by another process of the same run
+    # (a distributed run's driver), which passes its ServerDetails.shared on.
+    shared: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,9 @@ class ServerDetails:
     extra: dict[str, Any] = field(default_factory=dict)  # runtime-specific settings
     # a local server's pid, process group and private folder: what to remove if the run dies
     process: dict[str, Any] | None = None
+    # what another process of the run on this machine needs to use this server as its starter
+    # does (ServerOptions.shared), e.g. llama-server's dump folder
+    shared: dict[str, Any] | None = None
 
     @property
     def kv_bytes_per_token(self) -> float | None:

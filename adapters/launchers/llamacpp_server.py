@@ -121,6 +121,13 @@ class LlamaCppRuntime:
             return _realise(options.policy)
 
         if options.url:
+            shared = (options.shared or {}).get("dump_dir")
+            if shared:  # a server this run started on this machine: its dumps are deletable
+                dump_dir = Path(shared)
+                yield RuntimeSession(ServerDetails(options.url),
+                                     lambda http: LlamaCppAdapter(http, dump_dir=dump_dir),
+                                     realise)
+                return
             yield RuntimeSession(ServerDetails(options.url), LlamaCppAdapter, realise,
                                  notes=[REMOTE_NOTE])
             return
@@ -136,7 +143,7 @@ class LlamaCppRuntime:
                 url=server.url, flags=server.flags, binary=str(server.binary),
                 build=server.build_label(), start_s=server.start_s,
                 process=server.process_record(),
-                model=model_record(model, geometry))
+                model=model_record(model, geometry), shared={"dump_dir": str(server.dump_dir)})
 
             def connect(http: HttpClient) -> LlamaCppAdapter:
                 return LlamaCppAdapter(http, dump_dir=server.dump_dir)

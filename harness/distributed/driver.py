@@ -112,7 +112,8 @@ def run_distributed(o: RunOptions, workers: int, address: str | None,
             opts = [dataclasses.replace(
                 o, url=session.details.url, shard=Shard(i, workers), start_at=start_at,
                 run_id=run_id, out=shard_dir(o.out, Shard(i, workers)),
-                pinning=_worker_pin(pin, i) if where[i]["node"] == here else None)
+                pinning=_worker_pin(pin, i) if where[i]["node"] == here else None,
+                server_shared=session.details.shared if where[i]["node"] == here else None)
                 for i in range(workers)]
             _write_start(o.out, run_id, o, start_at, where)
             echo(f"{workers} load generators ({', '.join(sorted({w['host'] for w in where}))}) "
@@ -121,6 +122,9 @@ def run_distributed(o: RunOptions, workers: int, address: str | None,
             for i, a in enumerate(actors):  # results on another machine's disk: fetched
                 if where[i]["node"] != here and i not in result.lost:
                     _fetch(ray, a, opts[i].out)
+        if result.error is not None and not all((opt.out / "run.json").is_file()
+                                                for opt in opts):
+            raise result.error  # a shard refused before it began: nothing to merge
         pins = [p.harness if isinstance(p := opts[i].pinning, CpuPinning) else None
                 for i in range(workers)]
         shards = [ShardInput(opts[i].out, i in result.lost,

@@ -73,15 +73,19 @@ def shard_slots(slots: int, shard: Shard) -> list[int]:
     return list(range(shard.index, slots, shard.count))
 
 
-def check_shardable(plan: Plan, shard_count: int, slots: int | None = None) -> None:
-    """InputError when a run cannot split into `shard_count` shards: a closed loop with fewer
-    agents than shards, or fewer harness-assigned slots than shards."""
-    if shard_count <= 1:
-        return
-    if plan.arrivals.mode == "closed" and plan.arrivals.concurrency < shard_count:
+def check_shardable(plan: Plan, shard_count: int) -> None:
+    """InputError when the whole `plan` cannot split into `shard_count` shards: a closed loop
+    with fewer agents than shards."""
+    if shard_count > 1 and plan.arrivals.mode == "closed" and (
+            plan.arrivals.concurrency < shard_count):
         raise InputError(f"{shard_count} load generators need --concurrency >= "
                          f"{shard_count} (one agent each at least), got "
                          f"{plan.arrivals.concurrency}")
+
+
+def check_shard_slots(slots: int | None, shard_count: int) -> None:
+    """InputError when a server's harness-assigned slots (None: not assigned by the harness)
+    are fewer than the shards: each shard assigns slots of its own."""
     if slots is not None and slots < shard_count:
         raise InputError(f"{shard_count} load generators need a server with >= "
                          f"{shard_count} slots (each assigns its own), it has {slots}")

@@ -89,7 +89,8 @@ def server_options(o: RunOptions, run_id: str, pin: CpuPinning | None) -> Server
     """What a local server is started with (or which server is reached: `o.url`)."""
     return ServerOptions(policy=o.policy, run_id=run_id, url=o.url, slots=o.slots,
                          ctx_per_slot=o.ctx_per_slot, threads=o.threads, model=o.model,
-                         server_args=o.server_args, server_cpus=pin.server if pin else None)
+                         server_args=o.server_args, server_cpus=pin.server if pin else None,
+                         shared=o.server_shared if o.url else None)
 
 
 def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo,

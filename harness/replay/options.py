@@ -55,3 +55,6 @@ class RunOptions:
     shard: Shard = WHOLE
     start_at: float | None = None
     run_id: str | None = None
+    # with `url`: what the process that started that server on this machine passes on
+    # (harness.adapters.base.ServerOptions.shared)
+    server_shared: dict[str, Any] | None = None

@@ -22,7 +22,7 @@ from harness.adapters.base import Adapter, Runtime, RuntimeSession, ServerInfo, 
 from harness.adapters.http import KEEPALIVE_S, REQUEST_ERRORS, Timeouts, connect
 from harness.errors import InputError, ServerError
 from harness.plan.planner import Plan
-from harness.plan.shard import WHOLE, Shard, check_shardable, shard_slots
+from harness.plan.shard import WHOLE, Shard, check_shard_slots, shard_slots
 from harness.policies import make_policy
 from harness.policies.base import PausePolicy, ServerRates
 from harness.policies.builtin import FALLBACK_RATES
@@ -114,7 +114,7 @@ async def _replay_session(session: RuntimeSession, plan: Plan, server: ServerOpt
             run.skipped_oversized = skipped
         shard = shard_run.shard
         slots = info.slots if adapter.capabilities.harness_slots else None
-        check_shardable(plan, shard.count, slots)
+        check_shard_slots(slots, shard.count)
         check_subagent_slots(plan, len(shard_slots(slots, shard)) if slots else None)
         how = session.realise(info)
         run.harness_policy, run.server_policy = how.harness_policy, how.label

@@ -1,0 +1,151 @@
+"""`harness run --workers 2` on a local Ray instance against a real llama-server it starts: the
+merged results count what a single process counts; a load generator killed mid-run is recorded
+(worker-lost) and the run finishes; Ctrl-C stops the actors, Ray and the server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from harness.cli import main
+from harness.records.store import read_records
+
+pytestmark = pytest.mark.live
+
+RUN = ["--policy", "swap", "--slots", "2", "--ctx-per-slot", "2048", "--concurrency", "2",
+       "--token-scale", "0.5"]
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("trace") / "t.parquet"
+    assert CliRunner().invoke(main, ["traces", "gen", "--profile", "bench-small",
+                                     "--trajectories", "8", "--seed", "1",
+                                     "--out", str(path)]).exit_code == 0
+    return path
+
+
+def _harness(*args: str, **kw: Any) -> subprocess.Popen[bytes]:
+    # Its own session, as a shell job is: Ctrl-C goes to its whole process group.
+    return subprocess.Popen([sys.executable, "-m", "harness", "run", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True, **kw)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(")")[1].split()[0] == "Z")
+
+
+def _ray_folders() -> set[str]:
+    return {p.name for p in Path("/tmp").glob("harness-ray-*")}
+
+
+def _nothing_left(out: Path, before: set[str]) -> None:
+    run = json.loads((out / "run.json").read_text())
+    pids = [w["pid"] for w in run["workers"]] + [(run.get("server_process") or {}).get("pid")]
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(p and _alive(p) for p in pids):
+        time.sleep(0.2)
+    assert not [p for p in pids if p and _alive(p)], "a load generator or the server is left"
+    assert _ray_folders() <= before, "the local Ray instance's folder is left"
+
+
+def _counts(out: Path) -> dict[str, Any]:
+    s = json.loads((out / "summary.json").read_text())
+    rec = read_records(out)
+    return {"trajectories": s["trajectories"], "pauses": s["pauses"],
+            "actions": s["pause_actions"], "events": Counter(rec["event"].astype(str)),
+            "mismatches": s["cache_mismatches"]}
+
+
+def test_two_workers_count_what_one_process_counts(trace: Path, tmp_path: Path) -> None:
+    before = _ray_folders()
+    one = _harness("--trace", str(trace), *RUN, "--out", str(tmp_path / "one"))
+    assert one.wait(600) == 0, one.stderr.read().decode() if one.stderr else ""
+    two = _harness("--trace", str(trace), *RUN, "--workers", "2", "--out", str(tmp_path / "two"))
+    assert two.wait(600) == 0, two.stderr.read().decode() if two.stderr else ""
+    a, b = _counts(tmp_path / "one"), _counts(tmp_path / "two")
+    assert b["trajectories"]["total"] == 8 and b == a
+    run = json.loads((tmp_path / "two" / "run.json").read_text())
+    assert run["status"] == "finished" and [w["shard"] for w in run["workers"]] == ["0/2", "1/2"]
+    assert all(w["outcome"]["completed"] + w["outcome"]["cancelled"] for w in run["workers"])
+    assert run["cleanup"]["slots_idle"] is True and run["cleanup"]["dump_files_left"] == []
+    assert run["server_flags"] and run["cpu_pinning"]  # the driver's own local server
+    slots = [{int(s) for s in read_records(tmp_path / "two")
+              .query("trajectory_id in @ids")["slot"].dropna()}
+             for ids in ([t for t, k in _shard_of(tmp_path / "two").items() if k == i]
+                         for i in range(2))]
+    assert slots == [{0}, {1}]  # each load generator assigns its own slot
+    _nothing_left(tmp_path / "two", before)
+
+
+def _shard_of(out: Path) -> dict[str, int]:
+    """Which shard replayed each trajectory (the planner's hash of its id)."""
+    from harness.plan.shard import shard_index
+
+    ids = read_records(out).query("event == 'trajectory_start'")["trajectory_id"].astype(str)
+    return {t: shard_index(t, 2) for t in ids}
+
+
+def _wait_running(proc: subprocess.Popen[bytes], out: Path) -> dict[str, Any]:
+    deadline = time.monotonic() + 240
+    shards = [out / "shards" / f"shard-{i}" / "records" for i in range(2)]
+    while time.monotonic() < deadline and not all(any(s.glob("part-*.parquet"))
+                                                 for s in shards):
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        time.sleep(0.2)
+    time.sleep(1.0)
+    run: dict[str, Any] = json.loads((out / "run.json").read_text())
+    return run
+
+
+def test_a_lost_worker_is_recorded_and_the_run_finishes(trace: Path, tmp_path: Path) -> None:
+    before = _ray_folders()
+    out = tmp_path / "lost"
+    proc = _harness("--trace", str(trace), *RUN, "--workers", "2", "--out", str(out))
+    started = _wait_running(proc, out)
+    victim = next(w for w in started["workers"] if w["shard"] == "1/2")
+    os.kill(victim["pid"], signal.SIGKILL)
+    assert proc.wait(600) == 0, proc.stderr.read().decode() if proc.stderr else ""
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    assert "load generator 1/2 was lost" in err and "Traceback" not in err
+    run = json.loads((out / "run.json").read_text())
+    lost = {w["shard"]: w["lost"] for w in run["workers"]}
+    assert lost == {"0/2": False, "1/2": True} and run["status"] == "interrupted"
+    s = json.loads((out / "summary.json").read_text())
+    assert s["trajectories"]["total"] == 8 and s["trajectories"]["failed"] >= 1
+    ends = read_records(out).query("event == 'trajectory_end'")
+    assert len(ends) == 8 and (ends["reason"].astype(str) == "worker-lost").sum() >= 1
+    _nothing_left(out, before)
+
+
+def test_ctrl_c_stops_every_worker_ray_and_the_server(trace: Path, tmp_path: Path) -> None:
+    before = _ray_folders()
+    out = tmp_path / "stopped"
+    proc = _harness("--trace", str(trace), *RUN, "--workers", "2", "--out", str(out))
+    _wait_running(proc, out)
+    t0 = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(60) == 130
+    assert time.monotonic() - t0 < 30
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    assert "interrupted" in err and "Traceback" not in err
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == "interrupted" and len(run["workers"]) == 2
+    assert (out / "summary.json").is_file()
+    _nothing_left(out, before)

@@ -2,8 +2,9 @@
 instance the driver starts (and stops) or on an existing cluster (`--ray-address`).
 
 The driver plans the whole run (to check it, size the server and name each shard's
-trajectories), starts or reaches the server once, starts the actors, gives each its shard, the
-server's URL, one run id and one shared start a moment ahead, and waits. Each actor replays its
+trajectories), starts or reaches the server once, starts the actors and gives each its shard,
+the server's URL and one run id. Once every shard is planned and connected, the driver gives
+them all one start a moment ahead (so none starts late), and waits. Each actor replays its
 shard into OUT/shards/shard-I (harness.distributed.worker). The driver then merges the shards
 into OUT (harness.records.merge), checks the server's end state once every shard has ended,
 and writes the summary: OUT reads like a single process's results.
@@ -44,7 +45,7 @@ from harness.replay.options import AUTO, RunOptions
 from harness.replay.runner import max_in_flight, record_details, write_summary
 
 SHARDS_DIR = "shards"
-START_LEAD_S = 2.0  # from the last load generator ready to the run's shared start
+START_LEAD_S = 0.5  # from the last load generator ready to the run's shared start
 READY_TIMEOUT_S = 180.0  # for the actors to start (a cold Ray node imports the harness)
 STOP_GRACE_S = loop.CLEANUP_S + 10.0  # for stopped shards to record and free what they hold
 POLL_S = 0.25
@@ -78,6 +79,7 @@ def planned_by_shard(plan: Plan, count: int) -> dict[int, tuple[Planned, ...]]:
 class Outcomes:
     """What the actors did: each one's answer, the lost ones (when, why), the first error."""
 
+    start_at: float = 0.0  # the shared start (Unix seconds)
     answers: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
     lost: dict[int, tuple[int, str]] = dataclasses.field(default_factory=dict)
     error: HarnessError | None = None
@@ -108,23 +110,28 @@ def run_distributed(o: RunOptions, workers: int, address: str | None,
         with _fleet(ray, address, workers) as actors:
             where = ray.get([a.where.remote() for a in actors], timeout=READY_TIMEOUT_S)
             here = ray.get_runtime_context().get_node_id()
-            start_at = time.time() + START_LEAD_S
             opts = [dataclasses.replace(
-                o, url=session.details.url, shard=Shard(i, workers), start_at=start_at,
+                o, url=session.details.url, shard=Shard(i, workers), start_at=None,
                 run_id=run_id, out=shard_dir(o.out, Shard(i, workers)),
                 pinning=_worker_pin(pin, i) if where[i]["node"] == here else None,
                 server_shared=session.details.shared if where[i]["node"] == here else None)
                 for i in range(workers)]
-            _write_start(o.out, run_id, o, start_at, where)
-            echo(f"{workers} load generators ({', '.join(sorted({w['host'] for w in where}))}) "
-                 f"start at {datetime.fromtimestamp(start_at, UTC):%H:%M:%S.%f} UTC")
-            result = _drive(ray, actors, opts, start_at, session, echo)
+            def started(start_at: float) -> None:
+                _write_start(o.out, run_id, o, start_at, where)
+                hosts = ", ".join(sorted({w["host"] for w in where}))
+                echo(f"{workers} load generators ({hosts}) ready; the run starts at "
+                     f"{datetime.fromtimestamp(start_at, UTC):%H:%M:%S.%f} UTC")
+
+            result = _drive(ray, actors, opts, session, echo, started)
             for i, a in enumerate(actors):  # results on another machine's disk: fetched
                 if where[i]["node"] != here and i not in result.lost:
                     _fetch(ray, a, opts[i].out)
-        if result.error is not None and not all((opt.out / "run.json").is_file()
-                                                for opt in opts):
-            raise result.error  # a shard refused before it began: nothing to merge
+        if not all((opt.out / "run.json").is_file() for opt in opts):
+            # a shard refused or was stopped before it began: nothing to merge
+            RunManifest(run_id=run_id, status="interrupted", policy=o.policy,
+                        runtime=o.runtime).write(o.out)
+            raise result.error or result.stopped_by or ServerError(
+                "a load generator ended before the run began")
         pins = [p.harness if isinstance(p := opts[i].pinning, CpuPinning) else None
                 for i in range(workers)]
         shards = [ShardInput(opts[i].out, i in result.lost,
@@ -181,7 +188,8 @@ def _fleet(ray: Any, address: str | None, workers: int) -> Iterator[list[Any]]:
         what = f"the Ray cluster at {address}" if address else "a local Ray instance"
         raise ServerError(f"{what} could not be started or reached: "
                           f"{type(exc).__name__}: {exc}"[:300]) from None
-    actor_cls = ray.remote(num_cpus=1, max_concurrency=2, max_restarts=0)(LoadGenerator)
+    # Threads: the shard's run, and the driver's wait_ready, begin and stop beside it.
+    actor_cls = ray.remote(num_cpus=1, max_concurrency=4, max_restarts=0)(LoadGenerator)
     actors = [actor_cls.options(scheduling_strategy="SPREAD").remote() for _ in range(workers)]
     try:
         yield actors
@@ -195,37 +203,44 @@ def _fleet(ray: Any, address: str | None, workers: int) -> Iterator[list[Any]]:
             shutil.rmtree(temp, ignore_errors=True)
 
 
-def _drive(ray: Any, actors: list[Any], opts: list[RunOptions], start_at: float,
-           session: RuntimeSession, echo: Callable[[str], None]) -> Outcomes:
-    """Run every shard to its end; stop them all at the first server error, a local server's
-    exit or a stop signal (the signal is kept in `stopped_by` for the caller to re-raise)."""
+def _drive(ray: Any, actors: list[Any], opts: list[RunOptions], session: RuntimeSession,
+           echo: Callable[[str], None], started: Callable[[float], None]) -> Outcomes:
+    """Run every shard to its end, started together once all are ready (`started` is told
+    when); stop them all at the first server error, a local server's exit or a stop signal
+    (the signal is kept in `stopped_by` for the caller to re-raise)."""
     refs = {a.run.remote(opt): i for i, (a, opt) in enumerate(zip(actors, opts, strict=True))}
     pending = list(refs)
-    res = Outcomes()
+    res = Outcomes(start_at=time.time())
     try:
+        ready = ray.get([a.wait_ready.remote(READY_TIMEOUT_S) for a in actors])
+        if all(ready):
+            res.start_at = time.time() + START_LEAD_S
+            ray.get([a.begin.remote(res.start_at) for a in actors])
+            started(res.start_at)
+        else:  # one refused or failed before it began: stop the others, collect why
+            pending = _stop_all(ray, actors, pending, refs, res, echo)
         while pending:
             done, pending = ray.wait(pending, num_returns=1, timeout=POLL_S)
             for ref in done:
-                _collect(ray, ref, refs[ref], start_at, res, echo)
+                _collect(ray, ref, refs[ref], res, echo)
             exited = session.server_exited() if session.server_exited else None
             if exited is not None and res.error is None:
                 res.error = ServerError(exited)
             if res.error is not None and pending:
-                pending = _stop_all(ray, actors, pending, refs, start_at, res, echo)
+                pending = _stop_all(ray, actors, pending, refs, res, echo)
     except (KeyboardInterrupt, Terminated) as exc:
         res.stopped_by = exc
         echo("stopping every load generator (each records what it measured)")
-        _stop_all(ray, actors, pending, refs, start_at, res, echo)
+        _stop_all(ray, actors, pending, refs, res, echo)
     return res
 
 
-def _collect(ray: Any, ref: Any, i: int, start_at: float, res: Outcomes,
-             echo: Callable[[str], None]) -> None:
+def _collect(ray: Any, ref: Any, i: int, res: Outcomes, echo: Callable[[str], None]) -> None:
     try:
         answer = ray.get(ref)
     except Exception as exc:  # noqa: BLE001 - the actor died (RayActorError and kin)
         why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
-        res.lost[i] = (int((time.time() - start_at) * NS), why)
+        res.lost[i] = (int((time.time() - res.start_at) * NS), why)
         echo(f"load generator {i} lost: {why}")
         return
     res.answers[i] = answer
@@ -235,7 +250,7 @@ def _collect(ray: Any, ref: Any, i: int, start_at: float, res: Outcomes,
 
 
 def _stop_all(ray: Any, actors: list[Any], pending: list[Any], refs: dict[Any, int],
-              start_at: float, res: Outcomes, echo: Callable[[str], None]) -> list[Any]:
+              res: Outcomes, echo: Callable[[str], None]) -> list[Any]:
     """Ask every running shard to stop, wait STOP_GRACE_S for them, and collect them."""
     for a in actors:
         with suppress(Exception):
@@ -244,9 +259,9 @@ def _stop_all(ray: Any, actors: list[Any], pending: list[Any], refs: dict[Any, i
     while pending and time.monotonic() < deadline:
         done, pending = ray.wait(pending, num_returns=1, timeout=POLL_S)
         for ref in done:
-            _collect(ray, ref, refs[ref], start_at, res, echo)
+            _collect(ray, ref, refs[ref], res, echo)
     for ref in pending:  # did not stop in time: killed on the way out, recorded lost
-        res.lost[refs[ref]] = (int((time.time() - start_at) * NS), "did not stop in time")
+        res.lost[refs[ref]] = (int((time.time() - res.start_at) * NS), "did not stop in time")
     return []
 
 

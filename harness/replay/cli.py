@@ -128,7 +128,8 @@ def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo,
     server = server_options(o, str(run.run_id), pin)
     return run_on_runtime(rt, server, plan, o.policy_args, run, o.out,
                           cal.rates() if cal else None, o.scrape_interval_s, echo, o.timeouts,
-                          o.headers, o.skip_oversized, ShardRun(o.shard, o.start_at))
+                          o.headers, o.skip_oversized, ShardRun(o.shard, o.start_at,
+                                                                o.start_gate))
 
 
 def ensure_out_dir(path: Path, flag: str = "--out") -> None:

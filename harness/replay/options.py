@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -55,6 +56,10 @@ class RunOptions:
     shard: Shard = WHOLE
     start_at: float | None = None
     run_id: str | None = None
+    # Instead of `start_at`: called (on a thread) once the shard is ready to start, it returns
+    # the shared start that the driver chose once every shard was ready (None: stop instead).
+    start_gate: Callable[[], float | None] | None = field(default=None, repr=False,
+                                                           compare=False)
     # with `url`: what the process that started that server on this machine passes on
     # (harness.adapters.base.ServerOptions.shared)
     server_shared: dict[str, Any] | None = None

@@ -56,6 +56,8 @@ class ShardRun:
 
     shard: Shard = WHOLE
     start_at: float | None = None
+    # called on a thread once ready to start: the shared start (None: stop instead)
+    gate: Callable[[], float | None] | None = None
 
 
 def max_in_flight(plan: Plan) -> int:
@@ -122,8 +124,13 @@ async def _replay_session(session: RuntimeSession, plan: Plan, server: ServerOpt
         policy = make_policy(how.harness_policy, policy_args if same else {})
         leftover = session.leftover_dumps
         died: list[str] = []
-        clock = RealClock(None if shard_run.start_at is None
-                          else int(shard_run.start_at * NS))
+        start_at = shard_run.start_at
+        if shard_run.gate is not None:  # ready: the driver starts every shard at once
+            start_at = await asyncio.to_thread(shard_run.gate)
+            if start_at is None:
+                raise asyncio.CancelledError()
+            run.start_at = start_at
+        clock = RealClock(None if start_at is None else int(start_at * NS))
         # A shared origin ahead: wait for it. One already past: start now; the calls planned
         # before now are recorded late (their client lag says by how much).
         await clock.sleep_until(0)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from harness import signals
 from harness.cli import main
 from harness.errors import InputError
 from harness.plan.injection import load_injection
@@ -140,3 +141,109 @@ def test_shard_flags_that_do_not_go_together(tmp_path: Path, args: list[str],
     code, out = _run(["run", "--url", "http://127.0.0.1:9", "--trace", str(trace),
                       "--policy", "keep", "--out", str(tmp_path / "o"), *args])
     assert code == 2 and error in out, out
+
+
+def _shards(tmp_path: Path, stub_url: str, trace: Path) -> list[Path]:
+    start = time.time() + 0.5
+    dirs = [tmp_path / f"s{i}" for i in range(2)]
+    for i, d in enumerate(dirs):
+        code, out = _run(["run", "--url", stub_url, "--trace", str(trace), "--policy", "keep",
+                          "--concurrency", "2", "--shard", f"{i}/2", "--start-at", f"{start}",
+                          "--out", str(d)])
+        assert code == 0, out
+    return dirs
+
+
+def _lose(shard_dir: Path, keep_ends: int) -> None:
+    """Make a shard look as its process died mid-run: run.json `running`, and only the first
+    `keep_ends` trajectory ends on disk."""
+    import pyarrow.parquet as pq
+
+    from harness.records.parts import write_part
+    from harness.records.schema import RECORDS_SCHEMA
+
+    run = json.loads((shard_dir / "run.json").read_text())
+    run.update(status="running", outcome=None)
+    (shard_dir / "run.json").write_text(json.dumps(run))
+    parts = sorted((shard_dir / "records").glob("part-*.parquet"))
+    rows = [r for p in parts for r in pq.read_table(p).to_pylist()]
+    for p in parts:
+        p.unlink()
+    ends = [k for k, r in enumerate(rows) if r["event"] == "trajectory_end"]
+    cut = ends[keep_ends] if keep_ends < len(ends) else len(rows)
+    table = __import__("pyarrow").Table.from_pylist(rows[:cut], schema=RECORDS_SCHEMA)
+    write_part(shard_dir / "records" / "part-00000.parquet", RECORDS_SCHEMA, table.to_batches())
+
+
+def test_a_lost_shard_is_recorded_worker_lost(tmp_path: Path) -> None:
+    from harness.plan.shard import shard_index
+    from harness.records.merge import Planned, ShardInput, merge_shards
+
+    trace = measure.synthetic_trace(tmp_path / "t.parquet", 10, 3, 0.02, 2)
+    stub = measure.start_stub(0.0, slots=4)
+    try:
+        dirs = _shards(tmp_path, stub.url, trace)
+    finally:
+        stub.stop()
+    _lose(dirs[1], keep_ends=1)
+    ids = sorted({str(t) for t in read_records(dirs[1]).query(
+        "event == 'trajectory_start'")["trajectory_id"]})
+    planned = [f"a{k}" for k in range(10) if shard_index(f"a{k}", 2) == 1]
+    # By hand (no plan): the started ones are ended, the never-started ones counted.
+    code, out = _run(["merge", *map(str, dirs), "--out", str(tmp_path / "hand")])
+    assert code == 0 and "shard(s) 1/2 lost" in out
+    hand = read_records(tmp_path / "hand")
+    lost_ends = hand.query("event == 'trajectory_end' and reason == 'worker-lost'")
+    assert sorted(lost_ends["trajectory_id"].astype(str)) == [t for t in ids if t != _first_end(
+        dirs[1])]
+    never = len(planned) - len(ids)
+    assert (f"{never} planned trajectories" in out) == (never > 0)
+    # With the plan (as the driver merges): every planned trajectory of the shard has an end.
+    result = merge_shards([ShardInput(dirs[0]), ShardInput(
+        dirs[1], lost=True, planned=tuple(Planned(t) for t in planned))], tmp_path / "driver")
+    rec = read_records(tmp_path / "driver")
+    ends = rec.query("event == 'trajectory_end'")
+    assert len(ends) == 10 and result.lost_shards == ["1/2"] and result.unnamed_lost == 0
+    assert (ends["reason"].astype(str) == "worker-lost").sum() == len(planned) - 1
+    assert result.run.status == "interrupted" and result.run.stop_reason == "worker-lost"
+    assert result.run.outcome is not None and result.run.outcome.failed == len(planned) - 1
+    assert [w["lost"] for w in result.run.workers or []] == [False, True]
+
+
+def _first_end(shard_dir: Path) -> str:
+    rec = read_records(shard_dir)
+    return str(rec.query("event == 'trajectory_end'")["trajectory_id"].iloc[0])
+
+
+def test_the_load_generator_starts_at_the_gate_and_stops_on_request(tmp_path: Path) -> None:
+    import threading
+
+    from harness.distributed.worker import LoadGenerator
+    from harness.plan.shard import Shard as S
+    from harness.replay.options import RunOptions
+
+    signals.install()
+    trace = measure.synthetic_trace(tmp_path / "t.parquet", 6, 3, 0.3, 2)
+    stub = measure.start_stub(0.0, slots=4)
+    answers: dict[str, dict[str, object]] = {}
+    try:
+        gens = {name: LoadGenerator() for name in ("go", "stopped")}
+        threads = [threading.Thread(target=lambda n=name, g=g: answers.__setitem__(n, g.run(
+            RunOptions(trace=trace, policy="keep", out=tmp_path / n, url=stub.url,
+                       shard=S(0, 1), pinning=None)))) for name, g in gens.items()]
+        for th in threads:
+            th.start()
+        assert all(g.wait_ready(60) for g in gens.values())
+        assert not (tmp_path / "go" / "records").exists()  # waits at its gate
+        gens["go"].begin(time.time() + 0.2)
+        threads[0].join(60)
+        assert gens["stopped"].stop() is True  # its replay waits at the gate: stopped there
+        threads[1].join(60)
+    finally:
+        stub.stop()
+        signals.install()  # forget the stop it noted, as every command does at its start
+    assert answers["go"]["status"] == "finished"
+    assert answers["stopped"]["status"] == "interrupted"
+    run = json.loads((tmp_path / "go" / "run.json").read_text())
+    assert run["start_at"] is not None and run["outcome"]["completed"] == 6
+    assert gens["go"].where()["pid"] > 0

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import secrets
 import shutil
+import signal
+import socket
 import tempfile
 import time
 import uuid
@@ -29,6 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from harness import signals
 from harness.adapters.base import RuntimeSession
 from harness.adapters.http import connect
 from harness.adapters.runtimes import get_runtime
@@ -80,6 +84,7 @@ class Outcomes:
     """What the actors did: each one's answer, the lost ones (when, why), the first error."""
 
     start_at: float = 0.0  # the shared start (Unix seconds)
+    start_at_known: bool = False  # every shard was ready and was given the start
     answers: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
     lost: dict[int, tuple[int, str]] = dataclasses.field(default_factory=dict)
     error: HarnessError | None = None
@@ -92,6 +97,8 @@ def run_distributed(o: RunOptions, workers: int, address: str | None,
     ray = import_ray()
     # Ray prefixes each actor's lines with its name and pid; without colour codes in logs.
     os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+    if address:
+        check_reachable(address)
     rt = get_runtime(o.runtime)
     whole = plan_run(o, rt).plan
     check_shardable(whole, workers)
@@ -173,11 +180,17 @@ def _fleet(ray: Any, address: str | None, workers: int) -> Iterator[list[Any]]:
     from harness.distributed.worker import LoadGenerator
 
     temp = None if address else tempfile.mkdtemp(prefix="harness-ray-")
+    # ray.init installs its own SIGTERM handler (a stack dump, then exit 1): the harness's
+    # are put back, so SIGTERM stops the shards cleanly as Ctrl-C does.
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         if address:
             ray.init(address=address, include_dashboard=False, logging_level="ERROR",
                      configure_logging=True)
         else:
+            # A token of the run's own for the local instance (Ray 2.59+ authenticates local
+            # clusters), in the environment its processes inherit: none is written to ~/.ray.
+            os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
             ray.init(num_cpus=max(workers, os.cpu_count() or 1), include_dashboard=False,
                      logging_level="ERROR", _temp_dir=temp)
     except Exception as exc:  # noqa: BLE001 - Ray's own errors vary by version
@@ -186,9 +199,14 @@ def _fleet(ray: Any, address: str | None, workers: int) -> Iterator[list[Any]]:
         if temp:
             shutil.rmtree(temp, ignore_errors=True)
         what = f"the Ray cluster at {address}" if address else "a local Ray instance"
+        hint = (" (a cluster with token authentication needs RAY_AUTH_MODE=token and its token"
+                " in RAY_AUTH_TOKEN or ~/.ray/auth_token, as on its nodes)" if address else "")
         raise ServerError(f"{what} could not be started or reached: "
-                          f"{type(exc).__name__}: {exc}"[:300]) from None
+                          f"{type(exc).__name__}: {exc}"[:300] + hint) from None
     # Threads: the shard's run, and the driver's wait_ready, begin and stop beside it.
+    for signum, handler in handlers.items():
+        if handler is not None:
+            signal.signal(signum, handler)
     actor_cls = ray.remote(num_cpus=1, max_concurrency=4, max_restarts=0)(LoadGenerator)
     actors = [actor_cls.options(scheduling_strategy="SPREAD").remote() for _ in range(workers)]
     try:
@@ -203,6 +221,23 @@ def _fleet(ray: Any, address: str | None, workers: int) -> Iterator[list[Any]]:
             shutil.rmtree(temp, ignore_errors=True)
 
 
+RAY_CONNECT_S = 5.0  # for a cluster's address to accept a connection (Ray itself waits minutes)
+
+
+def check_reachable(address: str) -> None:
+    """InputError unless `address` is HOST:PORT (or ray://HOST:PORT); ServerError when nothing
+    accepts a connection there within RAY_CONNECT_S."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InputError(f"--ray-address must be HOST:PORT (or ray://HOST:PORT), got "
+                         f"{address[:80]!r}")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_S).close()
+    except OSError as exc:
+        raise ServerError(f"the Ray cluster at {address} cannot be reached: "
+                          f"{exc.strerror or exc}") from None
+
+
 def _drive(ray: Any, actors: list[Any], opts: list[RunOptions], session: RuntimeSession,
            echo: Callable[[str], None], started: Callable[[float], None]) -> Outcomes:
     """Run every shard to its end, started together once all are ready (`started` is told
@@ -211,28 +246,76 @@ def _drive(ray: Any, actors: list[Any], opts: list[RunOptions], session: Runtime
     refs = {a.run.remote(opt): i for i, (a, opt) in enumerate(zip(actors, opts, strict=True))}
     pending = list(refs)
     res = Outcomes(start_at=time.time())
-    try:
-        ready = ray.get([a.wait_ready.remote(READY_TIMEOUT_S) for a in actors])
-        if all(ready):
-            res.start_at = time.time() + START_LEAD_S
-            ray.get([a.begin.remote(res.start_at) for a in actors])
-            started(res.start_at)
-        else:  # one refused or failed before it began: stop the others, collect why
-            pending = _stop_all(ray, actors, pending, refs, res, echo)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1, timeout=POLL_S)
-            for ref in done:
-                _collect(ray, ref, refs[ref], res, echo)
-            exited = session.server_exited() if session.server_exited else None
-            if exited is not None and res.error is None:
-                res.error = ServerError(exited)
-            if res.error is not None and pending:
+    with _signals_as_flags() as stop:
+        try:
+            _start_together(ray, actors, stop, res, started)
+            if not res.start_at_known:  # one refused or failed before it began
                 pending = _stop_all(ray, actors, pending, refs, res, echo)
-    except (KeyboardInterrupt, Terminated) as exc:
-        res.stopped_by = exc
-        echo("stopping every load generator (each records what it measured)")
-        _stop_all(ray, actors, pending, refs, res, echo)
+            _wait_all(ray, actors, pending, refs, session, stop, res, echo)
+        except (KeyboardInterrupt, Terminated) as exc:
+            res.stopped_by = exc
+            echo("stopping every load generator (each records what it measured)")
+            running = [r for r, i in refs.items() if i not in res.answers and i not in res.lost]
+            _stop_all(ray, actors, running, refs, res, echo)
     return res
+
+
+@contextmanager
+def _signals_as_flags() -> Iterator[Callable[[], None]]:
+    """While the driver waits in Ray's calls, SIGINT and SIGTERM are noted, not raised (an
+    exception raised inside Ray's C extension surfaces as a SystemError); the check it yields
+    raises KeyboardInterrupt or Terminated where the driver can stop the shards. A second
+    signal still stops at once (harness.signals)."""
+    got: list[int] = []
+
+    def note(signum: int, frame: object) -> None:
+        if signals.note(signum):
+            signals.force_exit(signum)
+        got.append(signum)
+
+    def check() -> None:
+        if got:
+            raise KeyboardInterrupt() if got[0] == signal.SIGINT else Terminated()
+
+    previous = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield check
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _start_together(ray: Any, actors: list[Any], stop: Callable[[], None], res: Outcomes,
+                    started: Callable[[float], None]) -> None:
+    """Wait until every shard is ready, then give all one start (res.start_at)."""
+    waiting = [a.wait_ready.remote(READY_TIMEOUT_S) for a in actors]
+    while True:
+        done, _ = ray.wait(waiting, num_returns=len(waiting), timeout=POLL_S)
+        stop()
+        if len(done) == len(waiting):
+            break
+    if all(ray.get(waiting)):
+        res.start_at = time.time() + START_LEAD_S
+        res.start_at_known = True
+        ray.get([a.begin.remote(res.start_at) for a in actors])
+        started(res.start_at)
+
+
+def _wait_all(ray: Any, actors: list[Any], pending: list[Any], refs: dict[Any, int],
+              session: RuntimeSession, stop: Callable[[], None], res: Outcomes,
+              echo: Callable[[str], None]) -> None:
+    """Collect every shard as it ends; at a server error or the local server's exit, stop
+    the others."""
+    while pending:
+        stop()
+        done, pending = ray.wait(pending, num_returns=1, timeout=POLL_S)
+        for ref in done:
+            _collect(ray, ref, refs[ref], res, echo)
+        exited = session.server_exited() if session.server_exited else None
+        if exited is not None and res.error is None:
+            res.error = ServerError(exited)
+        if res.error is not None and pending:
+            pending = _stop_all(ray, actors, pending, refs, res, echo)
 
 
 def _collect(ray: Any, ref: Any, i: int, res: Outcomes, echo: Callable[[str], None]) -> None:

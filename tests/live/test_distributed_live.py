@@ -134,17 +134,25 @@ def test_a_lost_worker_is_recorded_and_the_run_finishes(trace: Path, tmp_path: P
     _nothing_left(out, before)
 
 
-def test_ctrl_c_stops_every_worker_ray_and_the_server(trace: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum,to_group,code", [(signal.SIGINT, True, 130),
+                                                  (signal.SIGTERM, False, 143)])
+def test_a_stop_signal_stops_every_worker_ray_and_the_server(
+        trace: Path, tmp_path: Path, signum: int, to_group: bool, code: int) -> None:
+    """Ctrl-C reaches the whole process group (Ray's processes too); SIGTERM only the command,
+    as a supervisor sends it."""
     before = _ray_folders()
     out = tmp_path / "stopped"
     proc = _harness("--trace", str(trace), *RUN, "--workers", "2", "--out", str(out))
     _wait_running(proc, out)
     t0 = time.monotonic()
-    os.killpg(proc.pid, signal.SIGINT)
-    assert proc.wait(60) == 130
+    if to_group:
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
+    assert proc.wait(60) == code
     assert time.monotonic() - t0 < 30
     err = proc.stderr.read().decode() if proc.stderr else ""
-    assert "interrupted" in err and "Traceback" not in err
+    assert ("interrupted" in err or "terminated" in err) and "Traceback" not in err
     run = json.loads((out / "run.json").read_text())
     assert run["status"] == "interrupted" and len(run["workers"]) == 2
     assert (out / "summary.json").is_file()

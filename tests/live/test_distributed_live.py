@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 from harness.cli import main
 from harness.records.store import read_records
+from tests.live.processes import alive
 
 pytestmark = pytest.mark.live
 
@@ -42,15 +43,6 @@ def _harness(*args: str, **kw: Any) -> subprocess.Popen[bytes]:
                             start_new_session=True, **kw)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(")")[1].split()[0] == "Z")
-
-
 def _ray_folders() -> set[str]:
     return {p.name for p in Path("/tmp").glob("harness-ray-*")}
 
@@ -59,9 +51,9 @@ def _nothing_left(out: Path, before: set[str]) -> None:
     run = json.loads((out / "run.json").read_text())
     pids = [w["pid"] for w in run["workers"]] + [(run.get("server_process") or {}).get("pid")]
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and any(p and _alive(p) for p in pids):
+    while time.monotonic() < deadline and any(p and alive(p) for p in pids):
         time.sleep(0.2)
-    assert not [p for p in pids if p and _alive(p)], "a load generator or the server is left"
+    assert not [p for p in pids if p and alive(p)], "a load generator or the server is left"
     assert _ray_folders() <= before, "the local Ray instance's folder is left"
 
 

@@ -18,18 +18,9 @@ from click.testing import CliRunner
 
 from harness.cli import main
 from harness.records.store import read_records
+from tests.live.processes import alive
 
 pytestmark = pytest.mark.live
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is gone for our purposes (its parent, the harness, has exited).
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(")")[1].split()[0] == "Z")
 
 
 def _start_run(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
@@ -54,7 +45,7 @@ def _start_run(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
 def _server(out: Path) -> dict[str, Any]:
     run = json.loads((out / "run.json").read_text())
     process: dict[str, Any] = run["server_process"]
-    assert process["pid"] and _alive(process["pid"])
+    assert process["pid"] and alive(process["pid"])
     return process
 
 
@@ -73,7 +64,7 @@ def test_a_stop_signal_ends_the_run_cleanly(tmp_path: Path, signum: int, code: i
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("error: "), err
     run = json.loads((out / "run.json").read_text())
     assert run["status"] == "interrupted"
-    assert not _alive(server["pid"]), "the local llama-server outlived the run"
+    assert not alive(server["pid"]), "the local llama-server outlived the run"
     assert not Path(server["tmp_dir"]).exists(), "the server's dump folder was left behind"
     # What was measured before the signal stays readable, each started trajectory ended.
     rec = read_records(out)
@@ -93,9 +84,9 @@ def test_a_second_signal_stops_at_once_and_kills_the_server(tmp_path: Path) -> N
     proc.wait(timeout=10)
     assert proc.returncode == 143
     deadline = time.monotonic() + 5
-    while _alive(server["pid"]) and time.monotonic() < deadline:
+    while alive(server["pid"]) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(server["pid"]), "a forced exit left the local llama-server running"
+    assert not alive(server["pid"]), "a forced exit left the local llama-server running"
     assert not Path(server["tmp_dir"]).exists(), "a forced exit left the server's dump folder"
 
 

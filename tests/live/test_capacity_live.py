@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
-from tests.live.test_signals_live import _alive
+from tests.live.processes import alive
 
 pytestmark = pytest.mark.live
 
@@ -53,7 +53,7 @@ def test_capacity_finds_and_confirms_on_a_real_server(trace: Path, tmp_path: Pat
         assert run["arrivals"]["concurrency"] == p["agents"]
         assert run["trace"]["copies"] >= 1
         assert (d / "window.json").is_file() and (d / "summary.json").is_file()
-        assert not _alive(run["server_process"]["pid"])
+        assert not alive(run["server_process"]["pid"])
     assert "keep" in r.output and "yes (max-agents)" in r.output
     html = (tmp_path / "c" / "report.html").read_text()
     assert "Capacity under the SLO" in html and "data:image/png;base64," in html
@@ -71,4 +71,4 @@ def test_a_slo_no_count_meets_ends_after_one_point(trace: Path, tmp_path: Path) 
     assert rec["confirm_skipped"] == "nothing passed"
     assert [(p["phase"], p["agents"]) for p in rec["points"]] == [("search", 1)]
     run = json.loads((Path(rec["points"][0]["dir"]) / "run.json").read_text())
-    assert not _alive(run["server_process"]["pid"])
+    assert not alive(run["server_process"]["pid"])

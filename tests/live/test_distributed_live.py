@@ -77,7 +77,10 @@ def test_two_workers_count_what_one_process_counts(trace: Path, tmp_path: Path) 
     assert run["status"] == "finished" and [w["shard"] for w in run["workers"]] == ["0/2", "1/2"]
     assert all(w["outcome"]["completed"] + w["outcome"]["cancelled"] for w in run["workers"])
     assert run["cleanup"]["slots_idle"] is True and run["cleanup"]["dump_files_left"] == []
-    assert run["server_flags"] and run["cpu_pinning"]  # the driver's own local server
+    # the driver's own local server, pinned as one process's is (not at all where the
+    # session's process was pinned to one CPU by an earlier in-process run)
+    single = json.loads((tmp_path / "one" / "run.json").read_text())
+    assert run["server_flags"] and bool(run["cpu_pinning"]) == bool(single["cpu_pinning"])
     slots = [{int(s) for s in read_records(tmp_path / "two")
               .query("trajectory_id in @ids")["slot"].dropna()}
              for ids in ([t for t, k in _shard_of(tmp_path / "two").items() if k == i]

@@ -14,7 +14,7 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 from harness.errors import Terminated
@@ -68,6 +68,31 @@ def install() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_sigint)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[Callable[[], None]]:
+    """While code waits inside a C extension that must not see an exception raised by a signal
+    handler (Ray's calls turn one into a SystemError), SIGINT and SIGTERM are only noted; the
+    check it yields raises KeyboardInterrupt or Terminated, as the handlers above would, where
+    the caller can act on it. A second signal still forces the exit. Main thread only."""
+    got: list[int] = []
+
+    def note_only(signum: int, frame: FrameType | None) -> None:
+        if note(signum):
+            force_exit(signum)
+        got.append(signum)
+
+    def check() -> None:
+        if got:
+            raise KeyboardInterrupt() if got[0] == signal.SIGINT else Terminated()
+
+    previous = {s: signal.signal(s, note_only) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield check
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def add_stopper(stop: Callable[[int], None]) -> None:

@@ -246,7 +246,8 @@ def _drive(ray: Any, actors: list[Any], opts: list[RunOptions], session: Runtime
     refs = {a.run.remote(opt): i for i, (a, opt) in enumerate(zip(actors, opts, strict=True))}
     pending = list(refs)
     res = Outcomes(start_at=time.time())
-    with _signals_as_flags() as stop:
+    # Signals are noted while the driver waits in Ray, and raised between its calls.
+    with signals.deferred() as stop:
         try:
             _start_together(ray, actors, stop, res, started)
             if not res.start_at_known:  # one refused or failed before it began
@@ -258,31 +259,6 @@ def _drive(ray: Any, actors: list[Any], opts: list[RunOptions], session: Runtime
             running = [r for r, i in refs.items() if i not in res.answers and i not in res.lost]
             _stop_all(ray, actors, running, refs, res, echo)
     return res
-
-
-@contextmanager
-def _signals_as_flags() -> Iterator[Callable[[], None]]:
-    """While the driver waits in Ray's calls, SIGINT and SIGTERM are noted, not raised (an
-    exception raised inside Ray's C extension surfaces as a SystemError); the check it yields
-    raises KeyboardInterrupt or Terminated where the driver can stop the shards. A second
-    signal still stops at once (harness.signals)."""
-    got: list[int] = []
-
-    def note(signum: int, frame: object) -> None:
-        if signals.note(signum):
-            signals.force_exit(signum)
-        got.append(signum)
-
-    def check() -> None:
-        if got:
-            raise KeyboardInterrupt() if got[0] == signal.SIGINT else Terminated()
-
-    previous = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield check
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
 
 
 def _start_together(ray: Any, actors: list[Any], stop: Callable[[], None], res: Outcomes,

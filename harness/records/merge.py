@@ -254,7 +254,7 @@ def _merged_manifest(manifests: list[RunManifest], workers: list[dict[str, Any]]
     lost = any(w["lost"] for w in workers)
     statuses = {m.status for m in manifests}
     run.status = "finished" if statuses == {"finished"} and not lost else "interrupted"
-    run.outcome = _summed_outcome(manifests, workers)
+    run.outcome = _summed_outcome(workers)
     run.duration_s = max((m.duration_s or 0.0 for m in manifests), default=None)
     run.client_cpu_s = sum(m.client_cpu_s or 0.0 for m in manifests)
     run.stop_reason = next((m.stop_reason for m in manifests if m.stop_reason),
@@ -269,11 +269,10 @@ def _merged_manifest(manifests: list[RunManifest], workers: list[dict[str, Any]]
     return run
 
 
-def _summed_outcome(manifests: list[RunManifest], workers: list[dict[str, Any]]) -> Outcome:
+def _summed_outcome(workers: list[dict[str, Any]]) -> Outcome:
     total = Outcome()
-    for m, w in zip(manifests, workers, strict=True):
-        part = (m.outcome if m.outcome is not None and not w["lost"]
-                else Outcome(**{k: int(v) for k, v in w["outcome"].items()}))
+    for w in workers:  # each worker's outcome: its run.json's, or counted from a lost one's records
+        part = Outcome(**w["outcome"])
         for f in dataclasses.fields(Outcome):
             setattr(total, f.name, getattr(total, f.name) + getattr(part, f.name))
     return total

@@ -343,15 +343,13 @@ def run_cmd(runtime: str, url: str | None, trace_path: Path, policy: str,
         headers=headers_from_flags(api_key, headers, url), skip_oversized=skip_oversized,
         token_scale=token_scale, duration_s=duration_s, warmup_s=warmup_s)
     opts = sharding_from_flags(opts, shard_text, start_at, workers, ray_address, repeats)
-    if workers > 1:
-        from harness.distributed.driver import run_distributed
+    if workers > 1 or repeats == 1:
+        if workers > 1:
+            from harness.distributed.driver import run_distributed
 
-        run = run_distributed(opts, workers, ray_address, lambda m: click.echo(m, err=True))
-        _print_result(out, run)
-        exit_on_server_failures([run])
-        return
-    if repeats == 1:
-        run = execute_run(opts, lambda m: click.echo(m, err=True))
+            run = run_distributed(opts, workers, ray_address, lambda m: click.echo(m, err=True))
+        else:
+            run = execute_run(opts, lambda m: click.echo(m, err=True))
         _print_result(out, run)
         exit_on_server_failures([run])
         return

@@ -157,6 +157,7 @@ def _shards(tmp_path: Path, stub_url: str, trace: Path) -> list[Path]:
 def _lose(shard_dir: Path, keep_ends: int) -> None:
     """Make a shard look as its process died mid-run: run.json `running`, and only the first
     `keep_ends` trajectory ends on disk."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from harness.records.parts import write_part
@@ -171,7 +172,7 @@ def _lose(shard_dir: Path, keep_ends: int) -> None:
         p.unlink()
     ends = [k for k, r in enumerate(rows) if r["event"] == "trajectory_end"]
     cut = ends[keep_ends] if keep_ends < len(ends) else len(rows)
-    table = __import__("pyarrow").Table.from_pylist(rows[:cut], schema=RECORDS_SCHEMA)
+    table = pa.Table.from_pylist(rows[:cut], schema=RECORDS_SCHEMA)
     write_part(shard_dir / "records" / "part-00000.parquet", RECORDS_SCHEMA, table.to_batches())
 
 

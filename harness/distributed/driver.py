@@ -25,7 +25,6 @@ import signal
 import socket
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
@@ -43,7 +42,7 @@ from harness.records.manifest import CpuPinning, RunManifest
 from harness.records.merge import Planned, ShardInput, merge_shards
 from harness.records.store import RECORDS_DIR, SERVER_METRICS_DIR
 from harness.replay import loop, pinning
-from harness.replay.cli import ensure_out_dir, plan_run, server_options
+from harness.replay.cli import ensure_out_dir, new_run_id, plan_run, server_options
 from harness.replay.clock import NS
 from harness.replay.options import AUTO, RunOptions
 from harness.replay.runner import max_in_flight, record_details, write_summary
@@ -107,7 +106,7 @@ def run_distributed(o: RunOptions, workers: int, address: str | None,
         raise InputError(f"{o.out} already holds results; choose a new --out directory")
     pin = (pinning.decide(pinning.available_cpus(), o.url is None, rt.pins_local_server,
                           workers) if o.pinning == AUTO else o.pinning)
-    run_id = o.run_id or f"{o.policy}-{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
+    run_id = o.run_id or new_run_id(o.policy)
     server = dataclasses.replace(server_options(o, run_id, pin),
                                  connections=max_in_flight(whole) + workers)
     planned = planned_by_shard(whole, workers)

@@ -93,6 +93,11 @@ def server_options(o: RunOptions, run_id: str, pin: CpuPinning | None) -> Server
                          shared=o.server_shared if o.url else None)
 
 
+def new_run_id(policy: str) -> str:
+    """A run id: the policy, the UTC time and a random tag."""
+    return f"{policy}-{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
+
+
 def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo,
                 runtime: Runtime | None = None) -> RunManifest:
     """Validate inputs, plan, replay (starting a local server unless `url`); returns run.json.
@@ -106,7 +111,7 @@ def execute_run(o: RunOptions, echo: Callable[[str], None] = click.echo,
            if o.pinning == AUTO else o.pinning)
     pinning.apply(pin)
     run = RunManifest(
-        run_id=o.run_id or f"{o.policy}-{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}",
+        run_id=o.run_id or new_run_id(o.policy),
         runtime=rt.name, policy=o.policy, policy_args=dict(o.policy_args),
         policy_sees_true_latency=p.policy.sees_true_latency,
         trace=TraceRef(str(o.trace), file_sha256(o.trace), len(whole.trajectories),

@@ -446,7 +446,7 @@ def test_an_eviction_that_outlasts_the_tool_counts_in_resume_latency(tmp_path: P
 def test_dump_names_are_always_valid_file_names(tid: str) -> None:
     import re
 
-    from harness.replay.names import dump_name
+    from harness.replay.kv_actions import dump_name
 
     name = dump_name("swap-20261201T000000-abc123", tid, 3)
     assert re.fullmatch(r"[A-Za-z0-9_-]+\.bin", name) and ".." not in name

@@ -204,7 +204,7 @@ def test_a_ttl_expires_while_the_children_run(tmp_path: Path) -> None:
 
 
 def test_a_sub_agent_cache_salt_is_a_name_servers_accept() -> None:
-    from harness.replay.names import cache_salt
+    from harness.replay.kv_actions import cache_salt
 
     run = "recompute-20261201T000000-abcdef"
     key = cache_salt(run, "trace_0254/agent_001", 3)

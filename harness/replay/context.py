@@ -1,0 +1,71 @@
+"""What one replay shares across its parts: the injected collaborators (adapter, clock, recorder,
+policy), the learned server rates, the outcome counters, and what each trajectory holds on the
+server. The lowest layer of the executor's modules: every other one takes these explicitly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from harness.adapters.base import Adapter
+from harness.policies.base import PausePolicy, ServerRates
+from harness.policies.history import History
+from harness.replay.clock import Clock
+from harness.replay.progress import Progress
+from harness.replay.recorder import Recorder, SlotPool
+
+# A pause's outcome: (status, reason, when the tool ended in ns); the trajectory goes on
+# while status is "completed", and its next call is due at that end.
+ToolOutcome = tuple[str, str | None, int]
+
+
+@dataclass
+class RunCounters:
+    """A run's outcome counts and the cleanup it could not do, for run.json."""
+
+    completed: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    interrupted: int = 0
+    unsupported: int = 0
+    server_failed: int = 0  # failed because the server failed (an error, a timeout, bad data)
+    bystanders_ended_s: float | None = None  # the planned bystanders ran out before the agents
+    cleanup_errors: list[str] = field(default_factory=list)
+    remote_dumps_left: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TrajectoryState:
+    """What one trajectory (or bystander request) holds on the server right now."""
+
+    tid: str
+    context: list[int] = field(default_factory=list)
+    slot: int | None = None
+    dump: str | None = None
+    salt: str | None = None
+
+
+@dataclass
+class ReplayContext:
+    """The state every part of one replay works on. Not frozen: `rates` is replaced as the
+    run measures the server (prefill and swap speeds), and later pauses decide on the new
+    rates."""
+
+    adapter: Adapter
+    clock: Clock
+    rec: Recorder
+    policy: PausePolicy
+    run_id: str
+    vocab: int
+    pool: SlotPool | None  # None: the server manages its own slots (no harness slot control)
+    rates: ServerRates
+    counters: RunCounters
+    progress: Progress
+    # Per tool class; each pause hands the policy the live window (no copy): decide() is
+    # synchronous.
+    history: dict[str, History]
+
+    def holds_kv(self, st: TrajectoryState) -> bool:
+        """Whether an eviction has something to act on: the trajectory's slot, or, without
+        slot control, the server's own cache of its prefix."""
+        return st.slot is not None or self.pool is None

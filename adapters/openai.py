@@ -20,7 +20,6 @@ client action here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from harness.adapters.base import (
@@ -36,9 +35,22 @@ from harness.adapters.base import (
 from harness.adapters.http import REQUEST_ERRORS, HttpClient, Sample
 from harness.adapters.models import local_vocab
 from harness.adapters.openai_chat import CHAT_COMPLETIONS, ChatText, delta_text
+from harness.adapters.openai_probe import probe
+from harness.adapters.openai_variant import (
+    ID_REQUESTS,
+    SALT_FIELDS,
+    Probed,
+    SaltField,
+    Variant,
+)
 
 # Used when the model's vocabulary cannot be learnt: small enough for any real vocabulary (the
 # harness draws ids in [256, vocab - 256)), since some servers crash on an id past theirs.
+# The request variations and probe findings live in harness.adapters.openai_variant; they are
+# re-exported here, where the runtimes built on this client look for them.
+__all__ = ["COMPLETIONS", "ID_REQUESTS", "SALT_FIELDS", "OpenAIAdapter", "Probed", "SaltField",
+           "Variant"]
+
 SAFE_VOCAB = 1024
 COMPLETIONS = "/v1/completions"
 # Gauges that say a server is busy, by runtime; a server exporting none leaves idleness unknown.
@@ -48,90 +60,6 @@ BUSY_GAUGES = frozenset({
     "dynamo_frontend_inflight_requests", "dynamo_frontend_queued_requests"})
 _SKIP_PREFIXES = ("python_", "process_")
 _SKIP_SUFFIXES = ("_bucket", "_created")
-
-
-@dataclass(frozen=True)
-class SaltField:
-    """One way to ask a server not to reuse cached prefixes: `place(body, salt)` writes it.
-
-    `per_call`: the field only forbids reuse on the call that carries it (llama-server's
-    `cache_prompt: false`), so it goes on the first call under a fresh salt only, and the run's
-    own salt is never sent with it."""
-
-    name: str
-    place: Callable[[dict[str, Any], str], None]
-    per_call: bool = False
-
-
-def _top(key: str) -> Callable[[dict[str, Any], str], None]:
-    def place(body: dict[str, Any], salt: str) -> None:
-        body[key] = salt
-    return place
-
-
-def _nested(outer: str, key: str) -> Callable[[dict[str, Any], str], None]:
-    def place(body: dict[str, Any], salt: str) -> None:
-        body.setdefault(outer, {})[key] = salt
-    return place
-
-
-def _no_cache(body: dict[str, Any], _: str) -> None:
-    body["cache_prompt"] = False
-
-
-# Tried in this order; the first whose effect is seen is used.
-SALT_FIELDS: tuple[SaltField, ...] = (
-    SaltField("cache_salt", _top("cache_salt")),  # vLLM
-    SaltField("nvext.cache_salt", _nested("nvext", "cache_salt")),  # NVIDIA Dynamo
-    SaltField("extra_key", _top("extra_key")),  # SGLang
-    SaltField("cache_prompt=false", _no_cache, per_call=True),  # llama-server
-)
-# Ways to have the generated token ids returned, tried in this order.
-ID_REQUESTS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("token_ids", {"return_token_ids": True}),  # vLLM
-    ("logprobs", {"logprobs": 1, "return_tokens_as_token_ids": True}),  # llama-server, others
-    ("nvext.completion_token_ids",  # NVIDIA Dynamo
-     {"nvext": {"extra_fields": ["completion_token_ids"]}}),
-)
-
-
-@dataclass(frozen=True)
-class Variant:
-    """What a runtime adds to the plain OpenAI request.
-
-    `body(req)`: fields merged into every completion request; `headers(req)`: per-request header
-    lines; `salts`: the salt fields to probe, first match wins; `id_requests`: the ways to ask
-    for the generated ids, first that works wins."""
-
-    runtime: str = "openai"
-    body: Callable[[CompletionRequest], dict[str, Any]] = lambda _: {}
-    headers: Callable[[CompletionRequest], dict[str, str]] = lambda _: {}
-    salts: tuple[SaltField, ...] = SALT_FIELDS
-    id_requests: tuple[tuple[str, dict[str, Any]], ...] = ID_REQUESTS
-
-
-@dataclass
-class Probed:
-    """What the probe learnt about the server (run.json `server_extra.openai_probe`)."""
-
-    ids_via: str | None = None  # how generated ids come back; None: they do not
-    ids_body: dict[str, Any] = field(default_factory=dict)
-    cached_reported: bool = False
-    prefix_reuse_seen: bool = False
-    output_reused: bool | None = None  # a resumed call reused the generated tokens' KV too
-    salt: SaltField | None = None
-    notes: list[str] = field(default_factory=list)
-    fingerprint: str | None = None  # the answers' system_fingerprint (often the build)
-    # chat fallback (token-id prompts refused): server prompt tokens per planned token
-    text_tokens_per_id: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"output_ids": self.ids_via or "not returned",
-                "text_tokens_per_id": self.text_tokens_per_id,
-                "cached_tokens_reported": self.cached_reported,
-                "prefix_reuse_seen": self.prefix_reuse_seen,
-                "output_reused": self.output_reused,
-                "cache_salt": self.salt.name if self.salt else None, "notes": self.notes}
 
 
 class OpenAIAdapter:
@@ -160,8 +88,6 @@ class OpenAIAdapter:
         self.capabilities = Capabilities(harness_slots=False, pause_actions=frozenset({"keep"}))
 
     async def server_info(self) -> ServerInfo:
-        from harness.adapters.openai_probe import probe
-
         models = await self.http.get_json("/v1/models")
         cards = [c for c in (models or {}).get("data") or [] if isinstance(c, dict)]
         if not cards:
@@ -184,7 +110,7 @@ class OpenAIAdapter:
             source = "model root config.json" if vocab else f"fallback {SAFE_VOCAB}"
         extra["vocab_from"] = source
         vocab = vocab or SAFE_VOCAB
-        self.probed = await probe(self, vocab)
+        self.probed = await probe(self, vocab, self._salt)
         extra["openai_probe"] = self.probed.to_dict()
         actions = {"keep"} | ({"recompute"} if self.probed.salt else set())
         self.capabilities = Capabilities(harness_slots=False, pause_actions=frozenset(actions))

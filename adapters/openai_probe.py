@@ -18,12 +18,32 @@ from __future__ import annotations
 import os
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from harness.adapters.base import CompletionRequest
+from harness.adapters.http import HttpClient
+from harness.adapters.openai_chat import ChatText
+from harness.adapters.openai_variant import Probed, SaltField, Variant
 
-if TYPE_CHECKING:
-    from harness.adapters.openai import OpenAIAdapter, Probed, SaltField
+
+class ProbeTarget(Protocol):
+    """What the probe uses of the adapter it probes (harness.adapters.openai.OpenAIAdapter)."""
+
+    runtime: str
+    variant: Variant
+    http: HttpClient
+    chat: ChatText | None  # set here when the chat fallback is taken
+    force_chat: bool
+
+    @property
+    def endpoint(self) -> str: ...
+
+    def body(self, req: CompletionRequest, ids_body: dict[str, Any] | None = None
+             ) -> dict[str, Any]: ...
+
+    def ids_in(self, chunk: dict[str, Any]) -> list[int]: ...
+
+    def probe_headers(self) -> dict[str, str]: ...
 
 PROBE_TOKENS = 256  # whole blocks of 16, 32 or 64 tokens, and more than one of each
 # Generated tokens on the first call: more than one cache block of the usual sizes (16-64), so
@@ -53,7 +73,7 @@ class _Answer:
         return bool(self.ids) and (n is None or len(self.ids) == int(n))
 
 
-async def _ask(adapter: OpenAIAdapter, req: CompletionRequest, body: dict[str, Any]
+async def _ask(adapter: ProbeTarget, req: CompletionRequest, body: dict[str, Any]
                ) -> _Answer:
     answer = _Answer()
 
@@ -80,12 +100,10 @@ def probe_prompt(seed: str | None, vocab: int) -> list[int]:
     return [rng.randrange(256, hi) for _ in range(PROBE_TOKENS)]
 
 
-async def probe(adapter: OpenAIAdapter, vocab: int) -> Probed:
-    """Learn the server's output ids, cache reporting and cache salt (see the module doc)."""
-    from harness.adapters.openai import Probed
-
+async def probe(adapter: ProbeTarget, vocab: int, salt: str | None) -> Probed:
+    """Learn the server's output ids, cache reporting and cache salt (see the module doc);
+    `salt`: the run's cache salt (the probe prompt is drawn from it)."""
     found = Probed()
-    salt = adapter._salt
     prompt = probe_prompt(salt, vocab)
     req = CompletionRequest(prompt, PROBE_OUTPUT)
     answers: list[_Answer] = []
@@ -144,13 +162,11 @@ async def probe(adapter: OpenAIAdapter, vocab: int) -> Probed:
 CHAT_REQUESTS: tuple[dict[str, Any], ...] = ({"ignore_eos": True}, {})
 
 
-async def _chat_fallback(adapter: OpenAIAdapter, req: CompletionRequest, found: Probed,
+async def _chat_fallback(adapter: ProbeTarget, req: CompletionRequest, found: Probed,
                          refused: str | None) -> _Answer:
     """Token-id prompts were refused (`refused`; None: the chat fallback was asked for): try
     the chat endpoint with deterministic text (harness.adapters.openai_chat); its answer, or
     ValueError naming both refusals."""
-    from harness.adapters.openai_chat import ChatText
-
     why = "asked for" if refused is None else f"token-id prompts refused ({refused[:80]})"
     if refused is not None and (refused.startswith("HTTP 5") or not refused.startswith("HTTP")):
         raise ValueError(f"{adapter.runtime}: a completion with a token-id prompt failed: "
@@ -175,7 +191,7 @@ async def _chat_fallback(adapter: OpenAIAdapter, req: CompletionRequest, found: 
                      f"({errors[-1][:120]})")
 
 
-async def _try_salt(adapter: OpenAIAdapter, req: CompletionRequest, found: Probed,
+async def _try_salt(adapter: ProbeTarget, req: CompletionRequest, found: Probed,
                     candidate: SaltField, stem: str) -> str | None:
     """None when `candidate` keeps the probe prompt from reuse under SALT_TRIALS fresh values,
     else why not. More than one value: behind a router that spreads requests a single salted

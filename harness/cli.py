@@ -1,4 +1,5 @@
-"""The `harness` command: one click group; each pipeline stage registers its own subcommands."""
+"""The `harness` command: one click group assembling the commands (harness.commands), and the
+one place that turns a HarnessError into one line and its exit code."""
 
 from __future__ import annotations
 
@@ -8,6 +9,21 @@ from typing import Any
 import click
 
 from harness import __version__, signals
+from harness.commands.advise import advise_command
+from harness.commands.bench import bench_command
+from harness.commands.calibrate import calibrate_command
+from harness.commands.capacity import capacity_command
+from harness.commands.clean import clean_command
+from harness.commands.compare import compare_command
+from harness.commands.export import export_command
+from harness.commands.history import history_command
+from harness.commands.merge import merge_command
+from harness.commands.model import model_command
+from harness.commands.report import report_command
+from harness.commands.run import run_command
+from harness.commands.selftest import selftest_command
+from harness.commands.simulate import simulate_command
+from harness.commands.traces import traces_command
 from harness.errors import HarnessError, Terminated
 
 
@@ -48,33 +64,8 @@ def main() -> None:
     """Replay agent trajectories against LLM servers and measure what tool pauses cost."""
 
 
-def _register() -> None:
-    from harness.capacity.advise_cli import advise_cmd
-    from harness.capacity.cli import capacity_cmd
-    from harness.distributed.merge_cli import merge_cmd
-    from harness.model.cli import model
-    from harness.replay.bench import bench_cmd
-    from harness.replay.calibrate import calibrate_cmd
-    from harness.replay.clean import clean_cmd
-    from harness.replay.cli import run_cmd
-    from harness.report.cli import compare, export_cmd, history_cmd, report
-    from harness.selftest.cli import selftest_cmd
-    from harness.simulate.cli import simulate_cmd
-    from harness.traces.cli import traces
-
-    main.add_command(traces)
-    for command in (report, compare, history_cmd, export_cmd):
-        main.add_command(command)
-    main.add_command(model)
-    main.add_command(simulate_cmd)
-    main.add_command(run_cmd)
-    main.add_command(merge_cmd)
-    main.add_command(bench_cmd)
-    main.add_command(capacity_cmd)
-    main.add_command(advise_cmd)
-    main.add_command(calibrate_cmd)
-    main.add_command(clean_cmd)
-    main.add_command(selftest_cmd)
-
-
-_register()
+for command in (traces_command, report_command, compare_command, history_command,
+                export_command, model_command, simulate_command, run_command, merge_command,
+                bench_command, capacity_command, advise_command, calibrate_command,
+                clean_command, selftest_command):
+    main.add_command(command)

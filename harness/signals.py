@@ -25,15 +25,23 @@ _received: list[int] = []
 # Running replays' stop hooks (harness.replay.loop): a stop asked for from another thread (a
 # load generator's driver) reaches them as a signal would.
 _stoppers: list[Callable[[int], None]] = []
+# What a forced exit must still do before it leaves: kill the local servers this process
+# started (registered by harness.adapters.launchers.process, which knows them).
+_at_force_exit: list[Callable[[], None]] = []
+
+
+def at_force_exit(hook: Callable[[], None]) -> None:
+    """Run `hook` (errors ignored) when a second signal forces the process out."""
+    if hook not in _at_force_exit:
+        _at_force_exit.append(hook)
 
 
 def force_exit(signum: int) -> None:
     """Kill every local server this process started (by process group) and leave now, with
     the signal's exit code."""
-    from harness.adapters.launchers.process import kill_live_groups
-
-    with contextlib.suppress(Exception):
-        kill_live_groups()
+    for hook in list(_at_force_exit):
+        with contextlib.suppress(Exception):
+            hook()
     sys.stderr.write(f"\nerror: {signal.Signals(signum).name} again: stopped at once\n")
     sys.stderr.flush()
     os._exit(EXIT_CODES.get(signal.Signals(signum), 1))

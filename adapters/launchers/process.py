@@ -18,6 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from harness import signals
 from harness.errors import ServerError
 
 
@@ -98,6 +99,9 @@ def kill_live_groups() -> None:
         LIVE_GROUPS.discard(pgid)
         if (folder := LIVE_DIRS.pop(pgid, None)) is not None:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+signals.at_force_exit(kill_live_groups)
 
 
 def free_port() -> int:

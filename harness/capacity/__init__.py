@@ -1,2 +1,2 @@
-"""Capacity and advice: how many agents a server holds under an SLO, and which pause policy to
-run."""
+"""Capacity: how many concurrent agents a server holds under an SLO, per pause policy (a search
+over bounded replays, or over the simulator where the advisor drives it)."""

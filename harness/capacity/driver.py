@@ -79,6 +79,18 @@ class SearchSettings:
     clock: Callable[[], float] = field(default=time.monotonic)
 
 
+@dataclass(frozen=True)
+class SearchSpec:
+    """A search as asked for: the SLO, the wall-time budget, each point's length and warm-up,
+    and how each policy's search proceeds."""
+
+    slo: Slo
+    budget_s: float
+    duration_s: float
+    warmup_s: float
+    settings: SearchSettings
+
+
 def verdict_line(policy: str, p: dict[str, Any]) -> str:
     """One progress line: 'keep  n=4  resume_p95 2,300 ms (<= 2,000) -> fail'."""
     verdict = "pass" if p["passed"] else "fail (saturated)" if p["saturated"] else "fail"

@@ -16,8 +16,8 @@ from harness.metrics.window import WINDOW_JSON
 from harness.plan.planner import Arrivals
 from harness.records.store import read_json
 from harness.replay import pinning
-from harness.replay.cli import execute_run
 from harness.replay.options import AUTO, RunOptions
+from harness.replay.run import execute_run
 
 
 def live_measure(base: RunOptions, runtime: Runtime, duration_s: float, warmup_s: float,

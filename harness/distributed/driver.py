@@ -35,16 +35,17 @@ from harness import signals
 from harness.adapters.base import RuntimeSession
 from harness.adapters.http import connect
 from harness.adapters.runtimes import get_runtime
+from harness.distributed.worker import LoadGenerator
 from harness.errors import HarnessError, InputError, ServerError, Terminated
 from harness.plan.planner import Plan
 from harness.plan.shard import Shard, check_shardable, shard_plan
 from harness.records.manifest import CpuPinning, RunManifest
 from harness.records.merge import Planned, ShardInput, merge_shards
-from harness.records.store import RECORDS_DIR, SERVER_METRICS_DIR
+from harness.records.store import RECORDS_DIR, SERVER_METRICS_DIR, ensure_out_dir
 from harness.replay import loop, pinning
-from harness.replay.cli import ensure_out_dir, new_run_id, plan_run, server_options
 from harness.replay.clock import NS
 from harness.replay.options import AUTO, RunOptions
+from harness.replay.run import new_run_id, plan_run, server_options
 from harness.replay.runner import max_in_flight, record_details, write_summary
 
 SHARDS_DIR = "shards"
@@ -88,6 +89,18 @@ class Outcomes:
     lost: dict[int, tuple[int, str]] = dataclasses.field(default_factory=dict)
     error: HarnessError | None = None
     stopped_by: BaseException | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RayWorkers:
+    """A run's environment of `workers` load generators as Ray actors, on a local Ray
+    instance or the cluster at `address` (harness.replay.run.RunEnvironment)."""
+
+    workers: int
+    address: str | None = None
+
+    def execute(self, o: RunOptions, echo: Callable[[str], None]) -> RunManifest:
+        return run_distributed(o, self.workers, self.address, echo)
 
 
 def run_distributed(o: RunOptions, workers: int, address: str | None,
@@ -176,8 +189,6 @@ def _fleet(ray: Any, address: str | None, workers: int) -> Iterator[list[Any]]:
     """`workers` LoadGenerator actors on a local Ray instance (started here, in a private
     folder, no dashboard) or on the cluster at `address`; every actor is killed on exit, and
     the local instance stopped and its folder removed."""
-    from harness.distributed.worker import LoadGenerator
-
     temp = None if address else tempfile.mkdtemp(prefix="harness-ray-")
     # ray.init installs its own SIGTERM handler (a stack dump, then exit 1): the harness's
     # are put back, so SIGTERM stops the shards cleanly as Ctrl-C does.

@@ -24,6 +24,7 @@ from typing import Any
 from harness import signals
 from harness.errors import HarnessError, Terminated
 from harness.replay.options import RunOptions
+from harness.replay.run import execute_run
 
 
 class LoadGenerator:
@@ -74,8 +75,6 @@ class LoadGenerator:
         if opts.start_at is None:
             opts = dataclasses.replace(opts, start_gate=self._gate)
         try:
-            from harness.replay.cli import execute_run
-
             run = execute_run(opts, lambda m: print(f"[shard {opts.shard}] {m}",
                                                     file=sys.stderr, flush=True))
             return {"status": run.status, "error": None, "exit_code": None}

@@ -17,6 +17,7 @@ import pandas as pd
 
 from harness.metrics import latency, outcomes
 from harness.metrics.frames import NS_PER_S, Frames
+from harness.metrics.summary import load_frames
 
 WINDOW_JSON = "window.json"
 # A point saturates when its second half's mean TTFT is this many times its first half's, and
@@ -115,7 +116,5 @@ def window_figures(frames: Frames, warmup_s: float, end_s: float | None,
 def window_of_dir(results_dir: Any, warmup_s: float, end_s: float | None,
                   bpt: float | None = None) -> dict[str, Any]:
     """`window_figures` of a results directory's records."""
-    from harness.metrics.summary import load_frames
-
     frames, _, _ = load_frames(results_dir)
     return window_figures(frames, warmup_s, end_s, bpt)

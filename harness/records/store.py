@@ -218,3 +218,13 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 def read_json(path: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(path.read_text())
     return data
+
+
+def ensure_out_dir(path: Path, flag: str = "--out") -> None:
+    """Create a results directory; InputError when `path` is a file or cannot be made."""
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{flag} {path} is a file; give a directory for the results")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{flag} {path}: cannot create it ({exc.strerror or exc})") from None

@@ -1,11 +1,9 @@
-"""`harness clean DIR...`: release what a killed run left behind (its local server, its
+"""Release what a killed run left behind (its local server, its
 private dump folder), using what its run.json recorded."""
 
 from __future__ import annotations
 
 from pathlib import Path
-
-import click
 
 from harness.adapters.launchers.process import reap_leftover
 from harness.errors import InputError
@@ -23,13 +21,3 @@ def clean_dir(results_dir: Path) -> list[str]:
     run.status = "interrupted"  # the harness died mid-run; nothing of it runs any more
     run.write(results_dir)
     return done
-
-
-@click.command("clean")
-@click.argument("dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
-def clean_cmd(dirs: tuple[Path, ...]) -> None:
-    """Stop the local server and remove the dump folder a killed run left (from its run.json)."""
-    for d in dirs:
-        done = clean_dir(d)
-        for line in done or ["nothing left behind"]:
-            click.echo(f"{d}: {line}")

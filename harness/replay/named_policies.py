@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from harness.adapters.base import Runtime
 from harness.errors import InputError
-from harness.policies import POLICIES
+from harness.policies import POLICIES, parse_policy_args
 
 
 def known_policies(runtime: Runtime | None = None) -> dict[str, str]:
@@ -43,3 +43,27 @@ def policy_names(policies: str, runtime: Runtime | None = None) -> list[str]:
 def policy_params(name: str) -> tuple[str, ...]:
     """The arguments policy `name` takes (a server policy takes none of its own)."""
     return tuple(POLICIES[name][1]) if name in POLICIES else ()
+
+
+def scoped_policy_args(policies: list[str], pairs: tuple[str, ...]
+                       ) -> dict[str, dict[str, str]]:
+    """Each policy's `--policy-arg`s in a study of several policies: `POLICY.KEY=VALUE` goes to
+    that policy, a plain `KEY=VALUE` to every policy of `policies` that takes KEY. InputError
+    for an argument that no policy takes, or one scoped to a policy not among them."""
+    out: dict[str, dict[str, str]] = {p: {} for p in policies}
+    for key, value in parse_policy_args(pairs).items():
+        scope, dot, name = key.partition(".")
+        if dot and (scope in POLICIES or scope in out):
+            if scope not in out:
+                raise InputError(f"--policy-arg {key}={value}: the bench does not run {scope!r} "
+                                 f"(--policies {','.join(policies)})")
+            out[scope][name] = value
+            continue
+        takers = [p for p in policies if key in policy_params(p)]
+        if not takers:
+            raise InputError(f"--policy-arg {key}={value}: no policy of the bench takes "
+                             f"{key!r} (--policies {','.join(policies)}); scope it as "
+                             "POLICY.KEY=VALUE")
+        for p in takers:
+            out[p][key] = value
+    return out

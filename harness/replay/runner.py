@@ -21,6 +21,8 @@ from typing import Any
 from harness.adapters.base import Adapter, Runtime, RuntimeSession, ServerInfo, ServerOptions
 from harness.adapters.http import KEEPALIVE_S, REQUEST_ERRORS, Timeouts, connect
 from harness.errors import InputError, ServerError
+from harness.metrics.summary import summarize_dir
+from harness.metrics.window import WINDOW_JSON, window_of_dir
 from harness.plan.planner import Plan
 from harness.plan.shard import WHOLE, Shard, check_shard_slots, shard_slots
 from harness.policies import make_policy
@@ -265,18 +267,13 @@ async def _scrape_loop(adapter: Adapter, clock: Clock, writer: PartWriter, stats
         await sleep_s(clock, interval)
 
 
-def write_summary(out_dir: Path, run: RunManifest) -> dict[str, Any] | None:
-    """Recompute summary.json from the records on disk (None if metrics are unavailable)."""
-    try:
-        from harness.metrics.summary import summarize_dir
-    except ImportError:
-        return None
+def write_summary(out_dir: Path, run: RunManifest) -> dict[str, Any]:
+    """Recompute summary.json (and, for a bounded run, window.json) from the records on disk;
+    returns the summary."""
     # Streamed over the record parts: memory stays flat however long the run was.
     summary: dict[str, Any] = summarize_dir(out_dir, run=run)
     write_json(out_dir / SUMMARY_JSON, summary)
     if run.window is not None:  # a bounded run: the figures of its window too
-        from harness.metrics.window import WINDOW_JSON, window_of_dir
-
         write_json(out_dir / WINDOW_JSON, window_of_dir(
             out_dir, run.window["warmup_s"], run.window["duration_s"], run.kv_bytes_per_token))
     return summary

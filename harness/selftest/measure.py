@@ -26,8 +26,15 @@ import numpy as np
 import orjson
 import pandas as pd
 
+from harness.adapters.launchers.process import free_port
 from harness.errors import InputError, ServerError
+from harness.metrics.frames import build_frames
+from harness.plan.planner import Arrivals
 from harness.records.manifest import CpuPinning, RunManifest
+from harness.records.store import read_records
+from harness.replay.options import RunOptions
+from harness.replay.run import execute_run
+from harness.traces.schema import SYNTHETIC_DEFAULTS, Provenance, steps_table, write_trajectories
 
 HEALTH_TIMEOUT_S = 10.0
 # The reference client's prompt: the same 64 tokens on every call, as the first call of the
@@ -102,8 +109,6 @@ def start_stub(ttft_ms: float, cpus: str | None = None, port: int | None = None,
     `slots` slots, default the stub's) and wait for its /health. InputError when `port` is
     taken; ServerError when the stub exits or does not answer within `timeout_s` (it is
     killed then)."""
-    from harness.adapters.launchers.process import free_port
-
     if port is not None and not port_is_free(port):
         raise InputError(f"port {port} is in use; choose another --port or leave it out")
     port = free_port() if port is None else port
@@ -180,13 +185,6 @@ def synthetic_trace(path: Path, agents: int, calls: int, tool_s: float, out_toke
                     source: str = "harness selftest") -> Path:
     """A trace of `agents` trajectories of `calls` LLM calls each (64 tokens first, 8 after),
     a local tool of `tool_s` seconds between calls; written to `path`."""
-    from harness.traces.schema import (
-        SYNTHETIC_DEFAULTS,
-        Provenance,
-        steps_table,
-        write_trajectories,
-    )
-
     rows: list[dict[str, Any]] = []
     for a in range(agents):
         step = 0
@@ -218,11 +216,6 @@ def harness_replay(url: str, trace_path: Path, agents: int, out: Path, policy: s
                    pinning: CpuPinning | None = None) -> Replay:
     """Replay `trace_path` closed-loop with `agents` agents on the server at `url` (one slot
     per agent, so no call waits for a slot) and link its records."""
-    from harness.metrics.frames import build_frames
-    from harness.plan.planner import Arrivals
-    from harness.records.store import read_records
-    from harness.replay.cli import RunOptions, execute_run
-
     run = execute_run(RunOptions(trace=trace_path, policy=policy, out=out, url=url,
                                  arrivals=Arrivals(concurrency=agents), slots=agents,
                                  scrape_interval_s=0.5, pinning=pinning), lambda _: None)

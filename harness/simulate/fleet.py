@@ -228,3 +228,13 @@ class Fleet:
         return {"calls_per_server": list(self.calls), "resumed_calls": resumed,
                 "resumed_same_server": self.stayed,
                 "same_server_share": self.stayed / resumed if resumed else None}
+
+
+def fleet_line(servers: int, router: str, routing: dict[str, Any]) -> str:
+    """One line on what the router did (run.json's simulator.routing)."""
+    share = routing["same_server_share"]
+    stayed = "no resumed calls" if share is None else (
+        f"{routing['resumed_same_server']} of {routing['resumed_calls']} resumed calls "
+        f"({share:.0%}) stayed on their server")
+    calls = "/".join(str(n) for n in routing["calls_per_server"])
+    return f"{servers} servers, {router}: {stayed}; calls per server {calls}"

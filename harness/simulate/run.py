@@ -14,6 +14,7 @@ import numpy as np
 
 from harness import __version__
 from harness.errors import InputError
+from harness.metrics.summary import summarize_dir
 from harness.model.calibration import Calibration
 from harness.plan.planner import Arrivals
 from harness.policies import make_policy
@@ -198,6 +199,4 @@ def _record_end(run: RunManifest, counters: Counters, sink: RecordSink,
 
 def summarize_into(out: Path, run: RunManifest) -> None:
     """summary.json from the records."""
-    from harness.metrics.summary import summarize_dir
-
     write_json(out / SUMMARY_JSON, summarize_dir(out, run=run))

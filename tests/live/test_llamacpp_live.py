@@ -185,7 +185,7 @@ def test_killed_run_leaves_readable_results(llama_server: LocalLlamaServer,
 def test_calibrate_measures_the_real_server(llama_server: LocalLlamaServer) -> None:
     """Every rate `harness calibrate` measures comes from the server's own timings: the appended
     prompt reuses the cached prefix (prompt_n = 32), and a longer context costs more."""
-    from harness.replay.calibrate import measure
+    from harness.calibrate.measure import measure
 
     async def go() -> Any:
         async with connect(llama_server.url, 8) as http:

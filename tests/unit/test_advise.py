@@ -9,18 +9,19 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from harness.capacity.advise import (
+from harness.advise.candidates import (
     Candidate,
     candidate_space,
     objective_value,
     simulate_candidates,
     simulated_measure,
 )
-from harness.capacity.advise_cli import compare, disagreement, int_list, recommend, rel_error
+from harness.advise.confirm import compare, disagreement, recommend, rel_error
+from harness.advise.explain import explain
 from harness.capacity.driver import SearchSettings
-from harness.capacity.explain import explain
 from harness.capacity.slo import parse_slo
 from harness.cli import main
+from harness.commands.advise import int_list
 from harness.errors import InputError
 from harness.model.calibration import read_calibration
 from harness.traces.validate import load_trajectories

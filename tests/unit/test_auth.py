@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from harness.adapters.http import connect
 from harness.cli import main
-from harness.replay.cli import headers_from_flags
+from harness.commands.options import headers_from_flags
 from harness.replay.runner import redact_url
 from harness.selftest import measure
 

@@ -10,13 +10,16 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from harness.bench.plan import plan_bench
+from harness.bench.run import check_same_pinning, run_bench
 from harness.cli import main
+from harness.commands.options import arrivals_from_flags
 from harness.errors import InputError
 from harness.records.manifest import CpuPinning, RunManifest, read_manifest
 from harness.records.store import read_json
 from harness.replay import pinning
-from harness.replay.bench import check_same_pinning, plan_bench, run_bench, scoped_policy_args
-from harness.replay.cli import RunOptions, arrivals_from_flags
+from harness.replay.named_policies import scoped_policy_args
+from harness.replay.options import RunOptions
 from tests.fakes.runtime import MemoryRuntime
 from tests.live.traces import write_one_pause_trace
 

@@ -10,8 +10,8 @@ from aiohttp.test_utils import TestServer
 
 from harness.adapters.http import connect
 from harness.adapters.llamacpp import LlamaCppAdapter
+from harness.calibrate.measure import Measured, measure, to_calibration
 from harness.model.calibration import read_calibration, write_calibration
-from harness.replay.calibrate import Measured, measure, to_calibration
 from tests.fakes.llamacpp_server import BYTES_PER_TOKEN, STATE, FakeConfig, make_app
 
 

@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 
 from harness.capacity.budget import Budget, parse_span
-from harness.capacity.cli import parse_search, policy_list, result_table
 from harness.capacity.driver import PointSpec, SearchSettings, search_policy, verdict_line
 from harness.capacity.live import nan_free
+from harness.capacity.run import policy_list, result_table
 from harness.capacity.slo import parse_slo
+from harness.commands.options import parse_search
 from harness.errors import InputError
 
 
@@ -188,9 +189,10 @@ def test_run_capacity_end_to_end_on_the_in_memory_runtime(tmp_path: Path) -> Non
     most, so nothing depends on the timing of a real clock (goodput, queue growth)."""
     import os
 
-    from harness.capacity.cli import CapacityPlan, run_capacity
+    from harness.capacity.run import CapacityPlan, run_capacity
+    from harness.commands.options import arrivals_from_flags
     from harness.replay import pinning
-    from harness.replay.cli import RunOptions, arrivals_from_flags
+    from harness.replay.options import RunOptions
     from tests.fakes.runtime import MemoryRuntime
     from tests.live.traces import write_one_pause_trace
 

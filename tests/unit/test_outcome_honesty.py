@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.commands.exits import SERVER_FAILURES_EXIT, exit_on_server_failures
 from harness.metrics.summary import summarize_dir
 from harness.policies import make_policy
 from harness.records.manifest import Outcome, RunManifest, read_manifest
-from harness.replay.cli import SERVER_FAILURES_EXIT, exit_on_server_failures
 from harness.replay.clock import VirtualClock
 from harness.replay.runner import replay
 from tests.fakes.memory_adapter import MemoryAdapter
@@ -61,8 +61,9 @@ def test_an_incomplete_run_is_marked_incomplete(tmp_path: Path) -> None:
 
 
 def test_a_server_that_exits_mid_run_ends_it_with_its_reason(tmp_path: Path) -> None:
+    from harness.commands.options import arrivals_from_flags
     from harness.errors import ServerError
-    from harness.replay.cli import RunOptions, arrivals_from_flags, execute_run
+    from harness.replay.run import RunOptions, execute_run
     from harness.selftest.measure import synthetic_trace
     from tests.fakes.runtime import MemoryRuntime
 

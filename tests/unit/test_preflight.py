@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from harness.commands.options import arrivals_from_flags
 from harness.errors import InputError
 from harness.plan.injection import Injection
 from harness.plan.planner import Arrivals, CallStep, Plan, ToolStep, TrajectoryPlan
-from harness.replay.cli import RunOptions, arrivals_from_flags, execute_run
 from harness.replay.preflight import MAX_CONTEXT_TOKENS, check_plan, context_needed
+from harness.replay.run import RunOptions, execute_run
 from harness.traces.schema import SYNTHETIC_DEFAULTS, Provenance, steps_table, write_trajectories
 from tests.fakes.runtime import MemoryRuntime
 

@@ -53,7 +53,7 @@ def test_a_simulated_and_a_real_run_of_one_trace_and_policy_pair_up(tmp_path: Pa
 
 
 def test_bench_simulates_what_a_replay_ran(tmp_path: Path) -> None:
-    from harness.replay.bench import simulate_like
+    from harness.bench.run import simulate_like
 
     run = simulate_like(DATA / "recompute", TRACE, "recompute", {}, DATA / "calibration.json",
                         tmp_path / "recompute-simulated").to_dict()

@@ -19,8 +19,8 @@ from harness.cli import main
 from harness.errors import InputError, ServerError
 from harness.records.manifest import RunManifest, read_manifest
 from harness.report.render import render_report
-from harness.selftest import cli as selftest_cli
 from harness.selftest import measure
+from harness.selftest import run as selftest_cli
 from harness.selftest.measure import Stub, error_stats
 from harness.selftest.result import SELFTEST_VERSION, read_selftest
 

@@ -14,7 +14,9 @@ from pathlib import Path
 import pandas as pd
 
 from harness.errors import InputError
-from harness.traces.schema import Provenance
+from harness.traces.scale import scale_tokens
+from harness.traces.schema import Provenance, write_trajectories
+from harness.traces.validate import check_frame
 
 FORMATS: dict[str, str] = {
     "infercept": "harness.traces.importers.infercept",
@@ -57,3 +59,23 @@ def import_traces(fmt: str, paths: Sequence[Path], options: dict[str, str]) -> I
         raise InputError(f"{fmt} import takes one path, got {len(paths)}")
     many: Imported = module.import_paths(list(paths), options)
     return many
+
+
+def import_to_file(fmt: str, paths: Sequence[Path], options: dict[str, str], out: Path,
+                   token_scale: float = 1.0) -> Imported:
+    """Import `paths` of format `fmt`, scale every token count by `token_scale` (recorded in
+    the provenance), check the result and write it to `out`; InputError (nothing written) when
+    the import is not a valid workload."""
+    imported = import_traces(fmt, paths, options)
+    if token_scale != 1.0:
+        imported.steps = scale_tokens(imported.steps, token_scale)
+        imported.provenance.extra["token_scale"] = token_scale
+        imported.provenance.notes.append(
+            f"every token count multiplied by {token_scale:g} and rounded up (--token-scale); "
+            "an LLM step still generates at least 1 token")
+    problems = check_frame(imported.steps, str(out))
+    if problems:
+        raise InputError("the import produced an invalid workload:\n"
+                         + "\n".join(str(p) for p in problems[:20]))
+    write_trajectories(imported.steps, out, imported.provenance)
+    return imported

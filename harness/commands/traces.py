@@ -9,25 +9,25 @@ from typing import Any
 
 import click
 
+from harness.commands.options import check_out_file, seed_option
 from harness.errors import InputError
-from harness.limits import MAX_SEED
 from harness.traces.generator import generate, provenance_for
-from harness.traces.importers import FORMATS, import_traces
+from harness.traces.importers import FORMATS, import_to_file
 from harness.traces.profiles import builtin_profiles, load_profile
-from harness.traces.scale import check_token_scale, scale_tokens
+from harness.traces.scale import check_token_scale
 from harness.traces.schema import read_provenance, write_trajectories
 from harness.traces.stats import describe
-from harness.traces.validate import check_frame, load_trajectories, validate_file
+from harness.traces.validate import load_trajectories, validate_file
 
 
-@click.group()
-def traces() -> None:
+@click.group("traces")
+def traces_command() -> None:
     """Trajectory files: validate, describe, import real traces, generate synthetic ones."""
 
 
-@traces.command()
+@traces_command.command("validate")
 @click.argument("file", type=click.Path(path_type=Path))
-def validate(file: Path) -> None:
+def validate_command(file: Path) -> None:
     """Exit 0 when FILE is a valid trajectory file; else one line per problem, exit 2."""
     problems = validate_file(file)
     if not problems:
@@ -44,10 +44,10 @@ def _fmt_q(q: dict[str, Any], unit: str = "") -> str:
     return " / ".join(f"{q[k]:.4g}{unit}" for k in ("p50", "p95", "p99"))
 
 
-@traces.command("describe")
+@traces_command.command("describe")
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def describe_cmd(file: Path, as_json: bool) -> None:
+def describe_command(file: Path, as_json: bool) -> None:
     """Trajectories, calls, tool latency by class, abandoned tools, retained tokens at pauses,
     sub-agents, and the ideal prefix reuse (overall, per policy, by pause length)."""
     d = describe(load_trajectories(file), read_provenance(file))
@@ -150,7 +150,7 @@ def _echo_import(imp: dict[str, Any]) -> None:
         click.echo(f"  source totals: {_fmt_count(totals)}")
 
 
-@traces.command("import")
+@traces_command.command("import")
 @click.argument("fmt", metavar="FORMAT", type=click.Choice(sorted(FORMATS)))
 @click.argument("paths", metavar="PATH...", nargs=-1, required=True,
                 type=click.Path(path_type=Path))
@@ -160,8 +160,8 @@ def _echo_import(imp: dict[str, Any]) -> None:
 @click.option("--token-scale", type=float, default=1.0, show_default=True,
               help="Multiply every token count by this (rounded up), e.g. 0.05 to fit "
                    "100k-token sessions in a 16k context; recorded in the provenance.")
-def import_cmd(fmt: str, paths: tuple[Path, ...], out: Path, options: tuple[str, ...],
-               token_scale: float) -> None:
+def import_command(fmt: str, paths: tuple[Path, ...], out: Path, options: tuple[str, ...],
+                   token_scale: float) -> None:
     """Import a real trace (FORMAT PATH...) into the trajectory format. Only kv-cache-tester
     takes several paths (files or directories)."""
     check_out_file(out)
@@ -173,18 +173,7 @@ def import_cmd(fmt: str, paths: tuple[Path, ...], out: Path, options: tuple[str,
         k, v = o.split("=", 1)
         opts[k] = v
     t0 = time.perf_counter()
-    imported = import_traces(fmt, paths, opts)
-    if token_scale != 1.0:
-        imported.steps = scale_tokens(imported.steps, token_scale)
-        imported.provenance.extra["token_scale"] = token_scale
-        imported.provenance.notes.append(
-            f"every token count multiplied by {token_scale:g} and rounded up (--token-scale); "
-            "an LLM step still generates at least 1 token")
-    problems = check_frame(imported.steps, str(out))
-    if problems:
-        raise InputError("the import produced an invalid workload:\n"
-                         + "\n".join(str(p) for p in problems[:20]))
-    write_trajectories(imported.steps, out, imported.provenance)
+    imported = import_to_file(fmt, paths, opts, out, token_scale)
     for w in imported.warnings[:50]:
         click.echo(f"warning: {w}", err=True)
     if len(imported.warnings) > 50:
@@ -194,22 +183,14 @@ def import_cmd(fmt: str, paths: tuple[Path, ...], out: Path, options: tuple[str,
                f"({time.perf_counter() - t0:.2f} s)")
 
 
-def check_out_file(out: Path) -> None:
-    """InputError unless `out` can be a file: not a directory, its folder existing."""
-    if out.is_dir():
-        raise InputError(f"--out {out} is a directory; give the Parquet file to write")
-    if not out.parent.is_dir():
-        raise InputError(f"--out {out}: folder {out.parent} does not exist")
-
-
-@traces.command()
+@traces_command.command("gen")
 @click.option("--profile", required=True, help=f"Built-in ({', '.join(builtin_profiles())}) "
                                                "or a TOML file.")
 @click.option("--trajectories", type=click.IntRange(1, 10_000_000), default=10,
               show_default=True)
-@click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True)
+@seed_option
 @click.option("--out", required=True, type=click.Path(path_type=Path))
-def gen(profile: str, trajectories: int, seed: int, out: Path) -> None:
+def gen_command(profile: str, trajectories: int, seed: int, out: Path) -> None:
     """Generate a synthetic workload from a profile; the same seed gives the same file."""
     check_out_file(out)
     prof = load_profile(profile)

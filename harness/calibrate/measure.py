@@ -1,4 +1,4 @@
-"""`harness calibrate`: measure a live server's rates for the model, the simulator and policies.
+"""Calibration: measure a live server's rates for the model, the simulator and policies.
 
 Prefill tokens/s at several context lengths (cold slot), decode tokens/s at each of them, the
 rate of a short prompt appended to each cached context (what a kept request's resume computes),
@@ -14,8 +14,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-import click
-
 from harness.adapters.base import (
     Adapter,
     CompletionRequest,
@@ -24,7 +22,7 @@ from harness.adapters.base import (
     ServerOptions,
 )
 from harness.adapters.http import connect
-from harness.adapters.runtimes import RUNTIMES, get_runtime
+from harness.adapters.runtimes import get_runtime
 from harness.errors import InputError, ServerError
 from harness.model.calibration import Calibration, write_calibration
 from harness.model.iteration import APPEND_TOKENS
@@ -168,6 +166,9 @@ def calibrate(out: Path, runtime: str = "llamacpp", url: str | None = None, repe
     added, pinned as the replays are: `pin`, or decided here) and write the calibration file
     `out`."""
     rt = get_runtime(runtime)
+    if not rt.per_slot_control:
+        raise InputError(f"calibrate measures a server whose slots the harness controls; "
+                         f"{runtime} has none")
     if pin == AUTO:
         pin = pinning.decide(pinning.available_cpus(), url is None, rt.pins_local_server)
     pinning.apply(pin)
@@ -179,28 +180,3 @@ def calibrate(out: Path, runtime: str = "llamacpp", url: str | None = None, repe
     cal = to_calibration(measured, bpt, build, rt.name)
     write_calibration(out, cal)
     return cal, measured
-
-
-@click.command("calibrate")
-@click.option("--runtime", type=click.Choice(list(RUNTIMES)), default="llamacpp",
-              show_default=True, help="A runtime whose slots the harness controls (llamacpp).")
-@click.option("--url", help="A running server (a llama-server started with --slot-save-path); "
-                            "default: start a local one.")
-@click.option("--out", required=True, type=click.Path(path_type=Path), help="JSON to write.")
-@click.option("--repeats", type=int, default=3, show_default=True)
-@click.option("--model", "model_path", type=click.Path(path_type=Path))
-def calibrate_cmd(runtime: str, url: str | None, out: Path, repeats: int,
-                  model_path: Path | None) -> None:
-    """Measure prefill and decode rates and slot save/restore bandwidth on a live server."""
-    if not get_runtime(runtime).per_slot_control:
-        raise InputError(f"calibrate measures a server whose slots the harness controls; "
-                         f"{runtime} has none")
-    cal, measured = calibrate(out, runtime, url, repeats, model_path)
-    pts = ", ".join(f"{n}: {r:,.0f}" for n, r in cal.prefill_points)
-    dec = ", ".join(f"{n}: {r:,.1f}" for n, r in cal.decode_points)
-    app = ", ".join(f"{n}: {r:,.1f}" for n, r in cal.append_points)
-    click.echo(f"prefill tok/s by context ({pts}); decode tok/s by context ({dec}); "
-               f"{APPEND_TOKENS}-token append tok/s by context ({app}); "
-               f"slot save {cal.swap_out_bytes_per_s / 2**30:.2f} GiB/s, restore "
-               f"{cal.swap_in_bytes_per_s / 2**30:.2f} GiB/s; KV {cal.kv_bytes_per_token:,.0f} "
-               f"B/token (dumps: {measured.dump_bytes_per_token:,.0f} B/token)\nwrote {out}")

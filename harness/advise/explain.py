@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from harness.metrics.latency import pct
+from harness.metrics.summary import load_frames
 from harness.model.calibration import Calibration
 from harness.traces.schema import KIND_TOOL
 from harness.traces.stats import retained_tokens_at_pauses
@@ -24,8 +25,6 @@ def explain(steps: pd.DataFrame, calibration: Calibration, actions_dir: Path | N
     rates = calibration.rates()
     actions: dict[str, dict[str, int]] = {}
     if actions_dir is not None and actions_dir.is_dir():
-        from harness.metrics.summary import load_frames
-
         pauses = load_frames(actions_dir)[0].pauses
         for cls, act in zip(pauses["tool_class"].astype(object), pauses["action"].astype(object),
                             strict=True):

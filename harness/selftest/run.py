@@ -1,4 +1,4 @@
-"""`harness selftest`: the harness's own error on this machine, against a server of known delays.
+"""The selftest: the harness's own error on this machine, against a server of known delays.
 
 Starts the stub (harness.selftest.stub) in a process of its own, on a CPU other than the
 harness's where two or more are allowed; times a plain reference client and then a harness
@@ -16,13 +16,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import click
-
 from harness import __version__
 from harness.errors import InputError
-from harness.policies import POLICIES
 from harness.records.manifest import CpuPinning
 from harness.replay import pinning
+from harness.replay.loop import loop_name
+from harness.replay.loop import run as run_loop
 from harness.selftest.measure import (
     Replay,
     Stub,
@@ -73,8 +72,6 @@ def measure_error(cfg: SelftestConfig, work: Path) -> tuple[Replay, dict[str, An
     """Start the stub, time the reference loop and a harness replay on it, stop the stub
     whatever happens (an error, Ctrl-C); returns the replay and its error figures with the
     pinning they ran under. Pins this process to the harness's CPU for the run only."""
-    from harness.replay.loop import run as run_loop
-
     cpus = pinning.available_cpus()
     pin = pinning.decide(cpus, True, True)
     before = os.sched_getaffinity(0) if cpus else None
@@ -98,8 +95,6 @@ def measure_error(cfg: SelftestConfig, work: Path) -> tuple[Replay, dict[str, An
 
 def run_selftest(cfg: SelftestConfig) -> dict[str, Any]:
     """Measure and write the selftest file; returns its content."""
-    from harness.replay.loop import loop_name
-
     check_config(cfg)
     work = cfg.keep_results or Path(tempfile.mkdtemp(prefix="harness-selftest-"))
     try:
@@ -139,29 +134,3 @@ def summary_lines(data: dict[str, Any]) -> list[str]:
     lines.append(f"{'throughput:':<22} {err['calls_per_s']:,.1f} agent calls/s (tool pauses "
                  "included)")
     return lines
-
-
-@click.command("selftest")
-@click.option("--agents", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Closed-loop agents (one stub slot each).")
-@click.option("--ttft-ms", type=click.FloatRange(min=0), default=50.0, show_default=True,
-              help="The stub's time to first token.")
-@click.option("--calls", type=click.IntRange(min=1), default=40, show_default=True,
-              help="LLM calls per agent.")
-@click.option("--tool-ms", type=click.FloatRange(min=0), default=20.0, show_default=True,
-              help="The tool pause between two calls of an agent.")
-@click.option("--policy", type=click.Choice(list(POLICIES)), default="keep", show_default=True)
-@click.option("--port", type=click.IntRange(1, 65535),
-              help="The stub's port (default: a free one).")
-@click.option("--out", type=click.Path(path_type=Path), default=Path("selftest.json"),
-              show_default=True, help="The JSON to write.")
-@click.option("--keep-results", type=click.Path(path_type=Path),
-              help="Keep the replay's results directory (and its trace) here.")
-def selftest_cmd(agents: int, ttft_ms: float, calls: int, tool_ms: float, policy: str,
-                 port: int | None, out: Path, keep_results: Path | None) -> None:
-    """Measure the harness's own TTFT, resume-latency and client-lag error on this machine."""
-    data = run_selftest(SelftestConfig(agents, ttft_ms, calls, tool_ms, policy, out,
-                                       keep_results, port))
-    for line in summary_lines(data):
-        click.echo(line)
-    click.echo(f"written: {out}")

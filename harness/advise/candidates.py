@@ -1,6 +1,7 @@
 """The advisor's search in simulation: every candidate (a pause policy with its parameters, on
 server settings the user allows) gets a capacity search on the calibrated simulator, and the
-candidates are ranked on an objective under the SLO. The live confirmation is in advise_cli.
+candidates are ranked on an objective under the SLO. The live confirmation is in
+harness.advise.confirm.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from harness.errors import InputError
 from harness.metrics.window import window_of_dir
 from harness.model.calibration import Calibration
 from harness.plan.planner import Arrivals
+from harness.simulate.run import check_capacity, run_simulation
 from harness.traces.scale import scale_tokens
 from harness.traces.tile import copies_needed
 from harness.traces.validate import load_trajectories
@@ -79,8 +81,6 @@ def simulated_measure(trace: Path, calibration: Calibration, calibration_path: P
     """A Measure on the simulator: the point's agents in a closed loop over the trace repeated
     as a bounded replay would repeat it, judged over the same window. A simulation that cannot
     end (memory that paused parents hold) is a failing point, with its reason."""
-    from harness.simulate.run import check_capacity, run_simulation
-
     steps = scale_tokens(load_trajectories(trace), token_scale)
 
     def measure(spec: PointSpec, out: Path) -> dict[str, Any]:

@@ -6,27 +6,19 @@ from pathlib import Path
 
 import click
 
-from harness.errors import InputError
-from harness.records.merge import ShardInput, merge_shards
-from harness.replay.cli import ensure_out_dir
-from harness.replay.runner import write_summary
+from harness.distributed.merge import merge_results
 
 
 @click.command("merge")
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--out", required=True, type=click.Path(path_type=Path),
               help="The merged results directory (records, run.json, summary.json).")
-def merge_cmd(dirs: tuple[Path, ...], out: Path) -> None:
+def merge_command(dirs: tuple[Path, ...], out: Path) -> None:
     """Merge DIRS, the results of every shard of one run (`harness run --shard i/n
     --start-at T`), into OUT as one run's results. A shard whose load generator died (its
     run.json still reads `running`) has its unfinished trajectories recorded failed, reason
     worker-lost."""
-    for d in dirs:
-        if not (d / "run.json").is_file():
-            raise InputError(f"{d}: not a results directory (no run.json)")
-    ensure_out_dir(out)
-    result = merge_shards([ShardInput(d) for d in dirs], out)
-    write_summary(out, result.run)
+    result = merge_results(list(dirs), out)
     o = result.run.outcome
     assert o is not None
     click.echo(f"{result.run.policy}: {len(dirs)} shards, {result.records} records: "

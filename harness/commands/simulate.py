@@ -4,7 +4,7 @@ server, or a fleet of identical servers behind a router: harness.simulate.fleet)
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import click
 
@@ -13,7 +13,7 @@ from harness.limits import MAX_SEED
 from harness.model.calibration import read_calibration
 from harness.policies import parse_policy_args
 from harness.records.manifest import Outcome
-from harness.simulate.fleet import ROUND_ROBIN, ROUTERS, check_fleet
+from harness.simulate.fleet import ROUND_ROBIN, ROUTERS, check_fleet, fleet_line
 from harness.simulate.run import DEFAULT_DEADLINE_S, Arrivals, check_capacity, run_simulation
 
 
@@ -78,12 +78,12 @@ def _float(flag: str, raw: str | None) -> float | None:
                    "trajectories assigned (ties: lowest index).")
 @click.option("--no-summary", is_flag=True, help="Skip summary.json.")
 @click.option("--out", required=True, type=click.Path(path_type=Path))
-def simulate_cmd(trace: Path, policy: str, policy_args: tuple[str, ...],
-                 capacity_tokens: str | None, slots: str | None, ctx_per_slot: str | None,
-                 calibration: Path, concurrency: str | None, rate: str | None,
-                 trace_timing: bool, seed: str, history_window: str, default_deadline_s: str,
-                 slot_handoff: str, token_scale: float, servers: str, router: str,
-                 no_summary: bool, out: Path) -> None:
+def simulate_command(trace: Path, policy: str, policy_args: tuple[str, ...],
+                     capacity_tokens: str | None, slots: str | None,
+                     ctx_per_slot: str | None, calibration: Path, concurrency: str | None,
+                     rate: str | None, trace_timing: bool, seed: str, history_window: str,
+                     default_deadline_s: str, slot_handoff: str, token_scale: float,
+                     servers: str, router: str, no_summary: bool, out: Path) -> None:
     """Simulate TRACE on a modelled server; writes the results directory a replay writes."""
     k = _servers(servers)
     check_fleet(k, router)
@@ -120,13 +120,3 @@ def _servers(raw: str) -> int:
         return int(raw)
     except ValueError:
         raise InputError(f"--servers must be an integer >= 1, got {raw!r}") from None
-
-
-def fleet_line(servers: int, router: str, routing: dict[str, Any]) -> str:
-    """One line on what the router did (run.json's simulator.routing)."""
-    share = routing["same_server_share"]
-    stayed = "no resumed calls" if share is None else (
-        f"{routing['resumed_same_server']} of {routing['resumed_calls']} resumed calls "
-        f"({share:.0%}) stayed on their server")
-    calls = "/".join(str(n) for n in routing["calls_per_server"])
-    return f"{servers} servers, {router}: {stayed}; calls per server {calls}"

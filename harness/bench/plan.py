@@ -1,0 +1,88 @@
+"""A bench, checked before its first replay: one RunOptions per policy under one CPU pinning."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+from harness.adapters.base import Runtime
+from harness.adapters.runtimes import get_runtime
+from harness.capacity.slo import Slo, parse_slo
+from harness.errors import InputError
+from harness.model.calibration import read_calibration
+from harness.plan.injection import load_injection
+from harness.policies import make_policy
+from harness.records.manifest import CpuPinning
+from harness.replay import pinning
+from harness.replay.named_policies import per_pause_policy, policy_names, scoped_policy_args
+from harness.replay.options import RunOptions
+from harness.report.repeats import repeat_dirs
+from harness.traces.shipped import shipped_trace
+from harness.traces.validate import load_trajectories
+
+DEFAULT_POLICIES = ("keep", "swap", "recompute")
+DEFAULT_PICK_SLO = "resume_p95=2000ms"
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """A bench, validated before its first replay: one RunOptions per policy (with the same
+    CPU pinning), where results go, and what else runs (calibration, simulation, the advisor's
+    pick under `slo`, a capacity search of `capacity_s` seconds)."""
+
+    root: Path
+    trace: Path
+    runtime: Runtime
+    runs: tuple[RunOptions, ...]
+    calibration: Path | None  # a calibration file, or where --calibrate writes one
+    calibrate_first: bool
+    simulable: bool  # the simulator runs each policy too (see bench --calibration)
+    pinning: CpuPinning | None
+    repeats: int = 1  # rounds of every policy; above 1, each in <policy>/repeat-<k>
+    slo: Slo = parse_slo(DEFAULT_PICK_SLO)
+    capacity_s: float | None = None  # a capacity search after the replays, this long
+
+    def rounds(self) -> list[list[RunOptions]]:
+        """The replays in the order they run: round by round, every policy in each, so a
+        drift of the machine during the bench touches every policy alike."""
+        if self.repeats == 1:
+            return [list(self.runs)]
+        return [[replace(o, out=repeat_dirs(o.out, self.repeats)[k]) for o in self.runs]
+                for k in range(self.repeats)]
+
+
+def plan_bench(runtime: str, url: str | None, trace: Path | None, policies: str | None,
+               policy_args: tuple[str, ...], base: RunOptions, calibration: Path | None,
+               calibrate_first: bool, out: Path | None,
+               runtimes: Callable[[str], Runtime] = get_runtime, repeats: int = 1,
+               slo: Slo | None = None, capacity_s: float | None = None) -> BenchPlan:
+    """Check every input of a bench (policies and their arguments, the trace, the injection
+    profile, the calibration file) and decide its CPU pinning once; InputError on the first
+    problem, before anything is started."""
+    rt = runtimes(runtime)
+    names = policy_names(policies or ",".join(rt.default_policies), rt)
+    if calibrate_first and (calibration is not None or not rt.per_slot_control):
+        raise InputError("--calibrate measures a server whose slots the harness controls "
+                         "(llama.cpp); it replaces --calibration")
+    args = scoped_policy_args(names, policy_args)
+    for p in names:
+        make_policy(per_pause_policy(p, rt), args[p])
+    trace = trace or shipped_trace()
+    load_trajectories(trace)
+    load_injection(base.inject)
+    if calibration is not None:
+        read_calibration(calibration)
+    root = out or Path("reports") / f"bench-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
+    pin = pinning.decide(pinning.available_cpus(), url is None, rt.pins_local_server)
+    if calibrate_first:
+        calibration = root / "calibration.json"
+    runs = tuple(replace(base, trace=trace, policy=p, out=root / p, runtime=runtime, url=url,
+                         policy_args=args[p], calibration=calibration, pinning=pin)
+                 for p in names)
+    # The simulator models slots the harness controls, a closed loop and the trace's own tools.
+    simulable = (rt.per_slot_control and base.inject == "none"
+                 and base.arrivals.time_scale == 1.0)
+    return BenchPlan(root, trace, rt, runs, calibration, calibrate_first, simulable, pin,
+                     repeats, slo or parse_slo(DEFAULT_PICK_SLO), capacity_s)

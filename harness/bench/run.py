@@ -1,0 +1,152 @@
+"""A bench's work: the replays of every policy (round by round with repeats), each one's
+prediction and simulation given a calibration, one report; then, on request, the advisor's pick
+in simulation and a capacity search of the bench's policies."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from harness.advise.candidates import SPACE
+from harness.advise.run import AdvisePlan, advise
+from harness.bench.plan import BenchPlan
+from harness.calibrate.measure import calibrate
+from harness.capacity.driver import SearchSettings, SearchSpec
+from harness.capacity.run import CapacityPlan, run_capacity
+from harness.errors import InputError
+from harness.model.analytical import Rates, evaluate
+from harness.model.calibration import read_calibration
+from harness.model.inputs import pauses_from_trace
+from harness.plan.injection import Injection
+from harness.policies import make_policy
+from harness.records.manifest import RunManifest, read_manifest
+from harness.records.store import SUMMARY_JSON, ensure_out_dir, read_json, write_json
+from harness.replay.run import execute_run, to_stderr
+from harness.replay.runner import redact_url
+from harness.report.render import render_report
+from harness.report.repeats import repeat_dirs, write_repeats
+from harness.simulate.run import Arrivals, check_capacity, run_simulation
+
+# The advisor's pick and the capacity search judge each point over this window.
+POINT_DURATION_S = 45.0
+POINT_WARMUP_S = 10.0
+
+
+def predict(trace: Path, policy: str, calibration: Path) -> dict[str, Any]:
+    """The analytical model's figures for one policy over the trace's pauses, keyed so the
+    report can set them beside the measured ones: the restore part of resume latency (swap-in
+    or re-prefill; queueing and the appended tokens' prefill are not modelled), bytes moved,
+    tokens recomputed."""
+    cal = read_calibration(calibration)
+    pauses = pauses_from_trace(trace, Injection().default_deadline_s)
+    rates = Rates(prefill_tok_s=cal.prefill_tok_s, swap_out_bytes_per_s=cal.swap_out_bytes_per_s,
+                  swap_in_bytes_per_s=cal.swap_in_bytes_per_s,
+                  prefill_points=cal.prefill_points, source="calibration")
+    totals = evaluate({policy: make_policy(policy)}, pauses, cal.kv_bytes_per_token,
+                      rates)[policy].totals()
+    resume = totals["resume_ms"]
+    return {policy: {"restore_ms_p50": resume["p50"], "restore_ms_p95": resume["p95"],
+                     "restore_ms_p99": resume["p99"],
+                     "bytes_moved": totals["bytes_moved"]["total"],
+                     "tokens_recomputed": totals["tokens_recomputed"]["total"],
+                     "source": f"harness model, calibration {calibration}"}}
+
+
+def simulate_like(real_dir: Path, trace: Path, policy: str, policy_args: dict[str, str],
+                  calibration: Path, out: Path) -> RunManifest:
+    """The simulator on what a llama.cpp replay in `real_dir` ran: the same trace, policy,
+    slots x context, closed-loop agents and seed, its costs from `calibration` only."""
+    real = read_manifest(real_dir)
+    if real.arrivals is None or real.seed is None:
+        raise InputError(f"{real_dir}: run.json lacks the arrivals or seed to simulate it")
+    cap = check_capacity(None, real.slots, real.ctx_per_slot)
+    arrivals = Arrivals("closed", int(real.arrivals.concurrency))
+    return run_simulation(trace, policy, policy_args, cap, read_calibration(calibration),
+                          calibration, arrivals, int(real.seed), out,
+                          token_scale=real.trace.token_scale if real.trace else 1.0)
+
+
+def run_bench(plan: BenchPlan, echo: Callable[[str], None] = print
+              ) -> list[tuple[str, dict[str, Any]]]:
+    """Run a bench plan: calibrate first if asked, replay each policy (and simulate it where
+    that applies; with repeats, the first round), render one report; returns each replay's
+    summary, labelled by policy (and `#k` for repeat k). With repeats, each policy's
+    directory gets repeats.json, the spread between its repeats."""
+    if plan.calibrate_first and plan.calibration is not None:
+        first = plan.runs[0]
+        echo(f"calibrating {redact_url(first.url) if first.url else 'a local server'} ...")
+        ensure_out_dir(plan.root)
+        calibrate(plan.calibration, first.runtime, first.url, server_args=first.server_args,
+                  pin=plan.pinning)
+    rows: list[tuple[str, dict[str, Any]]] = []
+    dirs: list[Path] = []
+    runs: list[RunManifest] = []
+    t0 = time.monotonic()
+    for k, round_runs in enumerate(plan.rounds(), 1):
+        for o in round_runs:
+            name = o.policy if plan.repeats == 1 else f"{o.policy}#{k}"
+            echo(f"[{time.monotonic() - t0:6.0f}s] {name}: replaying {plan.trace} ...")
+            run = execute_run(o, to_stderr, plan.runtime)
+            runs.append(run)
+            dirs.append(o.out)
+            if plan.calibration is not None:
+                write_json(o.out / "prediction.json",
+                           predict(plan.trace, o.policy, plan.calibration))
+                if plan.simulable and k == 1:
+                    sim = plan.root / f"{o.policy}-simulated"
+                    simulate_like(o.out, plan.trace, o.policy, o.policy_args,
+                                  plan.calibration, sim)
+                    dirs.append(sim)
+            summary = read_json(o.out / SUMMARY_JSON) if (o.out / SUMMARY_JSON).exists() else {}
+            rows.append((name, summary))
+            c = run.outcome
+            echo(f"[{time.monotonic() - t0:6.0f}s] {name}: {c.completed if c else 0} "
+                 f"completed, {c.cancelled if c else 0} cancelled, {c.failed if c else 0} "
+                 "failed")
+    check_same_pinning(runs)
+    if plan.repeats > 1:
+        for o in plan.runs:
+            write_repeats(o.out, repeat_dirs(o.out, plan.repeats))
+    (plan.root / "report.html").write_text(render_report(dirs), encoding="utf-8")
+    return rows
+
+
+def check_same_pinning(runs: list[RunManifest]) -> None:
+    """RuntimeError when the runs of one bench did not all run under the same CPU pinning:
+    their numbers would not be comparable."""
+    seen = {repr(r.cpu_pinning) for r in runs}
+    if len(seen) > 1:
+        raise RuntimeError(f"the bench's policies ran under different CPU pinning: {seen}")
+
+
+def bench_pick(plan: BenchPlan) -> dict[str, Any]:
+    """The advisor's pick on the bench's server settings, in simulation with the bench's
+    calibration, under the bench's SLO (harness.advise, unconfirmed, into <out>/advice); its
+    recommendation with the chosen candidate's predicted figures (`predicted`)."""
+    if plan.calibration is None:
+        raise InputError("the advisor's pick needs a calibration (--calibration or --calibrate)")
+    o = plan.runs[0]
+    search = SearchSpec(plan.slo, 7 * 86_400.0, POINT_DURATION_S, POINT_WARMUP_S,
+                        SearchSettings(confirm=False))
+    doc = advise(AdvisePlan(plan.root / "advice", plan.trace, plan.calibration, "capacity",
+                            tuple(SPACE), (o.slots,), (o.ctx_per_slot,), search, o),
+                 lambda _m: None)
+    rec = doc["recommendation"]
+    top = next(r for r in doc["candidates"] if r["key"] == rec["key"])
+    return {**rec, "predicted": top["predicted"]}
+
+
+def bench_capacity(plan: BenchPlan, echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """A capacity search of the bench's policies on its server under the bench's SLO, for
+    `plan.capacity_s` seconds (into <out>/capacity); returns capacity.json's content."""
+    if plan.capacity_s is None:
+        raise InputError("--capacity needs --slo (e.g. --slo resume_p95=2000ms)")
+    o = plan.runs[0]
+    cplan = CapacityPlan(plan.root / "capacity", plan.trace, plan.slo,
+                         tuple((r.policy, r.policy_args) for r in plan.runs),
+                         replace(o, pinning=plan.pinning), plan.capacity_s, POINT_DURATION_S,
+                         POINT_WARMUP_S, SearchSettings())
+    return run_capacity(cplan, echo, plan.runtime)

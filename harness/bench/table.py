@@ -1,0 +1,44 @@
+"""The bench's headline: a fixed-width table of the policies' summaries, and their health."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.metrics.health import problems
+from harness.metrics.registry import metric
+
+
+def _value(name: str, s: dict[str, Any], scale: float = 1.0, spec: str = ",.0f") -> str:
+    """A registry metric's value in a summary, formatted ('-' where it has none)."""
+    v = metric(name).value(s)
+    return "-" if v is None else format(float(v) * scale, spec)
+
+
+def headline_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
+    """A fixed-width table of the policies' summaries (the metrics as the registry defines
+    them; the counts of resumes and trajectory outcomes beside them)."""
+    head = (f"{'policy':<11}{'resume p50':>11}{'p95':>9}{'p99':>9}{'n':>5}  "
+            f"{'ok':>4}{'cancel':>7}{'fail':>5}{'recomputed':>11}{'MiB moved':>10}"
+            f"{'mismatch':>9}")
+    lines = [head, "-" * len(head)]
+    for policy, s in rows:
+        r = s.get("resume_latency_ms") or {}
+        t = s.get("trajectories") or {}
+        lines.append(
+            f"{policy:<11}{_value('resume_latency_ms.p50', s):>11}"
+            f"{_value('resume_latency_ms.p95', s):>9}{_value('resume_latency_ms.p99', s):>9}"
+            f"{r.get('n', 0):>5}  {t.get('succeeded', 0):>4}{t.get('cancelled', 0):>7}"
+            f"{t.get('failed', 0):>5}{_value('tokens_recomputed', s):>11}"
+            f"{_value('bytes_moved', s, 1 / 2**20, '.1f'):>10}"
+            f"{_value('cache_mismatches', s, spec='.0f'):>9}")
+    lines.append("(resume latency in ms: tool result available -> first token of the next call)")
+    return "\n".join(lines)
+
+
+def health_lines(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Each policy's health problems (summary.json `health`: fail and warn), one line each."""
+    out = []
+    for policy, summary in rows:
+        for c in problems(summary.get("health") or []):
+            out.append(f"health, {policy}: {c['status'].upper()} {c['check']}: {c['detail']}")
+    return out or ["health: no problems found"]

@@ -1,0 +1,25 @@
+"""`harness history DIR... --out FILE`: headline metrics over commits, steps marked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from harness.commands.options import DIRS_ARGUMENT, outcome_slo_option
+from harness.report.compare import DEFAULT_THRESHOLD
+from harness.report.history import history
+
+
+@click.command("history")
+@DIRS_ARGUMENT
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="HTML file.")
+@click.option("--threshold", type=float, default=DEFAULT_THRESHOLD, show_default=True)
+@outcome_slo_option
+def history_command(dirs: tuple[Path, ...], out: Path, threshold: float,
+                    slo: dict[str, float]) -> None:
+    """Trend of headline metrics over commits (run.json git_commit, started_at), steps marked."""
+    doc = history(list(dirs), threshold, slo)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(doc, encoding="utf-8")
+    click.echo(f"wrote {out} ({len(doc):,} bytes)")

@@ -1,0 +1,55 @@
+"""`harness report`: one self-contained HTML report of results directories (or the report of a
+capacity search or an advice, re-rendered from its capacity.json or advice.json)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from harness.advise.run import write_advice_report
+from harness.capacity.run import write_capacity_report
+from harness.commands.options import DIRS_ARGUMENT, outcome_slo_option
+from harness.errors import InputError
+from harness.records.store import read_json
+from harness.report.render import render_report
+
+
+@click.command("report")
+@DIRS_ARGUMENT
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="HTML file (default: DIR/report.html for one directory).")
+@outcome_slo_option
+@click.option("--baseline", type=click.Path(path_type=Path), default=None,
+              help="The directory (one of DIRS) the others' differences are against "
+                   "(default: the first).")
+def report_command(dirs: tuple[Path, ...], out: Path | None, slo: dict[str, float],
+                   baseline: Path | None) -> None:
+    """Render one self-contained HTML report of DIRS (side by side) and refresh summary.json."""
+    if out is None:
+        if len(dirs) > 1:
+            raise InputError("several directories: say where the report goes with --out")
+        out = dirs[0] / "report.html"
+    if len(dirs) == 1 and (written := _search_report(dirs[0], out)) is not None:
+        click.echo(f"wrote {written}")
+        return
+    base = 0
+    if baseline is not None:
+        matches = [i for i, d in enumerate(dirs) if d.resolve() == baseline.resolve()]
+        if not matches:
+            raise InputError(f"--baseline {baseline} is not one of the directories reported")
+        base = matches[0]
+    doc = render_report(list(dirs), slo, baseline=base)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(doc, encoding="utf-8")
+    click.echo(f"wrote {out} ({len(doc):,} bytes)")
+
+
+def _search_report(root: Path, out: Path) -> Path | None:
+    """The report of a capacity search or an advice (a root with capacity.json or
+    advice.json), re-rendered from it; None for any other directory."""
+    if (root / "capacity.json").is_file():
+        return write_capacity_report(root, read_json(root / "capacity.json"), out)
+    if (root / "advice.json").is_file():
+        return write_advice_report(root, read_json(root / "advice.json"), out)
+    return None

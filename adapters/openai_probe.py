@@ -1,9 +1,11 @@
 """What an OpenAI-compatible server can do, learnt from its answers before a run.
 
-Three to eleven short requests on a prompt of PROBE_TOKENS ids drawn for this run alone (so no
-earlier run has it cached):
+A few short requests (at most eighteen) on a prompt of PROBE_TOKENS ids drawn for this run
+alone (so no earlier run has it cached):
 1. the prompt as token ids, asking for the generated ids (ID_REQUESTS, first that works): a
-   refusal of token-id prompts ends the run with the server's answer;
+   refusal of token-id prompts ends the run with the server's answer; ids for only some of the
+   generated tokens (llama-server's logprobs leave out tokens that end mid-character) draw up
+   to PARTIAL_REDRAWS other prompts before that way is given up;
 2. the prompt, the ids it generated and PROBE_APPEND more, as a resumed call: does `usage`
    report cached tokens, are there any (prefix reuse), and more than the prompt's (is the KV of
    generated tokens reused, or only prompt blocks, as Dynamo's mocker does)?
@@ -51,6 +53,7 @@ PROBE_TOKENS = 256  # whole blocks of 16, 32 or 64 tokens, and more than one of 
 PROBE_OUTPUT = 72
 SHORT_OUTPUT = 2  # the other probe requests' (only their cached tokens are read)
 PROBE_APPEND = 8
+PARTIAL_REDRAWS = 2  # fresh prompts when ids came back for only some generated tokens
 SALT_TRIALS = 2  # fresh values a salt field must keep at 0 cached tokens (see _try_salt)
 
 
@@ -119,7 +122,18 @@ async def probe(adapter: ProbeTarget, vocab: int, salt: str | None) -> Probed:
                 break
             found.notes.append(f"asking for ids with {sorted(extra)}: {answer.error}"[:200])
             continue
-        if answer.ids_complete():
+        for draw in range(1, PARTIAL_REDRAWS + 1):
+            if answer.ids_complete() or not answer.ids:
+                break
+            # Ids for only some tokens: a server may leave out the ids of tokens that end
+            # mid-character (llama-server's logprobs); another prompt generates other text.
+            found.notes.append(f"{via}: ids for {len(answer.ids)} of "
+                               f"{answer.usage.get('completion_tokens')} generated tokens; "
+                               "another prompt drawn")
+            prompt = probe_prompt(f"{salt}-redraw-{draw}" if salt else None, vocab)
+            req = CompletionRequest(prompt, PROBE_OUTPUT)
+            answer = answers[-1] = await _ask(adapter, req, adapter.body(req, extra))
+        if answer.error is None and answer.ids_complete():
             found.ids_via, found.ids_body = via, dict(extra)
             break
     if found.ids_via is None:

@@ -35,6 +35,9 @@ class FakeOpenAIConfig:
     prompt_only_cache: bool = False  # keep prompts' KV, never generated tokens' (Dynamo mocker)
     chat: bool = False  # serve /v1/chat/completions (one token per word, a marker per turn)
     chat_refuses_ignore_eos: bool = False
+    # the first N answers with ids leave out every other token's id, as llama-server's logprobs
+    # do for tokens that end mid-character
+    partial_id_answers: int = 0
 
 
 @dataclass
@@ -44,6 +47,7 @@ class FakeOpenAIState:
     requests: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     salted_seen: int = 0
+    id_answers: int = 0
 
 
 STATE: web.AppKey[FakeOpenAIState] = web.AppKey("openai_state", FakeOpenAIState)
@@ -119,10 +123,13 @@ def make_app(cfg: FakeOpenAIConfig) -> web.Application:
         await resp.prepare(request)
         n_out = int(body.get("max_tokens", 16))
         generated: list[int] = []
+        state.id_answers += bool(wants_ids)
+        partial = wants_ids and state.id_answers <= cfg.partial_id_answers
         for i in range(n_out):
             tok = (sum(prompt[-4:]) + 7 * i) % (cfg.vocab - 300) + 256
             generated.append(tok)
-            choice = _choice(tok, i == n_out - 1, cfg.ids if wants_ids else "none")
+            choice = _choice(tok, i == n_out - 1,
+                             cfg.ids if wants_ids and not (partial and i % 2) else "none")
             await resp.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
         state.cached.setdefault(salt, []).append(
             prompt if cfg.prompt_only_cache else prompt + generated[:-1])

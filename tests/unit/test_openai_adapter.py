@@ -115,6 +115,29 @@ def test_logprob_ids_and_a_per_call_no_cache_flag() -> None:
     with_server(FakeOpenAIConfig(ids="logprobs", salt_field="cache_prompt"), body)
 
 
+def test_ids_for_some_tokens_only_draw_another_probe_prompt() -> None:
+    """A server that leaves out some generated tokens' ids (llama-server's logprobs, for
+    tokens that end mid-character) on one prompt: the probe draws another before it decides
+    that ids do not come back; where they never come back whole, the run is refused."""
+    async def found(ad: OpenAIAdapter, state: FakeOpenAIState) -> None:
+        probe = (await ad.server_info()).extra["openai_probe"]
+        assert probe["output_ids"] == "logprobs"
+        assert probe["notes"][0] == "logprobs: ids for 36 of 72 generated tokens; another " \
+            "prompt drawn"
+        first, second = state.requests[1]["prompt"], state.requests[2]["prompt"]
+        assert first != second and len(first) == len(second)
+
+    with_server(FakeOpenAIConfig(ids="logprobs", salt_field="cache_prompt",
+                                 partial_id_answers=1), found)
+
+    async def refused(ad: OpenAIAdapter, state: FakeOpenAIState) -> None:
+        with pytest.raises(ValueError, match="returns no generated token ids"):
+            await ad.server_info()
+
+    with_server(FakeOpenAIConfig(ids="logprobs", salt_field="cache_prompt",
+                                 partial_id_answers=99), refused)
+
+
 def test_nested_salt_is_found_after_refused_and_ignored_fields() -> None:
     async def body(ad: OpenAIAdapter, state: FakeOpenAIState) -> None:
         probe = (await ad.server_info()).extra["openai_probe"]

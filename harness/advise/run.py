@@ -93,7 +93,7 @@ def advise(plan: AdvisePlan, echo: Callable[[str], None] = print,
         top = rows[0]
         doc["recommendation"] = {"label": top["label"], "key": top["key"],
                                  "why": f"best {plan.objective} under the SLO in simulation "
-                                        "(not confirmed: --no-confirm)",
+                                        "(not confirmed on the server)",
                                  "rests_on": "simulation",
                                  "predicted_objective": top["predicted"]["objective"]}
     chosen = next((r for r in rows if r["key"] == doc["recommendation"].get("key")), rows[0])

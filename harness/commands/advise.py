@@ -13,6 +13,7 @@ from harness.advise.run import AdvisePlan, advice_text, advise, objective_missed
 from harness.capacity.driver import SearchSpec
 from harness.commands.exits import exit_confirm_failed
 from harness.commands.options import (
+    Command,
     arrivals_from_flags,
     auth_options,
     runtime_option,
@@ -38,7 +39,7 @@ def int_list(flag: str, text: str, low: int, high: int) -> list[int]:
     return out
 
 
-@click.command("advise")
+@click.command("advise", cls=Command)
 @click.option("--trace", "trace_path", type=click.Path(path_type=Path),
               help="Trajectory file (default: the shipped traces/bench-small.parquet).")
 @click.option("--calibration", required=True, type=click.Path(path_type=Path),

@@ -19,6 +19,7 @@ from harness.capacity.run import result_table
 from harness.capacity.slo import parse_slo
 from harness.commands.exits import exit_on_server_failures
 from harness.commands.options import (
+    Command,
     arrivals_from_flags,
     auth_options,
     check_run_flags,
@@ -37,7 +38,7 @@ from harness.report.repeats import REPEATS_JSON, format_spread
 from harness.selftest.result import read_selftest
 
 
-@click.command("bench")
+@click.command("bench", cls=Command)
 @runtime_option()
 @url_option("A running server (default: start a local server per policy).")
 @click.option("--trace", "trace_path", type=click.Path(path_type=Path),

@@ -8,11 +8,11 @@ from pathlib import Path
 import click
 
 from harness.calibrate.measure import calibrate
-from harness.commands.options import runtime_option, url_option
+from harness.commands.options import Command, runtime_option, url_option
 from harness.model.iteration import APPEND_TOKENS
 
 
-@click.command("calibrate")
+@click.command("calibrate", cls=Command)
 @runtime_option("A runtime whose slots the harness controls (llamacpp).")
 @url_option("A running server (a llama-server started with --slot-save-path); default: "
             "start a local one.")

@@ -11,6 +11,7 @@ from harness.capacity.driver import SearchSpec
 from harness.capacity.run import plan_capacity, result_table, run_capacity
 from harness.commands.exits import exit_confirm_failed
 from harness.commands.options import (
+    Command,
     arrivals_from_flags,
     auth_options,
     check_run_flags,
@@ -25,7 +26,7 @@ from harness.policies import POLICIES
 from harness.replay.options import RunOptions
 
 
-@click.command("capacity")
+@click.command("capacity", cls=Command)
 @runtime_option()
 @url_option("A running server (default: a local server started per point).")
 @click.option("--trace", "trace_path", type=click.Path(path_type=Path),

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import click
 
+from harness.commands.options import Command
 from harness.replay.clean import clean_dir
 
 
-@click.command("clean")
+@click.command("clean", cls=Command)
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
 def clean_command(dirs: tuple[Path, ...]) -> None:
     """Stop the local server and remove the dump folder a killed run left (from its run.json)."""

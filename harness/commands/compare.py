@@ -8,13 +8,13 @@ from pathlib import Path
 
 import click
 
-from harness.commands.options import outcome_slo_option
+from harness.commands.options import Command, outcome_slo_option
 from harness.errors import InputError
 from harness.report.comparable import ASPECTS, parse_allow
 from harness.report.compare import DEFAULT_THRESHOLD, compare_dirs, format_text
 
 
-@click.command("compare")
+@click.command("compare", cls=Command)
 @click.argument("base", type=click.Path(path_type=Path))
 @click.argument("new", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")

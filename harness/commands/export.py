@@ -7,11 +7,11 @@ from pathlib import Path
 
 import click
 
-from harness.commands.options import DIRS_ARGUMENT, outcome_slo_option
+from harness.commands.options import DIRS_ARGUMENT, Command, outcome_slo_option
 from harness.report.export import FORMATS, export
 
 
-@click.command("export")
+@click.command("export", cls=Command)
 @DIRS_ARGUMENT
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default=FORMATS[0],
               show_default=True)

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import click
 
-from harness.commands.options import DIRS_ARGUMENT, outcome_slo_option
+from harness.commands.options import DIRS_ARGUMENT, Command, outcome_slo_option
 from harness.report.compare import DEFAULT_THRESHOLD
 from harness.report.history import history
 
 
-@click.command("history")
+@click.command("history", cls=Command)
 @DIRS_ARGUMENT
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="HTML file.")
 @click.option("--threshold", type=float, default=DEFAULT_THRESHOLD, show_default=True)

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import click
 
+from harness.commands.options import Command
 from harness.distributed.merge import merge_results
 
 
-@click.command("merge")
+@click.command("merge", cls=Command)
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--out", required=True, type=click.Path(path_type=Path),
               help="The merged results directory (records, run.json, summary.json).")

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from harness.commands.options import Command
 from harness.errors import InputError
 from harness.model.geometry import preset_names
 from harness.model.pricing import PER_PAUSE_AUTO, price, render
@@ -32,7 +33,7 @@ def _number(flag: str, raw: str | None, kind: type = float) -> Any:
     return v
 
 
-@click.command("model")
+@click.command("model", cls=Command)
 @click.option("--preset", help=f"Geometry preset: {', '.join(preset_names())}.")
 @click.option("--config", type=click.Path(path_type=Path), help="TOML with the same keys.")
 @click.option("--gguf", type=click.Path(path_type=Path), help="Read the geometry from a GGUF.")

@@ -10,6 +10,7 @@ naming the flag: one line and exit 2, before anything starts.
 from __future__ import annotations
 
 import functools
+import math
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +30,43 @@ from harness.plan.planner import Arrivals
 from harness.traces.scale import check_token_scale
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+class Command(click.Command):
+    """A harness command: besides click's own parsing, two checks for every flag of every
+    command. A flag that takes one value given twice is refused (click would keep the last
+    without a word), and a number that is not finite (nan, inf) is refused wherever a float is
+    read."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        _, _, order = self.make_parser(ctx).parse_args(args=list(args))
+        seen: set[str] = set()
+        for param in order:
+            if (isinstance(param, click.Option) and not param.multiple and not param.count
+                    and not param.is_eager and param.name is not None):
+                if param.name in seen:
+                    raise InputError(f"{_flag(param)} is given more than once; give it once")
+                seen.add(param.name)
+        rest = super().parse_args(ctx, args)
+        for param in self.get_params(ctx):
+            value = ctx.params.get(param.name or "")
+            for v in value if isinstance(value, tuple) else (value,):
+                if isinstance(v, float) and not math.isfinite(v):
+                    raise InputError(f"{_flag(param)} must be a finite number, got {v}")
+        return rest
+
+
+class Group(click.Group):
+    """A command group whose commands are harness Commands."""
+
+    command_class = Command
+
+
+def _flag(param: click.Parameter) -> str:
+    """How the user wrote a flag: its longest name (the argument's name, upper case)."""
+    if isinstance(param, click.Option):
+        return max(param.opts, key=len)
+    return (param.name or "").upper()
 
 
 def runtime_option(help: str | None = None) -> Decorator:  # noqa: A002 - click's own name
@@ -54,11 +92,17 @@ def _checked_url(url: str | None) -> str | None:
 
 
 def check_url(url: str | None) -> None:
-    """InputError unless `url` is an http(s) URL with a host."""
+    """InputError unless `url` is an http(s) URL with a host (and a port, when it has one,
+    in range)."""
     if url is None:
         return
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        parts.port  # noqa: B018 - urllib checks the port when it is read
+    except ValueError:  # an unclosed IPv6 literal, a port that is not a number or too large
+        ok = False
+    if not ok or any(c in url for c in _CONTROL):
         raise InputError(f"--url must be http://host[:port] or https://..., got {url[:80]!r}")
 
 
@@ -174,18 +218,28 @@ def auth_options(f: Callable[..., Any]) -> Callable[..., Any]:
                         help="Sent as 'Authorization: Bearer KEY'; never recorded.")(f)
 
 
+# Characters no HTTP header (or URL) may carry: a line break would start a header of its own.
+_CONTROL = frozenset("\r\n\x00")
+
+
 def headers_from_flags(api_key: str | None, headers: tuple[str, ...],
                        url: str | None = None) -> dict[str, str]:
-    """The request headers the flags ask for; InputError for one that is not 'Name: value',
-    or for an Authorization beside credentials in `url` (one or the other)."""
+    """The request headers the flags ask for; InputError for one that is not 'Name: value', a
+    line break or NUL in a header or the API key (never echoed), or an Authorization beside
+    credentials in `url` (one or the other)."""
     out: dict[str, str] = {}
     for h in headers:
         name, sep, value = h.partition(":")
         name, value = name.strip(), value.strip()
-        if not sep or not name or any(c in name for c in " \t\r\n") or "\n" in value:
-            raise InputError(f"--header must be 'Name: value', got {h[:60]!r}")
+        if not sep or not name or any(c in name for c in " \t") or _CONTROL & set(h):
+            raise InputError(f"--header must be 'Name: value' on one line, got {h[:60]!r}")
+        if not (name + value).isascii():
+            raise InputError(f"--header {name[:40]!r}: only ASCII characters travel in a header")
         out[name] = value
     if api_key:
+        if _CONTROL & set(api_key) or not api_key.isascii():
+            raise InputError("--api-key (or HARNESS_API_KEY) holds a line break, a NUL or a "
+                             "character that is not ASCII; it cannot travel in a header")
         out["Authorization"] = f"Bearer {api_key}"
     if url and "@" in urllib.parse.urlsplit(url).netloc and any(
             k.lower() == "authorization" for k in out):

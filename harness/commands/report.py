@@ -9,13 +9,13 @@ import click
 
 from harness.advise.run import write_advice_report
 from harness.capacity.run import write_capacity_report
-from harness.commands.options import DIRS_ARGUMENT, outcome_slo_option
+from harness.commands.options import DIRS_ARGUMENT, Command, outcome_slo_option
 from harness.errors import InputError
 from harness.records.store import read_json
 from harness.report.render import render_report
 
 
-@click.command("report")
+@click.command("report", cls=Command)
 @DIRS_ARGUMENT
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="HTML file (default: DIR/report.html for one directory).")

@@ -11,6 +11,7 @@ import click
 from harness.adapters.http import Timeouts
 from harness.commands.exits import exit_on_server_failures, print_result
 from harness.commands.options import (
+    Command,
     arrivals_from_flags,
     auth_options,
     check_run_flags,
@@ -38,7 +39,7 @@ def _err(message: str) -> None:
     click.echo(message, err=True)
 
 
-@click.command("run")
+@click.command("run", cls=Command)
 @runtime_option()
 @url_option("A running server; without it a local one is started and stopped.")
 @click.option("--trace", "trace_path", required=True, type=click.Path(path_type=Path))

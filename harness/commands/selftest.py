@@ -7,11 +7,12 @@ from pathlib import Path
 
 import click
 
+from harness.commands.options import Command
 from harness.policies import POLICIES
 from harness.selftest.run import SelftestConfig, run_selftest, summary_lines
 
 
-@click.command("selftest")
+@click.command("selftest", cls=Command)
 @click.option("--agents", type=click.IntRange(min=1), default=8, show_default=True,
               help="Closed-loop agents (one stub slot each).")
 @click.option("--ttft-ms", type=click.FloatRange(min=0), default=50.0, show_default=True,

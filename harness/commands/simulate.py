@@ -3,11 +3,13 @@ server, or a fleet of identical servers behind a router: harness.simulate.fleet)
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Literal
 
 import click
 
+from harness.commands.options import Command
 from harness.errors import InputError
 from harness.limits import MAX_SEED
 from harness.model.calibration import read_calibration
@@ -16,14 +18,27 @@ from harness.records.manifest import Outcome
 from harness.simulate.fleet import ROUND_ROBIN, ROUTERS, check_fleet, fleet_line
 from harness.simulate.run import DEFAULT_DEADLINE_S, Arrivals, check_capacity, run_simulation
 
+# The counts that size the simulator's memory, bounded: (low, high) per flag.
+MAX_SERVERS = 1024
+BOUNDS: dict[str, tuple[int, int]] = {
+    "--servers": (1, MAX_SERVERS), "--slots": (1, 65_536), "--ctx-per-slot": (1, 16_777_216),
+    "--capacity-tokens": (1, 10**12), "--concurrency": (1, 100_000),
+    "--history-window": (0, 10**9)}
+
 
 def _int(flag: str, raw: str | None) -> int | None:
+    """An integer flag taken as text; InputError naming the flag for junk, or for a count
+    outside its BOUNDS."""
     if raw is None:
         return None
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise InputError(f"{flag} {raw!r}: not an integer") from None
+    low, high = BOUNDS.get(flag, (-(2**63), 2**63))
+    if not low <= value <= high:
+        raise InputError(f"{flag} must be in [{low:,}, {high:,}], got {value:,}")
+    return value
 
 
 def _seed(raw: str) -> int:
@@ -37,12 +52,15 @@ def _float(flag: str, raw: str | None) -> float | None:
     if raw is None:
         return None
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
         raise InputError(f"{flag} {raw!r}: not a number") from None
+    if not math.isfinite(value):
+        raise InputError(f"{flag} must be a finite number, got {raw!r}")
+    return value
 
 
-@click.command("simulate")
+@click.command("simulate", cls=Command)
 @click.option("--trace", "trace", required=True, type=click.Path(path_type=Path))
 @click.option("--policy", required=True, help="keep, swap, recompute, ttl, threshold, ...")
 @click.option("--policy-arg", "policy_args", multiple=True, metavar="KEY=VALUE")
@@ -68,7 +86,7 @@ def _float(flag: str, raw: str | None) -> float | None:
                    "`harness run --token-scale` does.")
 @click.option("--servers", default="1", show_default=True,
               help="K identical servers (each with the calibration and the capacity given) "
-                   "behind --router.")
+                   f"behind --router, at most {MAX_SERVERS:,}.")
 @click.option("--router", default=ROUND_ROBIN, show_default=True,
               help=f"With --servers > 1, one of {', '.join(ROUTERS)}: 'round-robin' sends each "
                    "LLM call to the next server in turn (a resumed call that moves prefills its "
@@ -117,6 +135,9 @@ def simulate_command(trace: Path, policy: str, policy_args: tuple[str, ...],
 
 def _servers(raw: str) -> int:
     try:
-        return int(raw)
+        int(raw)
     except ValueError:
         raise InputError(f"--servers must be an integer >= 1, got {raw!r}") from None
+    servers = _int("--servers", raw)
+    assert servers is not None
+    return servers

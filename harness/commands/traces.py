@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from harness.commands.options import check_out_file, seed_option
+from harness.commands.options import Group, check_out_file, seed_option
 from harness.errors import InputError
 from harness.traces.generator import generate, provenance_for
 from harness.traces.importers import FORMATS, import_to_file
@@ -20,7 +20,7 @@ from harness.traces.stats import describe
 from harness.traces.validate import load_trajectories, validate_file
 
 
-@click.group("traces")
+@click.group("traces", cls=Group)
 def traces_command() -> None:
     """Trajectory files: validate, describe, import real traces, generate synthetic ones."""
 

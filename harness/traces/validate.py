@@ -91,6 +91,13 @@ def _read(path: Path, problems: list[Problem]) -> pa.Table | None:
     if not path.exists():
         problems.append(Problem(name, "unreadable", "file does not exist"))
         return None
+    if path.is_dir():  # a folder of Parquet parts is a dataset, not a trajectory file
+        problems.append(Problem(name, "not-a-file",
+                                "is a directory; give a trajectory Parquet file"))
+        return None
+    if not path.is_file():  # a FIFO or a device would block the reader, or never end
+        problems.append(Problem(name, "not-a-file", "is not a regular file"))
+        return None
     try:
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises several types for corrupt or non-Parquet input

@@ -218,8 +218,9 @@ def cli(tmp: Path, *extra: str) -> Any:
 
 
 @pytest.mark.parametrize("extra, needle", [
-    (["--servers", "0"], "--servers must be an integer >= 1, got 0"),
-    (["--servers", "-2"], "--servers must be an integer >= 1"),
+    (["--servers", "0"], "--servers must be in [1, 1,024], got 0"),
+    (["--servers", "-2"], "--servers must be in [1, 1,024], got -2"),
+    (["--servers", "1000000000"], "--servers must be in [1, 1,024], got 1,000,000,000"),
     (["--servers", "two"], "--servers must be an integer >= 1, got 'two'"),
     (["--servers", "1.5"], "--servers"),
     (["--servers", "2", "--router", "random"], "--router must be one of round-robin, "

@@ -239,11 +239,30 @@ def _build(cls: type[Any], data: dict[str, Any], where: str) -> Any:
         sub = _dataclass_of(hints[key])
         if sub is not None and isinstance(value, dict):
             value = _build(sub, value, where)
+        elif value is not None and (kind := _container_of(hints[key], sub)) is not None \
+                and not isinstance(value, kind):
+            # a hand-edited or damaged file: refused here, never a traceback further on
+            raise InputError(f"{where}: {cls.__name__} field {key!r} must be "
+                             f"{'an object' if kind is dict else 'a list'}, got "
+                             f"{type(value).__name__}")
         values[key] = value
     try:
         return cls(**values)
     except TypeError as exc:
         raise InputError(f"{where}: {cls.__name__}: {exc}") from None
+
+
+def _container_of(hint: Any, sub: type[Any] | None) -> type[Any] | None:
+    """dict for a field holding an object (a dataclass, or a dict), list for one holding a
+    list, else None (a scalar: not checked here)."""
+    if sub is not None:
+        return dict
+    args = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    for arg in args:
+        origin = typing.get_origin(arg) or arg
+        if origin in (dict, list):
+            return dict if origin is dict else list
+    return None
 
 
 def _dataclass_of(hint: Any) -> type[Any] | None:

@@ -89,9 +89,10 @@ def merge_shards(shards: Sequence[ShardInput], out: Path) -> MergeResult:
             table = pa.concat_tables([table, extra]) if extra.num_rows else table
         tables.append(table.append_column("_shard", pa.array(np.full(table.num_rows, k))))
         workers.append(_worker_entry(s, m, table, lost))
+    samples = _read_server_metrics([s.directory for s in shards])
     merged = _ordered(tables)
     n = _write_records(merged, records_dir)
-    _copy_server_metrics([s.directory for s in shards], out / SERVER_METRICS_DIR)
+    _write_server_metrics(samples, out / SERVER_METRICS_DIR)
     run = _merged_manifest(manifests, workers)
     run.write(out)
     lost_names = [w["shard"] for w in workers if w["lost"]]
@@ -166,8 +167,27 @@ def _shard_parts(text: str, where: Path) -> tuple[int, int]:
 
 def _read_records(directory: Path) -> pa.Table:
     parts = sorted(directory.glob("part-*.parquet")) if directory.is_dir() else []
-    tables = [pq.read_table(p).cast(RECORDS_SCHEMA) for p in parts]
+    tables = [read_part(p, RECORDS_SCHEMA, "records") for p in parts]
     return pa.concat_tables(tables) if tables else RECORDS_SCHEMA.empty_table()
+
+
+def read_part(part: Path, schema: pa.Schema, what: str) -> pa.Table:
+    """One Parquet part of a shard's results, in `schema`; InputError naming the file when it
+    cannot be read (truncated, zero bytes, not Parquet) or lacks the schema's columns."""
+    try:
+        table = pq.read_table(part)
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(f"{part}: a {what} part that cannot be read "
+                         f"({str(exc).splitlines()[0][:160]})") from None
+    missing = [n for n in schema.names if n not in table.column_names]
+    if missing:
+        raise InputError(f"{part}: a {what} part without the column(s) "
+                         f"{', '.join(missing[:5])}")
+    try:
+        return table.select(schema.names).cast(schema)
+    except (pa.ArrowException, ValueError) as exc:
+        raise InputError(f"{part}: a {what} part whose columns are not the {what}' types "
+                         f"({str(exc).splitlines()[0][:160]})") from None
 
 
 def _lost_ends(table: pa.Table, shard: ShardInput, run_id: str) -> pa.Table:
@@ -218,16 +238,19 @@ def _write_records(table: pa.Table, directory: Path) -> int:
     return int(table.num_rows)
 
 
-def _copy_server_metrics(dirs: list[Path], out: Path) -> None:
-    """Every shard's server samples, renumbered into one folder (one shard samples)."""
-    k = 0
-    for d in dirs:
-        folder = d / SERVER_METRICS_DIR
-        for part in sorted(folder.glob("part-*.parquet")) if folder.is_dir() else []:
-            out.mkdir(parents=True, exist_ok=True)
-            table = pq.read_table(part).cast(SERVER_METRICS_SCHEMA)
-            write_part(out / f"part-{k:05d}.parquet", SERVER_METRICS_SCHEMA, table.to_batches())
-            k += 1
+def _read_server_metrics(dirs: list[Path]) -> list[pa.Table]:
+    """Every shard's server-sample parts (one shard samples), read before anything is
+    written, so a damaged one stops the merge with nothing merged."""
+    return [read_part(part, SERVER_METRICS_SCHEMA, "server-metrics")
+            for d in dirs for part in (sorted((d / SERVER_METRICS_DIR).glob("part-*.parquet"))
+                                       if (d / SERVER_METRICS_DIR).is_dir() else [])]
+
+
+def _write_server_metrics(tables: list[pa.Table], out: Path) -> None:
+    """The server samples, renumbered into one folder."""
+    for k, table in enumerate(tables):
+        out.mkdir(parents=True, exist_ok=True)
+        write_part(out / f"part-{k:05d}.parquet", SERVER_METRICS_SCHEMA, table.to_batches())
 
 
 def _worker_entry(s: ShardInput, m: RunManifest, table: pa.Table, lost: bool

@@ -258,7 +258,8 @@ class ServerProcess:
         self.stop(INTERRUPTED_TERM_WAIT_S if interrupted else 20.0)
 
 
-HARNESS_TMP_PREFIXES = ("harness-slots-", "harness-sglang-", "harness-vllm-", "harness-dynamo-")
+HARNESS_TMP_PREFIXES = ("harness-slots-", "harness-sglang-", "harness-vllm-", "harness-dynamo-",
+                        "harness-ray-")
 
 
 def _mentions(pid: int, needle: str) -> bool:
@@ -310,3 +311,69 @@ def reap_leftover(record: dict[str, Any], wait_s: float = 3.0) -> list[str]:
         shutil.rmtree(tmp, ignore_errors=True)
         done.append(f"removed {tmp}")
     return done
+
+
+def processes_of(folder: str) -> list[dict[str, int]]:
+    """The processes that name `folder` in their command line or environment, and all their
+    descendants (a helper that renamed itself, as Ray's agents do, no longer names it), each
+    as {pid, start} (its start time in clock ticks since boot, so a reused pid is never taken
+    for it)."""
+    stats: dict[int, tuple[int, int]] = {}  # pid -> (ppid, start)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            stats[int(stat.parent.name)] = (int(fields[1]), int(fields[19]))
+        except (OSError, IndexError, ValueError):
+            continue
+    me = os.getpid()
+    found = {pid for pid in stats if pid != me and _mentions(pid, folder)}
+    grew = True
+    while grew:
+        more = {pid for pid, (ppid, _) in stats.items() if ppid in found} - found
+        found |= more
+        grew = bool(more)
+    return [{"pid": pid, "start": stats[pid][1]} for pid in sorted(found)]
+
+
+def reap_recorded(folder: str, processes: list[dict[str, int]], wait_s: float = 3.0
+                  ) -> list[str]:
+    """Stop the recorded `processes` that still run (the same pid with the same start time)
+    and remove `folder`, one of the harness's private folders: what a killed run's helper
+    processes (a local Ray instance) left. Returns what was done, one line each; a folder that
+    is not one of the harness's is left alone, with its processes."""
+    if not folder or not Path(folder).name.startswith(HARNESS_TMP_PREFIXES):
+        return []
+    pids = [p["pid"] for p in processes if _start_time(p.get("pid")) == p.get("start")]
+    found = len(pids)
+    for sig in (signal.SIGTERM, signal.SIGKILL):  # Ray's agents ignore SIGTERM
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and any(_running(p) for p in pids):
+            time.sleep(0.1)
+        pids = [p for p in pids if _running(p)]
+        if not pids:
+            break
+    done = [f"stopped {found - len(pids)} process(es) of {folder}"] if found else []
+    done += [f"could not stop pid {p}" for p in pids]
+    if Path(folder).is_dir():
+        shutil.rmtree(folder, ignore_errors=True)
+        done.append(f"removed {folder}")
+    return done
+
+
+def _start_time(pid: Any) -> int | None:
+    try:
+        return int(Path(f"/proc/{int(pid)}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError, TypeError):
+        return None
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie counts as ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"

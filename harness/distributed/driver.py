@@ -34,6 +34,7 @@ from typing import Any
 from harness import signals
 from harness.adapters.base import RuntimeSession
 from harness.adapters.http import connect
+from harness.adapters.launchers.process import processes_of
 from harness.adapters.runtimes import get_runtime
 from harness.distributed.worker import LoadGenerator
 from harness.errors import HarnessError, InputError, ServerError, Terminated
@@ -126,7 +127,17 @@ def run_distributed(o: RunOptions, workers: int, address: str | None,
     with rt.start(server, o.out) as session:
         for note in session.notes:
             echo(note)
-        with _fleet(ray, address, workers) as actors:
+        # What a killed driver would leave, written before it exists: `harness clean OUT`
+        # stops the server and the local Ray instance from this.
+        running = RunManifest(run_id=run_id, status="running", policy=o.policy,
+                              runtime=o.runtime, started_at=datetime.now(UTC).isoformat(),
+                              server_process=session.details.process)
+
+        def ray_started(temp: str | None) -> None:
+            running.ray_instance = {"tmp_dir": temp} if temp else None
+            running.write(o.out)
+
+        with _fleet(ray, address, workers, ray_started) as actors:
             where = ray.get([a.where.remote() for a in actors], timeout=READY_TIMEOUT_S)
             here = ray.get_runtime_context().get_node_id()
             opts = [dataclasses.replace(
@@ -136,7 +147,7 @@ def run_distributed(o: RunOptions, workers: int, address: str | None,
                 server_shared=session.details.shared if where[i]["node"] == here else None)
                 for i in range(workers)]
             def started(start_at: float) -> None:
-                _write_start(o.out, run_id, o, start_at, where)
+                _write_start(o.out, running, start_at, where)
                 hosts = ", ".join(sorted({w["host"] for w in where}))
                 echo(f"{workers} load generators ({hosts}) ready; the run starts at "
                      f"{datetime.fromtimestamp(start_at, UTC):%H:%M:%S.%f} UTC")
@@ -185,11 +196,14 @@ def _worker_pin(pin: CpuPinning | None, i: int) -> CpuPinning | None:
 
 
 @contextmanager
-def _fleet(ray: Any, address: str | None, workers: int) -> Iterator[list[Any]]:
+def _fleet(ray: Any, address: str | None, workers: int, started: Callable[[str | None], None]
+           ) -> Iterator[list[Any]]:
     """`workers` LoadGenerator actors on a local Ray instance (started here, in a private
     folder, no dashboard) or on the cluster at `address`; every actor is killed on exit, and
-    the local instance stopped and its folder removed."""
+    the local instance stopped and its folder removed. `started` is told the local instance's
+    folder (None: a cluster's) before anything of it starts."""
     temp = None if address else tempfile.mkdtemp(prefix="harness-ray-")
+    started(temp)
     # ray.init installs its own SIGTERM handler (a stack dump, then exit 1): the harness's
     # are put back, so SIGTERM stops the shards cleanly as Ctrl-C does.
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -357,15 +371,17 @@ def _slots_idle(session: RuntimeSession, o: RunOptions) -> bool | None:
         return None
 
 
-def _write_start(out: Path, run_id: str, o: RunOptions, start_at: float,
+def _write_start(out: Path, running: RunManifest, start_at: float,
                  where: list[dict[str, Any]]) -> None:
-    """OUT/run.json while the shards run: which run, and where its shards write (a driver
-    killed now leaves them for `harness merge`)."""
+    """OUT/run.json while the shards run: which run, where its shards write (a driver killed
+    now leaves them for `harness merge`), and what `harness clean` would stop."""
     n = len(where)
-    RunManifest(run_id=run_id, status="running", policy=o.policy, runtime=o.runtime,
-                started_at=datetime.now(UTC).isoformat(), start_at=start_at,
-                workers=[{"shard": f"{i}/{n}", "dir": str(shard_dir(out, Shard(i, n))),
-                          **w} for i, w in enumerate(where)]).write(out)
+    if running.ray_instance:  # its processes, now that all have started (agents, actors)
+        running.ray_instance["processes"] = processes_of(running.ray_instance["tmp_dir"])
+    running.start_at = start_at
+    running.workers = [{"shard": f"{i}/{n}", "dir": str(shard_dir(out, Shard(i, n))), **w}
+                       for i, w in enumerate(where)]
+    running.write(out)
 
 
 def _drop_shard_records(out: Path, workers: int) -> None:

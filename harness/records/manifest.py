@@ -151,6 +151,9 @@ class RunManifest:
     scrape: dict[str, float] | None = None  # the server sampler: interval, samples, cost
     # a local server's pid, process group and private folder (what a killed run would leave)
     server_process: dict[str, Any] | None = None
+    # a distributed run's local Ray instance: its private folder, which every one of its
+    # processes names (what a killed driver would leave; `harness clean` stops them)
+    ray_instance: dict[str, Any] | None = None
     stop_reason: str | None = None  # why a run ended early (its local server exited)
     bystanders_ended_s: float | None = None  # the planned bystanders ran out before the agents
     # trajectories left out because their context could not fit (--skip-oversized)

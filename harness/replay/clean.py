@@ -1,11 +1,11 @@
-"""Release what a killed run left behind (its local server, its
-private dump folder), using what its run.json recorded."""
+"""Release what a killed run left behind (its local server, its private dump folder, a
+distributed run's local Ray instance), using what its run.json recorded."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from harness.adapters.launchers.process import reap_leftover
+from harness.adapters.launchers.process import reap_leftover, reap_recorded
 from harness.errors import InputError
 from harness.records.manifest import read_manifest
 
@@ -15,9 +15,12 @@ def clean_dir(results_dir: Path) -> list[str]:
     if not (results_dir / "run.json").is_file():
         raise InputError(f"{results_dir}: not a results directory (no run.json)")
     run = read_manifest(results_dir)
-    if run.status != "running" or not run.server_process:
+    if run.status != "running" or not (run.server_process or run.ray_instance):
         return []
-    done = reap_leftover(run.server_process)
+    done = reap_leftover(run.server_process) if run.server_process else []
+    if run.ray_instance:  # a distributed run's local Ray instance (its processes, its folder)
+        done += reap_recorded(str(run.ray_instance.get("tmp_dir") or ""),
+                              list(run.ray_instance.get("processes") or []))
     run.status = "interrupted"  # the harness died mid-run; nothing of it runs any more
     run.write(results_dir)
     return done

@@ -152,3 +152,37 @@ def test_a_stop_signal_stops_every_worker_ray_and_the_server(
     assert run["status"] == "interrupted" and len(run["workers"]) == 2
     assert (out / "summary.json").is_file()
     _nothing_left(out, before)
+
+
+def test_a_killed_driver_leaves_what_harness_clean_stops(trace: Path, tmp_path: Path) -> None:
+    """SIGKILL to the command alone (no cleanup of its own can run): its run.json names the
+    local server and the local Ray instance, and `harness clean OUT` stops both and removes
+    their folders."""
+    before = _ray_folders()
+    out = tmp_path / "killed"
+    proc = _harness("--trace", str(trace), *RUN, "--workers", "2", "--out", str(out))
+    run = _wait_running(proc, out)
+    assert run["status"] == "running" and run["server_process"]["pid"]
+    folder = run["ray_instance"]["tmp_dir"]
+    assert len(run["ray_instance"]["processes"]) >= 4  # Ray's own, its agents, the actors
+    proc.kill()
+    proc.wait(30)
+    assert alive(run["server_process"]["pid"]) and Path(folder).is_dir()  # left, as said
+    res = CliRunner().invoke(main, ["clean", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "stopped the server process group" in res.output
+    assert f"process(es) of {folder}" in res.output and f"removed {folder}" in res.output
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and alive(run["server_process"]["pid"]):
+        time.sleep(0.2)
+    assert not alive(run["server_process"]["pid"])
+    assert _ray_folders() <= before
+    assert not [p for p in run["ray_instance"]["processes"] if _running(p["pid"])], "Ray is left"
+    assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

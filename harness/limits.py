@@ -23,3 +23,7 @@ MAX_SHAPE = 10.0
 MAX_SEED = 2**63 - 1
 # An SLO bound in its unit (ms or s).
 MAX_SLO = 1e9
+# Sub-agent nesting: levels of parents above a trajectory (a root is at 0, its sub-agent at 1).
+# Real agents nest a handful of levels; the planner and the replay walk a family recursively
+# (a few Python frames a level), so 64 stays far inside Python's default limit of 1,000.
+MAX_SUBAGENT_DEPTH = 64

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 
 from harness.arrays import BoolArray, FloatArray, ObjectArray
 from harness.errors import InputError
+from harness.limits import MAX_SUBAGENT_DEPTH
 from harness.traces.context import context_lengths, trajectory_starts
 from harness.traces.schema import (
     ARROW_SCHEMA,
@@ -297,7 +298,8 @@ def _check_context(df: pd.DataFrame, rows: _Rows, is_llm: BoolArray,
 def _check_subagents(df: pd.DataFrame, file: str, tid: np.ndarray, step: np.ndarray,
                      is_tool: BoolArray) -> list[Problem]:
     """Sub-agents: a parent that exists, a spawn step that is one of its `subagent` tool steps,
-    no cycles, and no `subagent` step without a child."""
+    no cycles, at most MAX_SUBAGENT_DEPTH levels of nesting, and no `subagent` step without a
+    child."""
     problems: list[Problem] = []
     starts = np.flatnonzero(trajectory_starts(tid))
     ids = [str(t) for t in tid[starts]]
@@ -331,16 +333,20 @@ def _check_subagents(df: pd.DataFrame, file: str, tid: np.ndarray, step: np.ndar
             continue
         parent_of[t] = p
         used.add(key)
-    for t in parent_of:  # a parent chain must end at a root
-        seen = {t}
-        p = parent_of.get(t)
-        while p is not None:
-            if p in seen:
-                problems.append(Problem(file, "subagent-cycle",
-                                        "its chain of parents comes back to itself", t))
-                break
-            seen.add(p)
-            p = parent_of.get(p)
+    depth = _subagent_depths(parent_of)
+    deepest = max(depth.values(), default=0)
+    for t in parent_of:  # a parent chain must end at a root, and not too far up
+        if depth[t] < 0:
+            problems.append(Problem(file, "subagent-cycle",
+                                    "its chain of parents comes back to itself", t))
+        elif depth[t] == MAX_SUBAGENT_DEPTH + 1:
+            # Only the first level past the limit is named: one problem per branch too deep,
+            # not one per trajectory below it (a 2,000-deep chain is one problem).
+            problems.append(Problem(
+                file, "subagent-too-deep",
+                f"sub-agents nested deeper than {MAX_SUBAGENT_DEPTH} levels (the limit): "
+                f"this one is {depth[t]} levels below its root trajectory (the deepest in "
+                f"the file: {deepest})", t))
     lat_null = df["latency_s"].isna().to_numpy()
     for i in np.flatnonzero(is_spawn & lat_null)[:MAX_REPORTED]:
         problems.append(Problem(file, "bad-latency", f"a {TOOL_SUBAGENT!r} step's latency_s "
@@ -351,6 +357,34 @@ def _check_subagents(df: pd.DataFrame, file: str, tid: np.ndarray, step: np.ndar
                                 f"a {TOOL_SUBAGENT!r} tool step must start at least one "
                                 "sub-agent (none names it as its spawn_step)", t, s))
     return problems[:MAX_REPORTED]
+
+
+def _subagent_depths(parent_of: dict[str, str]) -> dict[str, int]:
+    """Each sub-agent's nesting depth (1: its parent is a root), -1 where its chain of parents
+    never reaches a root (a cycle). Iterative and memoised: each trajectory is walked once, so a
+    chain thousands deep costs linear time and no Python recursion."""
+    depth: dict[str, int] = {}
+    for t in parent_of:
+        chain: list[str] = []
+        on_chain: set[str] = set()
+        node = t
+        while True:
+            if node in depth:
+                base = depth[node]
+                break
+            if node not in parent_of:  # a root (or one whose parent was already refused)
+                base = 0
+                break
+            if node in on_chain:
+                base = -1
+                break
+            chain.append(node)
+            on_chain.add(node)
+            node = parent_of[node]
+        for n in reversed(chain):
+            base = -1 if base < 0 else base + 1
+            depth[n] = base
+    return depth
 
 
 def _check_structure(

@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.errors import InputError
+from harness.traces.importers._common import check_regular
 from harness.traces.scale import scale_tokens
 from harness.traces.schema import Provenance, write_trajectories
 from harness.traces.validate import check_frame
@@ -51,6 +52,8 @@ def import_traces(fmt: str, paths: Sequence[Path], options: dict[str, str]) -> I
     for path in paths:
         if not path.exists():
             raise InputError(f"{path}: does not exist")
+        if not path.is_dir():  # a directory is the importer's to read (or refuse)
+            check_regular(path)
     module = importlib.import_module(FORMATS[fmt])
     if len(paths) == 1:
         one: Imported = module.import_path(paths[0], options)

@@ -92,8 +92,22 @@ def arrival_offsets(n: int, rate_per_s: float | None, seed: int) -> np.ndarray:
     return np.round(np.cumsum(gaps), 6)
 
 
+def check_regular(path: Path) -> None:
+    """Refuse `path` unless it is a regular file (or a link to one), before anything opens it.
+
+    A FIFO waits for a writer and a device (/dev/zero) never ends: either would hang the
+    import, so it is named and refused at once."""
+    try:
+        regular = path.is_file()
+    except OSError as exc:  # e.g. a folder above it that cannot be searched
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if not regular:
+        raise InputError(f"{path}: not a regular file")
+
+
 def read_json(path: Path) -> Any:
     """Parse a JSON (or gzipped JSON) file; a bad file is an InputError naming it and the spot."""
+    check_regular(path)
     try:
         if path.name.endswith(".gz"):
             with gzip.open(path, "rt", encoding="utf-8") as fh:
@@ -111,6 +125,7 @@ def read_json(path: Path) -> Any:
 
 def read_jsonl(path: Path) -> list[tuple[int, Any]]:
     """(line number, parsed value) of each non-blank line; a bad line is named by number."""
+    check_regular(path)
     out: list[tuple[int, Any]] = []
     n = 0
     try:
@@ -258,3 +273,22 @@ def build_frame(trajectories: Iterable[Trajectory]) -> pd.DataFrame:
         "prefix_tokens": pd.array(cols["prefix_tokens"], dtype="Int64"),
         "keep_tokens": pd.array(cols["keep_tokens"], dtype="Int64"),
     }, columns=list(COLUMNS))
+
+
+def files_in(paths: Sequence[Path], suffixes: tuple[str, ...] = (".json.gz", ".json")
+             ) -> list[Path]:
+    """The files named, a directory meaning its entries ending in one of `suffixes` (sorted),
+    each once."""
+    unique: dict[Path, Path] = {}
+    for p in paths:
+        if not p.exists():
+            raise InputError(f"{p}: does not exist")
+        # Every matching entry but a folder is kept: the reader refuses one that is not a
+        # regular file (a FIFO named c.json) rather than the import silently leaving it out.
+        found = sorted(q for q in p.iterdir() if not q.is_dir() and q.name.endswith(
+            suffixes)) if p.is_dir() else [p]
+        if not found:
+            raise InputError(f"{p}: no {' or '.join('*' + s for s in suffixes)} files")
+        for q in found:
+            unique.setdefault(q.resolve(), q)
+    return list(unique.values())

@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from harness.errors import InputError
+from harness.limits import MAX_SUBAGENT_DEPTH
 from harness.traces.importers import Imported
 from harness.traces.importers._common import (
     LLM,
@@ -34,6 +35,8 @@ from harness.traces.importers._common import (
     Trajectory,
     arrival_offsets,
     build_frame,
+    check_regular,
+    files_in,
     is_count,
     is_seconds,
     opt_float,
@@ -130,6 +133,7 @@ def _fail(where: str, what: str) -> InputError:
 
 
 def _read(path: Path) -> Any:
+    check_regular(path)  # a FIFO or a device would block read_bytes, or never end
     try:
         raw = path.read_bytes()
         return orjson.loads(gzip.decompress(raw) if path.name.endswith(".gz") else raw)
@@ -185,8 +189,10 @@ def _request(rec: dict[str, Any], where: str, block: int, c: Counter[str]) -> _R
                 _opt_seconds(rec, "api_time", where), _opt_seconds(rec, "think_time", where))
 
 
-def _conv(rec: dict[str, Any], where: str, block: int, c: Counter[str], sub: bool) -> _Conv:
-    """Parse a conversation (or sub-agent) object: its requests and sub-agents, recursively."""
+def _conv(rec: dict[str, Any], where: str, block: int, c: Counter[str], depth: int,
+          file: str) -> _Conv:
+    """Parse a conversation (depth 0) or sub-agent (its nesting depth) object of `file`: its
+    requests and sub-agents, recursively."""
     entries = rec.get("requests")
     if not isinstance(entries, list):
         raise _fail(where, "'requests' must be a list")
@@ -198,8 +204,14 @@ def _conv(rec: dict[str, Any], where: str, block: int, c: Counter[str], sub: boo
             raise _fail(at, "expected a JSON object")
         if e.get("type") != "subagent":
             reqs.append(_request(e, at, block, c))
-            c["subagent_requests" if sub else "requests"] += 1
+            c["subagent_requests" if depth else "requests"] += 1
             continue
+        if depth >= MAX_SUBAGENT_DEPTH:
+            # Refused here, before recursing deeper: the recursion (here, _build, _count) stays
+            # bounded, and no trajectory file could hold the result (validate's
+            # subagent-too-deep rule).
+            raise _fail(file, f"sub-agents nested deeper than {MAX_SUBAGENT_DEPTH} levels "
+                              "(the limit)")
         text = {k: e.get(k) or "" for k in ("agent_id", "subagent_type", "status")}
         for k, v in text.items():
             if not isinstance(v, str):
@@ -208,7 +220,7 @@ def _conv(rec: dict[str, Any], where: str, block: int, c: Counter[str], sub: boo
         aid = text["agent_id"] or f"agent{i}"
         subs.append(_Sub(aid, text["subagent_type"] or "subagent", text["status"], end,
                          None if ms is None else ms / 1000.0,
-                         _conv(e, f"{at} (sub-agent {aid})", block, c, True)))
+                         _conv(e, f"{at} (sub-agent {aid})", block, c, depth + 1, file)))
     if any(reqs[k].t > reqs[k + 1].t for k in range(len(reqs) - 1)):
         c["unsorted_requests"] += 1
         reqs.sort(key=lambda r: r.t)
@@ -372,7 +384,7 @@ def _import_file(path: Path, taken: set[str], lim: _Limits) -> _File:
         raise _fail(where, f"'block_size' must be a positive integer (tokens per hash block), "
                            f"got {block!r}")
     f = _File(path, block, ids=taken)
-    conv = _conv(doc, where, block, f.counts, False)
+    conv = _conv(doc, where, block, f.counts, 0, where)
     if not conv.reqs:
         raise _fail(where, "no requests")
     f.counts["subagents"] = _count(conv)[1]
@@ -390,21 +402,6 @@ def _import_file(path: Path, taken: set[str], lim: _Limits) -> _File:
     return f
 
 
-def _files(paths: Sequence[Path]) -> list[Path]:
-    """The files named, a directory meaning its *.json.gz and *.json files (sorted), each once."""
-    unique: dict[Path, Path] = {}
-    for p in paths:
-        if not p.exists():
-            raise InputError(f"{p}: does not exist")
-        found = sorted(q for q in p.iterdir() if q.is_file() and q.name.endswith(
-            (".json.gz", ".json"))) if p.is_dir() else [p]
-        if not found:
-            raise InputError(f"{p}: no *.json.gz or *.json files")
-        for q in found:
-            unique.setdefault(q.resolve(), q)
-    return list(unique.values())
-
-
 def import_path(path: Path, options: dict[str, str]) -> Imported:
     """Import one kv-cache-tester trace file, or a directory of them."""
     return import_paths([path], options)
@@ -418,7 +415,7 @@ def import_paths(paths: Sequence[Path], options: dict[str, str]) -> Imported:
     lim = _Limits(*(None if opts[k] == "" else opt_int(opts, k, FORMAT, minimum=1)
                     for k in ("max_context", "max_requests")))
     taken: set[str] = set()
-    files = [_import_file(p, taken, lim) for p in _files(paths)]
+    files = [_import_file(p, taken, lim) for p in files_in(paths)]
     trajs = [t for f in files for t in f.trajs]
     if not trajs:
         raise InputError(f"{FORMAT} import: every conversation's first request is over "

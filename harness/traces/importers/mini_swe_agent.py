@@ -194,7 +194,10 @@ def _convert(src: Path, data: Any, st: _Stats) -> tuple[list[LLM | Tool], float 
 
 def _files(path: Path) -> list[Path]:
     if path.is_dir():
-        return sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(SUFFIXES))
+        # Every matching entry but a folder: read_json refuses one that is not a regular
+        # file (a FIFO) by name rather than the import silently leaving it out.
+        return sorted(p for p in path.rglob("*")
+                      if not p.is_dir() and p.name.endswith(SUFFIXES))
     return [path]
 
 

@@ -48,8 +48,13 @@ def report_command(dirs: tuple[Path, ...], out: Path | None, slo: dict[str, floa
 def _search_report(root: Path, out: Path) -> Path | None:
     """The report of a capacity search or an advice (a root with capacity.json or
     advice.json), re-rendered from it; None for any other directory."""
-    if (root / "capacity.json").is_file():
-        return write_capacity_report(root, read_json(root / "capacity.json"), out)
-    if (root / "advice.json").is_file():
-        return write_advice_report(root, read_json(root / "advice.json"), out)
+    for name, write in (("capacity.json", write_capacity_report),
+                        ("advice.json", write_advice_report)):
+        if (root / name).is_file():
+            try:
+                return write(root, read_json(root / name), out)
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                # a file edited or damaged by hand: its shape is not the one written
+                raise InputError(f"{root / name}: not the shape harness writes "
+                                 f"({type(exc).__name__}: {str(exc)[:120]})") from None
     return None

@@ -28,7 +28,12 @@ import pyarrow.parquet as pq
 
 from harness.arrays import BoolArray
 from harness.records.schema import RECORD_COLUMNS, RECORDS_SCHEMA
-from harness.records.store import RECORDS_DIR, records_version, string_codes
+from harness.records.store import (
+    RECORDS_DIR,
+    check_records_part,
+    check_unique_seq,
+    string_codes,
+)
 
 # The record columns the frames read (all but run_id, slot and detail).
 FRAME_COLUMNS: tuple[str, ...] = tuple(
@@ -171,9 +176,10 @@ def read_events(results_dir: Path) -> Events:
     parts = sorted(directory.glob("part-*.parquet")) if directory.is_dir() else []
     reader = _Reader()
     for part in parts:
-        records_version(part)
+        check_records_part(part)
         reader.add(part)
     events = reader.events()
+    check_unique_seq(events.seq, directory)
     del reader
     # Arrow's allocator keeps freed pages for reuse; what comes next allocates through numpy
     pa.default_memory_pool().release_unused()

@@ -28,6 +28,8 @@ from harness.records.schema import (
 RECORDS_DIR = "records"
 SERVER_METRICS_DIR = "server_metrics"
 RUN_JSON = "run.json"
+# The columns every records part of every version has: one without them is not one.
+RECORDS_CORE = ("run_id", "seq", "t_ns", "event", "trajectory_id")
 SUMMARY_JSON = "summary.json"
 
 
@@ -179,10 +181,20 @@ def _categorical(codes: np.ndarray, lookup: dict[str, int]) -> pd.Categorical:
     return pd.Categorical.from_codes(rank[codes], categories=pd.Index(words[order], dtype="str"))
 
 
+def part_schema(part: Path) -> pa.Schema:
+    """A records part's schema; InputError naming the file when it cannot be read (truncated,
+    empty, not Parquet)."""
+    try:
+        return pq.read_schema(part)
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(f"{part}: unreadable records part "
+                         f"({str(exc).splitlines()[0][:160]})") from None
+
+
 def records_version(part: Path) -> int:
     """The records schema version a part was written with (1 for parts that predate the key);
     InputError for a version this harness cannot read."""
-    meta = pq.read_schema(part).metadata or {}
+    meta = part_schema(part).metadata or {}
     raw = meta.get(RECORDS_VERSION_KEY, b"1")
     try:
         version = int(raw)
@@ -199,8 +211,32 @@ def read_records(results_dir: Path, columns: Sequence[str] | None = None) -> pd.
     columns categorical); `columns` picks columns, all the schema's by default."""
     directory = results_dir / RECORDS_DIR
     for part in sorted(directory.glob("part-*.parquet")) if directory.is_dir() else []:
-        records_version(part)
-    return read_parts(directory, RECORDS_SCHEMA, columns, order_by="seq")
+        check_records_part(part)
+    frame = read_parts(directory, RECORDS_SCHEMA, columns, order_by="seq")
+    if "seq" in frame.columns:
+        check_unique_seq(frame["seq"].to_numpy(), directory)
+    return frame
+
+
+def check_records_part(part: Path) -> int:
+    """A records part's version, after checking that it can be read and has the columns every
+    version has; InputError naming the file otherwise."""
+    version = records_version(part)
+    if missing := [c for c in RECORDS_CORE if c not in part_schema(part).names]:
+        # a later column missing is an older version (read as nulls); these never are
+        raise InputError(f"{part}: a records part without the column(s) {', '.join(missing)}; "
+                         "not a harness records part, or damaged")
+    return version
+
+
+def check_unique_seq(seq: np.ndarray, directory: Path) -> None:
+    """InputError when an event's sequence number repeats (a part copied in twice)."""
+    if seq.size > 1:
+        ordered = seq if bool(np.all(seq[1:] >= seq[:-1])) else np.sort(seq)
+        dup = np.flatnonzero(ordered[1:] == ordered[:-1])
+        if dup.size:
+            raise InputError(f"{directory}: event {int(ordered[dup[0]])} is recorded twice "
+                             "(a records part copied in twice?)")
 
 
 def read_server_metrics(results_dir: Path) -> pd.DataFrame:
@@ -216,7 +252,15 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(path.read_text())
+    """A JSON object from a file; InputError naming the file when it is not one."""
+    try:
+        data = json.loads(path.read_text())
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not UTF-8 text") from None
+    except ValueError as exc:
+        raise InputError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
 
 

@@ -11,6 +11,12 @@ A `Pool` holds at most `limit` connections in use at once (a request beyond wait
 first served, and the wait is counted: client time, never the server's), keeps idle ones for
 `keepalive_s` (shorter than the servers' own keep-alive, so a reused connection is rarely one
 the server closed) and closes every connection it opened on `close`.
+
+A streamed answer's timers go by what its reader says it has received (`Progress`: the first
+token, the latest event), never by bytes: a server that drips SSE comments or keep-alives would
+otherwise hold a call open forever. An answer read whole is bounded (MAX_ANSWER_BYTES) and must
+come unencoded (the client asks for no Content-Encoding), so a huge or compressed answer is
+refused before it is held in memory.
 """
 
 from __future__ import annotations
@@ -30,6 +36,10 @@ import httptools
 # A sink takes each received piece of a body; False asks to hang up (the connection is closed,
 # so the server stops the request).
 Sink = Callable[[bytes], bool]
+# The most the client holds of an answer it reads whole (server info, scrapes, an error's
+# body): the largest legitimate one (a big server's /metrics) is a few MiB; a server that
+# sends hundreds of MiB is refused at this point, not read into memory.
+MAX_ANSWER_BYTES = 16 << 20
 
 
 class TransportError(Exception):
@@ -57,9 +67,33 @@ class ProtocolError(TransportError):
     """The answer is not well-formed HTTP/1.1."""
 
 
+class AnswerRefused(ProtocolError):
+    """The answer is one the client will not read: larger than MAX_ANSWER_BYTES, or encoded
+    (gzip, ...) although the client asked for no encoding."""
+
+
+class Progress:
+    """How far a streamed answer has come, as its reader sees it; the connection's timers go by
+    this, not by received bytes. `begun`: its first token has arrived (set by a caller that
+    tells tokens apart); `last`: the loop time of its latest event (-1 before the first);
+    `by_event`: the first event begins it (for a reader that cannot tell tokens apart)."""
+
+    __slots__ = ("begun", "by_event", "last")
+
+    def __init__(self, by_event: bool = False) -> None:
+        self.begun = False
+        self.by_event = by_event
+        self.last = -1.0
+
+    def started(self) -> bool:
+        """Whether the answer has begun. (Asked when a timer fires, not per event, so that the
+        reader's work per event is a time stamp alone.)"""
+        return self.begun or (self.by_event and self.last >= 0.0)
+
+
 class SilenceTimeout(TimeoutError):
-    """The answer did not begin, or went silent, within its timeout; `received`: whether any of
-    it had arrived."""
+    """The answer did not begin, or went silent, within its timeout; `received`: whether it had
+    begun (a stream: as its Progress says; any other answer: any of its body had arrived)."""
 
     def __init__(self, received: bool) -> None:
         super().__init__("no answer" if not received else "the answer stalled")
@@ -95,6 +129,11 @@ class Origin:
             lines["Authorization"] = f"Basic {token}"
         lines.update(headers or {})
         return cls(host, port, parts.path.rstrip("/"), tls, header_lines(lines))
+
+    def url(self, path: str) -> str:
+        """Where a request for `path` goes, as errors name it (never with credentials)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}{self.base_path}{path}"
 
 
 def header_lines(headers: dict[str, str]) -> bytes:
@@ -132,13 +171,17 @@ class _Connection(asyncio.Protocol):
         self.sink = sink
         self.status = 0
         self.body: list[bytes] = []
+        self.size = 0  # bytes of `body`
         self.answered = False  # any byte of the answer arrived
         self.received = False  # any byte of its body arrived
-        self.last_rx = 0.0  # when the body's latest block arrived
         self.framed = False  # the answer says where it ends (a length, or chunked)
+        self.encoding: bytes | None = None  # a Content-Encoding other than identity
         self.keep_alive = True
         self.hung_up = False
         self.timer: asyncio.TimerHandle | None = None
+        self.progress: Progress | None = None  # a stream's, as its reader reports it
+        self.sent_at = 0.0
+        self.first_s = 0.0
         self.idle_s: float | None = None
 
     # Protocol callbacks ------------------------------------------------------------------
@@ -180,19 +223,31 @@ class _Connection(asyncio.Protocol):
         if lname == b"content-length" or (lname == b"transfer-encoding"
                                           and b"chunked" in value.lower()):
             self.framed = True
+        elif lname == b"content-encoding" and value.strip().lower() != b"identity":
+            self.encoding = value.strip()
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
         self.keep_alive = self.parser.should_keep_alive()
         if self.status in (204, 304) or 100 <= self.status < 200:
             self.framed = True
+        if self.encoding is not None:
+            # Never asked for (no Accept-Encoding is sent): undecoded, a JSON answer is
+            # unreadable and a stream's events invisible; decoded, a small body may expand to
+            # gigabytes. (Raised in a parser callback: data_received fails the request.)
+            raise AnswerRefused(f"the answer is Content-Encoding: "
+                                f"{self.encoding.decode('latin-1')[:40]}, which the client "
+                                "never asks for")
 
     def on_body(self, body: bytes) -> None:
         if self.hung_up:
             return  # the rest of a block received with the one that ended the answer for us
         self.received = True
-        self.last_rx = self.loop.time()
         if self.sink is None or self.status != 200:
+            self.size += len(body)
+            if self.size > MAX_ANSWER_BYTES:
+                raise AnswerRefused(f"the answer is larger than {MAX_ANSWER_BYTES >> 20} MiB, "
+                                    "the most the client reads of an answer it holds whole")
             self.body.append(body)
         elif not self.sink(body):
             self.hung_up = True
@@ -210,30 +265,43 @@ class _Connection(asyncio.Protocol):
     # Requests ----------------------------------------------------------------------------
 
     def send(self, data: bytes, sink: Sink | None, first_byte_s: float,
-             idle_s: float | None = None) -> asyncio.Future[Reply]:
-        """Write one request; the future completes with the whole answer. No first byte within
-        `first_byte_s` (of the body: headers alone are no answer yet), or a silence of `idle_s`
-        once it has begun, fails it with SilenceTimeout; without `idle_s`, `first_byte_s`
-        bounds the whole answer."""
+             idle_s: float | None = None, progress: Progress | None = None
+             ) -> asyncio.Future[Reply]:
+        """Write one request; the future completes with the whole answer. A stream (`idle_s`
+        and the `progress` its reader keeps) fails with SilenceTimeout when it has not begun
+        within `first_byte_s` or, once begun, has had no event for `idle_s`; otherwise
+        `first_byte_s` bounds the whole answer."""
         assert self.transport is not None
         waiter: asyncio.Future[Reply] = self.loop.create_future()
         self._begin(waiter, sink)
-        self.idle_s = idle_s
-        self.timer = self.loop.call_at(self.loop.time() + first_byte_s, self._check_silence)
+        self.sent_at = now = self.loop.time()
+        self.first_s = first_byte_s
+        wait = first_byte_s
+        if idle_s is not None and progress is not None:
+            self.idle_s, self.progress = idle_s, progress
+            # The first look at the earlier of the two: a stream that begins at once and then
+            # stalls is caught after `idle_s`, not after the (much longer) `first_byte_s`.
+            wait = min(first_byte_s, idle_s)
+        self.timer = self.loop.call_at(now + wait, self._check_silence)
         self.transport.write(data)
         return waiter
 
     def _check_silence(self) -> None:
-        """The timer fired: fail when the answer has not begun or has been silent for the idle
-        timeout; else look again when that timeout would end. (One timer per request, re-armed
-        only when it fires, not moved at every received block.)"""
+        """The timer fired: fail a stream that has not begun within the first-byte timeout or
+        has had no event for the idle timeout, else look again when the one that applies would
+        end; fail any other answer. (One timer per request, re-armed only when it fires, never
+        moved per received block or event.)"""
         self.timer = None
-        if self.received and self.idle_s is not None:
-            due = self.last_rx + self.idle_s
-            if due > self.loop.time():
-                self.timer = self.loop.call_at(due, self._check_silence)
-                return
-        self._fail(SilenceTimeout(self.received))
+        p = self.progress
+        if p is None or self.idle_s is None:
+            self._fail(SilenceTimeout(self.received))
+            return
+        begun = p.started()
+        due = p.last + self.idle_s if begun else self.sent_at + self.first_s
+        if due > self.loop.time():
+            self.timer = self.loop.call_at(due, self._check_silence)
+            return
+        self._fail(SilenceTimeout(begun))
 
     def _stop_timer(self) -> None:
         if self.timer is not None:

@@ -11,10 +11,15 @@ dropped by the client after `KEEPALIVE_S`, shorter than the servers' own keep-al
 uvicorn and llama-server's httplib), so a reused connection is rarely one the server has already
 closed; a request that meets one is retried once, on a new connection (several pooled
 connections can be stale at once, so the retry never takes another from the pool).
+
+A stream's timers go by its events, never its bytes (SSE comments and keep-alives do not count),
+and a stream is never read without end: an event line is bounded, and an OpenAI-style request
+(`max_tokens` in its body) by how many events any server sends for it (MAX_EVENTS_PER_TOKEN).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -27,11 +32,14 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.adapters.connection import (
+    MAX_ANSWER_BYTES,
+    AnswerRefused,
     ConnectTimeout,
     Disconnected,
     Origin,
     Pool,
     PoolWaits,
+    Progress,
     Reply,
     SilenceTimeout,
     Sink,
@@ -42,6 +50,16 @@ KEEPALIVE_S = 3.0
 DEFAULT_REQUEST_TIMEOUT_S = 120.0
 # An error a stream ends with when the server went silent: the call is recorded `timeout`.
 TIMEOUT_PREFIX = "timeout: "
+# Events a stream may carry per token it asked for (`max_tokens`), plus EVENT_SLACK: a server
+# sends at most one per generated token and a few more (a role, a finish reason, usage); twice
+# that is never a server doing its job but one that ignores `max_tokens`, or sends empty events
+# without end. (Callers that count tokens stop such a stream much sooner.)
+MAX_EVENTS_PER_TOKEN = 2
+EVENT_SLACK = 64
+# What a chunk's parser raises on a chunk it cannot read (a token id that is no integer, a
+# field of the wrong type): that call fails, with the reason, and the stream is closed.
+CHUNK_ERRORS: tuple[type[Exception], ...] = (ValueError, TypeError, KeyError, AttributeError,
+                                             IndexError)
 
 
 @dataclass(frozen=True)
@@ -49,9 +67,10 @@ class Timeouts:
     """How long the client waits, per request.
 
     `connect_s`: to open a connection. `first_byte_s`: from sending a streamed call to its first
-    data (a long prefill on a CPU server takes minutes). `idle_s`: the longest silence within a
-    streamed answer once it has begun. `request_s`: a whole other request (server info, slot
-    actions, scrapes)."""
+    token (its first event, where the caller does not tell tokens apart; a long prefill on a CPU
+    server takes minutes). `idle_s`: the longest time without an event within a streamed answer
+    once it has begun (comments and keep-alives are no event). `request_s`: a whole other
+    request (server info, slot actions, scrapes)."""
 
     connect_s: float = 10.0
     first_byte_s: float = 600.0
@@ -99,11 +118,13 @@ class HttpClient:
         return self.pool.waits
 
     async def _exchange(self, method: str, path: str, body: bytes | None = None,
-                        sink: Sink | None = None, headers: dict[str, str] | None = None
-                        ) -> Reply:
-        """One request and its whole answer. With a `sink` (a stream) the first-byte and
-        silence timeouts apply, else the request timeout. A reused connection that the server
-        had closed (it fails before any answer) is retried once, on a new connection."""
+                        sink: Sink | None = None, headers: dict[str, str] | None = None,
+                        progress: Progress | None = None) -> Reply:
+        """One request and its whole answer. With a `sink` (a stream, its reader keeping
+        `progress`) the first-token and silence timeouts apply, else the request timeout. A
+        reused connection that the server had closed (it fails before any answer) is retried
+        once, on a new connection. An answer the client will not read (AnswerRefused) is named
+        with its URL."""
         pool, t = self.pool, self.timeouts
         data = pool.request_bytes(method, path, body, headers=headers)
         first_s, idle_s = (t.first_byte_s, t.idle_s) if sink else (t.request_s, None)
@@ -112,13 +133,15 @@ class HttpClient:
             for fresh in (False, True):
                 conn, reused = await pool.connection(fresh)
                 try:
-                    return await conn.send(data, sink, first_s, idle_s)
+                    return await conn.send(data, sink, first_s, idle_s, progress)
                 except Disconnected as exc:
                     if exc.answered or not reused:
                         raise
                 finally:
                     pool.put_back(conn)
             raise AssertionError("unreachable")
+        except AnswerRefused as exc:
+            raise AnswerRefused(f"{method} {pool.origin.url(path)}: {exc}") from None
         finally:
             pool.release()
 
@@ -153,29 +176,37 @@ class HttpClient:
 
     async def stream(self, path: str, body: dict[str, Any],
                      on_chunk: Callable[[dict[str, Any]], bool],
-                     headers: dict[str, str] | None = None) -> str | None:
+                     headers: dict[str, str] | None = None,
+                     progress: Progress | None = None) -> str | None:
         """POST `body` (with `headers` besides the client's own) and hand each server-sent
         `data:` JSON object to `on_chunk` until the stream ends (`[DONE]` or EOF) or `on_chunk`
         returns False, when the client hangs up (the server then stops the request). Returns
-        None, or the error: a non-200 status, an `{"error": ...}` chunk, a broken connection or
-        an unparseable chunk. A connection that fails before the first chunk (a stale
-        keep-alive one) is retried once."""
+        None, or the error: a non-200 status, an `{"error": ...}` chunk, a broken connection,
+        a chunk `on_chunk` cannot read (CHUNK_ERRORS), no first token or a stall (the timeout
+        prefix), or an endless stream (more events than MAX_EVENTS_PER_TOKEN allows for the
+        body's `max_tokens`). A caller that tells tokens apart passes `progress` and sets its
+        `begun` at the first token (the first-token timeout runs until then); without it the
+        first event counts. A connection that fails before the first chunk (a stale keep-alive
+        one) is retried once."""
         # orjson: a resumed call's body carries its whole context as token ids, and the stream
         # one JSON object per token; the stdlib's json was the client's largest cost per call.
         t = self.timeouts
-        reader = _SseReader(on_chunk)
+        max_tokens = body.get("max_tokens")
+        reader = _SseReader(on_chunk, progress,
+                            max_tokens if type(max_tokens) is int and max_tokens >= 0 else None)
         try:
             reply = await self._exchange("POST", path, orjson.dumps(body), reader.feed,
-                                         headers)
+                                         headers, reader.progress)
         except SilenceTimeout as exc:
             if exc.received:
                 return f"{TIMEOUT_PREFIX}the stream stalled: no data for {t.idle_s:g} s"
-            return f"{TIMEOUT_PREFIX}no answer within {t.first_byte_s:g} s"
+            what = "answer" if progress is None else "token"
+            return f"{TIMEOUT_PREFIX}no {what} within {t.first_byte_s:g} s"
         except ConnectTimeout:
             return f"{TIMEOUT_PREFIX}no connection within {t.connect_s:g} s"
         except Disconnected as exc:
             return f"server disconnected: {exc}"[:300]
-        except (TransportError, orjson.JSONDecodeError) as exc:
+        except TransportError as exc:
             return f"{type(exc).__name__}: {exc}"[:300]
         if reply.status != 200:
             return f"HTTP {reply.status}: {_text(reply.body)[:300]}"
@@ -200,12 +231,25 @@ def _text(body: bytes) -> str:
 
 class _SseReader:
     """Splits a server-sent-events body into its `data:` payloads and hands each JSON object
-    to `on_chunk`. After `[DONE]` the rest of the body is read and ignored (the connection stays
-    reusable); `feed` returns False, to hang up, on an `{"error": ...}` chunk (kept in `error`)
-    or when `on_chunk` asks to."""
+    to `on_chunk`, stamping each event in `progress` (the connection's timers go by it; lines
+    that are no event, comments and keep-alives, leave it alone). After `[DONE]` the rest of
+    the body is read and ignored (the connection stays reusable); `feed` returns False, to hang
+    up, when `on_chunk` asks to, and with the reason in `error` on an `{"error": ...}` chunk, a
+    chunk that cannot be read, an event line longer than MAX_ANSWER_BYTES, or more events than
+    `max_tokens` can account for."""
 
-    def __init__(self, on_chunk: Callable[[dict[str, Any]], bool]) -> None:
+    def __init__(self, on_chunk: Callable[[dict[str, Any]], bool],
+                 progress: Progress | None = None, max_tokens: int | None = None) -> None:
         self.on_chunk = on_chunk
+        # Without the caller's progress, the stream has begun at its first event.
+        self.progress = Progress(by_event=True) if progress is None else progress
+        # The connection's timers compare against their loop's clock, so events are stamped
+        # with the same one (uvloop's is not time.monotonic).
+        self.clock = asyncio.get_running_loop().time
+        self.max_tokens = max_tokens
+        self.max_events = (MAX_EVENTS_PER_TOKEN * max_tokens + EVENT_SLACK
+                           if max_tokens is not None else 1 << 62)
+        self.events_left = self.max_events  # counted down: one subtraction per event
         self.rest = b""
         self.done = False
         self.error: str | None = None
@@ -215,6 +259,10 @@ class _SseReader:
             return True
         lines = (self.rest + block).split(b"\n")
         self.rest = lines.pop()  # an unfinished line waits for the next block
+        if len(self.rest) > MAX_ANSWER_BYTES:  # a line without end is never held whole
+            self.error = (f"an event line longer than {MAX_ANSWER_BYTES >> 20} MiB: the client "
+                          "stopped reading")
+            return False
         return self._lines(lines)
 
     def finish(self) -> None:
@@ -232,11 +280,22 @@ class _SseReader:
             if payload == b"[DONE]":
                 self.done = True
                 return True
-            chunk = orjson.loads(payload)
-            if isinstance(chunk, dict) and "error" in chunk:
-                self.error = str(chunk["error"])[:300]
+            left = self.events_left - 1
+            self.events_left = left
+            if left < 0:
+                self.error = (f"the server sent more than {self.max_events} events for "
+                              f"max_tokens={self.max_tokens}: the client stopped reading")
                 return False
-            if not self.on_chunk(chunk):
+            self.progress.last = self.clock()
+            try:
+                chunk = orjson.loads(payload)
+                if isinstance(chunk, dict) and "error" in chunk:
+                    self.error = str(chunk["error"])[:300]
+                    return False
+                if not self.on_chunk(chunk):
+                    return False
+            except CHUNK_ERRORS as exc:  # the call fails with its reason; nothing is raised
+                self.error = f"unreadable chunk ({type(exc).__name__}: {exc})"[:300]
                 return False
         return True
 

@@ -15,6 +15,13 @@ shares, and records what it found:
   recorded unsupported.
 Per pause the harness can only keep (send nothing) and, with a salt, recompute; swap is never a
 client action here.
+
+What a server sends is checked, never taken on trust: a call's first-token timeout runs until
+its first generated token (not its first byte); a call that receives more tokens than it asked
+for (MAX_TOKENS_SLACK aside) is stopped and fails; a chunk whose ids are not integers fails its
+call; an impossible usage figure (cached tokens below 0 or above the prompt) is recorded
+unknown, noted on the call, and counted in `impossible_usage` (run.json's server_extra, which
+the run's health reports).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from harness.adapters.base import (
     add_streamed_tokens,
     failed_result,
 )
+from harness.adapters.connection import Progress
 from harness.adapters.http import REQUEST_ERRORS, HttpClient, Sample
 from harness.adapters.models import local_vocab
 from harness.adapters.openai_chat import CHAT_COMPLETIONS, ChatText, delta_text
@@ -53,6 +61,10 @@ __all__ = ["COMPLETIONS", "ID_REQUESTS", "SALT_FIELDS", "OpenAIAdapter", "Probed
 
 SAFE_VOCAB = 1024
 COMPLETIONS = "/v1/completions"
+# Generated tokens a call may receive beyond its max_tokens before the client hangs up and
+# fails it: a server may send a last chunk past the count; more is a server ignoring max_tokens,
+# which would otherwise stream (and hold the run) without end.
+MAX_TOKENS_SLACK = 8
 # Gauges that say a server is busy, by runtime; a server exporting none leaves idleness unknown.
 BUSY_GAUGES = frozenset({
     "vllm:num_requests_running", "vllm:num_requests_waiting", "sglang:num_running_reqs",
@@ -86,6 +98,10 @@ class OpenAIAdapter:
         self.chat: ChatText | None = None  # set by the probe when token-id prompts are refused
         self.force_chat = chat  # the chat fallback whether or not token ids are accepted
         self.capabilities = Capabilities(harness_slots=False, pause_actions=frozenset({"keep"}))
+        # Calls whose usage report held an impossible figure (recorded unknown), and the first
+        # such report. ServerInfo.extra holds this very dict, and run.json's server_extra the
+        # same object, so the count the run ends with is the one written (and health reads).
+        self.impossible_usage: dict[str, Any] = {"calls": 0, "first": None}
 
     async def server_info(self) -> ServerInfo:
         models = await self.http.get_json("/v1/models")
@@ -112,6 +128,7 @@ class OpenAIAdapter:
         vocab = vocab or SAFE_VOCAB
         self.probed = await probe(self, vocab, self._salt)
         extra["openai_probe"] = self.probed.to_dict()
+        extra["impossible_usage"] = self.impossible_usage
         actions = {"keep"} | ({"recompute"} if self.probed.salt else set())
         self.capabilities = Capabilities(harness_slots=False, pause_actions=frozenset(actions))
         ctx = card.get("max_model_len") or card.get("context_length")
@@ -174,31 +191,64 @@ class OpenAIAdapter:
 
     async def send(self, body: dict[str, Any], req: CompletionRequest,
                    on_tokens: Callable[[], object]) -> CompletionResult:
-        """Stream one completion request and read tokens, usage and timings from it."""
+        """Stream one completion request and read tokens, usage and timings from it. Fails the
+        call (hanging up) when the server sends more than MAX_TOKENS_SLACK tokens past
+        `max_tokens`; an impossible usage figure is recorded unknown and noted in the result's
+        `error` (the call's record's detail) while its status stays as it was."""
         result = CompletionResult(status="ok")
         generated: int | None = None  # the server's count of completion tokens
+        usage_problem: str | None = None
+        progress = Progress()  # the first-token and stall timers' view of this stream
+        most = req.max_tokens + MAX_TOKENS_SLACK
 
         def on_chunk(chunk: dict[str, Any]) -> bool:
-            nonlocal generated
+            nonlocal generated, usage_problem
             if not add_streamed_tokens(result, self.ids_in(chunk), req, on_tokens):
                 return False  # hang up: the server aborts the request
+            n = len(result.tokens)
+            if n:
+                progress.begun = True  # the first-token timeout ends here, not at a byte
+                if n > most:
+                    return False  # a server ignoring max_tokens: hang up (failed below)
             worker = served_by(chunk)
             if worker is not None:
                 result.served_by = worker
-            if chunk.get("usage"):
-                read_usage(chunk["usage"], result)
-                generated = chunk["usage"].get("completion_tokens")
+            usage = chunk.get("usage")
+            if usage:
+                usage_problem = read_usage(usage, result)
+                raw = usage.get("completion_tokens")
+                generated = _count(raw)
+                if raw is not None and (generated is None or generated > most):
+                    # More than was asked for (or no count): never padded to (the chat
+                    # fallback would pad without end), and noted as the others are.
+                    generated = None
+                    usage_problem = usage_problem or (
+                        f"impossible usage: completion_tokens {raw!r:.20} for max_tokens "
+                        f"{req.max_tokens}; recorded unknown")
             if isinstance(chunk.get("timings"), dict):
                 read_timings(chunk["timings"], result)
             return True
 
         error = await self.http.stream(self.endpoint, body, on_chunk,
-                                       headers=self.variant.headers(req) or None)
+                                       headers=self.variant.headers(req) or None,
+                                       progress=progress)
+        if usage_problem is not None:
+            self._impossible_usage(usage_problem)
+        if error is None and len(result.tokens) > most:
+            error = (f"the server sent {len(result.tokens)} tokens for max_tokens="
+                     f"{req.max_tokens}: the client stopped reading")
         if error is not None:
             return failed_result(error, result.tokens)
         if self.chat is not None and result.status == "ok":
             self.chat.pad(result.tokens, generated)
+        result.error = usage_problem  # the call's record says why its cache figures are unknown
         return result
+
+    def _impossible_usage(self, problem: str) -> None:
+        bad = self.impossible_usage
+        bad["calls"] += 1
+        if bad["first"] is None:
+            bad["first"] = problem
 
     def ids_in(self, chunk: dict[str, Any]) -> list[int]:
         """The generated ids a streamed chunk carries (chat fallback: one synthetic id for
@@ -242,14 +292,26 @@ def _scraped(name: str) -> bool:
 
 def chunk_ids(chunk: dict[str, Any]) -> list[int]:
     """The generated ids a streamed chunk carries: in its choices (output_ids), else in its
-    `nvext.completion_token_ids` (Dynamo)."""
+    `nvext.completion_token_ids` (Dynamo). ValueError for ids that are not integers (the
+    stream's reader fails the call with it)."""
     ids = [t for choice in chunk.get("choices") or [] for t in output_ids(choice)]
     if ids:
         return ids
     nvext = chunk.get("nvext")
-    if isinstance(nvext, dict) and isinstance(nvext.get("completion_token_ids"), list):
-        return [int(t) for t in nvext["completion_token_ids"]]
+    if isinstance(nvext, dict) and nvext.get("completion_token_ids") is not None:
+        return token_ids(nvext["completion_token_ids"], "nvext.completion_token_ids")
     return []
+
+
+def token_ids(value: Any, where: str) -> list[int]:
+    """`value` when it is a list of token ids (integers >= 0), else ValueError naming `where`:
+    never coerced (int("12") or int(1.5) would record ids the server never sent)."""
+    if type(value) is not list:
+        raise ValueError(f"{where} is not a list of token ids: {value!r:.60}")
+    for t in value:
+        if type(t) is not int or t < 0:
+            raise ValueError(f"{where} holds {t!r:.30}, not a token id")
+    return value
 
 
 def served_by(chunk: dict[str, Any]) -> str | None:
@@ -268,13 +330,14 @@ def output_ids(choice: dict[str, Any]) -> list[int]:
     return_tokens_as_token_ids); [] when it carries none."""
     ids = choice.get("token_ids")
     if ids:
-        return [int(t) for t in ids]
+        return token_ids(ids, "token_ids")
     lp = choice.get("logprobs")
     if not isinstance(lp, dict):
         return []
     content = lp.get("content")
     if isinstance(content, list) and content:
-        return [int(e["id"]) for e in content if isinstance(e, dict) and "id" in e]
+        return token_ids([e["id"] for e in content if isinstance(e, dict) and "id" in e],
+                         "logprobs.content[].id")
     tokens = lp.get("tokens")
     if isinstance(tokens, list):
         return [int(t.split(":", 1)[1]) for t in tokens
@@ -282,14 +345,36 @@ def output_ids(choice: dict[str, Any]) -> list[int]:
     return []
 
 
-def read_usage(usage: dict[str, Any], result: CompletionResult) -> None:
-    """Cached and processed prompt tokens from an OpenAI `usage` object."""
+def read_usage(usage: dict[str, Any], result: CompletionResult) -> str | None:
+    """Cached and processed prompt tokens from an OpenAI `usage` object. A figure no server
+    can mean (not a count, or more cached tokens than the prompt has) is recorded unknown,
+    never as given nor clamped: both become None, and what was wrong is returned."""
     details = usage.get("prompt_tokens_details") or {}
-    if isinstance(details, dict) and details.get("cached_tokens") is not None:
-        result.cached_tokens = int(details["cached_tokens"])
-    prompt = usage.get("prompt_tokens")
+    raw_cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    raw_prompt = usage.get("prompt_tokens")
+    cached, prompt = _count(raw_cached), _count(raw_prompt)
+    impossible = ((raw_cached is not None and cached is None)
+                  or (raw_prompt is not None and prompt is None)
+                  or (cached is not None and prompt is not None and cached > prompt))
+    if impossible:
+        result.cached_tokens = result.prompt_n = None
+        return (f"impossible usage: cached_tokens {raw_cached!r:.20} of prompt_tokens "
+                f"{raw_prompt!r:.20}; recorded unknown")
+    if cached is not None:
+        result.cached_tokens = cached
     if prompt is not None and result.cached_tokens is not None:
-        result.prompt_n = int(prompt) - result.cached_tokens
+        result.prompt_n = prompt - result.cached_tokens
+    return None
+
+
+def _count(value: Any) -> int | None:
+    """`value` as a count of tokens (an integer >= 0, or a float with no fraction), else
+    None."""
+    if type(value) is int:
+        return value if value >= 0 else None
+    if type(value) is float and value.is_integer() and value >= 0:
+        return int(value)
+    return None
 
 
 def read_timings(timings: dict[str, Any], result: CompletionResult) -> None:

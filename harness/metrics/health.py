@@ -155,11 +155,27 @@ def _calibration(run: RunManifest) -> dict[str, str] | None:
                                                                 if old else ""))
 
 
+def _usage(run: RunManifest) -> dict[str, str] | None:
+    """Calls whose usage report the client could not believe (the OpenAI client's count in
+    server_extra.impossible_usage): their cached and processed prompt tokens are unknown, and
+    the server's other cache figures come from the same counter."""
+    bad = (run.server_extra or {}).get("impossible_usage")
+    if not isinstance(bad, dict):
+        return None
+    calls = bad.get("calls")
+    if not isinstance(calls, int) or isinstance(calls, bool) or calls <= 0:
+        return None
+    return _check("usage reports", WARN,
+                  f"{calls} calls reported impossible usage (first: {bad.get('first')}); those "
+                  "figures are recorded unknown (cached and processed prompt tokens), and the "
+                  "server's other cache figures are suspect")
+
+
 def run_health(frames: Frames, run: RunManifest, lag: dict[str, Any]) -> list[dict[str, str]]:
     """Every check of one run, problems first (fail, then warn), then ok and info."""
     checks = [_run_state(run), *_policy(run), _trajectories(frames), _cleanup(run),
               *_client(run, lag)]
-    checks += [c for c in (_pinning(run), _calibration(run)) if c is not None]
+    checks += [c for c in (_pinning(run), _calibration(run), _usage(run)) if c is not None]
     if run.bystanders_ended_s is not None:
         checks.append(_check("bystanders", WARN, f"the planned bystander traffic ran out "
                                                  f"{run.bystanders_ended_s:.0f} s into the run, "

@@ -1,7 +1,8 @@
 """A fake OpenAI-compatible server whose abilities are set per test: how generated ids come back
 (`token_ids`, `logprobs` or not at all), which cache salt it honours (a top-level or nested field,
 `cache_prompt: false`, or none), whether `usage` reports cached tokens, whether token-id prompts
-are accepted, and which fields it refuses.
+are accepted, which fields it refuses, and the faults it commits (a stream of comments, one
+that never ends, unreadable ids, impossible usage, a huge or gzip-bombed /v1/models).
 
 Prefix caching is modelled at block granularity, keyed by salt: a prompt reuses the full blocks
 it shares with an earlier request's prompt + generated tokens (all but the last generated one).
@@ -9,6 +10,8 @@ it shares with an earlier request's prompt + generated tokens (all but the last 
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import os
 import zlib
@@ -38,6 +41,19 @@ class FakeOpenAIConfig:
     # the first N answers with ids leave out every other token's id, as llama-server's logprobs
     # do for tokens that end mid-character
     partial_id_answers: int = 0
+    # Faults, from the completion request numbered `fault_from` on (0: every one; the probe
+    # sends 4 with the defaults, so 4 leaves it whole). `stream_fault`: "comment_drip" (an SSE
+    # comment every `drip_s`, never a token), "tokens_then_drip" (two tokens, then comments),
+    # "endless" (a token every `drip_s`, max_tokens ignored), "bad_ids" (two tokens, then a
+    # chunk whose token_ids is `bad_ids`). A drip ends when the client hangs up (or after 30 s).
+    stream_fault: str | None = None
+    fault_from: int = 0
+    drip_s: float = 0.02
+    bad_ids: Any = "abc"
+    cached_tokens: Any = None  # reported in place of the modelled count, when not None
+    completion_tokens: Any = None  # reported in place of the tokens sent, when not None
+    models_bytes: int = 0  # /v1/models streams this many bytes (1 MiB at a time)
+    models_gzip: int = 0  # /v1/models gzip-encoded, expanding to this many bytes
 
 
 @dataclass
@@ -48,6 +64,9 @@ class FakeOpenAIState:
     headers: list[dict[str, str]] = field(default_factory=list)
     salted_seen: int = 0
     id_answers: int = 0
+    completions: int = 0  # /v1/completions requests answered
+    models_sent: int = 0  # bytes of /v1/models written
+    dripped: int = 0  # comments or endless tokens written
 
 
 STATE: web.AppKey[FakeOpenAIState] = web.AppKey("openai_state", FakeOpenAIState)
@@ -79,13 +98,71 @@ def _choice(tok: int, last: bool, ids: str) -> dict[str, Any]:
     return choice
 
 
+DRIP_LIMIT_S = 30.0
+MIB = 1 << 20
+
+
+@functools.cache
+def gzip_bomb(size: int) -> bytes:
+    """`size` bytes of spaces, gzip-compressed (a thousandth of that, or less)."""
+    z = zlib.compressobj(9, zlib.DEFLATED, 31)
+    block = b" " * MIB
+    parts = [z.compress(block) for _ in range(size // MIB)]
+    return b"".join(parts) + z.flush()
+
+
+async def _drip(resp: web.StreamResponse, state: FakeOpenAIState, cfg: FakeOpenAIConfig,
+                line: bytes) -> None:
+    """`line` every drip_s until the client hangs up (or DRIP_LIMIT_S)."""
+    try:
+        for _ in range(int(DRIP_LIMIT_S / cfg.drip_s)):
+            await resp.write(line)
+            state.dripped += 1
+            await asyncio.sleep(cfg.drip_s)
+    except (ConnectionError, RuntimeError):  # the client went away
+        return
+
+
+async def _fault(resp: web.StreamResponse, state: FakeOpenAIState, cfg: FakeOpenAIConfig,
+                 tokens: list[int]) -> None:
+    """Stream `cfg.stream_fault` (see FakeOpenAIConfig) instead of a well-formed answer."""
+    fault = cfg.stream_fault
+    if fault in ("tokens_then_drip", "bad_ids"):
+        for tok in tokens[:2]:
+            await resp.write(f"data: {json.dumps({'choices': [_choice(tok, False, 'token_ids')]})}"
+                             "\n\n".encode())
+    if fault in ("comment_drip", "tokens_then_drip"):
+        await _drip(resp, state, cfg, b": \n")
+    elif fault == "endless":
+        chunk = {"choices": [_choice(tokens[0], False, "token_ids")]}
+        await _drip(resp, state, cfg, f"data: {json.dumps(chunk)}\n\n".encode())
+    elif fault == "bad_ids":
+        chunk = {"choices": [{"index": 0, "text": "x", "token_ids": cfg.bad_ids}]}
+        await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await _drip(resp, state, cfg, b": \n")  # the client must hang up, not wait for more
+
+
 def make_app(cfg: FakeOpenAIConfig) -> web.Application:
     """The fake server's aiohttp application; its state is app[STATE]."""
     state = FakeOpenAIState(cfg)
     app = web.Application()
     app[STATE] = state
 
-    async def models(_: web.Request) -> web.Response:
+    async def models(request: web.Request) -> web.StreamResponse:
+        if cfg.models_gzip:
+            return web.Response(body=gzip_bomb(cfg.models_gzip), headers={
+                "Content-Type": "application/json", "Content-Encoding": "gzip"})
+        if cfg.models_bytes:
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            await resp.prepare(request)
+            block = b" " * MIB
+            try:
+                while state.models_sent < cfg.models_bytes:
+                    await resp.write(block)
+                    state.models_sent += len(block)
+            except (ConnectionError, RuntimeError):  # the client went away
+                pass
+            return resp
         card: dict[str, Any] = {"id": "fake-model", "object": "model", "owned_by": "fake"}
         if cfg.context_length:
             card["context_length"] = cfg.context_length
@@ -118,10 +195,18 @@ def make_app(cfg: FakeOpenAIConfig) -> web.Application:
             state.salted_seen += 1
             if cfg.first_salted_cold and state.salted_seen == 1:
                 best = 0
-        cached = min(best, len(prompt) - 1) // cfg.block_size * cfg.block_size
+        cached: Any = min(best, len(prompt) - 1) // cfg.block_size * cfg.block_size
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         n_out = int(body.get("max_tokens", 16))
+        faulty = state.completions >= cfg.fault_from
+        state.completions += 1
+        if faulty and cfg.stream_fault:
+            await _fault(resp, state, cfg,
+                         [(sum(prompt[-4:]) + 7 * i) % (cfg.vocab - 300) + 256 for i in (0, 1)])
+            return resp
+        if faulty and cfg.cached_tokens is not None:
+            cached = cfg.cached_tokens
         generated: list[int] = []
         state.id_answers += bool(wants_ids)
         partial = wants_ids and state.id_answers <= cfg.partial_id_answers
@@ -134,6 +219,8 @@ def make_app(cfg: FakeOpenAIConfig) -> web.Application:
         state.cached.setdefault(salt, []).append(
             prompt if cfg.prompt_only_cache else prompt + generated[:-1])
         usage: dict[str, Any] = {"prompt_tokens": len(prompt), "completion_tokens": n_out}
+        if faulty and cfg.completion_tokens is not None:
+            usage["completion_tokens"] = cfg.completion_tokens
         if cfg.report_cached:
             usage["prompt_tokens_details"] = {"cached_tokens": cached}
         await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())

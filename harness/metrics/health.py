@@ -91,6 +91,40 @@ def _trajectories(frames: Frames) -> dict[str, str]:
     return _check("trajectories", status, f"{not_done} of {total} did not complete: {top}{more}")
 
 
+OUTCOMES = ("completed", "cancelled", "failed", "interrupted")
+# Events may be stamped a little after the run's own end (its cleanup); far later is a clock
+# or an edit, not a run.
+RECORD_SPAN_SLACK = 1.5
+
+
+def _records(frames: Frames, run: RunManifest) -> dict[str, str] | None:
+    """Whether the records agree with themselves and with run.json (a run that has ended):
+    every started call ended, and the trajectories' ends counted as run.json counts them.
+    Records edited or damaged by hand (a part deleted, rows removed) show here; None while
+    the run still runs (or nothing says how it ended)."""
+    if run.status in (None, "running") or run.outcome is None:
+        return None
+    found = []
+    open_calls = int(frames.calls["end_ns"].isna().sum())
+    if open_calls:
+        found.append(f"{open_calls} call(s) started and never ended")
+    agent = frames.trajectories[~frames.trajectories["bystander"]]
+    counted = agent["status"].astype(object).value_counts()
+    for name in OUTCOMES:
+        recorded, said = int(counted.get(name, 0)), int(getattr(run.outcome, name))
+        if recorded != said:
+            found.append(f"{recorded} trajectories ended {name} in the records, run.json "
+                         f"counts {said}")
+    span_s = frames.t_max_ns / 1e9 if len(frames.calls) else 0.0
+    if run.duration_s is not None and span_s > RECORD_SPAN_SLACK * run.duration_s + 10.0:
+        found.append(f"events at {span_s:,.0f} s into a run that lasted "
+                     f"{run.duration_s:,.0f} s")
+    if not found:
+        return _check("records", OK, "every started call ended; the trajectories' ends match "
+                                     "run.json")
+    return _check("records", WARN, "; ".join(found[:4]) + " (records damaged or edited?)")
+
+
 def _cleanup(run: RunManifest) -> dict[str, str]:
     c = run.cleanup
     if c is None:
@@ -175,7 +209,8 @@ def run_health(frames: Frames, run: RunManifest, lag: dict[str, Any]) -> list[di
     """Every check of one run, problems first (fail, then warn), then ok and info."""
     checks = [_run_state(run), *_policy(run), _trajectories(frames), _cleanup(run),
               *_client(run, lag)]
-    checks += [c for c in (_pinning(run), _calibration(run), _usage(run)) if c is not None]
+    checks += [c for c in (_records(frames, run), _pinning(run), _calibration(run), _usage(run))
+               if c is not None]
     if run.bystanders_ended_s is not None:
         checks.append(_check("bystanders", WARN, f"the planned bystander traffic ran out "
                                                  f"{run.bystanders_ended_s:.0f} s into the run, "

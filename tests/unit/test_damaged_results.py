@@ -10,11 +10,13 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
+from harness.metrics.summary import summarize_dir
 
 BASELINE = Path(__file__).resolve().parents[2] / "reports" / "baseline" / "keep"
 
@@ -91,3 +93,52 @@ def test_a_damaged_search_file_is_named(tmp_path: Path, name: str, text: str,
     assert res.exit_code == 2, res.output
     lines = res.output.strip().splitlines()
     assert len(lines) == 1 and words in lines[0] and name in lines[0], res.output
+
+
+def _split_drop_second_half(d: Path) -> None:
+    """Records as if their later part had been deleted: only the first half of the rows."""
+    p = _part(d)
+    table = pq.read_table(p)
+    pq.write_table(table.slice(0, table.num_rows // 2), p)
+
+
+def _drop_call_ends(d: Path) -> None:
+    p = _part(d)
+    table = pq.read_table(p)
+    keep = [e != "call_end" for e in table.column("event").to_pylist()]
+    pq.write_table(table.filter(keep), p)
+
+
+def _shift_last_event(d: Path) -> None:
+    """One timestamp edited far past the run's end (a client lag of days, as it would read)."""
+    p = _part(d)
+    table = pq.read_table(p)
+    t = table.column("t_ns").to_pylist()
+    t[-1] = t[-1] + 4_600_000 * 10**9
+    pq.write_table(table.set_column(table.schema.get_field_index("t_ns"), "t_ns",
+                                    pa.array(t, type=table.schema.field("t_ns").type)), p)
+
+
+@pytest.mark.parametrize("damage,words", [
+    (_split_drop_second_half, "run.json counts"),
+    (_drop_call_ends, "started and never ended"),
+    (_shift_last_event, "into a run that lasted"),
+])
+def test_records_that_disagree_are_said_in_health(tmp_path: Path,
+                                                  damage: Callable[[Path], None],
+                                                  words: str) -> None:
+    """Records edited or damaged in ways that still read: the summary and the report are made,
+    and the health section says what does not add up."""
+    d = Path(shutil.copytree(BASELINE, tmp_path / "run"))
+    (d / "summary.json").unlink(missing_ok=True)
+    damage(d)
+    health = {c["check"]: c for c in summarize_dir(d)["health"]}
+    assert health["records"]["status"] == "warn" and words in health["records"]["detail"]
+    res = CliRunner().invoke(main, ["report", str(d), "--out", str(tmp_path / "r.html")])
+    assert res.exit_code == 0, res.output
+    assert words in (tmp_path / "r.html").read_text()
+
+
+def test_whole_records_are_said_to_agree() -> None:
+    health = {c["check"]: c for c in summarize_dir(BASELINE)["health"]}
+    assert health["records"]["status"] == "ok"

@@ -109,11 +109,9 @@ def simulate_command(trace: Path, policy: str, policy_args: tuple[str, ...],
         raise InputError("choose one of --concurrency, --rate, --trace-timing")
     cap = check_capacity(_int("--capacity-tokens", capacity_tokens), _int("--slots", slots),
                          _int("--ctx-per-slot", ctx_per_slot))
-    conc = _int("--concurrency", concurrency)
-    r = _float("--rate", rate)
-    if conc is not None and conc < 1:
-        raise InputError("--concurrency must be >= 1")
-    if r is not None and not (r > 0 and r < float("inf")):
+    conc = _int("--concurrency", concurrency)  # bounded: >= 1
+    r = _float("--rate", rate)  # finite
+    if r is not None and r <= 0:
         raise InputError("--rate must be a finite number > 0")
     mode: Literal["closed", "poisson", "trace"] = (
         "poisson" if r is not None else "trace" if trace_timing else "closed")

@@ -191,10 +191,10 @@ def part_schema(part: Path) -> pa.Schema:
                          f"({str(exc).splitlines()[0][:160]})") from None
 
 
-def records_version(part: Path) -> int:
+def records_version(part: Path, schema: pa.Schema | None = None) -> int:
     """The records schema version a part was written with (1 for parts that predate the key);
-    InputError for a version this harness cannot read."""
-    meta = part_schema(part).metadata or {}
+    InputError for a version this harness cannot read. `schema`: the part's, when read already."""
+    meta = (schema if schema is not None else part_schema(part)).metadata or {}
     raw = meta.get(RECORDS_VERSION_KEY, b"1")
     try:
         version = int(raw)
@@ -221,8 +221,9 @@ def read_records(results_dir: Path, columns: Sequence[str] | None = None) -> pd.
 def check_records_part(part: Path) -> int:
     """A records part's version, after checking that it can be read and has the columns every
     version has; InputError naming the file otherwise."""
-    version = records_version(part)
-    if missing := [c for c in RECORDS_CORE if c not in part_schema(part).names]:
+    schema = part_schema(part)  # read once: the version and the columns
+    version = records_version(part, schema)
+    if missing := [c for c in RECORDS_CORE if c not in schema.names]:
         # a later column missing is an older version (read as nulls); these never are
         raise InputError(f"{part}: a records part without the column(s) {', '.join(missing)}; "
                          "not a harness records part, or damaged")

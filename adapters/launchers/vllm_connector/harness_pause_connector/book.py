@@ -1,0 +1,342 @@
+"""The scheduler side's bookkeeping of pins and host copies, free of vLLM so it can be tested
+alone: what is held for which session, until when, what the worker must copy, load and
+discard next, and what each control op answers.
+
+Block references go through `PoolOps` (the connector maps them onto vLLM's block pool):
+`touch` takes a reference, `free` gives it back to the engine's evictable cache, `discard`
+gives it back without its cache entry (the blocks are reused first, never matched again).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+KEY = "harness_pause"  # the key of kv_transfer_params this connector reads and answers
+CONNECTOR = "HarnessPauseConnector"
+VERSION = 1
+OPS = ("hold", "unpin", "offload", "drop", "release", "release_all", "status")
+DEFAULT_TTL_S = 900.0
+DEFAULT_HOST_CAP_BYTES = 1 << 30
+
+
+class Block(Protocol):
+    """What the book reads of a device block."""
+
+    @property
+    def block_id(self) -> int: ...
+
+
+class PoolOps(Protocol):
+    """Reference counting on the device block pool."""
+
+    def touch(self, blocks: Sequence[Any]) -> None: ...
+
+    def free(self, blocks: Sequence[Any]) -> None: ...
+
+    def discard(self, blocks: Sequence[Any]) -> None: ...
+
+
+@dataclass
+class Pin:
+    """A session's blocks held out of eviction: the first `len(blocks)` blocks of `tokens`."""
+
+    blocks: list[Any]
+    tokens: list[int]  # the token ids the blocks hold, whole blocks
+    salt: str | None
+    expires_at: float
+
+
+@dataclass
+class HostCopy:
+    """A session's blocks copied to host memory by the worker (under `copy_id`)."""
+
+    copy_id: int
+    name: str
+    tokens: list[int]
+    salt: str | None
+    blocks: int
+    bytes: int
+    expires_at: float
+
+
+@dataclass
+class Orders:
+    """What the worker does in the next step: copy device blocks to host (`saves`: copy id,
+    block ids), copy host blocks back (`loads`: copy id, first host block, device block ids;
+    the copy is dropped once loaded) and drop host copies (`discards`)."""
+
+    saves: list[tuple[int, list[int]]] = field(default_factory=list)
+    loads: list[tuple[int, int, list[int]]] = field(default_factory=list)
+    discards: list[int] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.saves or self.loads or self.discards)
+
+
+@dataclass(frozen=True)
+class Limits:
+    block_size: int
+    bytes_per_block: int  # every layer's K and V of one block
+    host_cap_bytes: int = DEFAULT_HOST_CAP_BYTES
+    default_ttl_s: float = DEFAULT_TTL_S
+
+
+@dataclass
+class _Plan:
+    session: str
+    copy_id: int
+    first_block: int
+
+
+class Book:
+    """Pins and host copies per session; `clock` gives monotonic seconds."""
+
+    def __init__(self, limits: Limits, pool: PoolOps, clock: Callable[[], float]) -> None:
+        self.limits = limits
+        self.pool = pool
+        self.clock = clock
+        self.pins: dict[str, Pin] = {}
+        self.copies: dict[str, HostCopy] = {}
+        self.orders = Orders()
+        self._after_orders: list[Any] = []  # blocks freed once their save order is out
+        self._plans: dict[str, _Plan] = {}  # request id -> the load its allocation triggers
+        self._next_copy = 1
+        self.saved: dict[int, dict[str, Any]] = {}  # copy id -> the worker's report
+        self.worker_host_bytes: int | None = None
+        self.expired = {"pins": 0, "copies": 0}
+        self.restored_tokens = 0
+
+    # ---- a session's calls --------------------------------------------------------------
+    def finished(self, session: str, hold: bool, blocks: Sequence[Any], tokens: Sequence[int],
+                 salt: str | None) -> int:
+        """A call of `session` ended having computed `blocks` (its full cached blocks, in
+        order) over `tokens`: pin them if `hold`, and release what was pinned before (the
+        context moved on). A host copy the call did not load is dropped. Returns the tokens
+        now pinned."""
+        self.expire()
+        new = None
+        if hold and blocks:
+            self.pool.touch(blocks)
+            n = len(blocks) * self.limits.block_size
+            new = Pin(list(blocks), list(tokens[:n]), salt,
+                      self.clock() + self.limits.default_ttl_s)
+        self._unpin(session)
+        self._drop_copy(session)
+        if new is None:
+            return 0
+        self.pins[session] = new
+        return len(new.tokens)
+
+    def restorable(self, request_id: str, session: str, prompt: Sequence[int],
+                   salt: str | None, computed: int) -> int:
+        """Tokens of `session`'s host copy a new call can load past the `computed` tokens the
+        device cache already holds: whole blocks of the copy that the prompt starts with, under
+        the same salt, leaving at least one prompt token to compute."""
+        self._plans.pop(request_id, None)
+        copy = self.copies.get(session)
+        bs = self.limits.block_size
+        if copy is None or copy.salt != salt:
+            return 0
+        n = min(copy.blocks, (len(prompt) - 1) // bs)
+        while n > 0 and list(prompt[:n * bs]) != copy.tokens[:n * bs]:
+            n -= 1
+        first = computed // bs
+        if n <= first:
+            return 0
+        self._plans[request_id] = _Plan(session, copy.copy_id, first)
+        return (n - first) * bs
+
+    def allocated(self, request_id: str, block_ids: Sequence[int], external: int) -> None:
+        """The scheduler gave the call its blocks, `external` tokens of them to load: order the
+        load from the host copy (consumed: dropped once loaded)."""
+        plan = self._plans.pop(request_id, None)
+        if plan is None or external <= 0:
+            return
+        copy = self.copies.get(plan.session)
+        if copy is None or copy.copy_id != plan.copy_id:
+            return
+        n = external // self.limits.block_size
+        dst = list(block_ids[plan.first_block:plan.first_block + n])
+        self.orders.loads.append((copy.copy_id, plan.first_block, dst))
+        del self.copies[plan.session]
+        self.restored_tokens += n * self.limits.block_size
+
+    def forget_request(self, request_id: str) -> None:
+        self._plans.pop(request_id, None)
+
+    # ---- control ops --------------------------------------------------------------------
+    def control(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Run one control op now; its answer (the worker's figures filled in by `answer`)."""
+        self.expire()
+        op = params.get("op")
+        out: dict[str, Any] = {"connector": CONNECTOR, "version": VERSION, "op": op, "ok": True}
+        session = params.get("session")
+        if op not in OPS:
+            return _error(out, f"unknown op {op!r} (known: {', '.join(OPS)})")
+        if op in ("release_all", "status"):
+            prefix = params.get("prefix") or ""
+            if not isinstance(prefix, str):
+                return _error(out, "prefix must be a string")
+            if op == "release_all":
+                out["released"] = self._release_all(prefix)
+            out.update(self.status(prefix))
+            return out
+        if not isinstance(session, str) or not session:
+            return _error(out, f"{op} needs a session")
+        out["session"] = session
+        if op == "hold":
+            return self._hold(out, session, params.get("ttl_s"))
+        if op == "offload":
+            name = params.get("name")
+            return self._offload(out, session, name if isinstance(name, str) else session)
+        pin = self.pins.get(session)
+        copy = self.copies.get(session)
+        out["tokens"] = len(pin.tokens) if pin else 0
+        out["host_tokens"] = len(copy.tokens) if copy else 0
+        if op == "unpin":
+            self._unpin(session)
+        elif op == "drop":
+            if pin is not None:
+                del self.pins[session]
+                self.pool.discard(pin.blocks)
+            self._drop_copy(session)
+        else:  # release
+            self._unpin(session)
+            self._drop_copy(session)
+        return out
+
+    def answer(self, out: dict[str, Any]) -> dict[str, Any]:
+        """A control op's answer once its request ends: the worker's report of its copy."""
+        copy_id = out.pop("copy_id", None)
+        report = self.saved.pop(copy_id, None) if copy_id is not None else None
+        if report is not None:
+            out["ms"] = report["ms"]
+            out["worker_bytes"] = report["bytes"]
+            if report.get("error"):
+                out["ok"] = False
+                out["error"] = report["error"]
+        if out.get("op") in ("status", "release_all"):
+            out["worker_host_bytes"] = self.worker_host_bytes
+        return out
+
+    def _hold(self, out: dict[str, Any], session: str, ttl_s: object) -> dict[str, Any]:
+        pin = self.pins.get(session)
+        if ttl_s is not None and (not isinstance(ttl_s, int | float) or isinstance(ttl_s, bool)
+                                  or not math.isfinite(ttl_s) or ttl_s < 0):
+            return _error(out, f"ttl_s must be a finite number >= 0, not {ttl_s!r}")
+        ttl = self.limits.default_ttl_s if ttl_s is None else float(ttl_s)
+        out["tokens"] = len(pin.tokens) if pin else 0
+        if pin is not None:
+            pin.expires_at = self.clock() + ttl
+            out["expires_in_s"] = round(ttl, 3)
+        return out
+
+    def _offload(self, out: dict[str, Any], session: str, name: str) -> dict[str, Any]:
+        pin = self.pins.get(session)
+        if pin is None or not pin.blocks:
+            out["tokens"] = 0
+            return _error(out, "nothing is pinned for the session: nothing to offload")
+        self._drop_copy(session)  # a newer context replaces an older copy
+        size = len(pin.blocks) * self.limits.bytes_per_block
+        held = self.host_bytes()
+        if held + size > self.limits.host_cap_bytes:
+            out["tokens"] = len(pin.tokens)
+            return _error(out, f"host memory cap: {held} of {self.limits.host_cap_bytes} bytes "
+                          f"held, the copy needs {size} more; the context stays pinned")
+        copy = HostCopy(self._next_copy, name, pin.tokens, pin.salt, len(pin.blocks), size,
+                        self.clock() + self.limits.default_ttl_s)
+        self._next_copy += 1
+        self.copies[session] = copy
+        del self.pins[session]
+        self.orders.saves.append((copy.copy_id, [b.block_id for b in pin.blocks]))
+        # The device blocks go only once the save order is handed to the worker, whose copy
+        # runs before any later step can write them.
+        self._after_orders.extend(pin.blocks)
+        out.update(tokens=len(copy.tokens), bytes=size, copy_id=copy.copy_id)
+        return out
+
+    # ---- each scheduler step --------------------------------------------------------------
+    def take_orders(self) -> Orders:
+        """The worker's orders for this step; the device blocks of offloaded pins are freed
+        (and never matched again) once their save is ordered."""
+        self.expire()
+        orders, self.orders = self.orders, Orders()
+        if self._after_orders:
+            self.pool.discard(self._after_orders)
+            self._after_orders = []
+        return orders
+
+    def worker_report(self, saved: dict[int, dict[str, Any]], host_bytes: int | None) -> None:
+        """What the worker reported for a step: each save's bytes, time and error, and the
+        host memory it holds."""
+        self.saved.update(saved)
+        if host_bytes is not None:
+            self.worker_host_bytes = host_bytes
+        for copy_id, report in saved.items():
+            if report.get("error"):  # the copy failed: nothing to restore from it
+                for session, copy in list(self.copies.items()):
+                    if copy.copy_id == copy_id:
+                        del self.copies[session]
+
+    def expire(self) -> None:
+        """Release every pin and drop every host copy past its expiry."""
+        now = self.clock()
+        for session in [s for s, p in self.pins.items() if p.expires_at <= now]:
+            self._unpin(session)
+            self.expired["pins"] += 1
+        for session in [s for s, c in self.copies.items() if c.expires_at <= now]:
+            self._drop_copy(session)
+            self.expired["copies"] += 1
+
+    # ---- what is held ---------------------------------------------------------------------
+    def host_bytes(self) -> int:
+        return sum(c.bytes for c in self.copies.values())
+
+    def status(self, prefix: str = "") -> dict[str, Any]:
+        """Every pin and host copy whose session starts with `prefix`."""
+        now = self.clock()
+        pins = [{"session": s, "tokens": len(p.tokens), "blocks": len(p.blocks),
+                 "expires_in_s": round(p.expires_at - now, 3)}
+                for s, p in sorted(self.pins.items()) if s.startswith(prefix)]
+        copies = [{"session": s, "name": c.name, "tokens": len(c.tokens), "bytes": c.bytes,
+                   "expires_in_s": round(c.expires_at - now, 3)}
+                  for s, c in sorted(self.copies.items()) if s.startswith(prefix)]
+        return {"pins": pins, "host": copies, "host_bytes": self.host_bytes(),
+                "host_cap_bytes": self.limits.host_cap_bytes,
+                "default_ttl_s": self.limits.default_ttl_s,
+                "block_size": self.limits.block_size,
+                "bytes_per_block": self.limits.bytes_per_block,
+                "expired": dict(self.expired), "restored_tokens": self.restored_tokens}
+
+    def _release_all(self, prefix: str) -> int:
+        sessions = {s for s in [*self.pins, *self.copies] if s.startswith(prefix)}
+        for session in sessions:
+            self._unpin(session)
+            self._drop_copy(session)
+        return len(sessions)
+
+    def _unpin(self, session: str) -> None:
+        pin = self.pins.pop(session, None)
+        if pin is not None:
+            self.pool.free(pin.blocks)
+
+    def _drop_copy(self, session: str) -> None:
+        copy = self.copies.pop(session, None)
+        if copy is not None:
+            self.orders.discards.append(copy.copy_id)
+
+
+def _error(out: dict[str, Any], message: str) -> dict[str, Any]:
+    out.update(ok=False, error=message)
+    return out
+
+
+def call_params(kv_transfer_params: object) -> dict[str, Any] | None:
+    """The connector's part of a request's kv_transfer_params, when it is a dict."""
+    if not isinstance(kv_transfer_params, dict):
+        return None
+    params = kv_transfer_params.get(KEY)
+    return params if isinstance(params, dict) else None

@@ -137,22 +137,21 @@ def goodput_per_min(succeeded: int, duration_s: float) -> float | None:
     return succeeded / (duration_s / 60.0) if duration_s > 0 else None
 
 
-def cache_mismatches(
+def judge_resumes(
     frames: Frames,
     abs_tokens: int = MISMATCH_ABS_TOKENS,
     rel: float = MISMATCH_REL,
     reuses_output: bool = True,
 ) -> pd.DataFrame:
-    """Resumed calls whose server-reported cached tokens contradict the pause decision.
+    """Every resumed call with a server-reported cached count, judged against its pause's
+    decision: `expected` is "reuse" (keep, swap, ttl kept or swapped out), "none" (recompute,
+    ttl erased without a swap-out) or "either" (keep-evictable: the engine may evict it), and
+    `reused` whether the server reused the retained tokens (cached >= retained - tol).
 
-    keep / swap (and ttl that was kept, or swapped out when it expired) should reuse the
-    retained tokens (those the resumed prompt keeps, when it keeps only part; without
-    `reuses_output`, a server that caches prompt blocks only, less what the call before the
-    pause generated): cached >= retained - tol; recompute (and ttl erased without a swap-out)
-    should reuse nothing: cached <= tol;
-    tol = max(abs_tokens, rel x retained). Calls without a cached count are not judged; a
-    decision recorded unsupported is judged as keep (nothing was done).
-    """
+    Retained tokens are those the resumed prompt keeps (when it keeps only part); without
+    `reuses_output` (a server that caches prompt blocks only) less what the call before the
+    pause generated. tol = max(abs_tokens, rel x retained). A decision recorded unsupported
+    is judged as keep (nothing was done)."""
     p = frames.pauses
     judged = p[p["resume_cached_tokens"].notna() & p["action"].notna()]
     action = judged["action"].astype(object)
@@ -171,15 +170,43 @@ def cache_mismatches(
     discarded = judged["erased"].astype(bool) & (judged["swap_in_bytes"] <= 0)
     expect_reuse = action.isin(["keep", "swap"]) | ((action == "ttl") & ~discarded)
     expect_none = (action == "recompute") | ((action == "ttl") & discarded)
-    bad = (expect_reuse & (cached < retained - tol)) | (expect_none & (cached > tol))
-    out = judged[bad]
+    reused = cached >= retained - tol
+    honoured = (expect_reuse & reused) | (expect_none & (cached <= tol))
     return pd.DataFrame({
-        "trajectory_id": out["tid"].astype(object),
+        "trajectory_id": judged["tid"].astype(object),
+        "step": judged["step"],
+        "action": judged["action"].astype(object),
+        "wait_s": judged["wait_s"],
+        "retained_tokens": judged["retained_tokens"],
+        "cached_tokens": cached,
+        "expected": np.select([expect_reuse, expect_none], ["reuse", "none"], "either"),
+        "reused": reused.to_numpy(dtype=bool),
+        "honoured": honoured.to_numpy(dtype=bool),
+    }, index=judged.index)
+
+
+def cache_mismatches(
+    frames: Frames,
+    abs_tokens: int = MISMATCH_ABS_TOKENS,
+    rel: float = MISMATCH_REL,
+    reuses_output: bool = True,
+) -> pd.DataFrame:
+    """Resumed calls whose server-reported cached tokens contradict the pause decision
+    (`judge_resumes`): a kept or swapped context not reused, a recomputed one reused.
+    keep-evictable is never a mismatch: the engine may evict it."""
+    return mismatches_of(judge_resumes(frames, abs_tokens, rel, reuses_output))
+
+
+def mismatches_of(judged: pd.DataFrame) -> pd.DataFrame:
+    """The mismatches among calls `judge_resumes` judged."""
+    out = judged[(judged["expected"] != "either") & ~judged["honoured"]]
+    return pd.DataFrame({
+        "trajectory_id": out["trajectory_id"],
         "step": out["step"],
-        "action": out["action"].astype(object),
+        "action": out["action"],
         "retained_tokens": out["retained_tokens"],
-        "cached_tokens": out["resume_cached_tokens"],
-        "expected": np.where(expect_reuse[bad], "reuse", "recompute"),
+        "cached_tokens": out["cached_tokens"],
+        "expected": np.where(out["expected"] == "reuse", "reuse", "recompute"),
     })
 
 

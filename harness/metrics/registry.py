@@ -62,6 +62,9 @@ class Metric:
     bigger_is_better: bool = False
     units: str | None = None
     ci: Callable[[Summary], list[float] | None] | None = None
+    # Measured only by some runs (a rate over keep-evictable pauses): a comparison leaves it
+    # out where neither run has it, instead of a verdict of n/a.
+    optional: bool = False
 
     def unit_in(self, s: Summary) -> str:
         """The unit this summary's value is in (memory-time falls back to token-seconds where
@@ -93,6 +96,13 @@ HEADLINE: tuple[Metric, ...] = (
            "tokens recomputed"),
     Metric("cache_mismatches", "calls", lambda s: s.get("cache_mismatches"),
            "cache mismatches"),
+    # The share of resumed calls whose server-reported reuse matched the pause's action
+    # (metrics.retention): whether the server honoured what the harness asked.
+    Metric("hint_honoured.rate", "fraction", _q("hint_honoured", "rate"), "hint honoured",
+           bigger_is_better=True, optional=True),
+    # keep-evictable only: the share of paused contexts the engine's cache still held.
+    Metric("effective_retention.rate", "fraction", _q("effective_retention", "rate"),
+           "evictable kept", bigger_is_better=True, optional=True),
 )
 METRICS: dict[str, Metric] = {m.name: m for m in HEADLINE}
 

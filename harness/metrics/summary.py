@@ -15,7 +15,7 @@ import pandas as pd
 import pyarrow as pa
 
 from harness.errors import InputError
-from harness.metrics import latency, occupancy, outcomes
+from harness.metrics import latency, occupancy, outcomes, retention
 from harness.metrics.bootstrap import mean_ci
 from harness.metrics.events import read_events
 from harness.metrics.frames import Frames, build_frames, link_events
@@ -35,6 +35,7 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "client_lag_ms", "ttft_ms", "tpot_ms", "itl_ms", "itl_source", "e2e_ms",
     "request_throughput_per_s", "output_token_throughput_per_s",
     "tokens_recomputed", "bytes_moved", "cache_mismatches", "cache_mismatch_list",
+    "hint_honoured", "effective_retention",
     "memory_time_token_s", "memory_time_mib_s", "kv_paused_peak_tokens", "kv_paused_mean_tokens",
     "kv_active_peak_tokens", "kv_active_mean_tokens", "goodput_per_min", "outcome_ci95",
     "bystander_ttft_ms",
@@ -88,8 +89,9 @@ def summarize_frames(
     block = run.cache_block_tokens
     if isinstance(block, int | float) and not isinstance(block, bool) and block > 0:
         mismatch_abs_tokens = max(mismatch_abs_tokens, int(block))
-    mism = outcomes.cache_mismatches(frames, mismatch_abs_tokens, mismatch_rel,
-                                     reuses_output=run.cache_reuses_output is not False)
+    judged = outcomes.judge_resumes(frames, mismatch_abs_tokens, mismatch_rel,
+                                    reuses_output=run.cache_reuses_output is not False)
+    mism = outcomes.mismatches_of(judged)
     mem = occupancy.memory_time(frames.kv, duration, bpt)
     lat = latency.call_latency(calls)
     lag = latency.pct(pauses["lag_ms"].dropna())
@@ -110,6 +112,8 @@ def summarize_frames(
         "bytes_moved": int(pauses["swap_out_bytes"].sum() + pauses["swap_in_bytes"].sum()),
         "cache_mismatches": int(len(mism)),
         "cache_mismatch_list": outcomes.mismatch_list(mism),
+        "hint_honoured": retention.hint_honoured(judged),
+        "effective_retention": retention.effective_retention(judged),
         **mem,
         "goodput_per_min": outcomes.goodput_per_min(traj["succeeded"], duration),
         "outcome_ci95": _outcome_ci(outcomes.trajectory_units(frames, slo), duration, bpt,

@@ -114,6 +114,8 @@ def compare_runs(
     rows = []
     for m in HEADLINE:
         vb, vn = m.value(base.summary), m.value(new.summary)
+        if m.optional and vb is None and vn is None:
+            continue  # neither run measures it
         ci: tuple[float, float] | None = None
         if m.sample is not None and m.q is not None:
             ratio, ci, verdict = quantile_verdict(sb[m.sample], sn[m.sample], m.q, threshold,

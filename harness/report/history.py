@@ -123,7 +123,9 @@ def render_history(runs: list[RunData], threshold: float = DEFAULT_THRESHOLD) ->
     runs = order_runs(runs)
     steps = detect_steps(runs, threshold)
     imgs = "".join(f"<div><img src='{_metric_plot(runs, steps, k)}' alt='{m.name}'></div>"
-                   for k, m in enumerate(HEADLINE))
+                   for k, m in enumerate(HEADLINE)
+                   # a metric only some runs measure is plotted where one of them does
+                   if not m.optional or any(m.value(r.summary) is not None for r in runs))
     step_rows = [[html.escape(s["series"]), html.escape(s["metric"]), html.escape(s["from"]),
                   html.escape(s["to"]), fmt(s["base"]), fmt(s["new"]), fmt(s["ratio"]),
                   s["verdict"] + ("" if s["confirmed"] else " (newest run only: unconfirmed)")]

@@ -1,9 +1,11 @@
 """The adapter Protocol: everything the executor needs from a runtime, and nothing more.
 
-Runtimes differ in who decides what happens to a paused request's KV cache. llama.cpp hands the
-client per-slot control, so the harness executes every pause action itself; vLLM and SGLang
-decide inside the server, where a policy is a server configuration. `Capabilities` says which
-actions an adapter can execute per pause; the executor never pretends an unsupported action ran.
+The seam speaks pauses, not slots: at each tool pause the core asks the adapter to hold a
+trajectory's context (pinned, out of the engine's eviction), hand it to the engine's own evictable
+cache, offload it to host memory, drop it, restore it, or release everything it holds. Each
+runtime maps these onto its own mechanism (llama.cpp onto the slots the harness owns, vLLM onto
+the KV connector the project ships, SGLang onto streaming sessions); `Capabilities` says which
+actions an adapter executes, and the executor never pretends an unsupported action ran.
 """
 
 from __future__ import annotations
@@ -25,8 +27,21 @@ class Unsupported(Exception):
 @dataclass(frozen=True)
 class Capabilities:
     harness_slots: bool  # the client picks the KV slot of each request (llama.cpp id_slot)
-    pause_actions: frozenset[str]  # actions executable per pause: keep, swap, recompute
+    # actions executable per pause (harness.policies.base.PAUSE_ACTIONS: keep is pinned)
+    pause_actions: frozenset[str]
     local_dump_files: bool = False  # swap files sit on this machine's disk (we can delete them)
+    # Offloaded copies are files the client names (llama.cpp's dumps); False: they live in the
+    # server's memory, and restore and release free them.
+    dump_files: bool = True
+
+
+@dataclass(frozen=True)
+class PausedKv:
+    """A trajectory's context on the server, as a pause action names it."""
+
+    session: str  # the trajectory id; adapters derive the names their server accepts
+    slot: int | None = None  # the slot the harness gave it (runtimes with harness_slots)
+    tokens: int = 0  # the context's length
 
 
 @dataclass(frozen=True)
@@ -56,6 +71,9 @@ class CompletionRequest:
     # The conversation the call belongs to (the trajectory id): runtimes that route or pin by
     # session use it; the others ignore it.
     session: str | None = None
+    # Hold the call's context (pinned) once it ends, for the pause that follows: the pause's
+    # decision then keeps, unpins, offloads or drops it. Runtimes without pinning ignore it.
+    hold: bool = False
 
 
 @dataclass
@@ -115,13 +133,42 @@ class Adapter(Protocol):
         """Stream one completion; `on_tokens` is called as each chunk of tokens arrives."""
         ...
 
-    async def save_slot(self, slot: int, name: str) -> SlotIO: ...
+    # ---- the pause actions --------------------------------------------------------------
+    async def hold(self, kv: PausedKv, ttl_s: float | None) -> None:
+        """Keep the context pinned while paused. `ttl_s`: when the core will end the hold
+        itself (a TTL), for a server-side safety net; None: until resumed or released."""
+        ...
 
-    async def restore_slot(self, slot: int, name: str) -> SlotIO: ...
+    async def unpin(self, kv: PausedKv) -> None:
+        """Hand the context to the engine's own evictable cache (keep-evictable)."""
+        ...
 
-    async def erase_slot(self, slot: int) -> None: ...
+    async def offload(self, kv: PausedKv, name: str) -> SlotIO:
+        """Move the context off the device (to host memory or the file `name`)."""
+        ...
 
-    async def delete_dump(self, name: str) -> bool: ...
+    async def drop(self, kv: PausedKv) -> None:
+        """Discard the context (the core forbids its reuse with a fresh cache salt where
+        the runtime has one)."""
+        ...
+
+    async def restore(self, kv: PausedKv, name: str) -> SlotIO | None:
+        """Bring an offloaded context back before the resumed call; None when the runtime
+        restores it on the call itself."""
+        ...
+
+    async def release(self, kv: PausedKv) -> None:
+        """The trajectory ended: free whatever the server holds for it."""
+        ...
+
+    async def delete_dump(self, name: str) -> bool:
+        """Delete an offloaded copy that sits in a file on this machine."""
+        ...
+
+    async def held(self) -> list[str] | None:
+        """What the server still holds for this run (pins, sessions, host copies): the
+        end-of-run leftover check; None where it cannot be seen."""
+        ...
 
     async def scrape(self) -> list[tuple[str, str, str, float]]: ...
 

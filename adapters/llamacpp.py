@@ -19,6 +19,7 @@ from harness.adapters.base import (
     Capabilities,
     CompletionRequest,
     CompletionResult,
+    PausedKv,
     ServerInfo,
     SlotIO,
     Unsupported,
@@ -139,6 +140,33 @@ class LlamaCppAdapter:
     async def erase_slot(self, slot: int) -> None:
         await self._slot_action(slot, "erase", None)
 
+    # ---- the pause actions on the harness's slots --------------------------------------
+    async def hold(self, kv: PausedKv, ttl_s: float | None) -> None:
+        """A slot the harness owns stays untouched until the harness reuses it: held."""
+
+    async def unpin(self, kv: PausedKv) -> None:
+        raise Unsupported("llama-server slots are owned by the harness: nothing is evictable")
+
+    async def offload(self, kv: PausedKv, name: str) -> SlotIO:
+        """Save the slot to the dump file `name`, then erase it."""
+        io = await self.save_slot(_slot_of(kv), name)
+        await self.erase_slot(_slot_of(kv))
+        return io
+
+    async def drop(self, kv: PausedKv) -> None:
+        await self.erase_slot(_slot_of(kv))
+
+    async def restore(self, kv: PausedKv, name: str) -> SlotIO:
+        return await self.restore_slot(_slot_of(kv), name)
+
+    async def release(self, kv: PausedKv) -> None:
+        if kv.slot is not None:
+            await self.erase_slot(kv.slot)
+
+    async def held(self) -> list[str] | None:
+        """Nothing outlives a slot's erase; the slots' state is checked by `slots_idle`."""
+        return []
+
     async def delete_dump(self, name: str) -> bool:
         """Delete a slot dump file; False when the server's disk is not ours to touch."""
         if self._dump_dir is None:
@@ -163,6 +191,12 @@ class LlamaCppAdapter:
     async def slots_idle(self) -> bool | None:
         slots = await self.http.get_json("/slots")
         return not any(s.get("is_processing") for s in slots)
+
+
+def _slot_of(kv: PausedKv) -> int:
+    if kv.slot is None:
+        raise ValueError(f"{kv.session}: a llama-server context is always in a slot")
+    return kv.slot
 
 
 def _slot_labels(slot_id: Any) -> str:

@@ -33,6 +33,7 @@ from harness.adapters.base import (
     Capabilities,
     CompletionRequest,
     CompletionResult,
+    PausedKv,
     ServerInfo,
     SlotIO,
     Unsupported,
@@ -51,6 +52,7 @@ from harness.adapters.openai_variant import (
     SaltField,
     Variant,
 )
+from harness.policies.base import KEEP_EVICTABLE, RECOMPUTE
 
 # Used when the model's vocabulary cannot be learnt: small enough for any real vocabulary (the
 # harness draws ids in [256, vocab - 256)), since some servers crash on an id past theirs.
@@ -97,7 +99,8 @@ class OpenAIAdapter:
         self._fresh_salts: set[str] = set()  # per-call salts already sent once
         self.chat: ChatText | None = None  # set by the probe when token-id prompts are refused
         self.force_chat = chat  # the chat fallback whether or not token ids are accepted
-        self.capabilities = Capabilities(harness_slots=False, pause_actions=frozenset({"keep"}))
+        self.capabilities = Capabilities(harness_slots=False,
+                                         pause_actions=frozenset({KEEP_EVICTABLE}))
         # Calls whose usage report held an impossible figure (recorded unknown), and the first
         # such report. ServerInfo.extra holds this very dict, and run.json's server_extra the
         # same object, so the count the run ends with is the one written (and health reads).
@@ -129,7 +132,9 @@ class OpenAIAdapter:
         self.probed = await probe(self, vocab, self._salt)
         extra["openai_probe"] = self.probed.to_dict()
         extra["impossible_usage"] = self.impossible_usage
-        actions = {"keep"} | ({"recompute"} if self.probed.salt else set())
+        # The server's own prefix cache keeps a paused context, evictable: nothing through
+        # the OpenAI API pins it.
+        actions = {KEEP_EVICTABLE} | ({RECOMPUTE} if self.probed.salt else set())
         self.capabilities = Capabilities(harness_slots=False, pause_actions=frozenset(actions))
         ctx = card.get("max_model_len") or card.get("context_length")
         return ServerInfo(runtime=self.runtime, server_version=await self._version(),
@@ -258,18 +263,32 @@ class OpenAIAdapter:
         text = delta_text(chunk)
         return [self.chat.generated(text)] if text else []
 
-    async def save_slot(self, slot: int, name: str) -> SlotIO:
-        raise Unsupported("the OpenAI API has no per-request KV save")
+    # ---- the pause actions: the OpenAI API has none but a cache salt ----------------------
+    async def hold(self, kv: PausedKv, ttl_s: float | None) -> None:
+        raise Unsupported("the OpenAI API cannot pin a request's KV")
 
-    async def restore_slot(self, slot: int, name: str) -> SlotIO:
+    async def unpin(self, kv: PausedKv) -> None:
+        """Nothing to do: a finished request's prefix is left to the server's cache."""
+
+    async def offload(self, kv: PausedKv, name: str) -> SlotIO:
+        raise Unsupported("the OpenAI API has no per-request KV offload")
+
+    async def drop(self, kv: PausedKv) -> None:
+        """Nothing to drop: the core's fresh cache salt forbids reuse of the old prefix."""
+
+    async def restore(self, kv: PausedKv, name: str) -> SlotIO | None:
         raise Unsupported("the OpenAI API has no per-request KV restore")
 
-    async def erase_slot(self, slot: int) -> None:
-        raise Unsupported("the OpenAI API has no client-visible slots")
+    async def release(self, kv: PausedKv) -> None:
+        """Nothing is held through the OpenAI API."""
 
     async def delete_dump(self, name: str) -> bool:
         """No dump files: the harness never saves KV through the OpenAI API."""
         return False
+
+    async def held(self) -> list[str] | None:
+        """Nothing is ever held through the OpenAI API."""
+        return []
 
     async def scrape(self) -> list[Sample]:
         """The server's Prometheus samples, if it exports any at /metrics (buckets and the

@@ -81,14 +81,17 @@ class DynamoPolicy:
 KV_ROUTING = ("KV-aware routing (--router-mode kv): each call goes to the worker whose cache "
               "holds most of its prefix")
 SERVER_POLICIES: dict[str, DynamoPolicy] = {
-    "keep": DynamoPolicy("keep", "kv", False, f"keep under {KV_ROUTING}; a paused request's "
-                         "blocks stay cached there, evictable (not pinned)"),
+    "keep-evictable": DynamoPolicy(
+        "keep-evictable", "kv", False, f"keep-evictable under {KV_ROUTING}; a paused "
+        "request's blocks stay cached there, evictable (not pinned)"),
     "round-robin": DynamoPolicy(
-        "keep", "round-robin", False, "keep under round-robin routing (--router-mode "
+        "keep-evictable", "round-robin", False, "keep-evictable under round-robin routing "
+        "(--router-mode "
         "round-robin): calls alternate between the workers whatever their caches hold, the "
         "baseline KV-aware routing and session affinity are measured against"),
     "session": DynamoPolicy(
-        "keep", "round-robin", True, "keep under session affinity (--router-session-affinity-"
+        "keep-evictable", "round-robin", True, "keep-evictable under session affinity "
+        "(--router-session-affinity-"
         f"ttl-secs {SESSION_TTL_S}, header x-dynamo-session-id per trajectory) over round-robin "
         "routing: each trajectory's calls are bound to one worker"),
 }
@@ -214,8 +217,8 @@ class DynamoRuntime:
     pins_local_server = True
     per_slot_control = False
     server_policies: dict[str, str] = {
-        k: p.harness_policy for k, p in SERVER_POLICIES.items() if k not in ("keep",)}
-    default_policies = ("keep", "round-robin", "session", "recompute")
+        k: p.harness_policy for k, p in SERVER_POLICIES.items() if k not in ("keep-evictable",)}
+    default_policies = ("keep-evictable", "round-robin", "session", "recompute")
 
     @contextmanager
     def start(self, options: ServerOptions, out: Path) -> Iterator[RuntimeSession]:

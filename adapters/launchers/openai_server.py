@@ -32,15 +32,21 @@ def realisation(policy: str, probed: Probed, server: str = "the server") -> Poli
     salt = probed.salt.name if probed.salt else None
     reuse = ("reuse read from usage.prompt_tokens_details.cached_tokens" if
              probed.cached_reported else "reuse not reported by the server: recorded unknown")
+    if policy == "keep-evictable":
+        return PolicyRealisation("keep-evictable", f"keep-evictable: nothing sent per pause; "
+                                 f"{server}'s own prefix cache decides what stays (not pinned); "
+                                 f"{reuse}")
     if policy == "keep":
-        return PolicyRealisation("keep", f"keep: nothing sent per pause; {server}'s own prefix "
-                                 f"cache decides what stays (not pinned); {reuse}")
+        return PolicyRealisation("keep", "keep: unsupported, the OpenAI API cannot pin a "
+                                 "request's KV; each decision is recorded unsupported (run "
+                                 f"keep-evictable for {server}'s own cache); {reuse}")
     if policy == "recompute":
         how = (f"a fresh {salt} on each resumed call, so no cached prefix can match" if salt
                else f"unsupported: {server} honours no cache salt the probe tried, so each "
                "recompute decision is recorded unsupported and the context stays cached")
         return PolicyRealisation("recompute", f"recompute: {how}; {reuse}")
-    actions = "keep and recompute execute" if salt else "keep executes"
+    actions = ("keep-evictable and recompute execute" if salt
+               else "keep-evictable executes")
     return PolicyRealisation(policy, f"{policy}: decided per pause by the harness; {actions}, "
                              f"other decisions are recorded unsupported; {reuse}")
 
@@ -52,7 +58,7 @@ class OpenAIRuntime:
     pins_local_server = False
     per_slot_control = False
     server_policies: dict[str, str] = {}
-    default_policies = ("keep", "recompute")
+    default_policies = ("keep-evictable", "recompute")
 
     @contextmanager
     def start(self, options: ServerOptions, out: Path) -> Iterator[RuntimeSession]:

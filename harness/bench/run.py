@@ -21,7 +21,7 @@ from harness.model.analytical import Rates, evaluate
 from harness.model.calibration import read_calibration
 from harness.model.inputs import pauses_from_trace
 from harness.plan.injection import Injection
-from harness.policies import make_policy
+from harness.policies import SLOT_MODEL_POLICIES, make_policy
 from harness.records.manifest import RunManifest, read_manifest
 from harness.records.store import SUMMARY_JSON, ensure_out_dir, read_json, write_json
 from harness.replay.run import execute_run, to_stderr
@@ -92,7 +92,8 @@ def run_bench(plan: BenchPlan, echo: Callable[[str], None] = print
             run = execute_run(o, to_stderr, plan.runtime)
             runs.append(run)
             dirs.append(o.out)
-            if plan.calibration is not None:
+            # The slot model prices what a slot server does: no engine's evictable cache.
+            if plan.calibration is not None and o.policy in SLOT_MODEL_POLICIES:
                 write_json(o.out / "prediction.json",
                            predict(plan.trace, o.policy, plan.calibration))
                 if plan.simulable and k == 1:

@@ -17,6 +17,7 @@ from typing import Literal
 from harness.adapters.base import (
     Adapter,
     CompletionRequest,
+    PausedKv,
     Runtime,
     RuntimeSession,
     ServerOptions,
@@ -34,6 +35,9 @@ from harness.replay.runner import server_info
 
 CONTEXTS = (128, 512, 1024, 2048)
 SWAP_CONTEXT = 1024
+
+# The one slot calibration uses, through the pause actions (drop erases it).
+SLOT0 = PausedKv("calibration", slot=0)
 
 
 @dataclass
@@ -53,7 +57,7 @@ async def _prefill(ad: Adapter, n: int, vocab: int, seed: int,
                    decode_tokens: int = 1) -> tuple[float, float | None]:
     """Cold prefill of n tokens, then `decode_tokens` generated at that context:
     (prefill tok/s, decode tok/s or None when only one token was generated)."""
-    await ad.erase_slot(0)
+    await ad.drop(SLOT0)
     res = await ad.complete(CompletionRequest(token_ids(seed, n, vocab), decode_tokens, slot=0),
                             lambda: None)
     if res.status != "ok" or not res.prompt_n or not res.prompt_ms:
@@ -99,7 +103,7 @@ async def measure(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS,
                 append_points.append((n, statistics.median(appended)))
         decode = []
         for r in range(repeats):
-            await ad.erase_slot(0)
+            await ad.drop(SLOT0)
             res = await ad.complete(CompletionRequest(
                 token_ids(stable_seed("cal-decode", r), 64, info.vocab_size), decode_tokens,
                 slot=0), lambda: None)
@@ -112,18 +116,17 @@ async def measure(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS,
             await _prefill(ad, swap_n, info.vocab_size, stable_seed("cal-swap", r))
             name = f"calibration-{r}.bin"
             try:
-                saved = await ad.save_slot(0, name)
-                await ad.erase_slot(0)
-                restored = await ad.restore_slot(0, name)
+                saved = await ad.offload(SLOT0, name)  # saved to the file, then erased
+                restored = await ad.restore(SLOT0, name)
             finally:
                 await ad.delete_dump(name)
-            if saved.ms <= 0 or restored.ms <= 0 or saved.tokens <= 0:
+            if restored is None or saved.ms <= 0 or restored.ms <= 0 or saved.tokens <= 0:
                 raise ServerError("the server reported no save/restore timings")
             outs.append(saved.bytes / (saved.ms / 1000.0))
             ins.append(restored.bytes / (restored.ms / 1000.0))
             per_token.append(saved.bytes / saved.tokens)
     finally:
-        await ad.erase_slot(0)
+        await ad.drop(SLOT0)
     return Measured(points, decode_points, append_points, statistics.median(decode),
                     statistics.median(outs), statistics.median(ins), statistics.median(per_token),
                     info.server_version, info.model)

@@ -27,6 +27,7 @@ import numpy as np
 
 from harness.errors import InputError
 from harness.model.calibration import prefill_rate_at
+from harness.policies import check_slot_model_action
 from harness.policies.base import KEEP, RECOMPUTE, SWAP, PauseContext, PausePolicy, ServerRates
 from harness.traces.stats import quantiles
 
@@ -166,6 +167,8 @@ def price(decisions: Sequence[Any], pauses: Pauses, kv_bytes_per_token: float,
     resumes = pauses.resumes.astype(bool)
     is_ttl = np.array([d.ttl_s is not None for d in decisions], dtype=bool)
     tau = np.array([d.ttl_s if d.ttl_s is not None else np.inf for d in decisions], dtype=float)
+    for d in decisions:
+        check_slot_model_action(d.action, "the model")
     first = np.array([_CODES[d.action] for d in decisions], dtype=np.int8)
     after = np.array([_CODES.get(d.after or "", -1) for d in decisions], dtype=np.int8)
     # Held on the device from the pause: the whole wait (keep) or until tau (ttl).

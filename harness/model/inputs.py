@@ -26,7 +26,7 @@ from harness.model.geometry import (
     from_hf_config,
     lookup_preset,
 )
-from harness.policies import POLICIES, PausePolicy, make_policy
+from harness.policies import SLOT_MODEL_POLICIES, PausePolicy, make_policy
 from harness.traces.schema import KIND_TOOL
 from harness.traces.stats import retained_tokens_at_pauses
 from harness.traces.validate import load_trajectories
@@ -151,7 +151,7 @@ def _positive(name: str, v: Any) -> float:
 def build_policies(names: list[str], flags: dict[str, Any],
                    cfg: dict[str, Any]) -> dict[str, PausePolicy]:
     """The named policies (all when none), with the model's policy options applied."""
-    names = names or list(POLICIES)
+    names = names or list(SLOT_MODEL_POLICIES)
     wait, ttl_s, after = (_pick(flags, cfg, k) for k in ("predicted_wait_s", "ttl_s", "ttl_after"))
     out: dict[str, PausePolicy] = {}
     for name in names:

@@ -7,7 +7,13 @@ from harness.policies.base import (
     PausePolicy,
     ServerRates,
 )
-from harness.policies.builtin import POLICIES, make_policy, parse_policy_args
+from harness.policies.builtin import (
+    POLICIES,
+    SLOT_MODEL_POLICIES,
+    check_slot_model_action,
+    make_policy,
+    parse_policy_args,
+)
 
 __all__ = [
     "ACTIONS",
@@ -15,7 +21,9 @@ __all__ = [
     "PauseContext",
     "PausePolicy",
     "POLICIES",
+    "SLOT_MODEL_POLICIES",
     "ServerRates",
+    "check_slot_model_action",
     "make_policy",
     "parse_policy_args",
 ]

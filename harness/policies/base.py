@@ -11,8 +11,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-KEEP, SWAP, RECOMPUTE = "keep", "swap", "recompute"
-ACTIONS = (KEEP, SWAP, RECOMPUTE)
+# What a pause can do with a context.
+KEEP = "keep"  # held, pinned: out of the engine's eviction until resumed or released
+KEEP_EVICTABLE = "keep-evictable"  # left to the engine's own prefix cache, which may evict it
+SWAP = "swap"  # offloaded to host memory (or a file) and restored for the resumed call
+RECOMPUTE = "recompute"  # dropped; the resumed call prefills the whole context again
+ACTIONS = (KEEP, SWAP, RECOMPUTE)  # what the slot model (analytical, simulator) prices
+PAUSE_ACTIONS = (KEEP, KEEP_EVICTABLE, SWAP, RECOMPUTE)  # what a runtime may execute
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,12 @@ class Decision:
 
 
 class PausePolicy(Protocol):
-    """A pause policy: small classes, one method; users add their own."""
+    """A pause policy: small classes, one method; users add their own.
+
+    A policy may set `holds = False` when it never keeps a context pinned (keep-evictable,
+    recompute): its calls are then not held on the server between a call's end and the
+    pause's decision. Without the attribute, calls are held (the safe default: a pin is
+    always released at the pause or the trajectory's end)."""
 
     name: str
     sees_true_latency: bool

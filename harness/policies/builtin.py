@@ -10,6 +10,7 @@ import numpy as np
 from harness.errors import InputError
 from harness.policies.base import (
     KEEP,
+    KEEP_EVICTABLE,
     RECOMPUTE,
     SWAP,
     Decision,
@@ -48,6 +49,19 @@ class Keep:
 
 
 @dataclass
+class KeepEvictable:
+    """Leave the KV to the engine's own prefix cache through the pause: reused on resume if
+    nothing evicted it meanwhile (vLLM's and SGLang's default), never pinned."""
+
+    name: str = "keep-evictable"
+    sees_true_latency: bool = False
+    holds: bool = False  # its calls need not be held: nothing of it is ever pinned
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        return Decision(KEEP_EVICTABLE, "keep-evictable policy: the engine's cache decides")
+
+
+@dataclass
 class Swap:
     """Swap the KV cache to host storage at the pause and restore it on resume."""
 
@@ -64,6 +78,7 @@ class Recompute:
 
     name: str = "recompute"
     sees_true_latency: bool = False
+    holds: bool = False
 
     def decide(self, ctx: PauseContext) -> Decision:
         return Decision(RECOMPUTE, "recompute policy: KV discarded at every pause")
@@ -214,6 +229,7 @@ def _build(cls: Callable[..., PausePolicy], allowed: dict[str, str],
 
 POLICIES: dict[str, tuple[Callable[..., PausePolicy], dict[str, str]]] = {
     "keep": (Keep, {}),
+    "keep-evictable": (KeepEvictable, {}),
     "swap": (Swap, {}),
     "recompute": (Recompute, {}),
     "ttl": (Ttl, {"tau": "float", "quantile": "fraction", "after": "after",
@@ -243,3 +259,15 @@ def make_policy(name: str, args: dict[str, str] | None = None) -> PausePolicy:
         raise InputError(f"unknown policy {name!r}; one of {', '.join(POLICIES)}")
     cls, allowed = POLICIES[name]
     return _build(cls, allowed, dict(args or {}), name)
+
+
+# The policies the slot model (the analytical model, the simulator) can price: it models slots
+# and a host tier, not an engine's evictable prefix cache, so keep-evictable runs only live.
+SLOT_MODEL_POLICIES: tuple[str, ...] = tuple(p for p in POLICIES if p != "keep-evictable")
+
+
+def check_slot_model_action(action: str, where: str) -> None:
+    """InputError when a decision's action is one the slot model cannot price."""
+    if action == KEEP_EVICTABLE:
+        raise InputError(f"{where}: keep-evictable is an engine's evictable prefix cache, which "
+                         "the slot model does not model; run it against a live server")

@@ -76,6 +76,9 @@ class Cleanup:
     # swap dumps written to a remote server's disk (its --slot-save-path), left there by name
     remote_dumps_left: list[str] = field(default_factory=list)
     errors_total: int = 0  # every cleanup error, also those not kept in `errors`
+    # What the server still held for the run at its end (pinned contexts, sessions, host
+    # copies), as the adapter names it; None: not visible from the client.
+    held_left: list[str] | None = None
 
     def problems(self) -> list[str]:
         """What the cleanup left undone, one short phrase each however many errors it had
@@ -85,6 +88,9 @@ class Cleanup:
             out.append("slots still busy at the end")
         if self.dump_files_left:
             out.append(f"{len(self.dump_files_left)} dump file(s) left")
+        if self.held_left:
+            out.append(f"{len(self.held_left)} context(s) still held on the server, the "
+                       f"first: {self.held_left[0][:120]}")
         if self.errors:
             out.append(f"{max(self.errors_total, len(self.errors))} cleanup error(s), the "
                        f"first: {self.errors[0][:200]}")

@@ -323,4 +323,6 @@ def _merged_cleanup(manifests: list[RunManifest]) -> Cleanup:
         dump_files_left=(sorted(set(dumps)) if any(c.dump_files_left is not None
                                                    for c in cleanups) else None),
         errors=errors[:50], remote_dumps_left=[d for c in cleanups for d in c.remote_dumps_left],
-        errors_total=sum(max(c.errors_total, len(c.errors)) for c in cleanups))
+        errors_total=sum(max(c.errors_total, len(c.errors)) for c in cleanups),
+        held_left=(sorted({h for c in cleanups for h in c.held_left or []})
+                   if any(c.held_left is not None for c in cleanups) else None))

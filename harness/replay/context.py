@@ -64,6 +64,8 @@ class ReplayContext:
     # Per tool class; each pause hands the policy the live window (no copy): decide() is
     # synchronous.
     history: dict[str, History]
+    # Agents' calls ask the server to hold their context once they end (runtimes that pin).
+    hold_calls: bool = False
 
     def holds_kv(self, st: TrajectoryState) -> bool:
         """Whether an eviction has something to act on: the trajectory's slot, or, without

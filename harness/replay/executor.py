@@ -16,7 +16,7 @@ from collections import defaultdict
 
 from harness.adapters.base import Adapter, CompletionRequest
 from harness.plan.planner import CallStep, Plan, TrajectoryPlan
-from harness.policies.base import PausePolicy, ServerRates
+from harness.policies.base import KEEP, PausePolicy, ServerRates
 from harness.policies.history import DEFAULT_WINDOW, History
 from harness.replay.bystanders import Bystanders
 from harness.replay.clock import NS, Clock
@@ -44,14 +44,17 @@ class Executor:
         self.ctx_per_slot = ctx_per_slot
         self.history_window = history_window
         caps = adapter.capabilities
+        pool = SlotPool(slots, slot_ids) if caps.harness_slots and slots else None
         self.ctx = ReplayContext(
             adapter=adapter, clock=clock, rec=recorder, policy=policy, run_id=run_id,
-            vocab=vocab_size,
-            pool=SlotPool(slots, slot_ids) if caps.harness_slots and slots else None,
-            rates=rates, counters=RunCounters(),
+            vocab=vocab_size, pool=pool, rates=rates, counters=RunCounters(),
             progress=Progress(sum(isinstance(s, CallStep) for t in plan.all_trajectories()
                                   for s in t.steps)),
-            history=defaultdict(lambda: History(history_window)))
+            history=defaultdict(lambda: History(history_window)),
+            # Where the server pins on request, an agent's call is held once it ends, so its
+            # context cannot be evicted before the pause's decision reaches the server.
+            hold_calls=(pool is None and KEEP in caps.pause_actions
+                        and getattr(policy, "holds", True)))
         self.subagents = Subagents(self.ctx, self.trajectory)
         self.bystanders = Bystanders(self.ctx, plan.bystanders)
         self._horizon_hit = False  # a bounded run reached its horizon (plan.horizon_s)
@@ -210,7 +213,7 @@ class Executor:
         res = await ctx.adapter.complete(
             CompletionRequest(prompt, call.output_tokens, st.slot,
                               abort_after_first_token=call.disconnect, cache_salt=st.salt,
-                              session=st.tid),
+                              session=st.tid, hold=ctx.hold_calls),
             chunks)
         ctx.rec.emit("call_end", trajectory_id=st.tid, traffic="agent", step=call.step,
                      slot=st.slot, status=res.status, output_tokens=len(res.tokens),

@@ -9,8 +9,8 @@ from __future__ import annotations
 import hashlib
 import re
 
-from harness.adapters.base import Unsupported
-from harness.policies.base import RECOMPUTE, SWAP, ServerRates
+from harness.adapters.base import PausedKv, Unsupported
+from harness.policies.base import KEEP_EVICTABLE, RECOMPUTE, SWAP, ServerRates
 from harness.replay.clock import NS
 from harness.replay.context import ReplayContext, TrajectoryState
 
@@ -44,7 +44,12 @@ def dump_name(run_id: str, trajectory_id: str, step: int) -> str:
     return safe_key(run_id, trajectory_id, step) + ".bin"
 
 
-# ---- slots and the KV in them -------------------------------------------------------------
+# ---- the pause actions, through the adapter's seam ----------------------------------------
+def paused_kv(st: TrajectoryState) -> PausedKv:
+    """What the adapter is told about the trajectory's context."""
+    return PausedKv(st.tid, st.slot, len(st.context))
+
+
 async def acquire(ctx: ReplayContext, st: TrajectoryState, step: int,
                   traffic: str = "agent") -> None:
     """Take a slot for `st` if the harness manages slots and it holds none; a wait for one
@@ -60,34 +65,46 @@ async def acquire(ctx: ReplayContext, st: TrajectoryState, step: int,
 
 
 async def restore(ctx: ReplayContext, st: TrajectoryState, step: int) -> None:
-    """Before a call: get a slot back and swap the dump into it, or, when the KV was
-    discarded, record that the call re-prefills the context."""
+    """Before a call: get a slot back and bring the offloaded context into it, or, when the
+    KV was discarded, record that the call re-prefills the context."""
     had_slot = st.slot is not None
     await acquire(ctx, st, step)
-    if st.dump is not None and st.slot is not None:
-        io = await ctx.adapter.restore_slot(st.slot, st.dump)
-        ctx.rec.emit("swap_in", trajectory_id=st.tid, traffic="agent", step=step,
-                     slot=st.slot, bytes=io.bytes, server_ms=io.ms, retained_tokens=io.tokens)
-        if io.ms > 0 and io.bytes > 0:
-            _learn_swap(ctx, io.bytes, io.ms)
+    if st.dump is not None and (st.slot is not None or ctx.pool is None):
+        io = await ctx.adapter.restore(paused_kv(st), st.dump)
+        if io is not None:
+            ctx.rec.emit("swap_in", trajectory_id=st.tid, traffic="agent", step=step,
+                         slot=st.slot, bytes=io.bytes, server_ms=io.ms,
+                         retained_tokens=io.tokens)
+            if io.ms > 0 and io.bytes > 0:
+                _learn_swap(ctx, io.bytes, io.ms)
+        else:  # restored by the server on the call itself; its time is in the call's
+            ctx.rec.emit("swap_in", trajectory_id=st.tid, traffic="agent", step=step,
+                         retained_tokens=len(st.context), reason="on the resumed call")
         await delete_dump(ctx, st)
     elif not had_slot and st.context and ctx.pool is not None:
         ctx.rec.emit("recompute", trajectory_id=st.tid, traffic="agent", step=step,
                      recomputed_tokens=len(st.context))
 
 
+async def hold(ctx: ReplayContext, st: TrajectoryState, ttl_s: float | None) -> None:
+    """Keep the paused context pinned (the server holds it out of its eviction)."""
+    if ctx.holds_kv(st):
+        await ctx.adapter.hold(paused_kv(st), ttl_s)
+
+
 async def evict(ctx: ReplayContext, st: TrajectoryState, action: str, step: int,
                 reason: str) -> None:
-    """Swap out or discard this trajectory's KV and give its slot back."""
+    """Offload, drop or unpin this trajectory's KV, and give its slot back."""
     if ctx.pool is None:
-        if action == RECOMPUTE:
-            _fresh_salt(ctx, st, step, reason)
+        await _evict_unslotted(ctx, st, action, step, reason)
         return
     if st.slot is None:
         return
-    if action == SWAP and not await _swap_out(ctx, st, st.slot, step, reason):
-        return  # the server cannot save it: the KV stays in its slot
-    await ctx.adapter.erase_slot(st.slot)
+    if action == SWAP:
+        if not await _swap_out(ctx, st, step, reason):
+            return  # the server cannot save it: the KV stays in its slot
+    else:
+        await ctx.adapter.drop(paused_kv(st))
     ctx.rec.emit("erase", trajectory_id=st.tid, traffic="agent", step=step, slot=st.slot,
                  reason=reason)
     await ctx.pool.release(st.slot)
@@ -96,38 +113,51 @@ async def evict(ctx: ReplayContext, st: TrajectoryState, action: str, step: int,
                  status="released")
 
 
-def _fresh_salt(ctx: ReplayContext, st: TrajectoryState, step: int, reason: str) -> None:
-    # Without slot control a fresh cache salt forbids reuse of the old prefix.
-    st.salt = cache_salt(ctx.run_id, st.tid, step)
-    ctx.rec.emit("erase", trajectory_id=st.tid, traffic="agent", step=step,
-                 reason=f"{reason}: fresh cache salt")
-    ctx.rec.emit("recompute", trajectory_id=st.tid, traffic="agent", step=step,
-                 recomputed_tokens=len(st.context))
+async def _evict_unslotted(ctx: ReplayContext, st: TrajectoryState, action: str, step: int,
+                           reason: str) -> None:
+    """The server manages its memory: tell it what the pause decided."""
+    if action == RECOMPUTE:
+        await ctx.adapter.drop(paused_kv(st))
+        # A fresh cache salt forbids reuse of whatever of the old prefix stays cached.
+        st.salt = cache_salt(ctx.run_id, st.tid, step)
+        ctx.rec.emit("erase", trajectory_id=st.tid, traffic="agent", step=step,
+                     reason=f"{reason}: fresh cache salt")
+        ctx.rec.emit("recompute", trajectory_id=st.tid, traffic="agent", step=step,
+                     recomputed_tokens=len(st.context))
+    elif action == SWAP:
+        if await _swap_out(ctx, st, step, reason):
+            ctx.rec.emit("kv_state", trajectory_id=st.tid, traffic="agent", kv_tokens=0,
+                         status="released")
+    elif action == KEEP_EVICTABLE:
+        await ctx.adapter.unpin(paused_kv(st))
+        ctx.rec.emit("kv_state", trajectory_id=st.tid, traffic="agent",
+                     kv_tokens=len(st.context), status="evictable")
 
 
-async def _swap_out(ctx: ReplayContext, st: TrajectoryState, slot: int, step: int,
-                    reason: str) -> bool:
-    """Save `slot` to a dump file; False (recorded as unsupported) when the server can't."""
+async def _swap_out(ctx: ReplayContext, st: TrajectoryState, step: int, reason: str) -> bool:
+    """Offload the context; False (recorded as unsupported) when the server can't."""
     name = dump_name(ctx.run_id, st.tid, step)
     try:
-        io = await ctx.adapter.save_slot(slot, name)
+        io = await ctx.adapter.offload(paused_kv(st), name)
     except Unsupported as exc:
         ctx.counters.unsupported += 1
-        ctx.rec.emit("swap_out", trajectory_id=st.tid, traffic="agent", step=step, slot=slot,
-                     status="unsupported", detail=str(exc)[:300])
+        ctx.rec.emit("swap_out", trajectory_id=st.tid, traffic="agent", step=step,
+                     slot=st.slot, status="unsupported", detail=str(exc)[:300])
         return False
     st.dump = name
-    ctx.rec.emit("swap_out", trajectory_id=st.tid, traffic="agent", step=step, slot=slot,
+    ctx.rec.emit("swap_out", trajectory_id=st.tid, traffic="agent", step=step, slot=st.slot,
                  bytes=io.bytes, server_ms=io.ms, retained_tokens=io.tokens, reason=reason)
     return True
 
 
 async def delete_dump(ctx: ReplayContext, st: TrajectoryState) -> None:
-    """Delete the trajectory's dump file, if any; one that cannot be deleted is named in the
-    counters (run.json), never silently left behind."""
+    """Forget the trajectory's offloaded copy; a dump file that cannot be deleted is named in
+    the counters (run.json), never silently left behind."""
     if st.dump is None:
         return
     name, st.dump = st.dump, None
+    if not ctx.adapter.capabilities.dump_files:
+        return  # held in the server's memory: restore and release free it
     if not ctx.adapter.capabilities.local_dump_files:
         # On a remote server's disk, which no server API lets the client delete: named in
         # run.json (cleanup.remote_dumps_left) so its owner can.
@@ -138,22 +168,27 @@ async def delete_dump(ctx: ReplayContext, st: TrajectoryState) -> None:
 
 async def free_slot(ctx: ReplayContext, st: TrajectoryState, reason: str,
                     traffic: str) -> None:
-    """Erase the request's slot (recorded) and give it back to the pool, even when the
-    erase fails."""
+    """Release the request's context on the server (recorded) and give its slot back to the
+    pool, even when the release fails."""
     if st.slot is None or ctx.pool is None:
         return
-    slot, st.slot = st.slot, None
+    slot = st.slot
     try:
-        await ctx.adapter.erase_slot(slot)
+        await ctx.adapter.release(paused_kv(st))
         ctx.rec.emit("erase", trajectory_id=st.tid, traffic=traffic, slot=slot, reason=reason)
     finally:
+        st.slot = None
         await ctx.pool.release(slot)
 
 
 async def release(ctx: ReplayContext, st: TrajectoryState, reason: str) -> None:
-    """Erase the slot and delete any dump file: runs on every trajectory end."""
+    """Free the slot, whatever the server holds for the trajectory, and any dump file: runs
+    on every trajectory end."""
     try:
-        await free_slot(ctx, st, reason, "agent")
+        if ctx.pool is None:
+            await ctx.adapter.release(paused_kv(st))
+        else:
+            await free_slot(ctx, st, reason, "agent")
         await delete_dump(ctx, st)
     except Exception as exc:
         ctx.counters.cleanup_errors.append(f"{st.tid}: {type(exc).__name__}: {exc}")

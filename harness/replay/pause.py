@@ -11,7 +11,7 @@ from harness.plan.planner import ToolStep, TrajectoryPlan
 from harness.policies.base import KEEP, Decision, PauseContext
 from harness.replay.clock import NS
 from harness.replay.context import ReplayContext, ToolOutcome, TrajectoryState
-from harness.replay.kv_actions import evict
+from harness.replay.kv_actions import evict, hold
 from harness.replay.subagents import Subagents, settle
 
 
@@ -77,7 +77,9 @@ async def _park(ctx: ReplayContext, st: TrajectoryState, tool: ToolStep, d: Deci
     if supported and d.action != KEEP:
         await evict(ctx, st, d.action, tool.step, "policy")
         return
-    if not supported:
+    if supported:
+        await hold(ctx, st, d.ttl_s)
+    else:
         # Nothing was done, so the context stays where it was: held while paused.
         ctx.counters.unsupported += 1
     ctx.rec.emit("kv_state", trajectory_id=st.tid, traffic="agent",

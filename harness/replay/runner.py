@@ -339,13 +339,18 @@ async def replay(adapter: Adapter, clock: Clock, plan: Plan, policy: PausePolicy
         metrics_writer.close()
         recorder.close()
         idle: bool | None = None
+        held: list[str] | None = None
         with contextlib.suppress(Exception):
             idle = None if sharded else await adapter.slots_idle()
+        with contextlib.suppress(Exception):
+            # What the server still holds for the run (pins, sessions, host copies): every
+            # trajectory's end released its own, so anything here is a leak.
+            held = await adapter.held()
         errors = executor.counters.cleanup_errors
         _record_end(run, executor, clock, status, Cleanup(
             idle, leftover_dumps() if leftover_dumps else None,
-            errors[:CLEANUP_ERRORS_KEPT], executor.counters.remote_dumps_left, len(errors)),
-            scrape_errors)
+            errors[:CLEANUP_ERRORS_KEPT], executor.counters.remote_dumps_left, len(errors),
+            held_left=held), scrape_errors)
         run.scrape = scrape.to_dict()
         run.client_cpu_s = time.process_time() - cpu0
         run.write(out_dir)

@@ -17,7 +17,12 @@ from harness.errors import InputError
 from harness.metrics.summary import summarize_dir
 from harness.model.calibration import Calibration
 from harness.plan.planner import Arrivals
-from harness.policies import make_policy
+from harness.policies import (
+    POLICIES,
+    SLOT_MODEL_POLICIES,
+    check_slot_model_action,
+    make_policy,
+)
 from harness.records.manifest import ArrivalsRef, Outcome, RunManifest, TraceRef
 from harness.records.store import RECORDS_DIR, SUMMARY_JSON, write_json
 from harness.simulate import native
@@ -104,6 +109,8 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     if arrivals.time_scale != 1.0:
         raise InputError("the simulator runs the trace's own times: time scale 1 only")
     policy = make_policy(policy_name, policy_args)
+    if policy_name not in SLOT_MODEL_POLICIES and policy_name in POLICIES:
+        check_slot_model_action(policy_name, "simulate")
     if any((out / RECORDS_DIR).glob("part-*.parquet")):
         raise InputError(f"{out} already holds records; choose a new --out directory")
     t0 = time.perf_counter()

@@ -8,7 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from harness.errors import InputError
 from harness.model.iteration import BATCH_TOKENS, IterationCosts, fit_iteration_costs
+from harness.policies import check_slot_model_action
 from harness.policies.base import KEEP, SWAP, Decision, PauseContext, ServerRates
 from harness.policies.history import History as History  # re-exported for the engine
 
@@ -110,6 +112,9 @@ def resolve(d: Decision, texts: dict[str, int],
     ri = texts.get(reason)
     if ri is None:
         ri = texts[reason] = text(reason)
+    if action not in ACTION_CODE:
+        check_slot_model_action(action, "simulate")
+        raise InputError(f"simulate: a policy decided {action!r}, which is no pause action")
     code = ACTION_CODE[action] if ttl is None else 3 + 8 * text(f"ttl_s={ttl} after={d.after}")
     wait = d.predicted_wait_s
     return ttl, d.after, action, code, ri, float("nan") if wait is None else wait

@@ -97,14 +97,16 @@ class Recording:
         self.results.append(["complete", got])
         return res
 
-    async def save_slot(self, slot: int, name: str) -> Any:
-        io = await self.inner.save_slot(slot, name)
+    # Offloads and restores keep the names the transcripts were first recorded with.
+    async def offload(self, kv: Any, name: str) -> Any:
+        io = await self.inner.offload(kv, name)
         self.results.append(["save_slot", asdict(io)])
         return io
 
-    async def restore_slot(self, slot: int, name: str) -> Any:
-        io = await self.inner.restore_slot(slot, name)
-        self.results.append(["restore_slot", asdict(io)])
+    async def restore(self, kv: Any, name: str) -> Any:
+        io = await self.inner.restore(kv, name)
+        if io is not None:
+            self.results.append(["restore_slot", asdict(io)])
         return io
 
 
@@ -380,9 +382,10 @@ def replay_app(exchanges: list[dict[str, Any]], unmatched: list[str]) -> web.App
 # (recompute), keep again.
 ACTIONS = {"llamacpp": ["keep", "swap", "recompute"], "vllm": ["keep", "recompute", "keep"],
            "sglang": ["keep", "swap", "recompute"],
-           **{f"openai-{s}": ["keep", "recompute", "keep"] for s in OPENAI_SERVERS},
+           **{f"openai-{s}": ["keep-evictable", "recompute", "keep-evictable"]
+              for s in OPENAI_SERVERS},
            # Dynamo's mocker ignores cache salts: recompute is recorded unsupported (kept)
-           "dynamo": ["keep", "recompute", "keep"]}
+           "dynamo": ["keep-evictable", "recompute", "keep-evictable"]}
 TINY_VOCAB = 2048  # the tiny model's (make_tiny_model.py), served by vLLM and SGLang
 
 

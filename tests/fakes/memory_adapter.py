@@ -9,6 +9,7 @@ from harness.adapters.base import (
     Capabilities,
     CompletionRequest,
     CompletionResult,
+    PausedKv,
     ServerInfo,
     SlotIO,
     Unsupported,
@@ -35,11 +36,31 @@ class MemoryAdapter:
     calls: list[CompletionRequest] = field(default_factory=list)
     erased: list[int] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
+    # False: a server that manages its own memory (no client slots) and pins, unpins, offloads
+    # and drops per session, as vLLM with the project's connector and SGLang sessions do.
+    slotted: bool = True
+    pinned: set[str] = field(default_factory=set)  # sessions held out of eviction
+    host: dict[str, list[int]] = field(default_factory=dict)  # offloaded, per session
+    pause_log: list[tuple[str, str]] = field(default_factory=list)  # (action, session)
 
     def __post_init__(self) -> None:
-        actions = {"keep", "recompute"} | ({"swap"} if self.swap_supported else set())
-        self.capabilities = Capabilities(harness_slots=True, pause_actions=frozenset(actions),
-                                         local_dump_files=True)
+        if self.slotted:
+            actions = {"keep", "recompute"} | ({"swap"} if self.swap_supported else set())
+            self.capabilities = Capabilities(harness_slots=True,
+                                             pause_actions=frozenset(actions),
+                                             local_dump_files=True)
+            return
+        actions = {"keep", "keep-evictable", "recompute"} | (
+            {"swap"} if self.swap_supported else set())
+        self.capabilities = Capabilities(harness_slots=False, pause_actions=frozenset(actions),
+                                         dump_files=False)
+        self._sessions: dict[str, list[int]] = {}  # session -> its cached context
+        self._salts: dict[str, str | None] = {}  # session -> the salt it was cached under
+
+    def evict_unpinned(self) -> None:
+        """Memory pressure: every cached context not pinned is evicted."""
+        for session in [k for k in self._sessions if k not in self.pinned]:
+            del self._sessions[session]
 
     async def _sleep(self, s: float) -> None:
         await self.clock.sleep_until(self.clock.now_ns() + round(s * NS))
@@ -54,6 +75,8 @@ class MemoryAdapter:
         if index in self.fail_calls:
             return CompletionResult(status="error", error="injected failure")
         slot = req.slot if req.slot is not None else 0
+        if not self.slotted:
+            return await self._complete_session(req, on_tokens)
         old = self.cache.get(slot, [])
         cached = 0
         for a, b in zip(old, req.prompt, strict=False):
@@ -75,6 +98,90 @@ class MemoryAdapter:
         return CompletionResult(status="ok", tokens=tokens, cached_tokens=cached, prompt_n=new,
                                 prompt_ms=new * self.prefill_s_per_token * 1000,
                                 decode_ms=req.max_tokens * self.decode_s_per_token * 1000)
+
+    async def _complete_session(self, req: CompletionRequest,
+                                on_tokens: Callable[[], object]) -> CompletionResult:
+        key = req.session or ""
+        if key in self.host:  # restored on the call itself
+            self._sessions[key] = self.host.pop(key)
+        # A salt other than the one the context was cached under forbids its reuse.
+        old = (self._sessions.get(key, []) if self._salts.get(key) == req.cache_salt
+               else [])
+        self._salts[key] = req.cache_salt
+        cached = 0
+        for a, b in zip(old, req.prompt, strict=False):
+            if a != b:
+                break
+            cached += 1
+        cached = min(cached, len(req.prompt) - 1)
+        new = len(req.prompt) - cached
+        await self._sleep(new * self.prefill_s_per_token + self.decode_s_per_token)
+        tokens = [500 + i for i in range(req.max_tokens)]
+        on_tokens()
+        self._sessions[key] = req.prompt + tokens
+        if req.hold:
+            self.pinned.add(key)
+        return CompletionResult(status="ok", tokens=tokens, cached_tokens=cached, prompt_n=new,
+                                prompt_ms=new * self.prefill_s_per_token * 1000,
+                                decode_ms=req.max_tokens * self.decode_s_per_token * 1000)
+
+    # ---- the pause actions ---------------------------------------------------------------
+    async def hold(self, kv: PausedKv, ttl_s: float | None) -> None:
+        self.pause_log.append(("hold", kv.session))
+        if self.slotted:
+            return
+        self.pinned.add(kv.session)
+
+    async def unpin(self, kv: PausedKv) -> None:
+        if self.slotted:
+            raise Unsupported("slots are the harness's")
+        self.pause_log.append(("unpin", kv.session))
+        self.pinned.discard(kv.session)
+
+    async def offload(self, kv: PausedKv, name: str) -> SlotIO:
+        if self.slotted:
+            assert kv.slot is not None
+            io = await self.save_slot(kv.slot, name)
+            await self.erase_slot(kv.slot)
+            return io
+        if not self.swap_supported:
+            raise Unsupported("no offload")
+        self.pause_log.append(("offload", kv.session))
+        await self._sleep(self.save_s)
+        toks = self._sessions.pop(kv.session, [])
+        self.pinned.discard(kv.session)
+        self.host[kv.session] = toks
+        return SlotIO(len(toks) * BYTES_PER_TOKEN, self.save_s * 1000, len(toks))
+
+    async def drop(self, kv: PausedKv) -> None:
+        if self.slotted:
+            assert kv.slot is not None
+            await self.erase_slot(kv.slot)
+            return
+        self.pause_log.append(("drop", kv.session))
+        self.pinned.discard(kv.session)
+        self._sessions.pop(kv.session, None)
+
+    async def restore(self, kv: PausedKv, name: str) -> SlotIO | None:
+        if self.slotted:
+            assert kv.slot is not None
+            return await self.restore_slot(kv.slot, name)
+        self.pause_log.append(("restore", kv.session))
+        return None  # restored on the resumed call
+
+    async def release(self, kv: PausedKv) -> None:
+        if self.slotted:
+            if kv.slot is not None:
+                await self.erase_slot(kv.slot)
+            return
+        self.pause_log.append(("release", kv.session))
+        self.pinned.discard(kv.session)
+        self.host.pop(kv.session, None)
+
+    async def held(self) -> list[str] | None:
+        if self.slotted:
+            return []
+        return sorted(self.pinned | set(self.host))
 
     async def save_slot(self, slot: int, name: str) -> SlotIO:
         if not self.swap_supported:

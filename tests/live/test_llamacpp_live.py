@@ -118,7 +118,8 @@ def test_policy_runs_for_real(llama_server: LocalLlamaServer, tmp_path: Path, po
     gone = rec[rec.trajectory_id == "live-gone"]
     assert gone[gone.event == "trajectory_end"].status.tolist() == ["cancelled"]
     assert run["cleanup"] == {"slots_idle": True, "dump_files_left": [], "errors": [],
-                              "remote_dumps_left": [], "errors_total": 0}
+                              "remote_dumps_left": [], "errors_total": 0,
+                              "held_left": []}
     assert llama_server.leftover_dumps() == []
     summary = read_json(tmp_path / policy / "summary.json")
     assert summary["cache_mismatches"] == 0

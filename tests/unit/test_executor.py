@@ -223,14 +223,12 @@ def test_interrupted_run_releases_and_keeps_records(tmp_path: Path) -> None:
 
 
 def test_ttl_expiry_without_harness_slots_uses_a_fresh_salt(tmp_path: Path) -> None:
-    """Runtimes that manage their own cache: ttl's recompute after tau is a new cache salt."""
-    from harness.adapters.base import Capabilities
+    """Runtimes that manage their own cache: ttl holds the context (pinned), and its recompute
+    after tau drops it and sends a new cache salt."""
 
     async def go() -> MemoryAdapter:
         clock = VirtualClock()
-        adapter = MemoryAdapter(clock)
-        adapter.capabilities = Capabilities(harness_slots=False,
-                                            pause_actions=frozenset({"keep", "recompute"}))
+        adapter = MemoryAdapter(clock, slotted=False)
         manifest = RunManifest(run_id="run1", policy="ttl")
         await replay(adapter, clock, plan_of(traj("a", latency=2.0)),
                      make_policy("ttl", {"tau": "1", "after": "recompute"}),
@@ -245,6 +243,11 @@ def test_ttl_expiry_without_harness_slots_uses_a_fresh_salt(tmp_path: Path) -> N
     assert erase.t_ns - t0 == 1 * NS
     assert [c.cache_salt for c in adapter.calls] == [None, "run1-a-1"]
     assert rec[rec.event == "pause_decision"].status.tolist() == ["ok"]
+    assert adapter.pause_log == [("hold", "a"), ("drop", "a"), ("release", "a")]
+    assert [c.hold for c in adapter.calls] == [True, True]
+    assert adapter.calls[1].prompt and rec[rec.event == "call_end"].cached_tokens.tolist() == [
+        0, 0]
+    assert asyncio.run(adapter.held()) == []
 
 
 def test_slot_pool_is_first_come_first_served() -> None:

@@ -162,7 +162,8 @@ def test_replay_over_http_cleans_up(tmp_path: Path, policy: str) -> None:
     rec = read_records(out)
     assert run["status"] == "finished"
     assert run["cleanup"] == {"slots_idle": True, "dump_files_left": [], "errors": [],
-                              "remote_dumps_left": [], "errors_total": 0}
+                              "remote_dumps_left": [], "errors_total": 0,
+                              "held_left": []}
     assert run["outcome"]["completed"] + run["outcome"]["cancelled"] == 6
     resumed = rec[(rec.event == "call_end") & (rec.step > 0)]
     assert not resumed.empty

@@ -60,7 +60,7 @@ def test_probe_finds_token_ids_cached_tokens_and_the_salt() -> None:
                          "prefix_reuse_seen": True, "output_reused": True,
                          "cache_salt": "cache_salt", "notes": []}
         assert info.reuses_output is True
-        assert ad.capabilities.pause_actions == frozenset({"keep", "recompute"})
+        assert ad.capabilities.pause_actions == frozenset({"keep-evictable", "recompute"})
         # probe: ids, again (cached), the first salt candidate under two fresh values
         assert len(state.requests) == 4
         assert state.requests[0]["prompt"] == probe_prompt("run-1", 1024)
@@ -154,7 +154,7 @@ def test_no_salt_means_recompute_is_unsupported() -> None:
     async def body(ad: OpenAIAdapter, state: FakeOpenAIState) -> None:
         info = await ad.server_info()
         assert info.extra["openai_probe"]["cache_salt"] is None
-        assert ad.capabilities.pause_actions == frozenset({"keep"})
+        assert ad.capabilities.pause_actions == frozenset({"keep-evictable"})
         assert len(state.requests) == 2 + 4  # ids, again, four candidates (each ignored at once)
         await ad.complete(CompletionRequest(_prompt(40), 2, cache_salt="s-1"), lambda: None)
         assert not {"cache_salt", "extra_key", "nvext", "cache_prompt"} & set(state.requests[-1])
@@ -178,7 +178,7 @@ def test_a_salt_is_not_taken_for_a_cold_replica() -> None:
         probe = (await ad.server_info()).extra["openai_probe"]
         assert probe["cache_salt"] is None
         assert probe["notes"][0].startswith("cache_salt: ignored")
-        assert ad.capabilities.pause_actions == frozenset({"keep"})
+        assert ad.capabilities.pause_actions == frozenset({"keep-evictable"})
 
     with_server(FakeOpenAIConfig(salt_field=None, first_salted_cold=True), body)
 

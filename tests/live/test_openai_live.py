@@ -21,7 +21,7 @@ from tests.live.traces import write_one_pause_trace
 pytestmark = pytest.mark.live
 
 
-@pytest.mark.parametrize("policy", ["keep", "recompute"])
+@pytest.mark.parametrize("policy", ["keep-evictable", "recompute"])
 def test_openai_runtime_on_llama_server(llama_server: LocalLlamaServer, tmp_path: Path,
                                         policy: str) -> None:
     trace = write_one_pause_trace(tmp_path / "t.parquet")
@@ -34,7 +34,7 @@ def test_openai_runtime_on_llama_server(llama_server: LocalLlamaServer, tmp_path
     probe = run["server_extra"]["openai_probe"]
     assert (probe["output_ids"], probe["cache_salt"]) == ("logprobs", "cache_prompt=false")
     assert run["runtime"] == "openai" and run["capabilities"]["pause_actions"] == [
-        "keep", "recompute"]
+        "keep-evictable", "recompute"]
     assert run["outcome"]["completed"] == 1 and run["outcome"]["unsupported_actions"] == 0
     assert summary["cache_mismatches"] == 0
     rec = read_records(out)
@@ -43,7 +43,7 @@ def test_openai_runtime_on_llama_server(llama_server: LocalLlamaServer, tmp_path
     # (the first call may meet the same trace's prompt from an earlier test: llama-server has
     # no salt namespace to keep runs apart, only a per-call `cache_prompt: false`)
     assert first.output_tokens == 4
-    if policy == "keep":  # 80 in + 4 out, less the last generated token
+    if policy == "keep-evictable":  # 80 in + 4 out, less the last generated token
         assert resumed.cached_tokens == 83
     else:
         assert resumed.cached_tokens == 0 and resumed.prompt_n == 80 + 4 + 8

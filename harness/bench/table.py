@@ -17,7 +17,7 @@ def _value(name: str, s: dict[str, Any], scale: float = 1.0, spec: str = ",.0f")
 def headline_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
     """A fixed-width table of the policies' summaries (the metrics as the registry defines
     them; the counts of resumes and trajectory outcomes beside them)."""
-    head = (f"{'policy':<11}{'resume p50':>11}{'p95':>9}{'p99':>9}{'n':>5}  "
+    head = (f"{'policy':<15}{'resume p50':>11}{'p95':>9}{'p99':>9}{'n':>5}  "
             f"{'ok':>4}{'cancel':>7}{'fail':>5}{'recomputed':>11}{'MiB moved':>10}"
             f"{'mismatch':>9}")
     lines = [head, "-" * len(head)]
@@ -25,13 +25,46 @@ def headline_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
         r = s.get("resume_latency_ms") or {}
         t = s.get("trajectories") or {}
         lines.append(
-            f"{policy:<11}{_value('resume_latency_ms.p50', s):>11}"
+            f"{policy:<15}{_value('resume_latency_ms.p50', s):>11}"
             f"{_value('resume_latency_ms.p95', s):>9}{_value('resume_latency_ms.p99', s):>9}"
             f"{r.get('n', 0):>5}  {t.get('succeeded', 0):>4}{t.get('cancelled', 0):>7}"
             f"{t.get('failed', 0):>5}{_value('tokens_recomputed', s):>11}"
             f"{_value('bytes_moved', s, 1 / 2**20, '.1f'):>10}"
             f"{_value('cache_mismatches', s, spec='.0f'):>9}")
     lines.append("(resume latency in ms: tool result available -> first token of the next call)")
+    return "\n".join(lines)
+
+
+def _rate(s: dict[str, Any], key: str) -> str:
+    v = (s.get(key) or {}).get("rate")
+    return "-" if v is None else f"{100 * float(v):.0f}%"
+
+
+def _ms(s: dict[str, Any], key: str, q: str) -> str:
+    v = (s.get(key) or {}).get(q)
+    return "-" if v is None else f"{float(v):,.0f}"
+
+
+def retention_table(rows: list[tuple[str, dict[str, Any]]]) -> str | None:
+    """What each policy's retention cost the run and others: whether the server honoured the
+    pause's action, how many keep-evictable contexts survived, the bystanders' time to first
+    token (their queue behind held contexts), goodput and the paused KV. None when no run has
+    any of it (no judged resume, no bystander)."""
+    if not any(s.get("hint_honoured") or s.get("effective_retention")
+               or (s.get("bystander_ttft_ms") or {}).get("n") for _, s in rows):
+        return None
+    head = (f"{'policy':<15}{'honoured':>9}{'evict kept':>11}{'byst TTFT p50':>14}{'p95':>9}"
+            f"{'goodput/min':>12}{'paused KV':>11}")
+    lines = [head, "-" * len(head)]
+    for policy, s in rows:
+        lines.append(
+            f"{policy:<15}{_rate(s, 'hint_honoured'):>9}{_rate(s, 'effective_retention'):>11}"
+            f"{_ms(s, 'bystander_ttft_ms', 'p50'):>14}{_ms(s, 'bystander_ttft_ms', 'p95'):>9}"
+            f"{_value('goodput_per_min', s, spec='.2f'):>12}"
+            f"{_value('memory_time_mib_s', s, spec=',.1f'):>11}")
+    lines.append("(honoured: resumes whose server-reported reuse matched the action; evict kept: "
+                 "keep-evictable contexts still cached at the resume; bystander TTFT in ms; "
+                 "paused KV in MiB·s, token·s where the bytes per token are unknown)")
     return "\n".join(lines)
 
 

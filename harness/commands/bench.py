@@ -13,7 +13,7 @@ import click
 from harness.adapters.http import Timeouts
 from harness.bench.plan import DEFAULT_PICK_SLO, DEFAULT_POLICIES, BenchPlan, plan_bench
 from harness.bench.run import bench_capacity, bench_pick, run_bench
-from harness.bench.table import headline_table, health_lines
+from harness.bench.table import headline_table, health_lines, retention_table
 from harness.capacity.budget import parse_span
 from harness.capacity.run import result_table
 from harness.capacity.slo import parse_slo
@@ -111,6 +111,9 @@ def bench_command(runtime: str, url: str | None, trace_path: Path | None,
     rows = run_bench(plan, click.echo)
     click.echo("")
     click.echo(headline_table(rows))
+    retained = retention_table(rows)
+    if retained is not None:
+        click.echo(retained)
     for line in health_lines(rows):
         click.echo(line)
     if plan.repeats > 1:

@@ -3,20 +3,25 @@ one at --url.
 
 The server runs the vLLM virtualenv's python (never the harness's), listens on 127.0.0.1 only, in
 its own process group (vLLM forks an engine-core process), and is stopped (SIGTERM to the group,
-then SIGKILL) however the run ends. A KV connector's disk store lives in a private 0700 directory
-that is removed at stop, with the server's private TMPDIR.
+then SIGKILL) however the run ends, with its private TMPDIR.
 
-A pause policy is a server configuration on vLLM (`SERVER_POLICIES`): the client cannot pin,
-save or restore a request's KV blocks.
+A local server always runs the harness's KV connector (`vllm_connector/harness_pause_connector`,
+put on the server's PYTHONPATH), whatever the policy: through it the harness pins, unpins,
+offloads to host memory and drops a paused context per pause (`SERVER_POLICIES`). A server at
+--url offers those actions only if it was started with the same connector; the adapter asks it.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from harness.adapters.base import (
     PolicyRealisation,
@@ -29,11 +34,22 @@ from harness.adapters.http import HttpClient
 from harness.adapters.launchers.installs import script_output, tiny_model
 from harness.adapters.launchers.process import ServerProcess, pinned
 from harness.adapters.models import hf_geometry, local_vocab, model_record
-from harness.adapters.vllm import VllmAdapter
+from harness.adapters.vllm import (
+    CONNECTOR_CLASS,
+    CONNECTOR_KEY,
+    CONNECTOR_MODULE,
+    VllmAdapter,
+    control_body,
+    session_prefix,
+)
 
 SERVED_NAME = "tiny"
 
 LEAKED_SHM = ("sem.mp-", "psm_")  # shared-memory names its processes leave when killed
+# The folder put on the server's PYTHONPATH: it holds the connector package alone.
+CONNECTOR_DIR = Path(__file__).resolve().parent / "vllm_connector"
+PIN_TTL_S = 900.0  # a pin's or host copy's expiry when the harness sets none (a safety net)
+HOST_CAP_BYTES = 1 << 30  # host memory for offloaded contexts
 
 
 @dataclass(frozen=True)
@@ -41,35 +57,39 @@ class ServerPolicy:
     """How one harness policy name is realised on vLLM."""
 
     harness_policy: str  # what the executor runs per pause
-    connector: str | None  # KV connector the server runs with, if any
     label: str  # what run.json says was measured
 
 
+_PER_PAUSE = ("through the harness's KV connector: keep pins the context (an extra block "
+              "reference, out of eviction until resumed, released or expired), keep-evictable "
+              "leaves it to vLLM's evictable prefix cache, swap offloads it to host memory and "
+              "restores it on the resumed call, recompute drops it and salts the resumed call")
+
 SERVER_POLICIES: dict[str, ServerPolicy] = {
     "keep": ServerPolicy(
-        "keep", None, "keep: prefix caching on; a paused request's blocks stay in the pool as "
-        "evictable cached blocks (not pinned: memory pressure may evict them)"),
-    "recompute": ServerPolicy(
-        "recompute", None, "recompute: a fresh cache_salt on every resumed call, so the whole "
-        "context is prefilled again (prefix caching on)"),
+        "keep", "keep: pinned per pause through the harness's KV connector (an extra block "
+        "reference: out of eviction until resumed, released or expired)"),
+    "keep-evictable": ServerPolicy(
+        "keep-evictable", "keep-evictable: vLLM's prefix cache; a paused request's blocks "
+        "stay in the pool as evictable cached blocks (not pinned: memory pressure may evict "
+        "them)"),
     "swap": ServerPolicy(
-        "keep", "ExampleConnector", "swap via ExampleConnector (disk): the server stores each "
-        "new prompt's KV blocks on disk and loads them back on an exact prompt match; the "
-        "harness keeps per pause"),
+        "swap", "swap: offloaded per pause to host memory through the harness's KV connector "
+        "(device blocks freed) and loaded back into new blocks on the resumed call"),
+    "recompute": ServerPolicy(
+        "recompute", "recompute: the connector drops the context and the resumed call carries "
+        "a fresh cache_salt, so the whole context is prefilled again"),
 }
 
 
 def server_policy(policy: str) -> ServerPolicy:
-    """The vLLM realisation of `policy`; per-pause policies (ttl, threshold, ...) run on the
-    harness with keep and recompute only (a swap decision is recorded as unsupported)."""
+    """The vLLM realisation of `policy`; per-pause policies (ttl, threshold, ...) choose per
+    pause among all four actions."""
     if policy in SERVER_POLICIES:
         return SERVER_POLICIES[policy]
-    note = ("; at a ttl expiry the harness recomputes (a fresh cache salt: the resumed call "
-            "cannot reuse the kept prefix), and ttl after=swap (its default) is recorded "
-            "unsupported, so pass --policy-arg after=recompute" if policy == "ttl" else "")
-    return ServerPolicy(
-        policy, None, f"{policy}: decided per pause by the harness; keep and recompute execute, "
-        f"swap decisions are recorded as unsupported (prefix caching on){note}")
+    note = ("; ttl pins the context, then at tau swaps it (after=swap) or drops it "
+            "(after=recompute)" if policy == "ttl" else "")
+    return ServerPolicy(policy, f"{policy}: decided per pause by the harness {_PER_PAUSE}{note}")
 
 
 def vllm_python() -> Path:
@@ -90,9 +110,18 @@ class VllmServerConfig:
     kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE
     num_gpu_blocks_override: int | None = None  # small: memory pressure, preemptions
     max_num_seqs: int | None = None
-    connector: str | None = None  # e.g. "ExampleConnector"
+    pause_connector: bool = True  # the harness's KV connector (every policy uses it)
+    pin_ttl_s: float = PIN_TTL_S
+    host_cap_bytes: int = HOST_CAP_BYTES
     extra_args: list[str] = field(default_factory=list)
     server_cpus: str | None = None  # taskset list for the server, e.g. "1"
+
+    def connector_record(self) -> dict[str, Any] | None:
+        """The connector as run.json records it (None: the server runs none)."""
+        if not self.pause_connector:
+            return None
+        return {"name": CONNECTOR_CLASS, "module": CONNECTOR_MODULE, "path": str(CONNECTOR_DIR),
+                "default_ttl_s": self.pin_ttl_s, "host_cap_bytes": self.host_cap_bytes}
 
 
 class LocalVllmServer(ServerProcess):
@@ -103,9 +132,7 @@ class LocalVllmServer(ServerProcess):
         self.config = config
         self.python = python or vllm_python()
         self.startup_timeout_s = startup_timeout_s
-        # tmp_dir: the server's TMPDIR (vLLM leaves files there) and the connector's store
         super().__init__("vLLM", log_path, "harness-vllm-", LEAKED_SHM)
-        self.store_dir: Path | None = None
         c = config
         self.flags = [
             "--model", str(c.model), "--served-model-name", SERVED_NAME,
@@ -118,17 +145,18 @@ class LocalVllmServer(ServerProcess):
             self.flags += ["--num-gpu-blocks-override", str(c.num_gpu_blocks_override)]
         if c.max_num_seqs is not None:
             self.flags += ["--max-num-seqs", str(c.max_num_seqs)]
-        if c.connector is not None:
-            self.store_dir = self.tmp_dir / "kv-store"
-            self.store_dir.mkdir(mode=0o700)
-            self.flags += ["--kv-transfer-config", json.dumps({
-                "kv_connector": c.connector, "kv_role": "kv_both",
-                "kv_connector_extra_config": {"shared_storage_path": str(self.store_dir)}})]
-        self.flags += c.extra_args
         self.env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                     "VLLM_CPU_KVCACHE_SPACE": str(c.kv_cache_gib), "VLLM_SERVER_DEV_MODE": "1",
                     "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                     "TMPDIR": str(self.tmp_dir)}
+        if c.pause_connector:
+            self.flags += ["--kv-transfer-config", json.dumps({
+                "kv_connector": CONNECTOR_CLASS, "kv_connector_module_path": CONNECTOR_MODULE,
+                "kv_role": "kv_both", "kv_connector_extra_config": {
+                    "default_ttl_s": c.pin_ttl_s, "host_cap_bytes": c.host_cap_bytes}})]
+            path = os.environ.get("PYTHONPATH")
+            self.env["PYTHONPATH"] = str(CONNECTOR_DIR) + (os.pathsep + path if path else "")
+        self.flags += c.extra_args
 
     def command(self) -> list[str]:
         return pinned([str(self.python), "-m", "vllm.entrypoints.openai.api_server",
@@ -139,58 +167,82 @@ class LocalVllmServer(ServerProcess):
         return self
 
 
-def _remote_realisation(policy: str, url: str) -> PolicyRealisation:
+def release_all(url: str, run_id: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
+    """Release every pin and host copy of run `run_id` on the server at `url` (the run's end,
+    however it ended); the connector's answer, or None when the server did not give one (no
+    connector, gone, or too slow)."""
+    base = url.rstrip("/")
+    try:
+        with urllib.request.urlopen(base + "/v1/models", timeout=timeout_s) as r:
+            model = str(json.loads(r.read())["data"][0]["id"])
+        body = json.dumps(control_body(model, {"op": "release_all",
+                                               "prefix": session_prefix(run_id)})).encode()
+        req = urllib.request.Request(base + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            answer = json.loads(r.read()).get("kv_transfer_params") or {}
+    except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError, KeyError,
+            IndexError, TypeError, AttributeError):
+        return None
+    found = answer.get(CONNECTOR_KEY) if isinstance(answer, dict) else None
+    return found if isinstance(found, dict) else None
+
+
+def _realisation(policy: str, info: ServerInfo) -> PolicyRealisation:
     sp = server_policy(policy)
-    if not sp.connector:
+    if info.extra.get("pause_connector"):
         return PolicyRealisation(sp.harness_policy, sp.label)
-    return PolicyRealisation(sp.harness_policy, f"{sp.label} -- if the server at {url} runs a "
-                             "connector")
+    # Without the connector only the engine's own cache and a fresh salt are available.
+    missing = ("; this server runs no harness KV connector: keep and swap decisions are "
+               "recorded unsupported")
+    return PolicyRealisation(sp.harness_policy, sp.label + missing)
 
 
 class VllmRuntime:
-    """`harness run --runtime vllm`: each policy is a server configuration (SERVER_POLICIES)."""
+    """`harness run --runtime vllm`: a server with the harness's KV connector, which executes
+    every pause action per pause (SERVER_POLICIES)."""
 
     name = "vllm"
     # vLLM's CPU backend binds its OpenMP threads to cores itself; it is never pinned here.
     pins_local_server = False
     per_slot_control = False
     server_policies: dict[str, str] = {}
-    default_policies = ("keep", "swap", "recompute")
+    # Pinned against the engine's own evictable cache is what the connector adds to compare.
+    default_policies = ("keep", "keep-evictable", "swap", "recompute")
 
     @contextmanager
     def start(self, options: ServerOptions, out: Path) -> Iterator[RuntimeSession]:
-        """A local vLLM server configured for the run's policy (stopped on exit), or the one
-        at options.url."""
-        sp = server_policy(options.policy)
-
+        """A local vLLM server with the KV connector (stopped on exit), or the one at
+        options.url (whatever the run left held on it is released on exit)."""
         def session(details: ServerDetails, vocab: int | None) -> RuntimeSession:
             def connect(http: HttpClient) -> VllmAdapter:
                 return VllmAdapter(http, salt=options.run_id, vocab_size=vocab)
 
-            def realise(_: ServerInfo) -> PolicyRealisation:
-                return (_remote_realisation(options.policy, details.url) if options.url
-                        else PolicyRealisation(sp.harness_policy, sp.label))
+            def realise(info: ServerInfo) -> PolicyRealisation:
+                return _realisation(options.policy, info)
 
-            notes = [f"note: remote vLLM: {options.policy} needs the server started with a KV "
-                     f"connector ({sp.connector}); the harness keeps per pause"
-                     ] if options.url and sp.connector else []
-            details.extra["kv_connector"] = sp.connector
-            return RuntimeSession(details, connect, realise, notes=notes)
+            return RuntimeSession(details, connect, realise)
 
         if options.url:
-            yield session(ServerDetails(options.url), None)
+            try:
+                yield session(ServerDetails(options.url), None)
+            finally:
+                # The run's own end-of-run release: a pin or host copy that a killed run left
+                # on a server that outlives it would otherwise wait for its expiry.
+                release_all(options.url, options.run_id)
             return
         python = vllm_python()
         model = options.model or vllm_model(python)
         geometry = hf_geometry(model)
         cfg = VllmServerConfig(model=model, max_model_len=options.ctx_per_slot,
-                               connector=sp.connector, server_cpus=options.server_cpus,
+                               server_cpus=options.server_cpus,
                                extra_args=list(options.server_args))
         with LocalVllmServer(cfg, out / "server.log", python=python) as server:
             details = ServerDetails(
                 url=server.url, flags=server.flags, python=str(python), env=server.env,
                 start_s=server.start_s, process=server.process_record(),
                 model=model_record(model, geometry))
+            details.extra["kv_connector"] = cfg.connector_record()
             local = session(details, local_vocab(model))
             local.server_exited = server.exit_reason
             yield local

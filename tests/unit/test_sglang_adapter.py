@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from aiohttp.test_utils import TestServer
 
-from harness.adapters.base import CompletionRequest, Unsupported
+from harness.adapters.base import CompletionRequest, PausedKv, Unsupported
 from harness.adapters.http import connect
 from harness.adapters.launchers.sgl_kernel_cpu import sgl_kernel
 from harness.adapters.launchers.sgl_kernel_cpu.sgl_kernel import mamba
@@ -71,7 +71,8 @@ def test_info_complete_and_token_granular_reuse() -> None:
         assert info.extra["disable_radix_cache"] is False and info.extra["page_size"] == 1
         assert info.extra["cache_salt"] == "extra_key" and "api_key" not in info.extra
         assert not ad.capabilities.harness_slots
-        assert ad.capabilities.pause_actions == {"keep", "recompute"}
+        # no streaming sessions on this server: nothing can be pinned
+        assert ad.capabilities.pause_actions == {"keep-evictable", "recompute"}
         chunks: list[int] = []  # one call per streamed chunk of tokens
         p = list(range(400, 500))
         r1 = await ad.complete(CompletionRequest(p, 4), lambda: chunks.append(1))
@@ -189,16 +190,21 @@ def test_abort_after_first_token() -> None:
     with_server(FakeSglangConfig(decode_s_per_token=0.005), body)
 
 
-def test_slot_operations_are_unsupported_and_metrics_filtered() -> None:
-    async def body(ad: SglangAdapter, _: Any) -> None:
-        with pytest.raises(Unsupported):
-            await ad.save_slot(0, "x.bin")
-        with pytest.raises(Unsupported):
-            await ad.restore_slot(0, "x.bin")
-        with pytest.raises(Unsupported):
-            await ad.erase_slot(0)
+def test_pause_actions_without_sessions_and_metrics_filtered() -> None:
+    async def body(ad: SglangAdapter, state: Any) -> None:
+        with pytest.raises(Unsupported, match="HiCache"):
+            await ad.offload(PausedKv("t", tokens=10), "x.bin")
+        assert await ad.restore(PausedKv("t"), "x.bin") is None
         with pytest.raises(Unsupported):
             await ad.complete(CompletionRequest([300], 1, slot=0), lambda: None)
+        # held on a server without sessions: a plain call, nothing to open, hold or close
+        await ad.complete(CompletionRequest([300] * 8, 1, session="t", hold=True),
+                          lambda: None)
+        assert "session_params" not in state.requests[-1]
+        for action in (ad.unpin, ad.drop, ad.release):
+            await action(PausedKv("t"))
+        await ad.hold(PausedKv("t"), None)
+        assert len(state.requests) == 1 and await ad.held() == []
         assert await ad.delete_dump("x.bin") is False
         samples = await ad.scrape()
         names = {name for _, name, _, _ in samples}
@@ -214,9 +220,10 @@ def test_slot_operations_are_unsupported_and_metrics_filtered() -> None:
     with_server(FakeSglangConfig(), body)
 
 
-@pytest.mark.parametrize("policy", ["keep", "recompute", "swap", "threshold"])
-def test_replay_over_http(tmp_path: Path, policy: str) -> None:
-    """Whole runs through the executor: keep reuses, recompute salts, swap is unsupported."""
+@pytest.mark.parametrize("policy", ["keep-evictable", "recompute", "keep", "swap"])
+def test_replay_over_http_without_sessions(tmp_path: Path, policy: str) -> None:
+    """Whole runs on a server without streaming sessions: keep-evictable reuses, recompute
+    salts, keep and swap are recorded unsupported (and the radix cache still serves them)."""
     steps = generate(load_profile("bench-small"), 5, 1)
     plan = make_plan(steps, Injection(never_return_fraction=0.2, default_deadline_s=0.2),
                      Arrivals(concurrency=3, time_scale=0.02), 1)
@@ -232,19 +239,19 @@ def test_replay_over_http(tmp_path: Path, policy: str) -> None:
     run = manifest.to_dict()
     rec = read_records(out)
     assert run["status"] == "finished" and run["slots"] is None
-    assert run["capabilities"] == {"harness_slots": False, "pause_actions": ["keep", "recompute"]}
-    assert run["cleanup"] == {"slots_idle": True, "dump_files_left": None, "errors": [],
-                              "remote_dumps_left": [], "errors_total": 0}
+    assert run["capabilities"]["pause_actions"] == ["keep-evictable", "recompute"]
+    assert run["cleanup"]["held_left"] == [] and run["cleanup"]["errors"] == []
+    assert run["cleanup"]["slots_idle"] is True
     assert run["outcome"]["completed"] + run["outcome"]["cancelled"] == 5
     resumed = rec[(rec.event == "call_end") & (rec.step > 0)]
     assert not resumed.empty
     decisions = rec[rec.event == "pause_decision"]
-    if policy in ("keep", "swap"):  # swap is recorded as unsupported: the KV stays cached
+    if policy != "recompute":  # nothing done, or left to the radix cache: the KV stays cached
         assert (resumed.cached_tokens > 0).all()
     if policy == "recompute":
         assert (resumed.cached_tokens == 0).all()
         assert (rec[rec.event == "erase"].reason.str.contains("fresh cache salt")).all()
-    if policy == "swap":
+    if policy in ("keep", "swap"):
         assert (decisions.status == "unsupported").all()
         assert run["outcome"]["unsupported_actions"] == len(decisions)
     assert read_json(out / "summary.json")["cache_mismatches"] == 0

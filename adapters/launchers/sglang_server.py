@@ -6,9 +6,12 @@ The server runs the SGLang virtualenv's python (never the harness's) with SGLang
 listens on 127.0.0.1 only, in its own process group (SGLang forks a scheduler and a detokenizer),
 with a private TMPDIR, and is stopped (SIGTERM to the group, then SIGKILL) however the run ends.
 
-A pause policy is mostly a server configuration on SGLang (`SERVER_POLICIES`): the client cannot
-pin, save or restore a request's KV. This CPU setup is not supported upstream; SGLang and torch
-are pinned in install_sglang.sh to the releases it was verified with.
+Every local server runs streaming sessions (`--enable-streaming-session`), through which the
+adapter pins a paused trajectory's KV (keep); keep-evictable is the radix cache's own evictable
+tokens, recompute a fresh extra_key. `keep-preferred` is a server policy of this runtime: radix
+sessions (`--enable-session-radix-cache`) give each trajectory's context soft retention under
+keep-evictable. This CPU setup is not supported upstream; SGLang and torch are pinned in
+install_sglang.sh to the releases it was verified with.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ HICACHE_UNSUPPORTED = (
     "NVIDIA driver'), and its transfers use sgl_kernel.kvcacheio CUDA/XPU kernels")
 
 LEAKED_SHM = ("sglang_loads_", "sem.mp-")  # shared-memory names its processes leave when killed
+KEEP_PREFERRED = "keep-preferred"  # the server policy of radix sessions (soft retention)
 
 
 @dataclass(frozen=True)
@@ -53,25 +57,41 @@ class ServerPolicy:
 
 SERVER_POLICIES: dict[str, ServerPolicy] = {
     "keep": ServerPolicy(
-        "keep", "keep: radix cache on; a paused request's KV stays in the radix tree as "
-        "evictable cached tokens (not pinned: memory pressure may evict them)"),
+        "keep", "keep: each trajectory's calls run in a streaming session "
+        "(--enable-streaming-session), which pins its KV (out of the radix cache's eviction, "
+        "blocking admission of other requests) until the trajectory ends"),
+    "keep-evictable": ServerPolicy(
+        "keep-evictable", "keep-evictable: radix cache on; a paused request's KV stays in the "
+        "radix tree as evictable cached tokens (not pinned: memory pressure may evict them)"),
     "recompute": ServerPolicy(
         "recompute", "recompute: a fresh extra_key (SGLang's cache salt) on every resumed call, "
         "so no cached prefix matches and the whole context is prefilled again; the old KV stays "
         "in the radix tree as evictable tokens until memory pressure evicts it (radix cache on)"),
     "swap": ServerPolicy(
         "swap", f"swap: not run -- {HICACHE_UNSUPPORTED}; every swap decision is recorded as "
-        "unsupported and the KV stays in the radix cache (radix cache on)"),
+        "unsupported and the context stays where it was (pinned in its streaming session)"),
+    "ttl": ServerPolicy(
+        "ttl", "ttl: each pause keeps the context pinned in its streaming session; at tau the "
+        "harness closes the session itself (the server's session timeout is only a safety net) "
+        "and the resumed call carries a fresh extra_key (after=recompute); after=swap decisions "
+        "are recorded as unsupported"),
+    KEEP_PREFERRED: ServerPolicy(
+        "keep-evictable", "keep-preferred: radix sessions (--enable-session-radix-cache): each "
+        "trajectory's calls carry its session_id, and its context is retained softly (it "
+        "survives plain traffic, other sessions' traffic may evict it); the harness leaves "
+        "each pause to the radix cache (keep-evictable) and closes the session at the "
+        "trajectory's end"),
 }
 
 
 def server_policy(policy: str) -> ServerPolicy:
-    """The SGLang realisation of `policy` on a local CPU server; per-pause policies (ttl,
-    threshold, ...) run on the harness with keep and recompute (swap decisions are recorded as
-    unsupported)."""
+    """The SGLang realisation of `policy` on a local CPU server; other per-pause policies
+    (threshold, min-waste, ...) run on the harness with keep (a pinned streaming session),
+    keep-evictable and recompute (swap decisions are recorded as unsupported)."""
     return SERVER_POLICIES.get(policy) or ServerPolicy(
-        policy, f"{policy}: decided per pause by the harness; keep and recompute (fresh "
-        "extra_key) execute, swap decisions are recorded as unsupported (radix cache on)")
+        policy, f"{policy}: decided per pause by the harness; keep (a pinned streaming "
+        "session), keep-evictable (the radix cache) and recompute (a fresh extra_key) execute, "
+        "swap decisions are recorded as unsupported")
 
 
 def sglang_python() -> Path:
@@ -91,6 +111,8 @@ class SglangServerConfig:
     context_length: int = 4096
     max_total_tokens: int = 65536  # the KV pool in tokens (SGLang's default fills the memory)
     disable_radix_cache: bool = False  # every request prefilled in full, KV freed at finish
+    streaming_sessions: bool = True  # what the adapter pins a paused context with (keep)
+    session_radix_cache: bool = False  # radix sessions: soft retention (keep-preferred)
     max_running_requests: int | None = None
     extra_args: list[str] = field(default_factory=list)
     server_cpus: str | None = None  # taskset list for the server, e.g. "1"
@@ -121,6 +143,10 @@ class LocalSglangServer(ServerProcess):
             "--max-total-tokens", str(c.max_total_tokens)]
         if c.disable_radix_cache:
             self.flags.append("--disable-radix-cache")
+        if c.streaming_sessions:
+            self.flags.append("--enable-streaming-session")
+        if c.session_radix_cache:
+            self.flags.append("--enable-session-radix-cache")
         if c.max_running_requests is not None:
             self.flags += ["--max-running-requests", str(c.max_running_requests)]
         self.flags += c.extra_args
@@ -143,30 +169,38 @@ class LocalSglangServer(ServerProcess):
 def remote_policy(policy: str, server_extra: dict[str, Any], url: str) -> ServerPolicy:
     """The realisation of `policy` on a running server, from what /server_info reported."""
     if policy == "swap" and server_extra.get("enable_hierarchical_cache"):
-        return ServerPolicy("keep", f"swap via HiCache on the server at {url} (host-memory KV "
-                            "tier, the server's own write and load-back policy); the harness "
-                            "keeps per pause")
+        return ServerPolicy("keep-evictable", f"swap via HiCache on the server at {url} "
+                            "(host-memory KV tier, the server's own write and load-back "
+                            "policy); the harness leaves each pause to the radix cache")
     sp = server_policy(policy)
     if server_extra.get("disable_radix_cache"):
         return ServerPolicy(sp.harness_policy, f"{sp.label} -- but the server at {url} runs "
-                            "with --disable-radix-cache: keep decisions are recorded as "
-                            "unsupported, every call is prefilled in full")
+                            "with --disable-radix-cache: keep and keep-evictable decisions are "
+                            "recorded as unsupported, every call is prefilled in full")
     if policy == "swap":
         return ServerPolicy("swap", f"swap: the server at {url} runs without HiCache; every "
                             "swap decision is recorded as unsupported")
+    if policy == KEEP_PREFERRED and not server_extra.get("enable_session_radix_cache"):
+        return ServerPolicy(sp.harness_policy, f"{sp.label} -- but the server at {url} runs "
+                            "without --enable-session-radix-cache: its calls carry no "
+                            "retention, the radix cache alone decides")
+    if not server_extra.get("enable_streaming_session") and policy != KEEP_PREFERRED:
+        return ServerPolicy(sp.harness_policy, f"{sp.label} -- but the server at {url} runs "
+                            "without --enable-streaming-session: nothing can be pinned, keep "
+                            "decisions are recorded as unsupported")
     return sp
 
 
 class SglangRuntime:
-    """`harness run --runtime sglang`: keep and recompute per pause, swap only where the server
-    runs HiCache."""
+    """`harness run --runtime sglang`: keep (a pinned streaming session), keep-evictable and
+    recompute per pause; swap only as a server's HiCache; keep-preferred as radix sessions."""
 
     name = "sglang"
     # SGLang's CPU engine binds its threads to cores itself; it is never pinned here.
     pins_local_server = False
     per_slot_control = False
-    server_policies: dict[str, str] = {}
-    default_policies = ("keep", "swap", "recompute")
+    server_policies: dict[str, str] = {KEEP_PREFERRED: "keep-evictable"}
+    default_policies = ("keep", "keep-evictable", "swap", "recompute")
 
     @contextmanager
     def start(self, options: ServerOptions, out: Path) -> Iterator[RuntimeSession]:
@@ -187,13 +221,16 @@ class SglangRuntime:
         geometry = hf_geometry(model)
         cfg = SglangServerConfig(model=model, context_length=options.ctx_per_slot,
                                  server_cpus=options.server_cpus,
+                                 session_radix_cache=options.policy == KEEP_PREFERRED,
                                  extra_args=list(options.server_args))
         with LocalSglangServer(cfg, out / "server.log", python=python) as server:
             # KV in the model's dtype (SGLang's --kv-cache-dtype auto)
             details = ServerDetails(
                 url=server.url, flags=server.flags, python=str(python), env=server.env,
                 start_s=server.start_s, process=server.process_record(),
-                model=model_record(model, geometry))
+                model=model_record(model, geometry),
+                extra={"streaming_sessions": cfg.streaming_sessions,
+                       "session_radix_cache": cfg.session_radix_cache})
             yield RuntimeSession(details, connect, realise, server_exited=server.exit_reason)
 
 

@@ -134,6 +134,10 @@ def test_local_run_starts_and_stops_its_own_server(tmp_path: Path,
     run = json.loads((out / "run.json").read_text())
     assert run["status"] == "finished" and run["outcome"]["unsupported_actions"] == 1
     assert "cudaHostRegister" in run["server_policy"] and run["server_start_s"] > 0
+    assert "--enable-streaming-session" in run["server_flags"]
+    # swap unsupported: the context stayed pinned in its session, closed at the end
+    assert run["cleanup"]["held_left"] == []
+    assert json.loads((out / "summary.json").read_text())["cache_mismatches"] == 0
     assert run["model"]["geometry"]["kv_bytes_per_token"] == 512
     assert run["model"]["kv_bytes_per_token"] == 512  # memory-time in MiB·s in the summary
     assert json.loads((out / "summary.json").read_text())["kv_bytes_per_token"] == 512
@@ -166,7 +170,7 @@ def test_stand_in_kernel_on_torch_tensors(sglang_env: tuple[Path, Path]) -> None
     assert json.loads(proc.stdout) == [[0, 0, 0, 9, 10, 0], [0] * 6, [7, 8, 0, 0, 0, 0]]
 
 
-@pytest.mark.parametrize("policy", ["keep", "recompute"])
+@pytest.mark.parametrize("policy", ["keep", "keep-evictable", "recompute"])
 def test_keep_and_recompute_for_real(sglang_server: LocalSglangServer, tmp_path: Path,
                                      policy: str) -> None:
     plan = Plan((_traj("s-a", 0.3), _traj("s-b", 0.2), _traj("s-gone", None, 0.5)), (),
@@ -190,7 +194,8 @@ def test_keep_and_recompute_for_real(sglang_server: LocalSglangServer, tmp_path:
     resumed = _resumed(rec)
     assert len(resumed) == 4 and (resumed.status == "ok").all()
     for r in resumed.itertuples():
-        if policy == "keep":  # the whole retained context but its last generated token
+        if policy != "recompute":  # the whole retained context but its last generated token
+            # (pinned in a streaming session, or left to a radix cache with room to spare)
             assert r.cached_tokens == r.retained_tokens - 1, r
         else:  # a fresh extra_key: nothing reused, the whole prompt prefilled
             assert r.cached_tokens == 0 and r.prompt_n >= r.retained_tokens, r
@@ -200,7 +205,7 @@ def test_keep_and_recompute_for_real(sglang_server: LocalSglangServer, tmp_path:
     gone = rec[rec.trajectory_id == "s-gone"]
     assert gone[gone.event == "trajectory_end"].status.tolist() == ["cancelled"]
     assert run["cleanup"] == {"slots_idle": True, "dump_files_left": None, "errors": [],
-                              "remote_dumps_left": [], "errors_total": 0}
+                              "remote_dumps_left": [], "errors_total": 0, "held_left": []}
     summary = read_json(out / "summary.json")
     assert summary["resume_latency_ms"]["n"] == 4 and summary["cache_mismatches"] == 0
     assert "sglang:kv_used_tokens" in (summary["server_occupancy"] or {})
@@ -235,8 +240,11 @@ def test_run_command_against_a_running_server(sglang_server: LocalSglangServer,
     assert res.exit_code == 0, res.output
     run = json.loads((out / "run.json").read_text())
     assert run["runtime"] == "sglang" and run["status"] == "finished"
-    assert run["outcome"]["completed"] == 1 and "not pinned" in run["server_policy"]
+    assert run["outcome"]["completed"] == 1 and "streaming session" in run["server_policy"]
     assert run["server_extra"]["disable_radix_cache"] is False
+    assert run["server_extra"]["enable_streaming_session"] is True
+    assert run["capabilities"]["pause_actions"] == ["keep", "keep-evictable", "recompute"]
+    assert run["cleanup"]["held_left"] == []
     rec = read_records(out)
     assert rec[(rec.event == "call_end") & (rec.step == 2)].cached_tokens.iloc[0] == 83
     assert any((out / "server_metrics").glob("part-*.parquet"))

@@ -19,6 +19,7 @@ from harness.adapters.http import connect
 from harness.adapters.launchers.sgl_kernel_cpu import sgl_kernel
 from harness.adapters.launchers.sgl_kernel_cpu.sgl_kernel import mamba
 from harness.adapters.launchers.sglang_server import (
+    RUNTIME,
     SERVER_POLICIES,
     STAND_IN,
     LocalSglangServer,
@@ -259,25 +260,46 @@ def test_replay_over_http_without_sessions(tmp_path: Path, policy: str) -> None:
 
 
 def test_server_policies_are_labelled() -> None:
-    assert "not pinned" in server_policy("keep").label
+    keep = server_policy("keep")
+    assert keep.harness_policy == "keep" and "streaming session" in keep.label
+    assert "pins" in keep.label
+    evictable = server_policy("keep-evictable")
+    assert evictable.harness_policy == "keep-evictable" and "not pinned" in evictable.label
     rec = server_policy("recompute")
     assert rec.harness_policy == "recompute" and "extra_key" in rec.label
     swap = SERVER_POLICIES["swap"]
     assert swap.harness_policy == "swap" and "not run" in swap.label
     assert "cudaHostRegister" in swap.label and "unsupported" in swap.label
     ttl = server_policy("ttl")
-    assert ttl.harness_policy == "ttl" and "unsupported" in ttl.label
+    assert ttl.harness_policy == "ttl" and "closes the session" in ttl.label
+    assert "safety net" in ttl.label and "after=swap decisions are recorded as unsupported" \
+        in ttl.label
+    preferred = server_policy("keep-preferred")
+    assert preferred.harness_policy == "keep-evictable"
+    assert "--enable-session-radix-cache" in preferred.label
+    assert RUNTIME.server_policies == {"keep-preferred": "keep-evictable"}
+    assert "keep-evictable" in RUNTIME.default_policies
+    threshold = server_policy("threshold")
+    assert threshold.harness_policy == "threshold" and "keep (a pinned" in threshold.label
 
 
 def test_remote_policy_follows_what_the_server_runs() -> None:
     url = "http://gpu:30000"
+    sessions = {"enable_streaming_session": True}
     hicache = remote_policy("swap", {"enable_hierarchical_cache": True}, url)
-    assert hicache.harness_policy == "keep" and "HiCache on the server" in hicache.label
+    assert hicache.harness_policy == "keep-evictable" and "HiCache on the server" in hicache.label
     plain = remote_policy("swap", {"enable_hierarchical_cache": False}, url)
     assert plain.harness_policy == "swap" and "without HiCache" in plain.label
-    no_radix = remote_policy("keep", {"disable_radix_cache": True}, url)
+    no_radix = remote_policy("keep", {"disable_radix_cache": True, **sessions}, url)
     assert no_radix.harness_policy == "keep" and "--disable-radix-cache" in no_radix.label
-    assert remote_policy("recompute", {}, url) == server_policy("recompute")
+    assert remote_policy("recompute", sessions, url) == server_policy("recompute")
+    assert remote_policy("keep", sessions, url) == server_policy("keep")
+    unpinned = remote_policy("keep", {}, url)
+    assert unpinned.harness_policy == "keep" and "nothing can be pinned" in unpinned.label
+    untagged = remote_policy("keep-preferred", sessions, url)
+    assert "without --enable-session-radix-cache" in untagged.label
+    tagged = {"enable_session_radix_cache": True}
+    assert remote_policy("keep-preferred", tagged, url) == server_policy("keep-preferred")
 
 
 def test_launcher_flags_env_and_cleanup(tmp_path: Path) -> None:
@@ -292,8 +314,10 @@ def test_launcher_flags_env_and_cleanup(tmp_path: Path) -> None:
         assert flags[flags.index("--context-length") + 1] == "2048"
         assert flags[flags.index("--max-running-requests") + 1] == "3"
         for f in ("--disable-radix-cache", "--disable-overlap-schedule", "--enable-metrics",
-                  "--enable-cache-report", "--disable-cuda-graph", "--sleep-on-idle"):
+                  "--enable-cache-report", "--disable-cuda-graph", "--sleep-on-idle",
+                  "--enable-streaming-session"):
             assert f in flags
+        assert "--enable-session-radix-cache" not in flags
         assert srv.env["SGLANG_USE_CPU_ENGINE"] == "1"
         assert srv.env["PYTHONPATH"].split(":")[0] == str(STAND_IN)
         assert (STAND_IN / "sgl_kernel" / "__init__.py").is_file()
@@ -307,6 +331,11 @@ def test_launcher_flags_env_and_cleanup(tmp_path: Path) -> None:
                                 python=Path("/usr/bin/python3"))
     default.stop()
     assert "--disable-radix-cache" not in default.flags
+    assert "--enable-streaming-session" in default.flags
+    radix = LocalSglangServer(SglangServerConfig(model=tmp_path, session_radix_cache=True),
+                              tmp_path / "log3", python=Path("/usr/bin/python3"))
+    radix.stop()
+    assert "--enable-session-radix-cache" in radix.flags
 
 
 def test_stand_in_assigns_each_request_its_locations() -> None:

@@ -96,7 +96,9 @@ class VllmAdapter:
 
     `salt`: a cache salt sent on every request that has none of its own (e.g. the run id), so a
     run never reuses blocks cached by an earlier run on the same server; None sends no salt.
-    It also scopes the connector's session names, so `held` sees this run's state only.
+    `scope`: what the connector's session names start with (default: the salt), so `held` and
+    `release_all` see this client's state only (one load generator of a run of several has a
+    scope of its own).
     `vocab_size`: the model's vocabulary when known (the local launcher knows it); otherwise it
     is read from the model folder the server reports (`/v1/models` root) when that folder is on
     this machine, else DEFAULT_VOCAB.
@@ -107,9 +109,10 @@ class VllmAdapter:
     runtime = "vllm"
 
     def __init__(self, http: HttpClient, salt: str | None = None,
-                 vocab_size: int | None = None) -> None:
+                 vocab_size: int | None = None, scope: str | None = None) -> None:
         self.http = http
         self._salt = salt
+        self._scope = scope if scope is not None else salt
         self._vocab = vocab_size
         self._model: str | None = None
         self._connector = False
@@ -159,7 +162,7 @@ class VllmAdapter:
         swap), else None."""
         try:
             status = await self._control({"op": "status",
-                                          "prefix": session_prefix(self._salt)})
+                                          "prefix": session_prefix(self._scope)})
         except PauseControlError:
             status = None
         self._connector = status is not None
@@ -218,7 +221,7 @@ class VllmAdapter:
             # Every call of a session names it: the connector pins its blocks when it ends
             # (hold), releases the session's older pin, and loads its host copy back.
             body["kv_transfer_params"] = {CONNECTOR_KEY: {
-                "session": session_key(self._salt, req.session), "hold": req.hold}}
+                "session": session_key(self._scope, req.session), "hold": req.hold}}
         result = CompletionResult(status="ok")
 
         def on_chunk(chunk: dict[str, Any]) -> bool:
@@ -243,7 +246,7 @@ class VllmAdapter:
         if not self._connector:
             raise Unsupported("this vLLM server runs no harness KV connector: nothing pins a "
                               "paused context (keep-evictable is the engine's own cache)")
-        params: dict[str, Any] = {"op": "hold", "session": session_key(self._salt, kv.session)}
+        params: dict[str, Any] = {"op": "hold", "session": session_key(self._scope, kv.session)}
         if ttl_s is not None:
             params["ttl_s"] = ttl_s + TTL_GRACE_S
         self._note_pinned(kv, await self._op(params))
@@ -252,7 +255,7 @@ class VllmAdapter:
         """Hand the pinned context to vLLM's evictable prefix cache (without the connector it
         is there already)."""
         if self._connector:
-            await self._op({"op": "unpin", "session": session_key(self._salt, kv.session)})
+            await self._op({"op": "unpin", "session": session_key(self._scope, kv.session)})
 
     async def offload(self, kv: PausedKv, name: str) -> SlotIO:
         """Copy the pinned context to host memory and free its device blocks; the server
@@ -261,13 +264,15 @@ class VllmAdapter:
         if not self._connector:
             raise Unsupported("this vLLM server runs no harness KV connector: no per-pause "
                               "offload")
-        ans = await self._op({"op": "offload", "session": session_key(self._salt, kv.session),
+        ans = await self._op({"op": "offload", "session": session_key(self._scope, kv.session),
                               "name": name})
         report = self.pause_report.setdefault("offload", {"tokens": 0, "bytes": 0, "ms": 0.0,
                                                           "failed": 0})
         if not ans.get("ok"):
-            if not ans.get("tokens") and kv.tokens < self._block:
-                return SlotIO(0, 0.0, 0)  # under one block: the server never pins anything
+            if not ans.get("tokens") and kv.tokens <= self._block:
+                # No full block (the last token's KV is never computed): nothing was pinned,
+                # nothing is owed.
+                return SlotIO(0, 0.0, 0)
             report["failed"] += 1
             report.setdefault("first_failure", str(ans.get("error")))
             raise Unsupported(f"vLLM connector: {ans.get('error')}")
@@ -284,7 +289,7 @@ class VllmAdapter:
         """Discard the pinned context and any host copy (the core also salts the resumed
         call, which is all a server without the connector needs)."""
         if self._connector:
-            await self._op({"op": "drop", "session": session_key(self._salt, kv.session)})
+            await self._op({"op": "drop", "session": session_key(self._scope, kv.session)})
 
     async def restore(self, kv: PausedKv, name: str) -> SlotIO | None:
         """Nothing to do before the call: the connector loads the host copy when the
@@ -294,7 +299,7 @@ class VllmAdapter:
     async def release(self, kv: PausedKv) -> None:
         """Free the trajectory's pin and host copy, if any."""
         if self._connector:
-            await self._op({"op": "release", "session": session_key(self._salt, kv.session)})
+            await self._op({"op": "release", "session": session_key(self._scope, kv.session)})
 
     async def delete_dump(self, name: str) -> bool:
         """No dump files: offloaded contexts live in the server's memory."""
@@ -315,26 +320,26 @@ class VllmAdapter:
 
     def session_name(self, trajectory_id: str) -> str:
         """The connector's name of a trajectory's context on this run."""
-        return session_key(self._salt, trajectory_id)
+        return session_key(self._scope, trajectory_id)
 
     async def status(self, prefix: str | None = None) -> dict[str, Any]:
         """The connector's status (pins, host copies, expiries) of the sessions that start
         with `prefix`: this run's when None, everyone's for ""."""
         return await self._op({"op": "status",
-                               "prefix": session_prefix(self._salt) if prefix is None
+                               "prefix": session_prefix(self._scope) if prefix is None
                                else prefix})
 
     async def release_all(self) -> int:
         """Release every pin and host copy of this run; how many sessions held something."""
         if not self._connector:
             return 0
-        ans = await self._op({"op": "release_all", "prefix": session_prefix(self._salt)})
+        ans = await self._op({"op": "release_all", "prefix": session_prefix(self._scope)})
         return int(ans.get("released") or 0)
 
     def _note_pinned(self, kv: PausedKv, ans: dict[str, Any]) -> None:
-        # A context of a block or more that the server did not pin (the call failed, or its
+        # A context with a full block that the server did not pin (the call failed, or its
         # pin expired) is passed on, not hidden.
-        if not ans.get("tokens") and kv.tokens >= self._block:
+        if not ans.get("tokens") and kv.tokens > self._block:
             miss = self.pause_report.setdefault("nothing_pinned", {"count": 0})
             miss["count"] += 1
             miss.setdefault("first", kv.session)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -167,16 +168,16 @@ class LocalVllmServer(ServerProcess):
         return self
 
 
-def release_all(url: str, run_id: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
-    """Release every pin and host copy of run `run_id` on the server at `url` (the run's end,
-    however it ended); the connector's answer, or None when the server did not give one (no
-    connector, gone, or too slow)."""
+def release_all(url: str, scope: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
+    """Release every pin and host copy of the sessions of `scope` (a VllmAdapter's) on the
+    server at `url` (the run's end, however it ended); the connector's answer, or None when the
+    server did not give one (no connector, gone, or too slow)."""
     base = url.rstrip("/")
     try:
         with urllib.request.urlopen(base + "/v1/models", timeout=timeout_s) as r:
             model = str(json.loads(r.read())["data"][0]["id"])
         body = json.dumps(control_body(model, {"op": "release_all",
-                                               "prefix": session_prefix(run_id)})).encode()
+                                               "prefix": session_prefix(scope)})).encode()
         req = urllib.request.Request(base + "/v1/completions", data=body,
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=timeout_s) as r:
@@ -188,7 +189,9 @@ def release_all(url: str, run_id: str, timeout_s: float = 10.0) -> dict[str, Any
     return found if isinstance(found, dict) else None
 
 
-def _realisation(policy: str, info: ServerInfo) -> PolicyRealisation:
+def realisation(policy: str, info: ServerInfo) -> PolicyRealisation:
+    """How `policy` runs on the server `info` describes: with the connector every action per
+    pause; without it the label says what is recorded unsupported."""
     sp = server_policy(policy)
     if info.extra.get("pause_connector"):
         return PolicyRealisation(sp.harness_policy, sp.label)
@@ -214,12 +217,16 @@ class VllmRuntime:
     def start(self, options: ServerOptions, out: Path) -> Iterator[RuntimeSession]:
         """A local vLLM server with the KV connector (stopped on exit), or the one at
         options.url (whatever the run left held on it is released on exit)."""
+        # This client's sessions on the server: a run of several load generators shares its
+        # run id (and salt), and each one's end releases only its own.
+        scope = f"{options.run_id}-{secrets.token_hex(4)}"
+
         def session(details: ServerDetails, vocab: int | None) -> RuntimeSession:
             def connect(http: HttpClient) -> VllmAdapter:
-                return VllmAdapter(http, salt=options.run_id, vocab_size=vocab)
+                return VllmAdapter(http, salt=options.run_id, vocab_size=vocab, scope=scope)
 
             def realise(info: ServerInfo) -> PolicyRealisation:
-                return _realisation(options.policy, info)
+                return realisation(options.policy, info)
 
             return RuntimeSession(details, connect, realise)
 
@@ -229,7 +236,7 @@ class VllmRuntime:
             finally:
                 # The run's own end-of-run release: a pin or host copy that a killed run left
                 # on a server that outlives it would otherwise wait for its expiry.
-                release_all(options.url, options.run_id)
+                release_all(options.url, scope)
             return
         python = vllm_python()
         model = options.model or vllm_model(python)

@@ -4,10 +4,12 @@ connector's control channel is answered in front of it by the connector's own bo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
+import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,13 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from harness.adapters.base import CompletionRequest, PausedKv, SlotIO, Unsupported
+from harness.adapters.base import (
+    CompletionRequest,
+    PausedKv,
+    ServerOptions,
+    SlotIO,
+    Unsupported,
+)
 from harness.adapters.http import connect
 from harness.adapters.launchers.vllm_connector.harness_pause_connector.book import (
     Book,
@@ -23,9 +31,11 @@ from harness.adapters.launchers.vllm_connector.harness_pause_connector.book impo
 )
 from harness.adapters.launchers.vllm_server import (
     CONNECTOR_DIR,
+    RUNTIME,
     SERVER_POLICIES,
     LocalVllmServer,
     VllmServerConfig,
+    realisation,
     server_policy,
 )
 from harness.adapters.models import local_vocab
@@ -417,3 +427,59 @@ def test_launcher_loads_the_connector(tmp_path: Path) -> None:
         assert "--kv-transfer-config" not in bare.flags and "PYTHONPATH" not in bare.env
     finally:
         bare.stop()
+
+
+@contextlib.contextmanager
+def _fake_in_thread(connector: FakeConnector) -> Iterator[str]:
+    """The fake server with the connector on a loop of its own (a thread), for code that
+    talks to it synchronously; yields its URL."""
+    loop = asyncio.new_event_loop()
+    app = make_app(FakeVllmConfig())
+    app.middlewares.append(connector.middleware)
+    server = TestServer(app, host="127.0.0.1")
+    loop.run_until_complete(server.start_server())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield str(server.make_url("")).rstrip("/")
+    finally:
+        asyncio.run_coroutine_threadsafe(server.close(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def test_a_url_run_scopes_its_sessions_and_releases_them_on_the_way_out(
+        tmp_path: Path) -> None:
+    conn = FakeConnector()
+    with _fake_in_thread(conn) as url:
+        # another load generator of the same run holds a context it still needs
+        other = session_key("run-9-other", "t")
+        conn.book.finished(other, True, [FakeBlock(900)], [1] * 40, None)
+        with pytest.raises(KeyboardInterrupt), RUNTIME.start(
+                ServerOptions("keep", "run-9", url=url), tmp_path) as session:
+            async def go() -> None:
+                async with connect(url, 4) as http:
+                    ad = session.connect(http)
+                    assert isinstance(ad, VllmAdapter)
+                    info = await ad.server_info()
+                    assert "pinned" in session.realise(info).label
+                    await ad.complete(CompletionRequest([300] * 70, 2, session="t", hold=True),
+                                      lambda: None)
+
+            asyncio.run(go())
+            mine = [s for s in conn.book.pins if s != other]
+            assert len(mine) == 1 and mine[0].startswith("run-9-") and mine[0].endswith("/t")
+            raise KeyboardInterrupt  # the run is stopped while its context is pinned
+        assert list(conn.book.pins) == [other]  # its own released, the other's kept
+        ops = [c["kv_transfer_params"]["harness_pause"] for c in conn.controls]
+        assert ops[-1]["op"] == "release_all" and ops[-1]["prefix"] == mine[0][:-1]
+
+
+def test_a_server_without_the_connector_is_labelled_so() -> None:
+    async def body(ad: VllmAdapter, _: Any) -> None:
+        info = await ad.server_info()
+        label = realisation("keep", info).label
+        assert "runs no harness KV connector" in label and "recorded unsupported" in label
+
+    with_server(FakeVllmConfig(), body)

@@ -352,3 +352,4 @@ def test_a_stopped_run_leaves_no_session_open(small_server: LocalSglangServer, t
     _, opened, closed = server_sessions(small_server)
     ours = [s for s in opened if s.startswith(run_json["run_id"] + "/")]
     assert len(ours) == 3 and set(ours) <= set(closed) and active == 0
+

@@ -44,6 +44,7 @@ def radix_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSgla
     log = tmp_path_factory.mktemp("sglang-radix") / "server.log"
     cfg = SglangServerConfig(model=model, max_total_tokens=POOL, session_radix_cache=True)
     with _started(cfg, log, python) as server:
+        print(f"SGLang with radix sessions started in {server.start_s:.1f} s")
         yield server
 
 

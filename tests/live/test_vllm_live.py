@@ -346,3 +346,23 @@ def test_a_pin_survives_pressure_that_evicts_an_evictable_context(
         assert usage == pytest.approx(6 / 16)  # the pinned context's 6 blocks stay in use
         assert pinned == 192  # its every full block
         assert evictable is not None and evictable < 192
+
+        async def blocked(ad: VllmAdapter, http: HttpClient) -> tuple[float, str, int]:
+            """Pins that leave too few blocks for a request are what their expiry is for:
+            the request waits until they expire, then runs."""
+            for n, tid in enumerate(("p1", "p2")):
+                prompt = [300 + (i * 5 + n * 7) % 1500 for i in range(200)]
+                await ad.complete(CompletionRequest(prompt, 4, session=tid, hold=True),
+                                  lambda: None)
+                await _post(http, control_body("tiny", {"op": "hold", "ttl_s": 2.0,
+                                                        "session": ad.session_name(tid)}))
+            t0 = time.monotonic()  # 12 of 16 blocks pinned; this needs 10
+            res = await ad.complete(CompletionRequest([400 + k % 900 for k in range(300)], 4),
+                                    lambda: None)
+            waited = time.monotonic() - t0
+            status = await ad.status("")
+            await _everything_released(ad)
+            return waited, res.status, status["expired"]["pins"]
+
+        waited, res_status, expired = _run(server.url, blocked)
+        assert res_status == "ok" and expired == 2 and waited > 1.0

@@ -139,8 +139,9 @@ class Adapter(Protocol):
         itself (a TTL), for a server-side safety net; None: until resumed or released."""
         ...
 
-    async def unpin(self, kv: PausedKv) -> None:
-        """Hand the context to the engine's own evictable cache (keep-evictable)."""
+    async def unpin(self, kv: PausedKv) -> int:
+        """Hand the context to the engine's own evictable cache (keep-evictable); returns the
+        tokens the server had to prefill again to leave it there (0 where none)."""
         ...
 
     async def offload(self, kv: PausedKv, name: str) -> SlotIO:

@@ -144,7 +144,7 @@ class LlamaCppAdapter:
     async def hold(self, kv: PausedKv, ttl_s: float | None) -> None:
         """A slot the harness owns stays untouched until the harness reuses it: held."""
 
-    async def unpin(self, kv: PausedKv) -> None:
+    async def unpin(self, kv: PausedKv) -> int:
         raise Unsupported("llama-server slots are owned by the harness: nothing is evictable")
 
     async def offload(self, kv: PausedKv, name: str) -> SlotIO:

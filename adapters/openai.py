@@ -267,8 +267,9 @@ class OpenAIAdapter:
     async def hold(self, kv: PausedKv, ttl_s: float | None) -> None:
         raise Unsupported("the OpenAI API cannot pin a request's KV")
 
-    async def unpin(self, kv: PausedKv) -> None:
+    async def unpin(self, kv: PausedKv) -> int:
         """Nothing to do: a finished request's prefix is left to the server's cache."""
+        return 0
 
     async def offload(self, kv: PausedKv, name: str) -> SlotIO:
         raise Unsupported("the OpenAI API has no per-request KV offload")

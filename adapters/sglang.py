@@ -256,17 +256,17 @@ class SglangAdapter:
         itself. Without an open session (the call before the pause was not held) nothing is
         pinned, and the radix cache keeps what it keeps."""
 
-    async def unpin(self, kv: PausedKv) -> None:
+    async def unpin(self, kv: PausedKv) -> int:
         """Hand the context to the radix cache as evictable tokens. Closing a streaming session
         frees all of its KV but its first prompt, so the rest is prefilled again with a plain
         request that generates nothing (`republished_tokens` counts it): the context then sits
         in the radix tree as a finished request's would."""
         session = self.sessions.get(kv.session)
         if session is None:
-            return  # never pinned: the radix cache already holds what it holds
+            return 0  # never pinned: the radix cache already holds what it holds
         await self.sessions.close(kv.session)
         if len(session.context) <= session.published:
-            return
+            return 0
         body: dict[str, Any] = {"input_ids": session.context, "stream": False,
                                 "sampling_params": {"max_new_tokens": 0, "temperature": 0.0}}
         if session.salt:
@@ -276,7 +276,9 @@ class SglangAdapter:
             raise SessionError(f"unpin {kv.session}: /generate HTTP {status}: "
                                f"{str(answer)[:200]}")
         meta = (answer or {}).get("meta_info") or {}
-        self.republished_tokens += len(session.context) - int(meta.get("cached_tokens") or 0)
+        prefilled = len(session.context) - int(meta.get("cached_tokens") or 0)
+        self.republished_tokens += prefilled
+        return prefilled
 
     async def offload(self, kv: PausedKv, name: str) -> SlotIO:
         raise Unsupported(OFFLOAD_UNSUPPORTED)

@@ -251,11 +251,12 @@ class VllmAdapter:
             params["ttl_s"] = ttl_s + TTL_GRACE_S
         self._note_pinned(kv, await self._op(params))
 
-    async def unpin(self, kv: PausedKv) -> None:
+    async def unpin(self, kv: PausedKv) -> int:
         """Hand the pinned context to vLLM's evictable prefix cache (without the connector it
-        is there already)."""
+        is there already); nothing is prefilled again."""
         if self._connector:
             await self._op({"op": "unpin", "session": session_key(self._scope, kv.session)})
+        return 0
 
     async def offload(self, kv: PausedKv, name: str) -> SlotIO:
         """Copy the pinned context to host memory and free its device blocks; the server

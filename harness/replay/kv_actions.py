@@ -10,7 +10,7 @@ import hashlib
 import re
 
 from harness.adapters.base import PausedKv, Unsupported
-from harness.policies.base import KEEP_EVICTABLE, RECOMPUTE, SWAP, ServerRates
+from harness.policies.base import KEEP, KEEP_EVICTABLE, RECOMPUTE, SWAP, ServerRates
 from harness.replay.clock import NS
 from harness.replay.context import ReplayContext, TrajectoryState
 
@@ -128,10 +128,18 @@ async def _evict_unslotted(ctx: ReplayContext, st: TrajectoryState, action: str,
         if await _swap_out(ctx, st, step, reason):
             ctx.rec.emit("kv_state", trajectory_id=st.tid, traffic="agent", kv_tokens=0,
                          status="released")
+        elif KEEP in ctx.adapter.capabilities.pause_actions:
+            # The server refused (its host memory is full): the context stays pinned for the
+            # rest of the pause, not just until the safety net a TTL's hold set.
+            await ctx.adapter.hold(paused_kv(st), None)
     elif action == KEEP_EVICTABLE:
-        await ctx.adapter.unpin(paused_kv(st))
+        prefilled = await ctx.adapter.unpin(paused_kv(st))
+        # Where leaving a pinned context to the cache costs a prefill (SGLang frees a closed
+        # session's KV but its first prompt), the event says how much.
         ctx.rec.emit("kv_state", trajectory_id=st.tid, traffic="agent",
-                     kv_tokens=len(st.context), status="evictable")
+                     kv_tokens=len(st.context), status="evictable",
+                     detail=f"{prefilled} tokens prefilled again to leave it cached"
+                     if prefilled else None)
 
 
 async def _swap_out(ctx: ReplayContext, st: TrajectoryState, step: int, reason: str) -> bool:

@@ -132,11 +132,12 @@ class MemoryAdapter:
             return
         self.pinned.add(kv.session)
 
-    async def unpin(self, kv: PausedKv) -> None:
+    async def unpin(self, kv: PausedKv) -> int:
         if self.slotted:
             raise Unsupported("slots are the harness's")
         self.pause_log.append(("unpin", kv.session))
         self.pinned.discard(kv.session)
+        return 0
 
     async def offload(self, kv: PausedKv, name: str) -> SlotIO:
         if self.slotted:

@@ -144,3 +144,34 @@ def test_a_leak_is_a_cleanup_problem(tmp_path: Path) -> None:
         "1 context(s) still held on the server, the first: a"]
     checks = {c["check"]: c for c in read_json(tmp_path / "out" / "summary.json")["health"]}
     assert checks["cleanup"]["status"] == "fail"
+
+
+def test_a_refused_offload_at_tau_holds_the_context_for_the_rest_of_the_pause(
+        tmp_path: Path) -> None:
+    """ttl then swap on a server whose host memory is full: the offload is refused (recorded
+    unsupported) and the context is held again without the TTL's expiry."""
+    from harness.adapters.base import PausedKv, SlotIO, Unsupported
+
+    class Full(MemoryAdapter):
+        holds: list[float | None] = []
+
+        async def hold(self, kv: PausedKv, ttl_s: float | None) -> None:
+            self.holds.append(ttl_s)
+            await super().hold(kv, ttl_s)
+
+        async def offload(self, kv: PausedKv, name: str) -> SlotIO:
+            raise Unsupported("host memory cap: the copy needs more")
+
+    async def go() -> Full:
+        clock = VirtualClock()
+        adapter = Full(clock, slotted=False)
+        await replay(adapter, clock, plan_of(traj("a")),
+                     make_policy("ttl", {"tau": "1", "after": "swap"}), tmp_path / "out",
+                     RunManifest(run_id="run1", policy="ttl"), RATES, 0.5)
+        return adapter
+
+    adapter = asyncio.run(go())
+    assert adapter.holds == [1.0, None]
+    rec = read_records(tmp_path / "out")
+    assert rec[rec.event == "swap_out"].status.tolist() == ["unsupported"]
+    assert resumed_cached(rec) == 105

@@ -172,8 +172,9 @@ def test_pause_actions() -> None:
         # keep-evictable: closing frees all but the first prompt, so the rest is prefilled
         # again by a request that generates nothing, and the context sits in the radix cache
         n = len(_sent(front, "/generate"))
-        await ad.unpin(PausedKv("b", tokens=128))
+        prefilled = await ad.unpin(PausedKv("b", tokens=128))
         assert front.closed == ["run-1/b/2"]
+        assert prefilled == ad.republished_tokens > 0
         republished = _sent(front, "/generate")[n:]
         assert len(republished) == 1 and "session_params" not in republished[0]
         assert republished[0]["sampling_params"]["max_new_tokens"] == 0
@@ -186,7 +187,7 @@ def test_pause_actions() -> None:
         n = len(front.requests)
         await ad.drop(PausedKv("c"))
         assert front.requests[n:] == [("/close_session", {"session_id": "run-1/c/3"})]
-        await ad.unpin(PausedKv("never-held"))  # nothing pinned: nothing to send
+        assert await ad.unpin(PausedKv("never-held")) == 0  # nothing pinned: nothing sent
         await ad.drop(PausedKv("never-held"))
         assert len(front.requests) == n + 1
         for tid in ("a", "b"):

@@ -13,7 +13,7 @@ BENCH_ARGS ?=
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup llama vllm sglang dynamo browser bench test test-unit lint perf clean
+.PHONY: help setup llama vllm sglang dynamo browser bench pressure test test-unit lint perf clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -52,6 +52,23 @@ ifeq ($(URL),)
 else
 	$(BIN)/harness bench --runtime $(RUNTIME) --url $(URL) $(BENCH_ARGS)
 endif
+
+# The memory-pressure scenario: a KV pool of 2,560 tokens (vLLM: 80 usable 32-token blocks, the
+# 81st is vLLM's null block; SGLang: --max-total-tokens) under the shipped trace's 6 agents and
+# the `pressure` bystanders, so pinned contexts block admission and evictable ones are lost.
+PRESSURE_POOL_vllm := --server-arg=--num-gpu-blocks-override=81 \
+  --policies keep,keep-evictable,swap,ttl,recompute
+# SGLang's CPU engine cannot swap (HiCache needs CUDA): swap would be recorded unsupported and
+# leave every context pinned, keep's run again.
+PRESSURE_POOL_sglang := --server-arg=--max-total-tokens=2560 \
+  --policies keep,keep-evictable,ttl,recompute --policy-arg ttl.after=recompute
+
+pressure: setup ## The memory-pressure scenario on a local engine (RUNTIME=vllm|sglang): a small KV pool, bystanders, each policy's retention and its cost to others
+	@test -n "$(PRESSURE_POOL_$(RUNTIME))" || { echo "error: make pressure runs RUNTIME=vllm or RUNTIME=sglang" >&2; exit 2; }
+	@$(MAKE) --no-print-directory $(RUNTIME)
+	$(BIN)/harness bench --runtime $(RUNTIME) --trace traces/bench-small.parquet --inject pressure \
+	  --ctx-per-slot 2048 --first-token-timeout 120 $(PRESSURE_POOL_$(RUNTIME)) \
+	  --out reports/pressure-$(RUNTIME)-$$(date -u +%Y%m%dT%H%M%SZ) $(BENCH_ARGS)
 
 browser: ## Debian's headless Chromium for the report-rendering test (skipped without it)
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \

@@ -74,16 +74,11 @@ class MemoryAdapter:
         self.calls.append(req)
         if index in self.fail_calls:
             return CompletionResult(status="error", error="injected failure")
-        slot = req.slot if req.slot is not None else 0
         if not self.slotted:
             return await self._complete_session(req, on_tokens)
+        slot = req.slot if req.slot is not None else 0
         old = self.cache.get(slot, [])
-        cached = 0
-        for a, b in zip(old, req.prompt, strict=False):
-            if a != b:
-                break
-            cached += 1
-        cached = min(cached, len(req.prompt) - 1)
+        cached = _reused(old, req.prompt)
         new = len(req.prompt) - cached
         await self._sleep(new * self.prefill_s_per_token + self.decode_s_per_token)
         on_tokens()
@@ -108,12 +103,7 @@ class MemoryAdapter:
         old = (self._sessions.get(key, []) if self._salts.get(key) == req.cache_salt
                else [])
         self._salts[key] = req.cache_salt
-        cached = 0
-        for a, b in zip(old, req.prompt, strict=False):
-            if a != b:
-                break
-            cached += 1
-        cached = min(cached, len(req.prompt) - 1)
+        cached = _reused(old, req.prompt)
         new = len(req.prompt) - cached
         await self._sleep(new * self.prefill_s_per_token + self.decode_s_per_token)
         tokens = [500 + i for i in range(req.max_tokens)]
@@ -212,3 +202,14 @@ class MemoryAdapter:
 
     async def slots_idle(self) -> bool | None:
         return True
+
+
+def _reused(old: list[int], prompt: list[int]) -> int:
+    """The prompt's tokens a cached context covers (its common prefix), less the last one,
+    which is always computed again."""
+    cached = 0
+    for a, b in zip(old, prompt, strict=False):
+        if a != b:
+            break
+        cached += 1
+    return min(cached, len(prompt) - 1)

@@ -18,16 +18,11 @@ from click.testing import CliRunner
 from harness.adapters.base import PausedKv
 from harness.adapters.launchers.sglang_server import (
     LocalSglangServer,
-    SglangServerConfig,
-    sglang_model,
-    sglang_python,
 )
 from harness.adapters.sglang import SglangAdapter
 from harness.cli import main
-from harness.errors import ServerError
 from harness.records.store import read_records
-from tests.live.test_sglang_live import UNSUPPORTED, _started
-from tests.live.test_sglang_sessions_live import POOL, ids, req, run
+from tests.live.test_sglang_sessions_live import ids, req, run, small_pool
 from tests.live.traces import write_one_pause_trace
 
 pytestmark = [pytest.mark.live, pytest.mark.sglang]
@@ -36,14 +31,7 @@ pytestmark = [pytest.mark.live, pytest.mark.sglang]
 @pytest.fixture(scope="module")
 def radix_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSglangServer]:
     """A small server with radix sessions, as keep-preferred starts it."""
-    try:
-        python = sglang_python()
-        model = sglang_model(python)
-    except ServerError as exc:
-        pytest.fail(f"{UNSUPPORTED}: {exc}")
-    log = tmp_path_factory.mktemp("sglang-radix") / "server.log"
-    cfg = SglangServerConfig(model=model, max_total_tokens=POOL, session_radix_cache=True)
-    with _started(cfg, log, python) as server:
+    with small_pool(tmp_path_factory, "sglang-radix", session_radix_cache=True) as server:
         print(f"SGLang with radix sessions started in {server.start_s:.1f} s")
         yield server
 

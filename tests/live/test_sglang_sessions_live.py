@@ -13,6 +13,7 @@ sessions remain (`(active=N)`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -55,16 +56,25 @@ POOL = 1024  # --max-total-tokens: five 308-token fillers overflow it
 VOCAB = 2048
 
 
-@pytest.fixture(scope="module")
-def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSglangServer]:
+@contextlib.contextmanager
+def small_pool(tmp_path_factory: pytest.TempPathFactory, folder: str,
+               **config: Any) -> Iterator[LocalSglangServer]:
+    """A local server with a POOL-token KV pool (and `config`'s settings), stopped and
+    checked on exit."""
     try:
         python = sglang_python()
         model = sglang_model(python)
     except ServerError as exc:
         pytest.fail(f"{UNSUPPORTED}: {exc}")
-    log = tmp_path_factory.mktemp("sglang-sessions") / "server.log"
-    with _started(SglangServerConfig(model=model, max_total_tokens=POOL), log,
+    log = tmp_path_factory.mktemp(folder) / "server.log"
+    with _started(SglangServerConfig(model=model, max_total_tokens=POOL, **config), log,
                   python) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSglangServer]:
+    with small_pool(tmp_path_factory, "sglang-sessions") as server:
         print(f"SGLang with streaming sessions started in {server.start_s:.1f} s")
         yield server
 

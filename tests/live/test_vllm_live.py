@@ -356,10 +356,14 @@ def test_a_pin_survives_pressure_that_evicts_an_evictable_context(
                                   lambda: None)
                 await _post(http, control_body("tiny", {"op": "hold", "ttl_s": 2.0,
                                                         "session": ad.session_name(tid)}))
+            held_until = time.monotonic() + 2.0  # the later pin's expiry
             t0 = time.monotonic()  # 12 of 16 blocks pinned; this needs 10
             res = await ad.complete(CompletionRequest([400 + k % 900 for k in range(300)], 4),
                                     lambda: None)
             waited = time.monotonic() - t0
+            # One expiry frees enough for the request, which may then end before the other pin
+            # is due: the status (a control request checks expiries) is asked once both are.
+            await asyncio.sleep(max(0.0, held_until + 0.1 - time.monotonic()))
             status = await ad.status("")
             await _everything_released(ad)
             return waited, res.status, status["expired"]["pins"]

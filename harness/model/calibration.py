@@ -8,7 +8,13 @@ JSON with these keys (all rates positive and finite):
      "decode_tok_s": 30.0, "swap_out_bytes_per_s": 5e9, "swap_in_bytes_per_s": 6e9,
      "decode_points": [[64, 30.0], [1024, 21.0]],       # (context_len, tok_s), optional
      "append_points": [[64, 90.0], [1024, 40.0]],       # (context_len, tok_s), optional
-     "measured_at": "2026-11-29T21:00:00Z"}
+     "measured_at": "2026-11-29T21:00:00Z",
+     # optional, the engine and its KV pool as the server reports them:
+     "engine": "llamacpp",            # llamacpp | vllm | sglang (default: from runtime)
+     "block_size": 1,                 # KV block / page size in tokens (vLLM 16, SGLang 1)
+     "kv_capacity_tokens": 4096,      # the KV pool in tokens
+     "batch_tokens": 2048,            # the most tokens one iteration takes
+     "declared": "..."}               # sources: figures published elsewhere, not measured
 
 `prefill_tok_s` is the headline rate; `prefill_points` give it by context length when measured,
 and `prefill_tok_s_at` interpolates between them (clamped at both ends). `decode_points` give one
@@ -16,6 +22,18 @@ sequence's decode rate by context length; `append_points` the rate of a 32-token
 appended to a cached context of that length (a kept request's resume). The simulator's iteration
 model (harness.model.iteration) uses them, when present, for the cost of attention in decode
 steps and short prompt chunks.
+
+An engine without per-request swap (SGLang's CPU engine) records both swap rates as null: the
+calibration then holds 0.0 for them (`has_swap` False), policies price a restore as never
+finishing, and a policy that must swap is refused with one line (`check_swap`).
+
+`engine` names the engine semantics (how the server schedules and caches); without it,
+`engine_kind` derives them from `runtime`. `block_size`, `kv_capacity_tokens` and
+`batch_tokens` are what the server itself reports (vLLM: block_size x num_gpu_blocks and
+max_num_batched_tokens; SGLang: page_size, max_total_num_tokens, chunked_prefill_size;
+llama.cpp: 1, slots x n_ctx and n_batch). `declared` is present only on a calibration whose
+figures come from published measurements rather than from this project's own (a shipped
+preset): it cites the sources, and whatever prints or records it says DECLARED_NOTE.
 """
 
 from __future__ import annotations
@@ -34,9 +52,15 @@ from harness.policies.base import ServerRates
 from harness.records.store import write_json
 
 CALIBRATION_VERSION = "1"
-_RATE_KEYS = ("kv_bytes_per_token", "prefill_tok_s", "decode_tok_s", "swap_out_bytes_per_s",
-              "swap_in_bytes_per_s")
+_RATE_KEYS = ("kv_bytes_per_token", "prefill_tok_s", "decode_tok_s")
+_SWAP_KEYS = ("swap_out_bytes_per_s", "swap_in_bytes_per_s")
 _TEXT_KEYS = ("runtime", "server_version", "model", "measured_at")
+_INT_KEYS = ("block_size", "kv_capacity_tokens", "batch_tokens")
+ENGINES = ("llamacpp", "vllm", "sglang")
+# What a runtime's servers schedule and cache like (runtimes not listed: no known engine).
+RUNTIME_ENGINES = {"llamacpp": "llamacpp", "llama.cpp": "llamacpp", "vllm": "vllm",
+                   "sglang": "sglang"}
+DECLARED_NOTE = "declared, not measured here"
 
 
 def _positive(value: Any, key: str, where: str) -> float:
@@ -46,6 +70,19 @@ def _positive(value: Any, key: str, where: str) -> float:
     if not math.isfinite(v) or v <= 0:
         raise InputError(f"{where}: {key} must be finite and > 0, got {value!r}")
     return v
+
+
+def _swap_rate(value: Any, key: str, where: str) -> float:
+    """A swap rate: positive, or None (the engine has no swap), held as 0.0."""
+    return 0.0 if value is None else _positive(value, key, where)
+
+
+def _count(value: Any, key: str, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InputError(f"{where}: {key} must be a positive integer, got {value!r}")
+    return value
 
 
 def prefill_rate_at(points: tuple[tuple[int, float], ...], default: float,
@@ -102,6 +139,11 @@ class Calibration:
     prefill_points: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     decode_points: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     append_points: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    engine: str | None = None  # llamacpp | vllm | sglang; None: from runtime (engine_kind)
+    block_size: int | None = None  # the KV block / page size in tokens, as the server reports
+    kv_capacity_tokens: int | None = None  # the KV pool in tokens, as the server reports
+    batch_tokens: int | None = None  # the most tokens one iteration takes
+    declared: str | None = None  # sources of published figures: not measured by the project
 
     def __post_init__(self) -> None:
         self.validate("calibration")
@@ -113,9 +155,44 @@ class Calibration:
                 raise InputError(f"{where}: {key} must be a string")
         for key in _RATE_KEYS:
             _positive(getattr(self, key), key, where)
+        swaps = [getattr(self, k) for k in _SWAP_KEYS]
+        if swaps != [0.0, 0.0]:  # both 0.0: no swap (null in the file)
+            for key in _SWAP_KEYS:
+                _positive(getattr(self, key), key, where)
+        if self.engine is not None and self.engine not in ENGINES:
+            raise InputError(f"{where}: engine must be one of {', '.join(ENGINES)}, got "
+                             f"{self.engine!r}")
+        for key in _INT_KEYS:
+            _count(getattr(self, key), key, where)
+        if self.declared is not None and (not isinstance(self.declared, str)
+                                          or not self.declared.strip()):
+            raise InputError(f"{where}: declared must be a non-empty string citing sources")
         _check_points(self.prefill_points, where)
         _check_points(self.decode_points, where, "decode_points")
         _check_points(self.append_points, where, "append_points")
+
+    @property
+    def engine_kind(self) -> str | None:
+        """The engine semantics: `engine` when given, else derived from `runtime`
+        (RUNTIME_ENGINES); None for a runtime of no known engine."""
+        return self.engine or RUNTIME_ENGINES.get(self.runtime)
+
+    @property
+    def has_swap(self) -> bool:
+        """Whether the engine can swap a paused request's KV (False: null swap rates)."""
+        return self.swap_out_bytes_per_s > 0 and self.swap_in_bytes_per_s > 0
+
+    @property
+    def is_declared(self) -> bool:
+        """Published figures, not measured by the project (`declared` cites them)."""
+        return self.declared is not None
+
+    def provenance(self) -> str:
+        """How the figures were obtained, in a few words: DECLARED_NOTE with the sources, or
+        measured on which runtime and when."""
+        if self.declared is not None:
+            return f"{DECLARED_NOTE} ({self.declared})"
+        return f"measured on {self.runtime} {self.server_version} at {self.measured_at}"
 
     def prefill_tok_s_at(self, context_len: float) -> float:
         """Prefill tokens/s at a context length: linear between measured points, else the rate."""
@@ -132,6 +209,11 @@ class Calibration:
         d: dict[str, Any] = {"version": CALIBRATION_VERSION}
         for key in (*_TEXT_KEYS, *_RATE_KEYS):
             d[key] = getattr(self, key)
+        for key in _SWAP_KEYS:
+            d[key] = getattr(self, key) if self.has_swap else None
+        for key in ("engine", *_INT_KEYS, "declared"):
+            if getattr(self, key) is not None:
+                d[key] = getattr(self, key)
         d["prefill_points"] = [[c, r] for c, r in self.prefill_points]
         if self.decode_points:
             d["decode_points"] = [[c, r] for c, r in self.decode_points]
@@ -145,11 +227,11 @@ class Calibration:
         if not isinstance(data, dict):
             raise InputError(f"{where}: expected a JSON object")
         known = {"version", "prefill_points", "decode_points", "append_points", *_TEXT_KEYS,
-                 *_RATE_KEYS}
+                 *_RATE_KEYS, *_SWAP_KEYS, "engine", *_INT_KEYS, "declared"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InputError(f"{where}: unknown key(s) {', '.join(unknown)}")
-        missing = [k for k in (*_TEXT_KEYS, *_RATE_KEYS) if k not in data]
+        missing = [k for k in (*_TEXT_KEYS, *_RATE_KEYS, *_SWAP_KEYS) if k not in data]
         if missing:
             raise InputError(f"{where}: missing key(s) {', '.join(missing)}")
         version = str(data.get("version", CALIBRATION_VERSION))
@@ -160,11 +242,31 @@ class Calibration:
             if not isinstance(data[k], str):
                 raise InputError(f"{where}: {k} must be a string")
         rates = {k: _positive(data[k], k, where) for k in _RATE_KEYS}
+        if (data["swap_out_bytes_per_s"] is None) != (data["swap_in_bytes_per_s"] is None):
+            raise InputError(f"{where}: swap_out_bytes_per_s and swap_in_bytes_per_s are both "
+                             "null (the engine has no swap) or both rates")
+        engine = data.get("engine")
+        if engine is not None and engine not in ENGINES:
+            raise InputError(f"{where}: engine must be one of {', '.join(ENGINES)}, got "
+                             f"{engine!r}")
+        declared = data.get("declared")
+        if declared is not None and (not isinstance(declared, str) or not declared.strip()):
+            raise InputError(f"{where}: declared must be a non-empty string citing sources")
         return cls(runtime=data["runtime"], server_version=data["server_version"],
                    model=data["model"], measured_at=data["measured_at"],
                    prefill_points=_parse_points(data, "prefill_points", where),
                    decode_points=_parse_points(data, "decode_points", where),
-                   append_points=_parse_points(data, "append_points", where), **rates)
+                   append_points=_parse_points(data, "append_points", where), engine=engine,
+                   declared=declared,
+                   swap_out_bytes_per_s=_swap_rate(data["swap_out_bytes_per_s"],
+                                                   "swap_out_bytes_per_s", where),
+                   swap_in_bytes_per_s=_swap_rate(data["swap_in_bytes_per_s"],
+                                                  "swap_in_bytes_per_s", where),
+                   block_size=_count(data.get("block_size"), "block_size", where),
+                   kv_capacity_tokens=_count(data.get("kv_capacity_tokens"),
+                                             "kv_capacity_tokens", where),
+                   batch_tokens=_count(data.get("batch_tokens"), "batch_tokens", where),
+                   **rates)
 
 
 def read_calibration(path: str | Path) -> Calibration:
@@ -185,3 +287,55 @@ def write_calibration(path: str | Path, cal: Calibration) -> Path:
     p.parent.mkdir(parents=True, exist_ok=True)
     write_json(p, cal.to_dict())
     return p
+
+
+# ---- shipped calibrations -----------------------------------------------------------------
+PRESETS_DIR = Path(__file__).resolve().parent / "presets"
+# What `harness simulate` prices with when no --calibration is given.
+DEFAULT_PRESET = "llamacpp-smollm2-cpu"
+
+
+def preset_names() -> list[str]:
+    """The shipped calibrations' names (harness/model/presets/<name>.json)."""
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.json"))
+
+
+def resolve_calibration(name_or_path: str | Path) -> Calibration:
+    """A shipped calibration by name, or a calibration file; InputError (one line, listing the
+    presets) for a name that is neither."""
+    raw = str(name_or_path)
+    if raw in preset_names():
+        return Calibration.from_dict(_read_json(PRESETS_DIR / f"{raw}.json"), f"preset {raw}")
+    p = Path(name_or_path)
+    if p.is_file():
+        return read_calibration(p)
+    raise InputError(f"calibration {raw!r}: neither a file nor a shipped preset (presets: "
+                     f"{', '.join(preset_names())})")
+
+
+def _read_json(p: Path) -> Any:
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{p}: cannot read as JSON: {exc}") from None
+
+
+def calibration_label(name_or_path: str | Path, cal: Calibration) -> str:
+    """How a command names the calibration it uses: the name or path, and DECLARED_NOTE with
+    the sources when its figures are declared."""
+    return f"{name_or_path} ({cal.provenance()})" if cal.is_declared else str(name_or_path)
+
+
+# The policies that swap whatever the prices say (ttl: after=swap, its default).
+def check_swap(cal: Calibration, policy: str, policy_args: dict[str, str] | None = None,
+               where: str = "calibration") -> None:
+    """InputError when `policy` must swap and the calibrated engine has none (null swap rates);
+    policies that price their options (threshold, min-waste, oracle) never choose it there."""
+    if cal.has_swap:
+        return
+    args = policy_args or {}
+    if policy == "swap" or (policy == "ttl" and args.get("after", "swap") == "swap"):
+        what = "ttl with after=swap" if policy == "ttl" else "swap"
+        raise InputError(f"{where}: {cal.engine_kind or cal.runtime} has no swap (null swap "
+                         f"rates in the calibration): {what} cannot run there; use "
+                         "ttl.after=recompute, or another policy")

@@ -7,6 +7,7 @@ latency itself, except a policy that declares itself an oracle.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -29,7 +30,10 @@ class ServerRates:
     kv_bytes_per_token: float
 
     def restore_s(self, tokens: int) -> float:
-        """Seconds to swap `tokens` of KV back in."""
+        """Seconds to swap `tokens` of KV back in; infinite where the engine has no swap (a
+        calibration's null swap rates: bandwidth 0), so a policy that prices it never picks it."""
+        if self.swap_bytes_per_s <= 0:
+            return math.inf
         return tokens * self.kv_bytes_per_token / self.swap_bytes_per_s
 
     def recompute_s(self, tokens: int) -> float:

@@ -270,4 +270,5 @@ def check_slot_model_action(action: str, where: str) -> None:
     """InputError when a decision's action is one the slot model cannot price."""
     if action == KEEP_EVICTABLE:
         raise InputError(f"{where}: keep-evictable is an engine's evictable prefix cache, which "
-                         "the slot model does not model; run it against a live server")
+                         "the slot model does not model; simulate it with --engine vllm or sglang, "
+                         "or run it against a live server")

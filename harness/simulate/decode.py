@@ -25,9 +25,11 @@ EVENTS = ("trajectory_start", "call_start", "first_token", "call_end", "tool_sta
 (E_TRAJ_START, E_CALL_START, E_FIRST_TOKEN, E_CALL_END, E_TOOL_START, E_DECISION, E_SWAP_OUT,
  E_SWAP_IN, E_ERASE, E_RECOMPUTE, E_KV_STATE, E_SLOT_WAIT, E_CANCEL, E_TOOL_END,
  E_TRAJ_END) = range(len(EVENTS))
-ACTIONS = ("keep", "swap", "recompute", "ttl")
-KV_STATUSES = ("active", "paused", "released")
+ACTIONS = ("keep", "swap", "recompute", "ttl", "keep-evictable")
+KV_STATUSES = ("active", "paused", "released", "evictable")
 END_STATUSES = ("completed", "cancelled", "failed")
+KV_STATUS_AT = len(OUTCOMES)  # where each group starts in the status vocabulary
+END_STATUS_AT = KV_STATUS_AT + len(KV_STATUSES)
 NS = 1_000_000_000
 # The columns `decode` builds, by group; it returns those of RECORDS_SCHEMA in its order.
 _IDENTITY = ("run_id", "seq", "t_ns", "event", "trajectory_id", "traffic", "step", "slot")
@@ -184,7 +186,8 @@ def _label_columns(p: _Part, texts: pa.Array, ends: _CallEnds) -> list[pa.Array]
                    E_CANCEL: a[sl[E_CANCEL]], E_SWAP_OUT: c[sl[E_SWAP_OUT]],
                    E_TRAJ_END: b[sl[E_TRAJ_END]], E_CALL_END: d[sl[E_CALL_END]]}, texts),
         p.strings({E_CALL_END: ok_or_err, E_DECISION: 0, E_TOOL_END: a[sl[E_TOOL_END]],
-                   E_KV_STATE: 4 + b[sl[E_KV_STATE]], E_TRAJ_END: 7 + a[sl[E_TRAJ_END]]},
+                   E_KV_STATE: KV_STATUS_AT + b[sl[E_KV_STATE]],
+                   E_TRAJ_END: END_STATUS_AT + a[sl[E_TRAJ_END]]},
                   _STATUS_VOCAB),
     ]
 

@@ -36,6 +36,7 @@ import numpy as np
 
 from harness.policies.base import PausePolicy
 from harness.simulate.engine_state import (
+    A_EVICTABLE,
     A_KEEP,
     A_SWAP,
     ARRIVE,
@@ -168,6 +169,10 @@ class Engine(EngineState):
                                                            events, t_last)
         # e.g. sub-agents waiting for memory that their paused parents keep, with no deadline
         c.stalled = sum(1 for tr in self.trajs if tr.state != DONE)
+        for cache in ([self.cache] if fleet is None else fleet.caches()):
+            if cache is not None:
+                c.evicted_tokens += cache.evicted
+                c.swaps_refused += cache.refused
         return c
 
     def arrive(self, tr: Trajectory, t: float) -> None:
@@ -203,13 +208,9 @@ class Engine(EngineState):
                     self.barge = False
                     self.start_call(tr, t)
                     return
-            else:
-                grow = need - tr.held
-                if grow <= self.free_tok:
-                    self.free_tok -= grow
-                    tr.held = need
-                    self.start_call(tr, t)
-                    return
+            elif self.grab(tr, need):
+                self.start_call(tr, t)
+                return
         if self.barge and queue:  # the agent's next trajectory takes the slot it just freed
             self.barge = False
             queue.append(queue.popleft())  # the waiter woken for it queues again, at the back
@@ -230,15 +231,10 @@ class Engine(EngineState):
                 if not self.free_slots:
                     return
                 tr.slot = self.free_slots.pop()
-            else:
-                need = self.ctx[tr.pos]
-                grow = need - tr.held
-                if grow > self.free_tok:
-                    if q is resume_q and self.preempt(t):
-                        continue
-                    return
-                self.free_tok -= grow
-                tr.held = need
+            elif not self.grab(tr, self.ctx[tr.pos]):
+                if q is resume_q and self.preempt(t):
+                    continue
+                return
             q.popleft()
             self.admit(tr, t)
 
@@ -361,6 +357,9 @@ class Engine(EngineState):
                 self.push(t + ttl, TTL, tr, g)
         elif action == A_SWAP:
             self.swap_out(tr, t, self.r_policy)
+        elif action == A_EVICTABLE:
+            self.leave_cached(tr)
+            tr.state = DROPPED
         else:
             self.drop(tr, t, self.r_policy)
         if kids is not None:  # all at once, as the pause starts (and after its own action)
@@ -389,6 +388,15 @@ class Engine(EngineState):
                 self.take_out(nested, t, out)
 
     def swap_out(self, tr: Trajectory, t: float, reason: int) -> None:
+        cache = self.cache
+        if cache is not None:  # a host tier of bounded capacity
+            n = cache.whole(tr.ret)
+            if not cache.host_fits(n):
+                cache.refused += 1
+                tr.state = KEPT  # refused: pinned for the rest of the pause
+                return
+            cache.host_used += n
+            tr.host = n
         tr.swap_reason = reason
         tr.state = SWAPPING
         self.sched.defer(T_SWAP_OUT, tr, 0, 0, t)
@@ -408,6 +416,8 @@ class Engine(EngineState):
 
     def end_trajectory(self, tr: Trajectory, t: float, status: int, reason: int) -> None:
         pi = self.parent[tr.ti]
+        if tr.host:  # its copy in the host tier is dropped
+            self.forget_host_copy(tr)
         if tr.slot >= 0 or tr.held:
             self.release(tr, t, self.r_end, -1)
             self.barge = self.agent_handoff and pi < 0  # a sub-agent's end starts no root
@@ -458,7 +468,7 @@ class Engine(EngineState):
             step = g - tr.first - (1 if waiting else 0)
             reason = tr.swap_reason
             self.emit(t, E_SWAP_OUT, tr.ti, step, tr.slot, tr.ret, tr.xfer_ms, reason)
-            self.release(tr, t, reason, step)
+            self.release(tr, t, reason, step, False)  # the device copy is discarded
             tr.state = SWAPPED
             if waiting:
                 self.request_call(tr, t)
@@ -466,6 +476,11 @@ class Engine(EngineState):
                 self.try_admit(t)
         elif kind == SWAP_IN_DONE:
             self.emit(t, E_SWAP_IN, tr.ti, g - tr.first, tr.slot, tr.ret, tr.xfer_ms, 0)
+            cache = self.cache
+            if cache is not None:  # whole blocks come back, one prompt token is computed
+                self.forget_host_copy(tr)
+                kept = self.kept[g]
+                tr.need_rc = kept - cache.reusable(kept, self.inp[g])
             self.start_call(tr, t)
         elif kind == TTL:
             if tr.state == KEPT:

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 from harness.model.iteration import IterationCosts
 from harness.policies.base import SWAP, PauseContext, PausePolicy, ServerRates
-from harness.policies.builtin import Keep, Recompute, Swap
+from harness.policies.builtin import Keep, KeepEvictable, Recompute, Swap
+from harness.simulate.block_cache import BlockCache
 from harness.simulate.records import E_ERASE, E_KV_STATE, RecordSink
 from harness.simulate.scheduler import Event
 from harness.simulate.server import (
@@ -48,6 +49,7 @@ SWAP_OUT_DONE: Final = 4  # swaps from here on (the in-flight count)
 SWAP_IN_DONE: Final = 5
 A_KEEP: Final = 0  # action codes (server.ACTION_CODE); anything else drops the KV
 A_SWAP: Final = 1
+A_EVICTABLE: Final = 4  # keep-evictable: left to the engine's prefix cache
 # control tasks served between iterations
 T_DROP: Final = 0
 T_SWAP_OUT: Final = 1
@@ -95,13 +97,15 @@ def trajectories(w: Workload) -> list[Trajectory]:
 
 
 def fixed_decision(policy: PausePolicy, run_id: str, texts: dict[str, int],
-                   text: Callable[[str], int]) -> FixedDecision:
-    """Keep, swap and recompute decide the same at every pause: their decision, asked once, so
-    that the loop skips building a context; (False, 0, 0, 0, NaN) for any other policy."""
-    if type(policy) not in (Keep, Swap, Recompute):
+                   text: Callable[[str], int], prefix_cache: bool) -> FixedDecision:
+    """Keep, keep-evictable, swap and recompute decide the same at every pause: their decision,
+    asked once, so that the loop skips building a context; (False, 0, 0, 0, NaN) for any other
+    policy."""
+    if type(policy) not in (Keep, KeepEvictable, Swap, Recompute):
         return False, 0, 0, 0, NAN
     _, _, action, code, reason, wait = resolve(
-        policy.decide(PauseContext(run_id, "", "", None, 0, True, "")), texts, text)
+        policy.decide(PauseContext(run_id, "", "", None, 0, True, "")), texts, text,
+        prefix_cache)
     return True, action_code(action), code, reason, wait
 
 
@@ -144,7 +148,11 @@ class EngineState:
         self.limit: int = cap.context_limit
         self.total: int = cap.units
         self.free_slots: list[int] = list(range(self.total - 1, -1, -1)) if self.slot_mode else []
-        self.free_tok: int = self.total  # token pool
+        self.free_tok: int = self.total  # token pool: neither held nor cached
+        # vLLM, SGLang: the evictable prefix cache and the host tier (None: llama.cpp)
+        self.cache: BlockCache | None = BlockCache(
+            cap.block_size, cap.host_tokens if cap.host_tokens is not None else 2**62
+        ) if cap.prefix_cache and not self.slot_mode else None
         # records
         self.sink = sink
         self.rows: list[float] = sink.rows
@@ -173,7 +181,7 @@ class EngineState:
         self.inflight = 0  # swaps in flight
         self.next_ti = 0  # closed loop: the next root (index into `roots`) to start
         self.fixed, self.f_action, self.f_code, self.f_reason, self.f_wait = fixed_decision(
-            policy, run_id, self.texts, sink.text)
+            policy, run_id, self.texts, sink.text, self.cache is not None)
         # K servers behind a router (harness.simulate.fleet); None: one server, and then the
         # per-server state above (sched, free_slots, free_tok, queue, resume_q, link_out,
         # link_in, inflight, barge) is the only server's, else the active server's
@@ -185,16 +193,82 @@ class EngineState:
         self.rows.extend((self.cnt, t, ev, ti, step, s, a, b, c))
         self.cnt += 1
 
-    def release(self, tr: Trajectory, t: float, reason: int, step: int) -> None:
-        """Free `tr`'s device KV (its slot, or the tokens it holds): erase, kv_state released."""
+    def release(self, tr: Trajectory, t: float, reason: int, step: int,
+                cached: bool = True) -> None:
+        """Free `tr`'s device KV (its slot, or the tokens it holds): erase, kv_state released.
+        With a prefix cache, its whole blocks stay cached, never to be matched again (the
+        trajectory ended, or its pause dropped it with a fresh cache salt), unless not
+        `cached` (an offload's device copy is discarded)."""
         self.emit(t, E_ERASE, tr.ti, step, tr.slot, reason, 0, 0)
         if self.slot_mode:
             self.free_slots.append(tr.slot)
             tr.slot = -1
         else:
-            self.free_tok += tr.held
+            cache = self.cache
+            held = tr.held
+            self.free_tok += held - (cache.leave(-1, held) if cache is not None and cached
+                                     else 0)
             tr.held = 0
         self.emit(t, E_KV_STATE, tr.ti, -1, -1, 0, 2, 0)
+
+    def leave_cached(self, tr: Trajectory) -> None:
+        """Keep-evictable: `tr`'s KV is left to the prefix cache, reusable by its next call
+        for as long as nothing evicts it (no erase: the engine frees nothing yet)."""
+        cache = self.cache
+        assert cache is not None
+        held = tr.held
+        self.free_tok += held - cache.leave(tr.ti, held)
+        tr.held = 0
+
+    def grab(self, tr: Trajectory, need: int) -> bool:
+        """Token pool: make `tr` hold the `need` tokens of its next call (its step `tr.pos`),
+        if the pool has them; False (nothing changed) if not. With a prefix cache, what the
+        cache still holds of `tr`'s context is reused (whole blocks; the rest of what the call
+        keeps is recomputed: `need_rc`), and the cache is evicted for the rest."""
+        cache = self.cache
+        if cache is None:
+            grow = need - tr.held
+            if grow > self.free_tok:
+                return False
+            self.free_tok -= grow
+            tr.held = need
+            return True
+        if need - tr.held > self.free_tok + cache.tokens:
+            return False
+        g = tr.pos
+        kept = self.kept[g]
+        if tr.held:  # pinned through the pause: its whole blocks are matched
+            tr.need_rc = kept - cache.reusable(kept, self.inp[g])
+        elif not tr.host:  # not a swapped context, whose restore brings it back
+            own = cache.take(tr.ti)
+            hit = cache.reusable(kept, self.inp[g])
+            if own < hit:
+                hit = own
+            self.free_tok += own - hit
+            tr.held = hit
+            if tr.need_rc < kept - hit:
+                tr.need_rc = kept - hit
+        grow = need - tr.held
+        if grow > self.free_tok:
+            self.free_tok += cache.evict(grow - self.free_tok)
+        self.free_tok -= grow
+        tr.held = need
+        return True
+
+    def forget_host_copy(self, tr: Trajectory) -> None:
+        """`tr`'s copy in the host tier is consumed (restored) or dropped."""
+        cache = self.cache
+        if cache is not None:
+            cache.host_used -= tr.host
+        tr.host = 0
+
+    def free_units(self) -> int:
+        """What a pause's policy sees as free: slots, or tokens neither held nor pinned (the
+        prefix cache gives its tokens back on demand)."""
+        if self.slot_mode:
+            return len(self.free_slots)
+        cache = self.cache
+        return self.free_tok + (cache.tokens if cache is not None else 0)
 
     def maybe_flush(self) -> None:
         """The scheduler's call, now and then: hand a part's worth of records to the sink."""
@@ -233,10 +307,10 @@ class EngineState:
         d = self.policy.decide(self.make_ctx(
             self.run_id, self.ids[tr.ti], self.classes[k],
             dlt * 1000.0 if dlt < INF else None, self.ctx[g], g + 1 < tr.end, self.prio[tr.ti],
-            self.hist[k], len(self.free_slots) if self.slot_mode else self.free_tok,
-            self.total, self.rates,
+            self.hist[k], self.free_units(), self.total, self.rates,
             (lt if lt == lt else None) if self.oracle and not spawns else None))
-        ttl_s, after, act, code, ri, wait = resolve(d, self.texts, self.sink.text)
+        ttl_s, after, act, code, ri, wait = resolve(d, self.texts, self.sink.text,
+                                                    self.cache is not None)
         if ttl_s is None:
             return action_code(act), code, ri, wait, False, False, 0.0
         return action_code(act), code, ri, wait, True, after == SWAP, ttl_s

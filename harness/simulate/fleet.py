@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.errors import InputError
+from harness.simulate.block_cache import BlockCache
 from harness.simulate.engine import Engine
 from harness.simulate.scheduler import FLUSH_EVERY, INF, Event, Scheduler
 from harness.simulate.trajectory import DROPPED, F_SRV, STEP_WIDTH, Trajectory
@@ -73,6 +74,7 @@ class _Server:
     free_tok: int
     queue: deque[Trajectory]
     resume_q: deque[Trajectory]
+    cache: BlockCache | None
     link_out: float = 0.0
     link_in: float = 0.0
     inflight: int = 0
@@ -107,12 +109,14 @@ class Fleet:
         self.home = [-1] * len(e.trajs)
         self.names = [float(e.sink.text(server_name(k))) for k in range(self.k)]
         self.r_moved = e.sink.text(MOVED_REASON)
-        self.servers = [_Server(e.sched, e.free_slots, e.free_tok, e.queue, e.resume_q)]
+        self.servers = [_Server(e.sched, e.free_slots, e.free_tok, e.queue, e.resume_q,
+                                e.cache)]
+        c = e.cache
         for _ in range(self.k - 1):
             self.servers.append(_Server(
                 Scheduler(e, e.costs, e.slot_mode, e.out, e.dcost, e.rb),
                 list(range(e.total - 1, -1, -1)) if e.slot_mode else [], e.total, deque(),
-                deque()))
+                deque(), None if c is None else BlockCache(c.block, c.host_cap)))
         self.active = 0
         e.fleet = self
 
@@ -121,11 +125,11 @@ class Fleet:
         if k == self.active:
             return
         e, s, n = self.e, self.servers[self.active], self.servers[k]
-        s.sched, s.free_slots, s.free_tok, s.queue, s.resume_q = (
-            e.sched, e.free_slots, e.free_tok, e.queue, e.resume_q)
+        s.sched, s.free_slots, s.free_tok, s.queue, s.resume_q, s.cache = (
+            e.sched, e.free_slots, e.free_tok, e.queue, e.resume_q, e.cache)
         s.link_out, s.link_in, s.inflight, s.barge = e.link_out, e.link_in, e.inflight, e.barge
-        e.sched, e.free_slots, e.free_tok, e.queue, e.resume_q = (
-            n.sched, n.free_slots, n.free_tok, n.queue, n.resume_q)
+        e.sched, e.free_slots, e.free_tok, e.queue, e.resume_q, e.cache = (
+            n.sched, n.free_slots, n.free_tok, n.queue, n.resume_q, n.cache)
         e.link_out, e.link_in, e.inflight, e.barge = n.link_out, n.link_in, n.inflight, n.barge
         self.active = k
 
@@ -173,15 +177,25 @@ class Fleet:
     def _leave(self, tr: Trajectory, old: int, t: float) -> None:
         # The new server holds nothing of tr: its call prefills what it keeps of the context
         # again, and the KV it kept on the old server is released there (which may admit a
-        # waiter there). A dropped or swapped KV holds no device memory to release.
+        # waiter there). A dropped or swapped KV holds no device memory to release; a copy in
+        # the old server's host tier is dropped. What the old server's prefix cache holds of
+        # it stays there, reusable should a later call come back.
         e = self.e
         g = tr.pos
-        if tr.slot >= 0 or tr.held:
+        if tr.slot >= 0 or tr.held or tr.host:
             self.activate(old)
-            e.release(tr, t, self.r_moved, g - 1 - tr.first)  # the pause's step, as a drop's
-            e.try_admit(t)
+            if tr.host:
+                e.forget_host_copy(tr)
+            if tr.slot >= 0 or tr.held:
+                e.release(tr, t, self.r_moved, g - 1 - tr.first)  # the pause's step
+                e.try_admit(t)
         tr.state = DROPPED
         tr.need_rc = e.kept[g]
+
+    def caches(self) -> list[BlockCache | None]:
+        """Every server's prefix cache (None: an engine without one)."""
+        self.servers[self.active].cache = self.e.cache
+        return [s.cache for s in self.servers]
 
     def ended(self, tr: Trajectory) -> None:
         """The engine's call: `tr` ended (it stays on its server for what is still due there,

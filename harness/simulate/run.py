@@ -29,7 +29,14 @@ from harness.simulate import native
 from harness.simulate.engine import SLOT_HANDOFFS, simulate
 from harness.simulate.fleet import ROUND_ROBIN, Fleet, check_fleet
 from harness.simulate.records import RecordSink
-from harness.simulate.server import Capacity, Counters, ServerModel
+from harness.simulate.server import (
+    BLOCK_SIZE,
+    ENGINES,
+    LLAMACPP,
+    Capacity,
+    Counters,
+    ServerModel,
+)
 from harness.simulate.workload import Workload, build_workload
 from harness.traces.context import trajectory_starts
 from harness.traces.reuse import ideal_reuse_for
@@ -51,6 +58,14 @@ SERVER_MODEL_DOC = (
     "first (token pool); swap over one FIFO link per direction; preemption (drop, recompute "
     "later) only of a resumed trajectory waiting to grow while the server is idle and the first "
     "one cannot grow (token pool)")
+PREFIX_CACHE_DOC = (
+    "; {engine}: a token pool in blocks of {block} tokens with a prefix cache: what no call or "
+    "pin holds stays cached, evictable, least recently freed first and a context's tail "
+    "first; a resumed call reuses the whole blocks left of its context (at least one prompt "
+    "token computed); pinned (keep, ttl) contexts hold their blocks; recompute and a TTL's "
+    "expiry leave the blocks cached under a fresh salt (never matched); an offload discards "
+    "the device blocks and needs room in a host tier of {host} tokens (else the context "
+    "stays pinned)")
 
 
 def arrival_times(arrivals: Arrivals, w: Workload, n_steps: int, seed: int
@@ -70,10 +85,28 @@ def arrival_times(arrivals: Arrivals, w: Workload, n_steps: int, seed: int
     return np.cumsum(rng.exponential(1.0 / arrivals.rate, size=len(roots)))
 
 
-def check_capacity(tokens: int | None, slots: int | None, ctx_per_slot: int | None) -> Capacity:
-    """Exactly one of a token pool or slots x context, all positive."""
+def check_capacity(tokens: int | None, slots: int | None, ctx_per_slot: int | None,
+                   engine: str = LLAMACPP, block_size: int | None = None,
+                   host_tokens: int | None = None) -> Capacity:
+    """Exactly one of a token pool or slots x context, all positive; slots are llama.cpp's
+    only. `block_size` (default: the engine's) and `host_tokens` (default: unbounded) apply to
+    the engines with a prefix cache."""
+    if engine not in ENGINES:
+        raise InputError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if tokens is not None and (slots is not None or ctx_per_slot is not None):
         raise InputError("give --capacity-tokens or --slots with --ctx-per-slot, not both")
+    if engine != LLAMACPP:
+        if tokens is None:
+            raise InputError(f"--engine {engine} has a token pool: give --capacity-tokens N "
+                             "(its KV cache in tokens), not slots")
+        block = BLOCK_SIZE[engine] if block_size is None else block_size
+        if block < 1 or (host_tokens is not None and host_tokens < 0) or tokens <= 0:
+            raise InputError("--capacity-tokens and the block size must be > 0, the host "
+                             "tier's tokens >= 0")
+        return Capacity(tokens=tokens, engine=engine, block_size=block, host_tokens=host_tokens)
+    if block_size not in (None, 1) or host_tokens is not None:
+        raise InputError("a block size and a host tier capacity apply to --engine vllm or "
+                         "sglang only")
     if tokens is not None:
         if tokens <= 0:
             raise InputError(f"--capacity-tokens must be > 0, got {tokens}")
@@ -109,8 +142,9 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     if arrivals.time_scale != 1.0:
         raise InputError("the simulator runs the trace's own times: time scale 1 only")
     policy = make_policy(policy_name, policy_args)
-    if policy_name not in SLOT_MODEL_POLICIES and policy_name in POLICIES:
-        check_slot_model_action(policy_name, "simulate")
+    if (policy_name not in SLOT_MODEL_POLICIES and policy_name in POLICIES
+            and not capacity.prefix_cache):
+        check_slot_model_action(policy_name, "simulate --engine llamacpp")
     if any((out / RECORDS_DIR).glob("part-*.parquet")):
         raise InputError(f"{out} already holds records; choose a new --out directory")
     t0 = time.perf_counter()
@@ -118,10 +152,7 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     df = tile_steps(once, copies)
     w = build_workload(df, default_deadline_s)
     arrival_s = arrival_times(arrivals, w, len(df), seed)
-    server = ServerModel(calibration.prefill_tok_s, calibration.decode_tok_s,
-                         calibration.swap_out_bytes_per_s, calibration.swap_in_bytes_per_s,
-                         calibration.kv_bytes_per_token, calibration.prefill_points,
-                         calibration.decode_points, calibration.append_points)
+    server = server_model(calibration)
     roots = int(df.loc[trajectory_starts(df["trajectory_id"].astype(object).to_numpy()),
                        "parent_id"].isna().sum())
     ref = TraceRef(str(trace), file_sha256(trace), roots, int(len(df)), w.n_trajectories - roots,
@@ -132,8 +163,14 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
                     seed)
     # a fleet's own loop (harness.simulate.fleet) is Python around the engine's transitions
     loop = "heapq event loop" if servers == 1 else "heapq event loop of a fleet (python)"
+    doc = SERVER_MODEL_DOC
+    if capacity.prefix_cache:
+        doc += PREFIX_CACHE_DOC.format(
+            engine=capacity.engine, block=capacity.block_size,
+            host="unbounded" if capacity.host_tokens is None else f"{capacity.host_tokens:,}")
     run.simulator = {"engine": f"{loop}, {native.ENGINE}",
-                     "server_model": SERVER_MODEL_DOC,
+                     "engine_semantics": capacity.engine,
+                     "server_model": doc,
                      "iteration_costs": server.iteration_costs().to_dict(),
                      "history_window": history_window, "slot_handoff": slot_handoff,
                      "default_deadline_s": default_deadline_s,
@@ -166,6 +203,17 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     return run
 
 
+def server_model(calibration: Calibration) -> ServerModel:
+    """The simulated server's rates, with the calibration's iteration token budget where it
+    measured one (else the default)."""
+    batch = getattr(calibration, "batch_tokens", None)
+    return ServerModel(calibration.prefill_tok_s, calibration.decode_tok_s,
+                       calibration.swap_out_bytes_per_s, calibration.swap_in_bytes_per_s,
+                       calibration.kv_bytes_per_token, calibration.prefill_points,
+                       calibration.decode_points, calibration.append_points,
+                       **({"batch_tokens": int(batch)} if batch else {}))
+
+
 def _manifest(trace: Path, ref: TraceRef, policy_name: str, policy_args: dict[str, str],
               sees_true_latency: bool, capacity: Capacity, calibration: Calibration,
               calibration_path: Path | None, arrivals: Arrivals, seed: int) -> RunManifest:
@@ -179,7 +227,9 @@ def _manifest(trace: Path, ref: TraceRef, policy_name: str, policy_args: dict[st
         policy_sees_true_latency=sees_true_latency,
         capacity={"mode": "slots" if capacity.slot_mode else "tokens",
                   "tokens": capacity.tokens, "slots": capacity.slots,
-                  "ctx_per_slot": capacity.ctx_per_slot},
+                  "ctx_per_slot": capacity.ctx_per_slot, "engine": capacity.engine,
+                  **({"block_size": capacity.block_size, "host_tokens": capacity.host_tokens}
+                     if capacity.prefix_cache else {})},
         slots=capacity.slots, ctx_per_slot=capacity.ctx_per_slot,
         calibration={**calibration.to_dict(),
                      "path": str(calibration_path) if calibration_path else None},
@@ -197,6 +247,7 @@ def _record_end(run: RunManifest, counters: Counters, sink: RecordSink,
     assert run.simulator is not None
     run.simulator.update({
         "pauses": counters.pauses, "preemptions": counters.preemptions,
+        "evicted_tokens": counters.evicted_tokens, "swaps_refused": counters.swaps_refused,
         "events": counters.events, "records": sink.n_rows, "record_writer": sink.writer,
         "wall_s": {"load": round(load, 3), "loop": round(loop, 3), "total": round(total, 3)},
     })

@@ -11,11 +11,25 @@ from typing import Any
 from harness.errors import InputError
 from harness.model.iteration import BATCH_TOKENS, IterationCosts, fit_iteration_costs
 from harness.policies import check_slot_model_action
-from harness.policies.base import KEEP, SWAP, Decision, PauseContext, ServerRates
+from harness.policies.base import (
+    KEEP,
+    KEEP_EVICTABLE,
+    SWAP,
+    Decision,
+    PauseContext,
+    ServerRates,
+)
 from harness.policies.history import History as History  # re-exported for the engine
 
-ACTION_CODE = {KEEP: 0, SWAP: 1, "recompute": 2}  # records: pause_decision `a` % 8
+# records: pause_decision `a` % 8 (3: a ttl, whose detail text says what follows it)
+ACTION_CODE = {KEEP: 0, SWAP: 1, "recompute": 2, KEEP_EVICTABLE: 4}
 DROP = ACTION_CODE["recompute"]
+EVICTABLE = ACTION_CODE[KEEP_EVICTABLE]
+# The engines whose memory semantics the simulator models: llama.cpp's slots (or a plain token
+# pool), and vLLM's and SGLang's paged prefix caches (harness.simulate.block_cache).
+LLAMACPP = "llamacpp"
+ENGINES = (LLAMACPP, "vllm", "sglang")
+BLOCK_SIZE = {"vllm": 16, "sglang": 1}  # the engines' defaults, when the server tells none
 
 
 @dataclass(frozen=True)
@@ -45,11 +59,25 @@ class ServerModel:
 
 @dataclass(frozen=True)
 class Capacity:
-    """KV capacity: `tokens` (a token pool) or `slots` x `ctx_per_slot` (llama.cpp's slots)."""
+    """KV capacity: `tokens` (a token pool) or `slots` x `ctx_per_slot` (llama.cpp's slots).
+
+    `engine`: whose memory semantics apply. llamacpp: a slot, or a pool reservation, is freed
+    when a pause drops it and nothing stays cached. vllm and sglang: a token pool in blocks of
+    `block_size` tokens with a prefix cache of what no call or pin holds (evictable, least
+    recently freed first; harness.simulate.block_cache), and a host tier of `host_tokens` for
+    swap (None: unbounded)."""
 
     tokens: int | None = None
     slots: int | None = None
     ctx_per_slot: int | None = None
+    engine: str = LLAMACPP
+    block_size: int = 1
+    host_tokens: int | None = None
+
+    @property
+    def prefix_cache(self) -> bool:
+        """An engine with an evictable prefix cache (vLLM, SGLang)."""
+        return self.engine != LLAMACPP
 
     @property
     def slot_mode(self) -> bool:
@@ -78,6 +106,8 @@ class Counters:
     events: int = 0
     sim_time_s: float = 0.0
     stalled: int = 0  # trajectories that started and were still waiting when nothing was left
+    evicted_tokens: int = 0  # a prefix cache: tokens evicted to make room
+    swaps_refused: int = 0  # offloads refused because the host tier was full (kept pinned)
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(PauseContext))
@@ -104,16 +134,18 @@ def context_factory() -> Callable[..., PauseContext]:
     return make
 
 
-def resolve(d: Decision, texts: dict[str, int],
-            text: Callable[[str], int]) -> tuple[float | None, str | None, str, int, int, float]:
+def resolve(d: Decision, texts: dict[str, int], text: Callable[[str], int],
+            prefix_cache: bool = False
+            ) -> tuple[float | None, str | None, str, int, int, float]:
     """A decision as the loop records it: (ttl, after, action, action code + 8 x detail text,
-    reason text, predicted wait or NaN); `texts` caches `text` (RecordSink.text) by reason."""
+    reason text, predicted wait or NaN); `texts` caches `text` (RecordSink.text) by reason.
+    `prefix_cache`: the engine has one (keep-evictable is an action there, nowhere else)."""
     ttl, action, reason = d.ttl_s, d.action, d.reason
     ri = texts.get(reason)
     if ri is None:
         ri = texts[reason] = text(reason)
-    if action not in ACTION_CODE:
-        check_slot_model_action(action, "simulate")
+    if action not in ACTION_CODE or (action == KEEP_EVICTABLE and not prefix_cache):
+        check_slot_model_action(action, "simulate --engine llamacpp")
         raise InputError(f"simulate: a policy decided {action!r}, which is no pause action")
     code = ACTION_CODE[action] if ttl is None else 3 + 8 * text(f"ttl_s={ttl} after={d.after}")
     wait = d.predicted_wait_s

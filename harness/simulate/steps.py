@@ -31,6 +31,7 @@ from harness.simulate.decode import (
     E_TOOL_END,
     E_TOOL_START,
     EVENTS,
+    KV_STATUSES,
 )
 from harness.simulate.trajectory import STEP_WIDTH
 from harness.simulate.workload import Workload
@@ -47,6 +48,7 @@ SEQ_FIELDS = ("st_seq", "ft_seq", "en_seq", "sw_seq", "pa_seq", "te_seq")
 _INIT_ROW = [-1.0 if any(FIELD[f] == k for f in SEQ_FIELDS) else 0.0 for k in range(STEP_WIDTH)]
 ROW = 9  # a block row: seq, t, trajectory, step, slot, a, b, c, d
 DROP_CODE = 2  # a decision whose action drops the KV: no kv_state row after tool_start
+EVICTABLE_CODE = 4  # keep-evictable: its kv_state row says so
 if (len(LLM_FIELDS) != STEP_WIDTH or len(TOOL_FIELDS) > STEP_WIDTH
         or any(FIELD[f] != FIELD[f.replace("_seq", "_t")] + 1 for f in SEQ_FIELDS)):
     raise RuntimeError("steps' fields and trajectory's F_* disagree (Engine.stamp)")
@@ -227,8 +229,11 @@ class _PartBlocks:
         put(seq, t, E_DECISION, g, True, s, code, v("pa_wait")[g], v("pa_reason")[g])
         put(seq + 1, t, E_TOOL_START, g, True, s, 0.0)
         kept = code % 8 != DROP_CODE
+        # paused (held), or evictable (left to the engine's prefix cache)
+        status = np.where(code % 8 == EVICTABLE_CODE, KV_STATUSES.index("evictable"),
+                          KV_STATUSES.index("paused")).astype(np.float64)
         put(seq[kept] + 2, t[kept], E_KV_STATE, g[kept], False, -1,
-            w.ctx[g][kept].astype(np.float64), 1.0)
+            w.ctx[g][kept].astype(np.float64), status[kept])
         g, seq = self.stamped("te_seq")
         put(seq, v("te_t")[g], E_TOOL_END, g, True, v("te_slot")[g].astype(np.int64),
             w.outcome[g].astype(np.float64))

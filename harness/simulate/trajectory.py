@@ -30,6 +30,7 @@ class Trajectory:
         self.gen = 0  # events scheduled for an older generation are void
         self.held = 0  # token pool: the tokens it holds
         self.slot = -1  # slot mode: the slot it holds
+        self.host = 0  # a prefix-cache engine: the tokens of its copy in the host tier
         self.need_rc = 0  # tokens to recompute at its next call
         self.ret = 0  # tokens its paused KV holds
         self.due = 0.0  # when its next call was due

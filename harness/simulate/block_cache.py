@@ -1,0 +1,102 @@
+"""An engine's paged prefix cache, as the simulator models vLLM's and SGLang's.
+
+Device KV is allocated in blocks of `block` tokens. Blocks no running call and no pause policy
+references stay cached but evictable: they are reused by a later call whose prompt starts with
+them, and taken, least recently freed first, when an allocation finds no free block. That is
+vLLM's free block queue (a request's blocks are freed in reverse order, so the tail of a context
+goes first) and SGLang's radix cache (least recently used leaves first, again a context's tail).
+
+The simulator keeps no token contents: a trajectory's KV is its own (no prefix shared across
+trajectories), so the cache is one entry per context left to it, in the order they were freed:
+  - a paused context left to the cache (keep-evictable) under its trajectory's index: what a
+    later call of the trajectory may reuse, whole blocks only, shortened from its tail as the
+    cache evicts it;
+  - a context that can never be matched again (its trajectory ended, or its pause dropped it
+    with a fresh cache salt: recompute, a TTL's expiry) under a negative key: memory the cache
+    gives back when asked, in its turn.
+Pinned contexts (keep, ttl before expiry) and running calls hold their blocks outside it.
+
+The host tier of a swap (vLLM's offload through the project's connector) has a capacity of its
+own, in tokens: an offload that does not fit is refused and the context stays pinned.
+
+Compiled with mypyc with the event loop (harness.simulate.native); runs unchanged as Python.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class BlockCache:
+    """The evictable part of one server's KV pool (see the module docstring). `tokens` counts
+    the evictable tokens; the engine counts the free and the held ones."""
+
+    def __init__(self, block: int, host_tokens: int) -> None:
+        if block < 1:
+            raise ValueError(f"block size must be >= 1, got {block}")
+        self.block = block
+        self.lru: OrderedDict[int, int] = OrderedDict()  # key -> tokens, oldest first
+        self.tokens = 0
+        self.next_dead = -1
+        self.host_cap = host_tokens  # the host tier's capacity (tokens)
+        self.host_used = 0
+        self.evicted = 0  # tokens taken from the cache to make room
+        self.refused = 0  # offloads refused: the host tier was full
+
+    def whole(self, n: int) -> int:
+        """`n` tokens rounded down to whole blocks."""
+        return n - n % self.block
+
+    def reusable(self, kept: int, appended: int) -> int:
+        """What a call keeping `kept` tokens of context and adding `appended` can reuse at
+        most: whole blocks of what it keeps, leaving at least one prompt token to compute."""
+        last = kept + appended - 1
+        return self.whole(kept if kept < last else last)
+
+    def leave(self, key: int, tokens: int) -> int:
+        """Leave a context of `tokens` to the cache: its whole blocks, under `key` (a
+        trajectory's index: reusable; -1: never matched again). Returns the tokens cached
+        (the caller frees the rest: a partial block is not cached)."""
+        n = self.whole(tokens)
+        if n <= 0:
+            return 0
+        if key < 0:
+            key = self.next_dead
+            self.next_dead -= 1
+        else:
+            # the trajectory's call took whatever this server had cached for it: an entry
+            # left here is always its newest context (a prefix of it would be its own blocks)
+            self.tokens -= self.lru.pop(key, 0)
+        self.lru[key] = n
+        self.tokens += n
+        return n
+
+    def take(self, key: int) -> int:
+        """The tokens cached under `key`, taken out of the cache (its owner's call resumes)."""
+        n = self.lru.pop(key, 0)
+        self.tokens -= n
+        return n
+
+    def evict(self, need: int) -> int:
+        """Free at least `need` tokens (whole blocks, least recently freed entries first, an
+        entry's tail first) or all there are; returns the tokens freed."""
+        lru, block = self.lru, self.block
+        freed = 0
+        while freed < need and lru:
+            key = next(iter(lru))
+            n = lru[key]
+            want = need - freed
+            want += (block - want % block) % block
+            if want >= n:
+                del lru[key]
+                freed += n
+            else:
+                lru[key] = n - want  # keeps its place: still the oldest
+                freed += want
+        self.tokens -= freed
+        self.evicted += freed
+        return freed
+
+    def host_fits(self, tokens: int) -> bool:
+        """Whether an offload of `tokens` fits in the host tier now."""
+        return self.host_used + tokens <= self.host_cap

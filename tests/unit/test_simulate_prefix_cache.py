@@ -1,0 +1,147 @@
+"""The engine model of vLLM and SGLang: a paged prefix cache that evicts (least recently freed
+first, a context's tail first), pinned contexts outside it, a bounded host tier, on tiny traces
+whose every figure is computed by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.errors import InputError
+from harness.simulate.block_cache import BlockCache
+from harness.simulate.run import Arrivals, check_capacity
+from harness.simulate.server import Capacity
+from tests.unit.test_simulate import ALPHA, BETA, ev, llm, sim, t_s, tool, trace
+
+
+def vllm(tokens: int, block: int = 16, host: int | None = None) -> Capacity:
+    return Capacity(tokens=tokens, engine="vllm", block_size=block, host_tokens=host)
+
+
+# --- the cache alone ---------------------------------------------------------------------
+
+def test_cache_keeps_whole_blocks_and_evicts_oldest_tail_first() -> None:
+    c = BlockCache(16, 1000)
+    assert c.leave(0, 110) == 96  # 6 whole blocks; the partial one is freed
+    assert c.leave(-1, 40) == 32  # a dead context: its own key
+    assert c.leave(1, 64) == 64
+    assert c.tokens == 192
+    assert c.evict(20) == 32  # two blocks off the tail of the oldest entry
+    assert dict(c.lru) == {0: 64, -1: 32, 1: 64}
+    assert c.evict(70) == 80  # the rest of entry 0, then one block of the dead one
+    assert dict(c.lru) == {-1: 16, 1: 64}
+    assert (c.tokens, c.evicted) == (80, 112)
+    assert c.take(1) == 64 and c.take(1) == 0
+    assert c.evict(1000) == 16 and c.tokens == 0
+
+
+def test_reusable_is_whole_blocks_leaving_one_prompt_token() -> None:
+    c = BlockCache(16, 0)
+    assert c.reusable(110, 20) == 96
+    assert c.reusable(128, 20) == 128
+    assert c.reusable(128, 0) == 112  # a prompt of exactly the kept blocks: one is computed
+    assert BlockCache(1, 0).reusable(110, 20) == 110
+    assert BlockCache(1, 0).reusable(110, 0) == 109
+
+
+def test_host_tier_capacity() -> None:
+    c = BlockCache(16, 100)
+    assert c.host_fits(100) and not c.host_fits(101)
+    with pytest.raises(ValueError):
+        BlockCache(0, 0)
+
+
+# --- the engine ----------------------------------------------------------------------------
+
+ONE = {"a": [llm(100, 10), tool(1.0), llm(20, 5)]}
+
+
+def test_keep_evictable_reuses_whole_blocks_when_nothing_evicts(tmp_path: Path) -> None:
+    df, run = sim(tmp_path, trace(tmp_path, ONE), "keep-evictable", vllm(1000))
+    end = ev(df, "call_end").iloc[1]
+    # 110 tokens of context: 96 cached in 6 blocks, 14 recomputed with the 20 new ones
+    assert (end["prompt_n"], end["cached_tokens"]) == (34, 96)
+    assert ev(df, "pause_decision")["action"].tolist() == ["keep-evictable"]
+    assert ev(df, "kv_state")["status"].tolist() == ["active", "evictable", "active",
+                                                     "released"]
+    assert ev(df, "erase")["reason"].tolist() == ["trajectory-end"]  # nothing at the pause
+    assert t_s(df, "first_token", "a", 1) - t_s(df, "tool_end", "a") == pytest.approx(
+        ALPHA + 34 * BETA)
+    assert run["capacity"] == {"mode": "tokens", "tokens": 1000, "slots": None,
+                               "ctx_per_slot": None, "engine": "vllm", "block_size": 16,
+                               "host_tokens": None}
+    assert run["simulator"]["engine_semantics"] == "vllm"
+    assert run["simulator"]["evicted_tokens"] == 0
+
+
+def test_keep_pinned_resumes_its_whole_blocks_too(tmp_path: Path) -> None:
+    df, _ = sim(tmp_path, trace(tmp_path, ONE), "keep", vllm(1000))
+    end = ev(df, "call_end").iloc[1]
+    assert (end["prompt_n"], end["cached_tokens"]) == (34, 96)
+    # SGLang's pages are single tokens: the whole context is reused
+    df, _ = sim(tmp_path, trace(tmp_path, ONE), "keep",
+                Capacity(tokens=1000, engine="sglang", block_size=1), name="sgl")
+    end = ev(df, "call_end").iloc[1]
+    assert (end["prompt_n"], end["cached_tokens"]) == (20, 110)
+
+
+# a pauses 10 s with 110 tokens; b arrives at 1 s and needs 900 of a 1,000-token pool
+PRESSED = {"a": [llm(100, 10), tool(10.0), llm(20, 5)], "b": [llm(890, 10)]}
+
+
+def test_pressure_evicts_the_paused_context_but_not_a_pinned_one(tmp_path: Path) -> None:
+    path = trace(tmp_path, PRESSED, starts={"a": 0.0, "b": 1.0})
+    arrivals = Arrivals("trace", 2)
+    df, run = sim(tmp_path, path, "keep-evictable", vllm(1000), arrivals=arrivals)
+    # b needs 900 of the 904 tokens neither held nor cached (a left 96 to the cache): a's
+    # blocks survive; b's end leaves 896 dead tokens, of which a's resume (34 more than its
+    # 96) evicts two blocks, 32, the 8 free not being enough
+    assert ev(df, "call_end", "a")["cached_tokens"].iloc[1] == 96
+    assert run["simulator"]["evicted_tokens"] == 32
+    df, run = sim(tmp_path, path, "keep-evictable", vllm(960), arrivals=arrivals, name="small")
+    # 960 - 96 = 864 free < 900: b evicts 36, in whole blocks (48) from a's tail; a's resume
+    # then needs 82 with 16 free: 80 more of b's dead blocks
+    end = ev(df, "call_end", "a").iloc[1]
+    assert (end["prompt_n"], end["cached_tokens"]) == (82, 48)
+    assert run["simulator"]["evicted_tokens"] == 48 + 80
+    df, run = sim(tmp_path, path, "keep", vllm(960), arrivals=arrivals, name="pinned")
+    # pinned: a holds its 110 tokens, b's 900 do not fit beside them until a ends
+    assert t_s(df, "call_start", "b") == pytest.approx(t_s(df, "trajectory_end", "a"))
+    assert ev(df, "call_end", "a")["cached_tokens"].iloc[1] == 96
+
+
+def test_recompute_leaves_dead_blocks_that_are_never_matched(tmp_path: Path) -> None:
+    df, run = sim(tmp_path, trace(tmp_path, ONE), "recompute", vllm(1000))
+    end = ev(df, "call_end").iloc[1]
+    assert (end["prompt_n"], end["cached_tokens"]) == (130, 0)
+    assert ev(df, "recompute")["recomputed_tokens"].tolist() == [110]
+
+
+def test_swap_refused_when_the_host_tier_is_full(tmp_path: Path) -> None:
+    df, run = sim(tmp_path, trace(tmp_path, ONE), "swap", vllm(1000, host=95))
+    assert run["simulator"]["swaps_refused"] == 1
+    assert ev(df, "swap_out").empty
+    end = ev(df, "call_end").iloc[1]
+    assert (end["prompt_n"], end["cached_tokens"]) == (34, 96)  # stayed pinned
+    df, run = sim(tmp_path, trace(tmp_path, ONE), "swap", vllm(1000, host=96), name="fits")
+    assert run["simulator"]["swaps_refused"] == 0
+    assert ev(df, "swap_in")["retained_tokens"].tolist() == [110]
+    end = ev(df, "call_end").iloc[1]
+    assert (end["prompt_n"], end["cached_tokens"]) == (34, 96)  # whole blocks restored
+
+
+def test_keep_evictable_needs_an_engine_with_a_prefix_cache(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="--engine vllm or sglang"):
+        sim(tmp_path, trace(tmp_path, ONE), "keep-evictable", Capacity(tokens=1000))
+
+
+def test_capacity_checks() -> None:
+    assert check_capacity(2560, None, None, "vllm") == vllm(2560)
+    assert check_capacity(2560, None, None, "sglang", host_tokens=0).block_size == 1
+    with pytest.raises(InputError, match="token pool"):
+        check_capacity(None, 4, 1024, "vllm")
+    with pytest.raises(InputError, match="--engine must be one of"):
+        check_capacity(2560, None, None, "trt")
+    with pytest.raises(InputError, match="vllm or sglang only"):
+        check_capacity(2560, None, None, "llamacpp", block_size=16)

@@ -17,12 +17,14 @@ from harness.policies import parse_policy_args
 from harness.records.manifest import Outcome
 from harness.simulate.fleet import ROUND_ROBIN, ROUTERS, check_fleet, fleet_line
 from harness.simulate.run import DEFAULT_DEADLINE_S, Arrivals, check_capacity, run_simulation
+from harness.simulate.server import ENGINES, LLAMACPP
 
 # The counts that size the simulator's memory, bounded: (low, high) per flag.
 MAX_SERVERS = 1024
 BOUNDS: dict[str, tuple[int, int]] = {
     "--servers": (1, MAX_SERVERS), "--slots": (1, 65_536), "--ctx-per-slot": (1, 16_777_216),
     "--capacity-tokens": (1, 10**12), "--concurrency": (1, 100_000),
+    "--block-size": (1, 1 << 20), "--host-tokens": (0, 10**13),
     "--history-window": (0, 10**9)}
 
 
@@ -67,6 +69,16 @@ def _float(flag: str, raw: str | None) -> float | None:
 @click.option("--capacity-tokens", help="KV capacity as a token pool.")
 @click.option("--slots", help="KV capacity as llama.cpp slots (with --ctx-per-slot).")
 @click.option("--ctx-per-slot", help="Context tokens per slot.")
+@click.option("--engine", type=click.Choice(ENGINES),
+              help="Memory semantics: llamacpp (slots, or a plain token pool; nothing cached "
+                   "once dropped) or vllm / sglang (a paged prefix cache: what no call or pin "
+                   "holds stays cached, evictable, least recently freed first). Default: the "
+                   "calibration's engine, else llamacpp.")
+@click.option("--block-size", help="vllm/sglang: tokens per KV block (default: the "
+                                   "calibration's, else 16 for vLLM, 1 for SGLang).")
+@click.option("--host-tokens", help="vllm/sglang: the host tier's capacity for swap, in tokens "
+                                    "(default: unbounded); an offload that does not fit is "
+                                    "refused and the context stays pinned.")
 @click.option("--calibration", required=True, type=click.Path(path_type=Path),
               help="Measured rates (harness calibrate).")
 @click.option("--concurrency", help="Closed loop: N agents (default 4).")
@@ -98,7 +110,8 @@ def _float(flag: str, raw: str | None) -> float | None:
 @click.option("--out", required=True, type=click.Path(path_type=Path))
 def simulate_command(trace: Path, policy: str, policy_args: tuple[str, ...],
                      capacity_tokens: str | None, slots: str | None,
-                     ctx_per_slot: str | None, calibration: Path, concurrency: str | None,
+                     ctx_per_slot: str | None, engine: str | None, block_size: str | None,
+                     host_tokens: str | None, calibration: Path, concurrency: str | None,
                      rate: str | None, trace_timing: bool, seed: str, history_window: str,
                      default_deadline_s: str, slot_handoff: str, token_scale: float,
                      servers: str, router: str, no_summary: bool, out: Path) -> None:
@@ -107,8 +120,17 @@ def simulate_command(trace: Path, policy: str, policy_args: tuple[str, ...],
     check_fleet(k, router)
     if sum(x is not None and x is not False for x in (concurrency, rate, trace_timing)) > 1:
         raise InputError("choose one of --concurrency, --rate, --trace-timing")
-    cap = check_capacity(_int("--capacity-tokens", capacity_tokens), _int("--slots", slots),
-                         _int("--ctx-per-slot", ctx_per_slot))
+    cal = read_calibration(calibration)
+    kind = engine or (cal.engine_kind if cal.engine_kind in ENGINES else LLAMACPP)
+    tokens = _int("--capacity-tokens", capacity_tokens)
+    block = _int("--block-size", block_size)
+    if kind != LLAMACPP:  # what the calibrated server reported, unless told otherwise
+        if tokens is None and slots is None and ctx_per_slot is None:
+            tokens = cal.kv_capacity_tokens
+        if block is None and cal.engine_kind == kind:
+            block = cal.block_size
+    cap = check_capacity(tokens, _int("--slots", slots), _int("--ctx-per-slot", ctx_per_slot),
+                         kind, block, _int("--host-tokens", host_tokens))
     conc = _int("--concurrency", concurrency)  # bounded: >= 1
     r = _float("--rate", rate)  # finite
     if r is not None and r <= 0:
@@ -116,7 +138,6 @@ def simulate_command(trace: Path, policy: str, policy_args: tuple[str, ...],
     mode: Literal["closed", "poisson", "trace"] = (
         "poisson" if r is not None else "trace" if trace_timing else "closed")
     arrivals = Arrivals(mode, conc or 4, r or 1.0)
-    cal = read_calibration(calibration)
     run = run_simulation(trace, policy, parse_policy_args(policy_args), cap, cal, calibration,
                          arrivals, _seed(seed), out,
                          _int("--history-window", history_window) or 0,

@@ -15,7 +15,7 @@ import numpy as np
 from harness import __version__
 from harness.errors import InputError
 from harness.metrics.summary import summarize_dir
-from harness.model.calibration import Calibration
+from harness.model.calibration import Calibration, check_swap
 from harness.plan.planner import Arrivals
 from harness.policies import (
     POLICIES,
@@ -98,7 +98,8 @@ def check_capacity(tokens: int | None, slots: int | None, ctx_per_slot: int | No
     if engine != LLAMACPP:
         if tokens is None:
             raise InputError(f"--engine {engine} has a token pool: give --capacity-tokens N "
-                             "(its KV cache in tokens), not slots")
+                             "(its KV cache in tokens; a calibration of the engine that "
+                             "measured it gives it), not slots")
         block = BLOCK_SIZE[engine] if block_size is None else block_size
         if block < 1 or (host_tokens is not None and host_tokens < 0) or tokens <= 0:
             raise InputError("--capacity-tokens and the block size must be > 0, the host "
@@ -142,6 +143,7 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     if arrivals.time_scale != 1.0:
         raise InputError("the simulator runs the trace's own times: time scale 1 only")
     policy = make_policy(policy_name, policy_args)
+    check_swap(calibration, policy_name, policy_args, "simulate")
     if (policy_name not in SLOT_MODEL_POLICIES and policy_name in POLICIES
             and not capacity.prefix_cache):
         check_slot_model_action(policy_name, "simulate --engine llamacpp")

@@ -145,3 +145,38 @@ def test_capacity_checks() -> None:
         check_capacity(2560, None, None, "trt")
     with pytest.raises(InputError, match="vllm or sglang only"):
         check_capacity(2560, None, None, "llamacpp", block_size=16)
+
+
+def test_cli_engine_takes_the_pool_and_block_from_the_calibration(tmp_path: Path) -> None:
+    import dataclasses
+    import json
+
+    from click.testing import CliRunner
+
+    from harness.cli import main
+    from harness.model.calibration import write_calibration
+    from tests.unit.test_simulate import CAL
+
+    cal = write_calibration(tmp_path / "cal.json", dataclasses.replace(
+        CAL, runtime="vllm", block_size=16, kv_capacity_tokens=1000))
+    path = trace(tmp_path, ONE)
+    res = CliRunner().invoke(main, ["simulate", "--trace", str(path), "--policy",
+                                    "keep-evictable", "--calibration", str(cal), "--out",
+                                    str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert (run["capacity"]["engine"], run["capacity"]["tokens"],
+            run["capacity"]["block_size"]) == ("vllm", 1000, 16)
+    res = CliRunner().invoke(main, ["simulate", "--trace", str(path), "--policy", "keep",
+                                    "--calibration", str(cal), "--engine", "sglang",
+                                    "--out", str(tmp_path / "sgl")])
+    assert res.exit_code == 0, res.output
+    run = json.loads((tmp_path / "sgl" / "run.json").read_text())
+    # another engine than the calibrated one: its own default block size
+    assert (run["capacity"]["engine"], run["capacity"]["block_size"]) == ("sglang", 1)
+    res = CliRunner().invoke(main, ["simulate", "--trace", str(path), "--policy",
+                                    "keep-evictable", "--calibration", str(cal), "--engine",
+                                    "llamacpp", "--capacity-tokens", "1000", "--out",
+                                    str(tmp_path / "bad")])
+    assert res.exit_code == 2
+    assert "--engine vllm or sglang" in res.output

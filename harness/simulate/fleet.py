@@ -190,7 +190,10 @@ class Fleet:
                 e.release(tr, t, self.r_moved, g - 1 - tr.first)  # the pause's step
                 e.try_admit(t)
         tr.state = DROPPED
-        tr.need_rc = e.kept[g]
+        if e.cache is None:
+            tr.need_rc = e.kept[g]
+        # else the new server's prefix cache decides what is reused (Engine.grab), unless the
+        # pause dropped the context under a fresh cache salt (need_rc already all of it)
 
     def caches(self) -> list[BlockCache | None]:
         """Every server's prefix cache (None: an engine without one)."""

@@ -180,3 +180,21 @@ def test_cli_engine_takes_the_pool_and_block_from_the_calibration(tmp_path: Path
                                     str(tmp_path / "bad")])
     assert res.exit_code == 2
     assert "--engine vllm or sglang" in res.output
+
+
+def test_a_fleet_has_one_cache_per_server(tmp_path: Path) -> None:
+    from harness.simulate.run import run_simulation
+    from harness.records.store import read_records
+    from tests.unit.test_simulate import CAL
+
+    path = trace(tmp_path, {"a": [llm(100, 10), tool(1.0), llm(20, 5), tool(1.0), llm(20, 5)]})
+    for router, cached in (("prefix-affinity", [0, 96, 128]), ("round-robin", [0, 0, 96])):
+        out = tmp_path / router
+        run_simulation(path, "keep-evictable", {}, vllm(1000), CAL, None,
+                       Arrivals("closed", 1), 0, out, write_summary=False, servers=2,
+                       router=router)
+        ends = ev(read_records(out), "call_end")
+        # round-robin: the second call lands on server 1, which has nothing of `a`; the third
+        # is back on server 0, whose cache still holds the first call's 110 tokens (96 in
+        # whole blocks): reused, the rest of the 135-token context recomputed
+        assert ends["cached_tokens"].tolist() == cached, router

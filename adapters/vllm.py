@@ -193,8 +193,10 @@ class VllmAdapter:
             cfg = (await self.http.get_json("/server_info?config_format=json"))["vllm_config"]
         except _CONFIG_ERRORS:
             return {}
+        sched = cfg.get("scheduler_config") or {}
         return {"kv_transfer_config": cfg.get("kv_transfer_config"),
-                "scheduler_max_num_seqs": (cfg.get("scheduler_config") or {}).get("max_num_seqs")}
+                "scheduler_max_num_seqs": sched.get("max_num_seqs"),
+                "scheduler_max_num_batched_tokens": sched.get("max_num_batched_tokens")}
 
     async def complete(self, req: CompletionRequest,
                        on_tokens: Callable[[], object]) -> CompletionResult:

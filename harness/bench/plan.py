@@ -9,9 +9,10 @@ from pathlib import Path
 
 from harness.adapters.base import Runtime
 from harness.adapters.runtimes import get_runtime
+from harness.calibrate.measure import CALIBRATED_RUNTIMES
 from harness.capacity.slo import Slo, parse_slo
 from harness.errors import InputError
-from harness.model.calibration import read_calibration
+from harness.model.calibration import resolve_calibration
 from harness.plan.injection import load_injection
 from harness.policies import make_policy
 from harness.records.manifest import CpuPinning
@@ -43,6 +44,8 @@ class BenchPlan:
     repeats: int = 1  # rounds of every policy; above 1, each in <policy>/repeat-<k>
     slo: Slo = parse_slo(DEFAULT_PICK_SLO)
     capacity_s: float | None = None  # a capacity search after the replays, this long
+    # --calibration named a shipped preset: written to `calibration` before the first replay
+    preset: str | None = None
 
     def rounds(self) -> list[list[RunOptions]]:
         """The replays in the order they run: round by round, every policy in each, so a
@@ -63,20 +66,23 @@ def plan_bench(runtime: str, url: str | None, trace: Path | None, policies: str 
     problem, before anything is started."""
     rt = runtimes(runtime)
     names = policy_names(policies or ",".join(rt.default_policies), rt)
-    if calibrate_first and (calibration is not None or not rt.per_slot_control):
-        raise InputError("--calibrate measures a server whose slots the harness controls "
-                         "(llama.cpp); it replaces --calibration")
+    if calibrate_first and (calibration is not None or rt.name not in CALIBRATED_RUNTIMES):
+        raise InputError(f"--calibrate measures {', '.join(CALIBRATED_RUNTIMES)} servers; it "
+                         "replaces --calibration")
     args = scoped_policy_args(names, policy_args)
     for p in names:
         make_policy(per_pause_policy(p, rt), args[p])
     trace = trace or shipped_trace()
     load_trajectories(trace)
     load_injection(base.inject)
+    preset = None
     if calibration is not None:
-        read_calibration(calibration)
+        resolve_calibration(calibration)
+        if not calibration.is_file():  # a shipped preset: the bench keeps a copy of it
+            preset = str(calibration)
     root = out or Path("reports") / f"bench-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
     pin = pinning.decide(pinning.available_cpus(), url is None, rt.pins_local_server)
-    if calibrate_first:
+    if calibrate_first or preset is not None:
         calibration = root / "calibration.json"
     runs = tuple(replace(base, trace=trace, policy=p, out=root / p, runtime=runtime, url=url,
                          policy_args=args[p], calibration=calibration, pinning=pin)
@@ -85,4 +91,4 @@ def plan_bench(runtime: str, url: str | None, trace: Path | None, policies: str 
     simulable = (rt.per_slot_control and base.inject == "none"
                  and base.arrivals.time_scale == 1.0)
     return BenchPlan(root, trace, rt, runs, calibration, calibrate_first, simulable, pin,
-                     repeats, slo or parse_slo(DEFAULT_PICK_SLO), capacity_s)
+                     repeats, slo or parse_slo(DEFAULT_PICK_SLO), capacity_s, preset)

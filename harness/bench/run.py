@@ -13,12 +13,17 @@ from typing import Any
 from harness.advise.candidates import SPACE
 from harness.advise.run import AdvisePlan, advise
 from harness.bench.plan import BenchPlan
-from harness.calibrate.measure import calibrate
+from harness.calibrate.measure import calibrate, recheck
 from harness.capacity.driver import SearchSettings, SearchSpec
 from harness.capacity.run import CapacityPlan, run_capacity
 from harness.errors import InputError
 from harness.model.analytical import Rates, evaluate
-from harness.model.calibration import read_calibration
+from harness.model.calibration import (
+    calibration_label,
+    read_calibration,
+    resolve_calibration,
+    write_calibration,
+)
 from harness.model.inputs import pauses_from_trace
 from harness.plan.injection import Injection
 from harness.policies import SLOT_MODEL_POLICIES, make_policy
@@ -71,10 +76,17 @@ def simulate_like(real_dir: Path, trace: Path, policy: str, policy_args: dict[st
 
 def run_bench(plan: BenchPlan, echo: Callable[[str], None] = print
               ) -> list[tuple[str, dict[str, Any]]]:
-    """Run a bench plan: calibrate first if asked, replay each policy (and simulate it where
+    """Run a bench plan: calibrate first if asked (and re-check it after the replays: each
+    rate's drift in calibration-drift.json beside it), replay each policy (and simulate it where
     that applies; with repeats, the first round), render one report; returns each replay's
     summary, labelled by policy (and `#k` for repeat k). With repeats, each policy's
     directory gets repeats.json, the spread between its repeats."""
+    if plan.preset is not None and plan.calibration is not None:
+        cal = resolve_calibration(plan.preset)
+        ensure_out_dir(plan.root)
+        write_calibration(plan.calibration, cal)
+        echo(f"calibration: {calibration_label(plan.preset, cal)}, copied to "
+             f"{plan.calibration}")
     if plan.calibrate_first and plan.calibration is not None:
         first = plan.runs[0]
         echo(f"calibrating {redact_url(first.url) if first.url else 'a local server'} ...")
@@ -92,8 +104,10 @@ def run_bench(plan: BenchPlan, echo: Callable[[str], None] = print
             run = execute_run(o, to_stderr, plan.runtime)
             runs.append(run)
             dirs.append(o.out)
-            # The slot model prices what a slot server does: no engine's evictable cache.
-            if plan.calibration is not None and o.policy in SLOT_MODEL_POLICIES:
+            # The slot model prices what a slot server does: no engine's evictable cache (and
+            # swap's bandwidth, which an engine without swap has none of).
+            if plan.calibration is not None and o.policy in SLOT_MODEL_POLICIES and \
+                    read_calibration(plan.calibration).has_swap:
                 write_json(o.out / "prediction.json",
                            predict(plan.trace, o.policy, plan.calibration))
                 if plan.simulable and k == 1:
@@ -108,6 +122,10 @@ def run_bench(plan: BenchPlan, echo: Callable[[str], None] = print
                  f"completed, {c.cancelled if c else 0} cancelled, {c.failed if c else 0} "
                  "failed")
     check_same_pinning(runs)
+    if plan.calibrate_first and plan.calibration is not None:
+        first = plan.runs[0]
+        echo(f"[{time.monotonic() - t0:6.0f}s] re-checking the calibration (drift) ...")
+        recheck(plan.calibration, first.runtime, first.url, first.server_args, plan.pinning)
     if plan.repeats > 1:
         for o in plan.runs:
             write_repeats(o.out, repeat_dirs(o.out, plan.repeats))

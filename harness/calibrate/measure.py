@@ -1,18 +1,29 @@
 """Calibration: measure a live server's rates for the model, the simulator and policies.
 
-Prefill tokens/s at several context lengths (cold slot), decode tokens/s at each of them, the
-rate of a short prompt appended to each cached context (what a kept request's resume computes),
-and slot save / restore bandwidth from the server's own timings. Each point is the median of
-`repeats` measurements. The slot used is erased and every dump file deleted afterwards.
+Prefill tokens/s at several context lengths (cold), decode tokens/s at each of them, the rate of
+a short prompt appended to each cached context (what a kept request's resume computes), swap
+bandwidth from the server's own timings, and the KV pool as the server reports it (block size,
+capacity in tokens, the batch token budget). Each point is the median of `repeats`
+measurements.
+
+llama.cpp is measured through slot 0 (erased before each cold prefill; slot save / restore
+timings; every dump file deleted afterwards). vLLM and SGLang are measured through their
+prefix caches: each cold prefill sends token ids no earlier request sent under a cache salt of
+this calibration alone, and the server's count of cached tokens must say 0; the append resends
+the same prefix, which the prefix cache reuses, with APPEND_TOKENS new ones. vLLM's swap goes
+through the project's KV connector (a pinned context offloaded to host memory, then loaded back
+by the resumed call, both timed by the connector); SGLang's engine has no per-request swap, so
+its swap rates are recorded as none (null).
 """
 
 from __future__ import annotations
 
+import secrets
 import statistics
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from harness.adapters.base import (
     Adapter,
@@ -20,21 +31,33 @@ from harness.adapters.base import (
     PausedKv,
     Runtime,
     RuntimeSession,
+    ServerInfo,
     ServerOptions,
+    Unsupported,
 )
 from harness.adapters.http import connect
 from harness.adapters.runtimes import get_runtime
 from harness.errors import InputError, ServerError
-from harness.model.calibration import Calibration, write_calibration
+from harness.model.calibration import (
+    RUNTIME_ENGINES,
+    Calibration,
+    read_calibration,
+    write_calibration,
+)
 from harness.model.iteration import APPEND_TOKENS
 from harness.plan.tokens import stable_seed, token_ids
+from harness.policies.base import SWAP
 from harness.records.manifest import CpuPinning
+from harness.records.store import write_json
 from harness.replay import loop, pinning
 from harness.replay.options import AUTO
 from harness.replay.runner import server_info
 
 CONTEXTS = (128, 512, 1024, 2048)
 SWAP_CONTEXT = 1024
+# The runtimes calibrate measures: llama.cpp through its slots, vLLM and SGLang through their
+# prefix caches (and vLLM's swap through the project's KV connector).
+CALIBRATED_RUNTIMES = ("llamacpp", "vllm", "sglang")
 
 # The one slot calibration uses, through the pause actions (drop erases it).
 SLOT0 = PausedKv("calibration", slot=0)
@@ -46,11 +69,43 @@ class Measured:
     decode_points: list[tuple[int, float]]
     append_points: list[tuple[int, float]]
     decode_tok_s: float
-    swap_out_bytes_per_s: float
-    swap_in_bytes_per_s: float
-    dump_bytes_per_token: float
+    swap_out_bytes_per_s: float | None  # None: the engine has no swap (swap_note says why)
+    swap_in_bytes_per_s: float | None
+    dump_bytes_per_token: float | None  # KV bytes per token of what was swapped
     server_version: str
     model: str
+    block_size: int | None = None
+    kv_capacity_tokens: int | None = None
+    batch_tokens: int | None = None
+    swap_note: str | None = None
+
+
+def _count(value: Any) -> int | None:
+    """A positive integer from a server's report (labels are strings), else None."""
+    try:
+        n = int(str(value))
+    except ValueError:
+        return None
+    return n if n > 0 else None
+
+
+def server_kv(info: ServerInfo) -> tuple[int | None, int | None, int | None]:
+    """The KV pool as the server reports it: (block size in tokens, capacity in tokens, batch
+    token budget); None where it does not say. vLLM: `vllm:cache_config_info` block_size x
+    num_gpu_blocks (one of them is vLLM's null block) and max_num_batched_tokens; SGLang:
+    page_size, max_total_num_tokens and chunked_prefill_size; llama.cpp: cells of one token,
+    slots x n_ctx and n_batch."""
+    x = info.extra
+    if info.runtime == "vllm":
+        cache = x.get("cache_config") or {}
+        block, blocks = _count(cache.get("block_size")), _count(cache.get("num_gpu_blocks"))
+        return (block, block * blocks if block and blocks else None,
+                _count(x.get("scheduler_max_num_batched_tokens")))
+    if info.runtime == "sglang":
+        return (_count(x.get("page_size")), _count(x.get("max_total_num_tokens")),
+                _count(x.get("chunked_prefill_size")))
+    cap = info.slots * info.ctx_per_slot if info.slots and info.ctx_per_slot else None
+    return 1, cap, _count(x.get("n_batch"))
 
 
 async def _prefill(ad: Adapter, n: int, vocab: int, seed: int,
@@ -79,13 +134,17 @@ async def _append(ad: Adapter, n: int, vocab: int, seed: int) -> float | None:
 
 
 async def measure(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS,
-                  repeats: int = 3, decode_tokens: int = 32) -> Measured:
-    """Measure one server through its adapter (slot 0 is used and erased); the adapter must
-    give the client its slots (InputError otherwise)."""
+                  repeats: int = 3, decode_tokens: int = 32, swap: bool = True) -> Measured:
+    """Measure one server through its adapter: llama.cpp through slot 0 (used and erased),
+    vLLM and SGLang through their prefix caches (`measure_engine`); InputError for another
+    runtime. `swap`: measure swap bandwidth too (False: recorded as not measured, None)."""
     if not ad.capabilities.harness_slots:
-        raise InputError(f"calibrate measures a server whose slots the harness controls; "
-                         f"{ad.runtime} has none")
+        if ad.runtime not in CALIBRATED_RUNTIMES:
+            raise InputError(f"calibrate measures {', '.join(CALIBRATED_RUNTIMES)}; "
+                             f"{ad.runtime} is none of them")
+        return await measure_engine(ad, contexts, repeats, decode_tokens, swap)
     info = await ad.server_info()
+    block, capacity, batch = server_kv(info)
     limit = (info.ctx_per_slot or 4096) - decode_tokens - 8
     points, decode_points, append_points = [], [], []
     try:
@@ -112,7 +171,7 @@ async def measure(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS,
             decode.append(len(res.tokens) / (res.decode_ms / 1000.0))
         swap_n = min(SWAP_CONTEXT, limit)
         outs, ins, per_token = [], [], []
-        for r in range(repeats):
+        for r in range(repeats if swap else 0):
             await _prefill(ad, swap_n, info.vocab_size, stable_seed("cal-swap", r))
             name = f"calibration-{r}.bin"
             try:
@@ -128,37 +187,212 @@ async def measure(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS,
     finally:
         await ad.drop(SLOT0)
     return Measured(points, decode_points, append_points, statistics.median(decode),
-                    statistics.median(outs), statistics.median(ins), statistics.median(per_token),
-                    info.server_version, info.model)
+                    _median(outs), _median(ins), _median(per_token), info.server_version,
+                    info.model, block, capacity, batch,
+                    None if swap else "not measured (a short re-check)")
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+async def _cold(ad: Adapter, ids: list[int], salt: str, decode_tokens: int
+                ) -> tuple[float, float | None]:
+    """A prefill of `ids` that no cached prefix may shorten (ServerError when the server says
+    it reused any), then `decode_tokens` generated: (prefill tok/s, decode tok/s or None)."""
+    res = await ad.complete(CompletionRequest(ids, decode_tokens, cache_salt=salt),
+                            lambda: None)
+    if res.status != "ok" or not res.prompt_n or not res.prompt_ms:
+        raise ServerError(f"calibration prefill of {len(ids)} tokens failed: "
+                          f"{res.error or 'the server reported no prompt timing'}")
+    if res.cached_tokens is None:
+        raise ServerError(f"{ad.runtime}: the server reports no cached tokens, so a cold "
+                          "prefill cannot be checked (vLLM: --enable-prompt-tokens-details)")
+    if res.cached_tokens:
+        raise ServerError(f"calibration: a cold prefill of {len(ids)} tokens reused "
+                          f"{res.cached_tokens} cached tokens; its rate would be wrong")
+    # The server's decode time runs from the first token (the prefill's) to the last.
+    decode = ((len(res.tokens) - 1) / (res.decode_ms / 1000.0)
+              if len(res.tokens) > 1 and res.decode_ms else None)
+    return res.prompt_n / (res.prompt_ms / 1000.0), decode
+
+
+async def _warm(ad: Adapter, ids: list[int], salt: str, session: str | None = None
+                ) -> tuple[float, int] | None:
+    """The new tokens at the end of `ids` after a cached prefix: (tok/s, tokens cached), or
+    None when the server reused nothing."""
+    res = await ad.complete(CompletionRequest(ids, 1, cache_salt=salt, session=session),
+                            lambda: None)
+    if res.status != "ok" or not res.cached_tokens or not res.prompt_n or not res.prompt_ms:
+        return None
+    return res.prompt_n / (res.prompt_ms / 1000.0), res.cached_tokens
+
+
+async def measure_engine(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS, repeats: int = 3,
+                         decode_tokens: int = 32, swap: bool = True) -> Measured:
+    """Measure a vLLM or SGLang server through its prefix cache (see the module docstring);
+    every prefix is sent under a cache salt of its own (this measurement's, with the prefix's
+    name), so nothing cached before it, another calibration's included, is reused."""
+    info = await ad.server_info()
+    block, capacity, batch = server_kv(info)
+    salt = f"calibration-{secrets.token_hex(6)}"
+    vocab = info.vocab_size
+    limit = (info.ctx_per_slot or 4096) - decode_tokens - APPEND_TOKENS - 8
+    fits = [c for c in contexts if c <= limit]
+    if fits:  # a first request is slower (the engine's first shapes): measured, not kept
+        await _cold(ad, token_ids(stable_seed("cal-warm-up"), max(fits), vocab),
+                    f"{salt}-warm-up", decode_tokens)
+    points, decode_points, append_points = [], [], []
+    for n in fits:
+        got, appended = [], []
+        for r in range(repeats):
+            seed = stable_seed("cal", n, r)
+            prefix = token_ids(seed, n, vocab)
+            # a salt per prefix: not even a first token is shared with another request
+            own = f"{salt}-{n}-{r}"
+            got.append(await _cold(ad, prefix, own, decode_tokens))
+            warm = await _warm(ad, prefix + token_ids(stable_seed("cal-append", seed),
+                                                      APPEND_TOKENS, vocab), own)
+            if warm is not None:
+                appended.append(warm[0])
+        points.append((n, statistics.median(p for p, _ in got)))
+        decode_points.append((n, statistics.median(d or 0.0 for _, d in got)))
+        if appended:
+            append_points.append((n, statistics.median(appended)))
+    if not points:
+        raise InputError(f"calibrate: no context of {', '.join(map(str, contexts))} fits the "
+                         f"server's {info.ctx_per_slot} tokens")
+    decode = []
+    for r in range(repeats):
+        _, d = await _cold(ad, token_ids(stable_seed("cal-decode", r), 64, vocab),
+                           f"{salt}-decode-{r}", decode_tokens)
+        if d is None:
+            raise ServerError("calibration decode: the server reported no decode timing")
+        decode.append(d)
+    outs: list[float] = []
+    ins: list[float] = []
+    per_token: list[float] = []
+    note = None if swap else "not measured (a short re-check)"
+    if swap and SWAP not in ad.capabilities.pause_actions:
+        note = await _no_swap(ad)
+    elif swap:
+        swap_n = min(SWAP_CONTEXT, limit)
+        for r in range(repeats):
+            out_bps, in_bps, bpt = await _engine_swap(ad, swap_n, vocab, f"{salt}-swap-{r}", r)
+            outs.append(out_bps)
+            ins.append(in_bps)
+            per_token.append(bpt)
+    return Measured(points, decode_points, append_points, statistics.median(decode),
+                    _median(outs), _median(ins), _median(per_token), info.server_version,
+                    info.model, block, capacity, batch, note)
+
+
+async def _no_swap(ad: Adapter) -> str:
+    """Why the server cannot swap a paused request's KV, in its adapter's words (an adapter
+    that offers no swap refuses an offload without asking the server)."""
+    try:
+        await ad.offload(PausedKv("calibration-no-swap"), "calibration-no-swap")
+    except Unsupported as exc:
+        return f"unsupported: {exc}"
+    return "unsupported: the server offers no per-request offload"
+
+
+async def _engine_swap(ad: Adapter, n: int, vocab: int, salt: str, r: int
+                       ) -> tuple[float, float, float]:
+    """One swap through the pause actions: a held call of n tokens, its context offloaded
+    (the server times the copy out), then resumed with APPEND_TOKENS more, which loads it back
+    (the server's load time from its status, where it reports one): (out bytes/s, in bytes/s,
+    bytes per token)."""
+    session = f"calibration-swap-{r}"
+    kv = PausedKv(session, tokens=n)
+    ids = token_ids(stable_seed("cal-swap", r), n, vocab)
+    try:
+        res = await ad.complete(CompletionRequest(ids, 1, cache_salt=salt, session=session,
+                                                  hold=True), lambda: None)
+        if res.status != "ok":
+            raise ServerError(f"calibration swap: the held call failed: {res.error}")
+        try:
+            saved = await ad.offload(kv, f"calibration-{r}")
+        except Unsupported as exc:
+            raise ServerError(f"calibration swap: the offload was refused: {exc}") from None
+        before = await _loads(ad)
+        resumed = await _warm(ad, ids + token_ids(stable_seed("cal-swap-append", r),
+                                                  APPEND_TOKENS, vocab), salt, session)
+        after = await _loads(ad)
+    finally:
+        await ad.release(kv)
+    if saved.ms <= 0 or saved.tokens <= 0 or saved.bytes <= 0:
+        raise ServerError("calibration swap: the server reported no offload timing")
+    loaded_bytes, loaded_ms = after[0] - before[0], after[1] - before[1]
+    if resumed is None or loaded_bytes <= 0 or loaded_ms <= 0:
+        raise ServerError("calibration swap: the resumed call loaded nothing back (or the "
+                          "server reports no load timing)")
+    return (saved.bytes / (saved.ms / 1000.0), loaded_bytes / (loaded_ms / 1000.0),
+            saved.bytes / saved.tokens)
+
+
+async def _loads(ad: Adapter) -> tuple[int, float]:
+    """The bytes and milliseconds the server has loaded back from host copies so far."""
+    status = getattr(ad, "status", None)
+    if status is None:
+        raise ServerError(f"{ad.runtime}: no status to read the server's load timing from")
+    got = (await status()).get("loaded") or {}
+    return int(got.get("bytes") or 0), float(got.get("ms") or 0.0)
 
 
 def to_calibration(m: Measured, kv_bytes_per_token: float | None,
                    server_version: str | None = None, runtime: str = "llamacpp"
                    ) -> Calibration:
-    """A Calibration from measurements; the headline prefill rate is at the largest context."""
+    """A Calibration from measurements; the headline prefill rate is at the largest context.
+    Swap rates that were not measured because the engine has none are recorded as none."""
+    bpt = kv_bytes_per_token or m.dump_bytes_per_token
+    if bpt is None:
+        raise ServerError("calibrate: the model's KV bytes per token are unknown (no local "
+                          "model geometry and nothing swapped); calibrate a local server")
     return Calibration(
         runtime=runtime, server_version=server_version or m.server_version, model=m.model,
-        kv_bytes_per_token=kv_bytes_per_token or m.dump_bytes_per_token,
-        prefill_tok_s=m.prefill_points[-1][1], decode_tok_s=m.decode_tok_s,
-        swap_out_bytes_per_s=m.swap_out_bytes_per_s, swap_in_bytes_per_s=m.swap_in_bytes_per_s,
+        kv_bytes_per_token=bpt, prefill_tok_s=m.prefill_points[-1][1],
+        decode_tok_s=m.decode_tok_s, swap_out_bytes_per_s=m.swap_out_bytes_per_s or 0.0,
+        swap_in_bytes_per_s=m.swap_in_bytes_per_s or 0.0,
         measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
         prefill_points=tuple(m.prefill_points),
         decode_points=tuple(p for p in m.decode_points if p[1] > 0),
-        append_points=tuple(m.append_points))
+        append_points=tuple(m.append_points), engine=RUNTIME_ENGINES.get(runtime),
+        block_size=m.block_size, kv_capacity_tokens=m.kv_capacity_tokens,
+        batch_tokens=m.batch_tokens)
 
 
-def _measure_on(runtime: Runtime, options: ServerOptions, out: Path,
-                repeats: int) -> tuple[Measured, float | None, str | None]:
+def _measure_on(runtime: Runtime, options: ServerOptions, out: Path, repeats: int,
+                contexts: tuple[int, ...] = CONTEXTS, swap: bool = True
+                ) -> tuple[Measured, float | None, str | None]:
     """Measure the runtime's server: (measurements, KV bytes per token of the model, build)."""
     async def go(session: RuntimeSession) -> Measured:
         async with connect(session.details.url, 2) as http:
             adapter = session.connect(http)
             await server_info(adapter, session.details.url)
-            return await measure(adapter, repeats=repeats)
+            return await measure(adapter, contexts, repeats, swap=swap)
 
     with runtime.start(options, out) as session:
         measured = loop.run(go(session))
         return measured, session.details.kv_bytes_per_token, session.details.build
+
+
+def _run_measure(out: Path, runtime: str, url: str | None, repeats: int,
+                 model_path: Path | None, server_args: tuple[str, ...],
+                 pin: CpuPinning | None | Literal["auto"], contexts: tuple[int, ...],
+                 swap: bool) -> tuple[Runtime, Measured, float | None, str | None]:
+    rt = get_runtime(runtime)
+    if rt.name not in CALIBRATED_RUNTIMES:
+        raise InputError(f"calibrate measures {', '.join(CALIBRATED_RUNTIMES)}; {runtime} is "
+                         "none of them")
+    if pin == AUTO:
+        pin = pinning.decide(pinning.available_cpus(), url is None, rt.pins_local_server)
+    pinning.apply(pin)
+    options = ServerOptions(policy="keep", run_id="calibration", url=url, slots=1,
+                            model=model_path, server_args=server_args,
+                            server_cpus=pin.server if pin else None)
+    log_dir = out.parent / f"{out.stem}.server"
+    return rt, *_measure_on(rt, options, log_dir, repeats, contexts, swap)
 
 
 def calibrate(out: Path, runtime: str = "llamacpp", url: str | None = None, repeats: int = 3,
@@ -168,18 +402,63 @@ def calibrate(out: Path, runtime: str = "llamacpp", url: str | None = None, repe
     """Measure a server (`url`, or a local one started and stopped here with `server_args`
     added, pinned as the replays are: `pin`, or decided here) and write the calibration file
     `out`."""
-    rt = get_runtime(runtime)
-    if not rt.per_slot_control:
-        raise InputError(f"calibrate measures a server whose slots the harness controls; "
-                         f"{runtime} has none")
-    if pin == AUTO:
-        pin = pinning.decide(pinning.available_cpus(), url is None, rt.pins_local_server)
-    pinning.apply(pin)
-    options = ServerOptions(policy="keep", run_id="calibration", url=url, slots=1,
-                            model=model_path, server_args=server_args,
-                            server_cpus=pin.server if pin else None)
-    log_dir = out.parent / f"{out.stem}.server"
-    measured, bpt, build = _measure_on(rt, options, log_dir, repeats)
+    rt, measured, bpt, build = _run_measure(out, runtime, url, repeats, model_path,
+                                            server_args, pin, CONTEXTS, True)
     cal = to_calibration(measured, bpt, build, rt.name)
     write_calibration(out, cal)
     return cal, measured
+
+
+# ---- the drift check --------------------------------------------------------------------
+DRIFT_JSON = "calibration-drift.json"
+
+
+def drift(cal: Calibration, again: Measured) -> dict[str, Any]:
+    """Each rate a short re-measurement (`again`) has in common with `cal`, and how far it moved
+    since, in percent of the calibration's figure ((again - then) / then x 100)."""
+    rates: dict[str, dict[str, float]] = {}
+
+    def add(name: str, then: float | None, now: float | None) -> None:
+        if then and now:
+            rates[name] = {"calibrated": then, "rechecked": now,
+                           "drift_pct": (now - then) / then * 100.0}
+
+    for n, now in again.prefill_points:
+        add(f"prefill_tok_s@{n}", dict(cal.prefill_points).get(n), now)
+    for n, now in again.decode_points:
+        add(f"decode_tok_s@{n}", dict(cal.decode_points).get(n), now)
+    for n, now in again.append_points:
+        add(f"append_tok_s@{n}", dict(cal.append_points).get(n), now)
+    add("decode_tok_s", cal.decode_tok_s, again.decode_tok_s)
+    worst = max(rates.items(), key=lambda kv: abs(kv[1]["drift_pct"]), default=None)
+    return {"calibrated_at": cal.measured_at,
+            "rechecked_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "rates": rates,
+            "largest": {"rate": worst[0], "drift_pct": worst[1]["drift_pct"]} if worst else None,
+            "meaning": "drift_pct: the re-measured rate against the calibration's, in percent "
+                       "(negative: the server got slower since it was calibrated)"}
+
+
+def recheck(calibration: Path, runtime: str = "llamacpp", url: str | None = None,
+            server_args: tuple[str, ...] = (),
+            pin: CpuPinning | None | Literal["auto"] = AUTO) -> dict[str, Any]:
+    """Measure the server again, briefly (once, at the calibration's largest context, plus
+    decode; no swap), and write the drift of each rate to DRIFT_JSON beside `calibration`;
+    returns what it wrote."""
+    cal = read_calibration(calibration)
+    largest = (max(c for c, _ in cal.prefill_points),) if cal.prefill_points else CONTEXTS[-1:]
+    _, again, _, _ = _run_measure(calibration.parent / "calibration-recheck.json", runtime, url,
+                                  1, None, server_args, pin, largest, False)
+    doc = drift(cal, again)
+    write_json(calibration.parent / DRIFT_JSON, doc)
+    return doc
+
+
+def drift_lines(doc: dict[str, Any]) -> list[str]:
+    """The drift check for a table's notes: one line per rate."""
+    out = [f"calibration drift (re-measured at the end, against {doc['calibrated_at']}; "
+           "negative: slower now):"]
+    for name, r in doc["rates"].items():
+        out.append(f"  {name}: {r['calibrated']:,.1f} -> {r['rechecked']:,.1f} "
+                   f"({r['drift_pct']:+.1f}%)")
+    return out

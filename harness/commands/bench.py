@@ -14,6 +14,7 @@ from harness.adapters.http import Timeouts
 from harness.bench.plan import DEFAULT_PICK_SLO, DEFAULT_POLICIES, BenchPlan, plan_bench
 from harness.bench.run import bench_capacity, bench_pick, run_bench
 from harness.bench.table import headline_table, health_lines, retention_table
+from harness.calibrate.measure import DRIFT_JSON, drift_lines
 from harness.capacity.budget import parse_span
 from harness.capacity.run import result_table
 from harness.capacity.slo import parse_slo
@@ -57,14 +58,16 @@ from harness.selftest.result import read_selftest
 @click.option("--slots", type=int, default=4, show_default=True)
 @click.option("--ctx-per-slot", type=int, default=4096, show_default=True)
 @click.option("--calibration", type=click.Path(path_type=Path),
-              help="Rates from `harness calibrate`: policies price actions with them, each "
+              help="Rates from `harness calibrate`, or a shipped preset's name (harness "
+                   "calibrate --list): policies price actions with them, each "
                    "policy's directory gets the analytical prediction (prediction.json), and "
                    "(llama.cpp, closed loop, no injection, time scale 1) the simulator runs "
                    "each policy too (<policy>-simulated), compared in the report.")
 @click.option("--calibrate", "calibrate_first", is_flag=True,
-              help="llama.cpp: measure the server first (harness calibrate, written to "
-                   "<out>/calibration.json) and use it as --calibration: rates measured next "
-                   "to the replays they predict.")
+              help="llama.cpp, vLLM, SGLang: measure the server first (harness calibrate, "
+                   "written to <out>/calibration.json) and use it as --calibration: rates "
+                   "measured next to the replays they predict; re-measured briefly after the "
+                   "replays, each rate's drift in <out>/calibration-drift.json.")
 @click.option("--server-arg", "server_args", multiple=True,
               help="Extra flag for the local server, repeatable (e.g. -ngl 99).")
 @click.option("--out", type=click.Path(path_type=Path),
@@ -116,6 +119,10 @@ def bench_command(runtime: str, url: str | None, trace_path: Path | None,
         click.echo(retained)
     for line in health_lines(rows):
         click.echo(line)
+    if plan.calibrate_first and (plan.root / DRIFT_JSON).exists():
+        click.echo("")
+        for line in drift_lines(read_json(plan.root / DRIFT_JSON)):
+            click.echo(line)
     if plan.repeats > 1:
         for o in plan.runs:
             click.echo(f"\nspread between the {plan.repeats} repeats of {o.policy}:")

@@ -7,27 +7,55 @@ from pathlib import Path
 
 import click
 
-from harness.calibrate.measure import calibrate
+from harness.calibrate.measure import CALIBRATED_RUNTIMES, Measured, calibrate
 from harness.commands.options import Command, runtime_option, url_option
+from harness.errors import InputError
+from harness.model.calibration import Calibration, preset_names, resolve_calibration
 from harness.model.iteration import APPEND_TOKENS
 
 
 @click.command("calibrate", cls=Command)
-@runtime_option("A runtime whose slots the harness controls (llamacpp).")
-@url_option("A running server (a llama-server started with --slot-save-path); default: "
-            "start a local one.")
-@click.option("--out", required=True, type=click.Path(path_type=Path), help="JSON to write.")
+@runtime_option(f"The server to measure: {', '.join(CALIBRATED_RUNTIMES)}.")
+@url_option("A running server (llama-server started with --slot-save-path; vLLM with the "
+            "project's KV connector for swap); default: start a local one.")
+@click.option("--out", type=click.Path(path_type=Path), help="JSON to write.")
 @click.option("--repeats", type=int, default=3, show_default=True)
 @click.option("--model", "model_path", type=click.Path(path_type=Path))
-def calibrate_command(runtime: str, url: str | None, out: Path, repeats: int,
-                      model_path: Path | None) -> None:
-    """Measure prefill and decode rates and slot save/restore bandwidth on a live server."""
+@click.option("--list", "list_presets", is_flag=True,
+              help="List the shipped calibrations (presets for --calibration) and exit.")
+def calibrate_command(runtime: str, url: str | None, out: Path | None, repeats: int,
+                      model_path: Path | None, list_presets: bool) -> None:
+    """Measure prefill, decode and append rates, swap bandwidth and the KV pool of a live
+    server."""
+    if list_presets:
+        for name in preset_names():
+            cal = resolve_calibration(name)
+            click.echo(f"{name}: {cal.engine_kind or cal.runtime}, {cal.model}; "
+                       f"{cal.provenance()}")
+        return
+    if out is None:
+        raise InputError("calibrate needs --out (the JSON to write), or --list")
     cal, measured = calibrate(out, runtime, url, repeats, model_path)
+    click.echo(f"{summary(cal, measured)}\nwrote {out}")
+
+
+def summary(cal: Calibration, measured: Measured) -> str:
+    """What a calibration measured, in one paragraph."""
     pts = ", ".join(f"{n}: {r:,.0f}" for n, r in cal.prefill_points)
     dec = ", ".join(f"{n}: {r:,.1f}" for n, r in cal.decode_points)
     app = ", ".join(f"{n}: {r:,.1f}" for n, r in cal.append_points)
-    click.echo(f"prefill tok/s by context ({pts}); decode tok/s by context ({dec}); "
-               f"{APPEND_TOKENS}-token append tok/s by context ({app}); "
-               f"slot save {cal.swap_out_bytes_per_s / 2**30:.2f} GiB/s, restore "
-               f"{cal.swap_in_bytes_per_s / 2**30:.2f} GiB/s; KV {cal.kv_bytes_per_token:,.0f} "
-               f"B/token (dumps: {measured.dump_bytes_per_token:,.0f} B/token)\nwrote {out}")
+    if cal.has_swap:
+        swap = (f"swap out {cal.swap_out_bytes_per_s / 2**30:.2f} GiB/s, in "
+                f"{cal.swap_in_bytes_per_s / 2**30:.2f} GiB/s")
+    else:
+        swap = f"swap {measured.swap_note or 'unsupported'}"
+    dumped = (f" (swapped: {measured.dump_bytes_per_token:,.0f} B/token)"
+              if measured.dump_bytes_per_token else "")
+    pool = ", ".join(f"{k} {v:,}" for k, v in (("block_size", cal.block_size),
+                                                ("kv_capacity_tokens", cal.kv_capacity_tokens),
+                                                ("batch_tokens", cal.batch_tokens))
+                     if v is not None) or "not reported"
+    return (f"{cal.engine_kind or cal.runtime}: prefill tok/s by context ({pts}); decode tok/s "
+            f"by context ({dec}); {APPEND_TOKENS}-token append tok/s by context ({app}); "
+            f"{swap}; KV {cal.kv_bytes_per_token:,.0f} B/token{dumped}; the server's KV pool: "
+            f"{pool}")

@@ -1,18 +1,41 @@
-"""`harness calibrate` against the fake llama-server: exact rates from the server's timings."""
+"""`harness calibrate` against the fake servers (llama-server, vLLM, SGLang): exact rates from
+the servers' timings, the KV pool they report, and the drift check's arithmetic."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
+from click.testing import CliRunner
 
-from harness.adapters.http import connect
+from harness.adapters.base import Adapter
+from harness.adapters.http import HttpClient, connect
 from harness.adapters.llamacpp import LlamaCppAdapter
-from harness.calibrate.measure import Measured, measure, to_calibration
+from harness.adapters.sglang import SglangAdapter
+from harness.adapters.vllm import VllmAdapter
+from harness.calibrate.measure import (
+    Measured,
+    _cold,
+    drift,
+    drift_lines,
+    measure,
+    to_calibration,
+)
+from harness.cli import main
+from harness.errors import ServerError
 from harness.model.calibration import read_calibration, write_calibration
+from harness.plan.tokens import token_ids
 from tests.fakes.llamacpp_server import BYTES_PER_TOKEN, STATE, FakeConfig, make_app
+from tests.fakes.sglang_server import FakeSglangConfig
+from tests.fakes.sglang_server import make_app as sglang_app
+from tests.fakes.vllm_server import STATE as VLLM_STATE
+from tests.fakes.vllm_server import FakeVllmConfig
+from tests.fakes.vllm_server import make_app as vllm_app
 
 
 def test_measure_reads_the_servers_own_timings(tmp_path: Path) -> None:
@@ -48,14 +71,101 @@ def test_measure_reads_the_servers_own_timings(tmp_path: Path) -> None:
     assert read_calibration(path) == cal
 
 
-@pytest.mark.parametrize("extra", [["--calibration", "cal.json"], ["--runtime", "vllm"]])
-def test_bench_calibrate_is_for_llamacpp_without_a_calibration_file(extra: list[str],
-                                                                     tmp_path: Path) -> None:
-    from click.testing import CliRunner
-
-    from harness.cli import main
-
+@pytest.mark.parametrize("extra", [["--calibration", "cal.json"], ["--runtime", "openai"],
+                                   ["--runtime", "dynamo"]])
+def test_bench_calibrate_is_for_the_calibrated_runtimes_without_a_calibration_file(
+        extra: list[str], tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["bench", "--calibrate", "--out", str(tmp_path / "b"),
                                     *extra])
-    assert res.exit_code == 2 and "--calibrate measures a server whose slots" in res.output
+    assert res.exit_code == 2 and "--calibrate measures llamacpp, vllm, sglang" in res.output
     assert not (tmp_path / "b").exists()
+
+
+def test_calibrate_refuses_a_runtime_it_cannot_measure(tmp_path: Path) -> None:
+    res = CliRunner().invoke(main, ["calibrate", "--runtime", "openai", "--url",
+                                    "http://127.0.0.1:9", "--out", str(tmp_path / "c.json")])
+    assert res.exit_code == 2 and "calibrate measures llamacpp, vllm, sglang" in res.output
+    assert "Traceback" not in res.output
+
+
+def _engine(make: Callable[[], web.Application],
+            adapter: Callable[[HttpClient], Adapter], **kw: Any) -> tuple[Measured, Any]:
+    async def go() -> tuple[Measured, Any]:
+        app = make()
+        server = TestServer(app)
+        await server.start_server()
+        try:
+            async with connect(str(server.make_url("")), 8) as http:
+                m = await measure(adapter(http), contexts=(128, 512), repeats=2,
+                                  decode_tokens=4, **kw)
+        finally:
+            await server.close()
+        return m, app
+
+    return asyncio.run(go())
+
+
+def test_vllm_is_measured_cold_then_appended_through_its_prefix_cache() -> None:
+    m, app = _engine(lambda: vllm_app(FakeVllmConfig()),
+                     lambda http: VllmAdapter(http, salt="run", vocab_size=2048), swap=False)
+    # the fake: prompt 2.5 ms, decode 1 ms per generated token after the first
+    assert m.prefill_points == [(128, pytest.approx(128 / 0.0025)),
+                                (512, pytest.approx(512 / 0.0025))]
+    assert m.append_points == [(128, pytest.approx(32 / 0.0025)),
+                               (512, pytest.approx(32 / 0.0025))]
+    assert m.decode_tok_s == pytest.approx(3 / 0.004)
+    assert (m.block_size, m.kv_capacity_tokens) == (32, 32 * 1024)
+    assert m.swap_out_bytes_per_s is None and m.swap_note is not None
+    # every cold prefill under a salt of its own; each append under its prefix's salt
+    bodies = [b for b in app[VLLM_STATE].requests if b.get("stream")]  # not control ops
+    colds = [b for b in bodies if b["max_tokens"] == 4]
+    assert len({b["cache_salt"] for b in colds}) == len(colds)
+    assert all(b["cache_salt"].startswith("calibration-") for b in bodies)
+
+
+def test_a_cold_prefill_the_server_served_from_cache_is_refused() -> None:
+    async def body() -> None:
+        app = vllm_app(FakeVllmConfig())
+        server = TestServer(app)
+        await server.start_server()
+        try:
+            async with connect(str(server.make_url("")), 8) as http:
+                ad = VllmAdapter(http, vocab_size=2048)
+                await ad.server_info()
+                ids = token_ids(1, 128, 2048)
+                await _cold(ad, ids, "s", 2)
+                with pytest.raises(ServerError, match="reused 96 cached tokens"):
+                    await _cold(ad, ids[:100] + token_ids(2, 28, 2048), "s", 2)
+        finally:
+            await server.close()
+
+    asyncio.run(body())
+
+
+def test_sglang_records_swap_as_unsupported_and_its_pool() -> None:
+    m, _ = _engine(lambda: sglang_app(FakeSglangConfig()),
+                   lambda http: SglangAdapter(http, salt="run", vocab_size=2048))
+    assert m.prefill_points == [(128, pytest.approx(128 / 0.0025)),
+                                (512, pytest.approx(512 / 0.0025))]
+    assert m.append_points[0] == (128, pytest.approx(32 / 0.0025))
+    assert m.decode_tok_s == pytest.approx(3 / 0.004)
+    assert (m.block_size, m.kv_capacity_tokens, m.batch_tokens) == (1, 65536, 4096)
+    assert m.swap_out_bytes_per_s is None and m.swap_in_bytes_per_s is None
+    assert m.swap_note is not None and m.swap_note.startswith("unsupported: SGLang has no")
+    cal = to_calibration(m, 512.0, runtime="sglang")
+    assert not cal.has_swap and cal.engine == "sglang" and cal.block_size == 1
+    assert cal.to_dict()["swap_in_bytes_per_s"] is None
+
+
+def test_drift_is_each_rate_against_the_calibration_in_percent() -> None:
+    m, _ = _engine(lambda: sglang_app(FakeSglangConfig()),
+                   lambda http: SglangAdapter(http, salt="run", vocab_size=2048))
+    cal = to_calibration(m, 512.0, runtime="sglang")
+    again = Measured([(512, m.prefill_points[-1][1] * 0.9)], [(512, m.decode_points[-1][1])],
+                     [], m.decode_tok_s * 1.05, None, None, None, "v", "tiny")
+    doc = drift(cal, again)
+    assert doc["rates"]["prefill_tok_s@512"]["drift_pct"] == pytest.approx(-10.0)
+    assert doc["rates"]["decode_tok_s"]["drift_pct"] == pytest.approx(5.0)
+    assert doc["largest"] == {"rate": "prefill_tok_s@512", "drift_pct": pytest.approx(-10.0)}
+    lines = drift_lines(doc)
+    assert "calibration drift" in lines[0] and any("(-10.0%)" in ln for ln in lines)

@@ -108,6 +108,8 @@ class Book:
         self.worker_host_bytes: int | None = None
         self.expired = {"pins": 0, "copies": 0}
         self.restored_tokens = 0
+        # What the worker loaded back from host copies, in total: bytes and copy time.
+        self.loaded: dict[str, Any] = {"bytes": 0, "ms": 0.0}
 
     # ---- a session's calls --------------------------------------------------------------
     def finished(self, session: str, hold: bool, blocks: Sequence[Any], tokens: Sequence[int],
@@ -269,10 +271,13 @@ class Book:
             self._after_orders = []
         return orders
 
-    def worker_report(self, saved: dict[int, dict[str, Any]], host_bytes: int | None) -> None:
-        """What the worker reported for a step: each save's bytes, time and error, and the
-        host memory it holds."""
+    def worker_report(self, saved: dict[int, dict[str, Any]], host_bytes: int | None,
+                      loaded_bytes: int = 0, loaded_ms: float = 0.0) -> None:
+        """What the worker reported for a step: each save's bytes, time and error, the host
+        memory it holds, and what it loaded back (bytes, ms)."""
         self.saved.update(saved)
+        self.loaded["bytes"] += loaded_bytes
+        self.loaded["ms"] = round(self.loaded["ms"] + loaded_ms, 6)
         if host_bytes is not None:
             self.worker_host_bytes = host_bytes
         for copy_id, report in saved.items():
@@ -309,7 +314,8 @@ class Book:
                 "default_ttl_s": self.limits.default_ttl_s,
                 "block_size": self.limits.block_size,
                 "bytes_per_block": self.limits.bytes_per_block,
-                "expired": dict(self.expired), "restored_tokens": self.restored_tokens}
+                "expired": dict(self.expired), "restored_tokens": self.restored_tokens,
+                "loaded": dict(self.loaded)}
 
     def _release_all(self, prefix: str) -> int:
         sessions = {s for s in [*self.pins, *self.copies] if s.startswith(prefix)}

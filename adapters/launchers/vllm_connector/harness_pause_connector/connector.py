@@ -49,6 +49,8 @@ class HarnessPauseWorkerMetadata(KVConnectorWorkerMetadata):  # type: ignore[mis
 
     saved: dict[int, dict[str, Any]] = field(default_factory=dict)
     host_bytes: int = 0
+    loaded_bytes: int = 0  # loaded back from host copies in the step
+    loaded_ms: float = 0.0
 
     def aggregate(self, other: Any) -> HarnessPauseWorkerMetadata:
         """Several workers (tensor parallel): bytes add up, the slowest copy counts."""
@@ -60,7 +62,9 @@ class HarnessPauseWorkerMetadata(KVConnectorWorkerMetadata):  # type: ignore[mis
             saved[copy_id] = theirs if mine is None else {
                 "bytes": mine["bytes"] + theirs["bytes"], "ms": max(mine["ms"], theirs["ms"]),
                 "error": mine.get("error") or theirs.get("error")}
-        return HarnessPauseWorkerMetadata(saved, self.host_bytes + other.host_bytes)
+        return HarnessPauseWorkerMetadata(saved, self.host_bytes + other.host_bytes,
+                                          self.loaded_bytes + other.loaded_bytes,
+                                          max(self.loaded_ms, other.loaded_ms))
 
 
 class _VllmPool:
@@ -108,6 +112,7 @@ class HarnessPauseConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._saved: dict[int, dict[str, Any]] = {}
         self._host_changed = False
         self._load_errors: set[int] = set()
+        self._loaded = [0, 0.0]  # bytes and ms loaded back since the last report
         if role == KVConnectorRole.SCHEDULER:
             logger.info("%s: %s", type(self).__name__, self._limits)
 
@@ -156,7 +161,8 @@ class HarnessPauseConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def update_connector_output(self, connector_output: Any) -> None:
         meta = connector_output.kv_connector_worker_meta
         if isinstance(meta, HarnessPauseWorkerMetadata):
-            self._the_book().worker_report(meta.saved, meta.host_bytes)
+            self._the_book().worker_report(meta.saved, meta.host_bytes, meta.loaded_bytes,
+                                           meta.loaded_ms)
 
     def request_finished(self, request: Any,
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
@@ -233,9 +239,15 @@ class HarnessPauseConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if copy is None or not dst:
             self._load_errors.update(dst)  # the scheduler recomputes these blocks
             return
+        t0 = time.perf_counter()
         idx = torch.tensor(dst, dtype=torch.long)
         for name, kv in self._layers.items():
-            kv.index_copy_(0, idx.to(kv.device), copy[name][first:first + len(dst)].to(kv.device))
+            part = copy[name][first:first + len(dst)]
+            kv.index_copy_(0, idx.to(kv.device), part.to(kv.device))
+            self._loaded[0] += part.numel() * part.element_size()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # the copy's time, not its launch's
+        self._loaded[1] += (time.perf_counter() - t0) * 1e3
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Loads are done whole in start_load_kv, before the step's forward."""
@@ -255,8 +267,9 @@ class HarnessPauseConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if not self._saved and not self._host_changed:
             return None
         meta = HarnessPauseWorkerMetadata(self._saved, sum(
-            t.numel() * t.element_size() for copy in self._host.values() for t in copy.values()))
-        self._saved, self._host_changed = {}, False
+            t.numel() * t.element_size() for copy in self._host.values() for t in copy.values()),
+            int(self._loaded[0]), float(self._loaded[1]))
+        self._saved, self._host_changed, self._loaded = {}, False, [0, 0.0]
         return meta
 
 

@@ -12,7 +12,7 @@ import click
 from harness.commands.options import Command
 from harness.errors import InputError
 from harness.limits import MAX_SEED
-from harness.model.calibration import read_calibration
+from harness.model.calibration import DEFAULT_PRESET, resolve_calibration
 from harness.policies import parse_policy_args
 from harness.records.manifest import Outcome
 from harness.simulate.fleet import ROUND_ROBIN, ROUTERS, check_fleet, fleet_line
@@ -79,8 +79,10 @@ def _float(flag: str, raw: str | None) -> float | None:
 @click.option("--host-tokens", help="vllm/sglang: the host tier's capacity for swap, in tokens "
                                     "(default: unbounded); an offload that does not fit is "
                                     "refused and the context stays pinned.")
-@click.option("--calibration", required=True, type=click.Path(path_type=Path),
-              help="Measured rates (harness calibrate).")
+@click.option("--calibration", default=DEFAULT_PRESET, show_default=True,
+              type=click.Path(path_type=Path),
+              help="Rates: a file from `harness calibrate`, or a shipped preset's name "
+                   "(harness calibrate --list).")
 @click.option("--concurrency", help="Closed loop: N agents (default 4).")
 @click.option("--rate", help="Open loop: Poisson arrivals per second.")
 @click.option("--trace-timing", is_flag=True, help="Open loop: the trace's start_s.")
@@ -120,7 +122,7 @@ def simulate_command(trace: Path, policy: str, policy_args: tuple[str, ...],
     check_fleet(k, router)
     if sum(x is not None and x is not False for x in (concurrency, rate, trace_timing)) > 1:
         raise InputError("choose one of --concurrency, --rate, --trace-timing")
-    cal = read_calibration(calibration)
+    cal = resolve_calibration(calibration, note=click.echo)
     kind = engine or (cal.engine_kind if cal.engine_kind in ENGINES else LLAMACPP)
     tokens = _int("--capacity-tokens", capacity_tokens)
     block = _int("--block-size", block_size)

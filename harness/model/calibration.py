@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -300,17 +301,25 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESETS_DIR.glob("*.json"))
 
 
-def resolve_calibration(name_or_path: str | Path) -> Calibration:
+def resolve_calibration(name_or_path: str | Path, policy: str | None = None,
+                        policy_args: dict[str, str] | None = None,
+                        note: Callable[[str], object] | None = None) -> Calibration:
     """A shipped calibration by name, or a calibration file; InputError (one line, listing the
-    presets) for a name that is neither."""
+    presets) for a name that is neither. With `policy`, refused (check_swap) when the policy
+    must swap and the engine has none; `note` is told when the figures are declared."""
     raw = str(name_or_path)
     if raw in preset_names():
-        return Calibration.from_dict(_read_json(PRESETS_DIR / f"{raw}.json"), f"preset {raw}")
-    p = Path(name_or_path)
-    if p.is_file():
-        return read_calibration(p)
-    raise InputError(f"calibration {raw!r}: neither a file nor a shipped preset (presets: "
-                     f"{', '.join(preset_names())})")
+        cal = Calibration.from_dict(_read_json(PRESETS_DIR / f"{raw}.json"), f"preset {raw}")
+    elif Path(name_or_path).is_file():
+        cal = read_calibration(name_or_path)
+    else:
+        raise InputError(f"calibration {raw!r}: neither a file nor a shipped preset (presets: "
+                         f"{', '.join(preset_names())})")
+    if policy is not None:
+        check_swap(cal, policy, policy_args, f"calibration {raw}")
+    if note is not None and cal.is_declared:
+        note(f"calibration {raw}: {DECLARED_NOTE}; its sources are in its `declared` key")
+    return cal
 
 
 def _read_json(p: Path) -> Any:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.advise.candidates import better, objective_value
+from harness.advise.candidates import SGLANG, VLLM, Candidate, better, objective_value
 from harness.capacity.budget import Budget
 from harness.capacity.driver import PointSpec, SearchSettings, judge_point, search_policy
 from harness.capacity.slo import Slo
@@ -16,6 +16,30 @@ from harness.report.fidelity import relative_error
 
 FIGURES = ("resume_latency_ms", "ttft_ms", "success_rate", "goodput_per_min",
            "kv_paused_mean_mib")
+
+
+def live_settings(c: Candidate, block_size: int, url: str | None,
+                  server_args: tuple[str, ...] = (), max_context: int = 4096
+                  ) -> dict[str, Any]:
+    """The RunOptions fields a live point of `c` runs with: llama.cpp's slots and context per
+    slot; a local vLLM's KV pool as whole blocks of `block_size` (--num-gpu-blocks-override:
+    the pool's blocks plus vLLM's null block, which holds no tokens) or a local SGLang's
+    (--max-total-tokens), each with the longest context no more than the pool (`max_context`
+    at most). A server at `url` runs its own pool: nothing is set."""
+    if c.kv_tokens is None:
+        return {"slots": c.slots, "ctx_per_slot": c.ctx_per_slot}
+    if url is not None:
+        return {}
+    pool: tuple[str, ...]
+    if c.engine == VLLM:
+        pool = (f"--block-size={block_size}",
+                f"--num-gpu-blocks-override={c.kv_tokens // block_size + 1}")
+    elif c.engine == SGLANG:
+        pool = (f"--max-total-tokens={c.kv_tokens}",)
+    else:
+        raise ValueError(f"no KV pool setting for engine {c.engine!r}")
+    return {"server_args": (*server_args, *pool),
+            "ctx_per_slot": min(max_context, c.kv_tokens)}
 
 
 def rel_error(predicted: float | None, measured: float | None) -> float | None:

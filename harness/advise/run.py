@@ -18,31 +18,49 @@ from typing import Any
 
 from harness.adapters.base import Runtime
 from harness.adapters.runtimes import get_runtime
-from harness.advise.candidates import candidate_space, simulate_candidates, simulated_measure
-from harness.advise.confirm import confirm, disagreement, recommend
+from harness.advise.candidates import (
+    Candidate,
+    candidate_space,
+    simulate_candidates,
+    simulated_measure,
+)
+from harness.advise.confirm import confirm, disagreement, live_settings, recommend
 from harness.advise.explain import explain
 from harness.capacity.budget import Budget
 from harness.capacity.driver import PointSpec, SearchSpec
 from harness.capacity.live import live_measure, nan_free
-from harness.model.calibration import read_calibration
+from harness.errors import InputError
+from harness.model.calibration import (
+    RUNTIME_ENGINES,
+    Calibration,
+    preset_names,
+    resolve_calibration,
+    write_calibration,
+)
 from harness.records.store import ensure_out_dir, write_json
 from harness.replay.options import RunOptions
 from harness.replay.run import to_stderr
 from harness.report.capacity_view import advice_section
 from harness.report.data import load_runs
 from harness.report.render import render_runs
+from harness.simulate.server import BLOCK_SIZE, LLAMACPP
 from harness.traces.scale import scale_tokens
 from harness.traces.validate import load_trajectories
 
 ADVICE_JSON = "advice.json"
+CALIBRATION_COPY = "calibration.json"  # a shipped preset's copy, which the live runs read
+DEFAULT_SLOTS, DEFAULT_CTX = 4, 4096  # llama.cpp's server setting when none is given
 
 
 @dataclass(frozen=True)
 class AdvisePlan:
-    """An advice, as asked for: the trace and calibration the simulator runs on, the policy
-    families and server settings searched, the objective under the search's SLO, and (with
-    `search.settings.confirm`) how the live server is reached: `live` holds the runtime, URL,
-    seed, token scale, timeouts and headers of the confirming runs."""
+    """An advice, as asked for: the trace and calibration (a file or a shipped preset's name)
+    the simulator runs on, the policy families and server settings searched, the objective
+    under the search's SLO, and (with `search.settings.confirm`) how the live server is
+    reached: `live` holds the runtime, URL, seed, token scale, timeouts and headers of the
+    confirming runs. The runtime's engine decides the space: slots x context per slot on
+    llama.cpp, KV pools of `kv_tokens` (default: the calibration's kv_capacity_tokens) on vLLM
+    and SGLang; `policies` empty: every one the engine executes."""
 
     root: Path
     trace: Path
@@ -55,6 +73,67 @@ class AdvisePlan:
     live: RunOptions
     agents: int | None = None  # memory-time's operating point (None: the simulator's)
     tolerance: float = 0.15
+    kv_tokens: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Space:
+    """What an advice searches: the engine, the calibration, its block size and candidates."""
+
+    engine: str
+    calibration: Calibration
+    block_size: int
+    candidates: list[Candidate]
+
+
+def plan_space(plan: AdvisePlan, note: Callable[[str], object] | None = None) -> Space:
+    """The engine of the plan's runtime and its candidates; InputError (one line) for a
+    calibration of another engine or a server setting the engine does not have. `note` is
+    told when the calibration's figures are declared, not measured."""
+    engine = RUNTIME_ENGINES.get(plan.live.runtime)
+    if engine is None:
+        raise InputError(f"advise --runtime {plan.live.runtime}: the advisor simulates "
+                         "llamacpp, vllm and sglang servers only")
+    cal = resolve_calibration(plan.calibration, note=note)
+    measured = cal.engine_kind
+    if measured is not None and measured != engine:
+        raise InputError(f"--calibration {plan.calibration} is a {measured} calibration, "
+                         f"but --runtime {plan.live.runtime} is {engine}: the simulator would "
+                         f"price the wrong engine; {matching(engine)}")
+    if engine == LLAMACPP:
+        if plan.kv_tokens:
+            raise InputError("--kv-tokens sizes a vLLM or SGLang KV pool; llama.cpp's setting "
+                             "is --slots x --ctx-per-slot")
+        return Space(engine, cal, 1, candidate_space(
+            list(plan.policies) or None, list(plan.slots) or [DEFAULT_SLOTS],
+            list(plan.ctx_per_slot) or [DEFAULT_CTX], has_swap=cal.has_swap))
+    if plan.slots or plan.ctx_per_slot:
+        raise InputError(f"--slots and --ctx-per-slot are llama.cpp's; --runtime "
+                         f"{plan.live.runtime} has a KV pool: give --kv-tokens (its size in "
+                         "tokens)")
+    tokens = list(plan.kv_tokens) or ([cal.kv_capacity_tokens] if cal.kv_capacity_tokens
+                                      else [])
+    if not tokens:
+        raise InputError(f"--runtime {plan.live.runtime}: give --kv-tokens (the KV pool in "
+                         "tokens; the calibration reports none)")
+    block = cal.block_size or BLOCK_SIZE[engine]
+    odd = [t for t in tokens if t % block]
+    if odd:
+        raise InputError(f"--kv-tokens {odd[0]}: {engine}'s pool is whole blocks of {block} "
+                         f"tokens (the calibration's block size); give a multiple of {block}")
+    if plan.live.url and len(tokens) > 1:
+        raise InputError("--url: the server's own KV pool is what it has; give one "
+                         "--kv-tokens (its size)")
+    return Space(engine, cal, block, candidate_space(
+        list(plan.policies) or None, [], [], engine, tokens, cal.has_swap))
+
+
+def matching(engine: str) -> str:
+    """What to use instead: the engine's shipped presets, or a calibration of it."""
+    presets = [n for n in preset_names() if n.startswith(f"{engine}-")]
+    measure = f"harness calibrate --runtime {engine} --out cal.json"
+    return (f"use one of {engine}: a shipped preset ({', '.join(presets)}) or a measured one "
+            f"({measure})" if presets else f"measure one of {engine} ({measure})")
 
 
 def advise(plan: AdvisePlan, echo: Callable[[str], None] = print,
@@ -62,33 +141,39 @@ def advise(plan: AdvisePlan, echo: Callable[[str], None] = print,
     """Search the candidates in simulation, confirm the chosen ones on the server (unless the
     plan says not to), explain the pick, write advice.json and report.html under the plan's
     root; returns advice.json's content. InputError for bad input, before the first run."""
-    cal = read_calibration(plan.calibration)
+    space = plan_space(plan, echo)
+    cal, cands = space.calibration, space.candidates
     steps = scale_tokens(load_trajectories(plan.trace), plan.live.token_scale)
-    cands = candidate_space(list(plan.policies), list(plan.slots), list(plan.ctx_per_slot))
     ensure_out_dir(plan.root)
+    if not plan.calibration.is_file():  # a shipped preset: the live runs read a copy
+        plan = dataclasses.replace(plan, calibration=write_calibration(
+            plan.root / CALIBRATION_COPY, cal))
     s = plan.search
     budget = Budget(s.budget_s, s.settings.clock)
     by_key = {c.key(): c for c in cands}
 
-    def server_of(spec: PointSpec) -> tuple[int, int]:
-        c = by_key[spec.label]
-        return c.slots, c.ctx_per_slot
+    def server_of(spec: PointSpec) -> Candidate:
+        return by_key[spec.label]
 
-    echo(f"simulating {len(cands)} candidates ...")
+    echo(f"simulating {len(cands)} candidates on {space.engine} ...")
     rows = simulate_candidates(
         cands, s.slo, simulated_measure(plan.trace, cal, plan.calibration, s.duration_s,
                                         s.warmup_s, plan.live.seed, plan.live.token_scale,
-                                        server_of),
+                                        lambda spec: server_of(spec).capacity(space.block_size)),
         plan.root / "simulated", s.settings, plan.objective, plan.agents, echo)
     for r in rows:
         r["objective"] = plan.objective
     doc: dict[str, Any] = {"kind": "advice", "slo": s.slo.spec(), "objective": plan.objective,
                            "trace": str(plan.trace), "calibration": str(plan.calibration),
+                           "engine": space.engine, "block_size": space.block_size,
                            "tolerance": plan.tolerance, "candidates": rows, "confirmed": [],
                            "point": {"duration_s": s.duration_s, "warmup_s": s.warmup_s}}
     write_json(plan.root / ADVICE_JSON, nan_free(doc))
     if s.settings.confirm:
-        _confirm(plan, doc, rows, budget, server_of, echo, runtime)
+        _confirm(plan, doc, rows, budget,
+                 lambda spec: live_settings(server_of(spec), space.block_size, plan.live.url,
+                                            plan.live.server_args, plan.live.ctx_per_slot),
+                 echo, runtime)
     else:
         top = rows[0]
         doc["recommendation"] = {"label": top["label"], "key": top["key"],
@@ -106,15 +191,14 @@ def advise(plan: AdvisePlan, echo: Callable[[str], None] = print,
 
 
 def _confirm(plan: AdvisePlan, doc: dict[str, Any], rows: list[dict[str, Any]],
-             budget: Budget, server_of: Callable[[PointSpec], tuple[int, int]],
+             budget: Budget, settings: Callable[[PointSpec], dict[str, Any]],
              echo: Callable[[str], None], runtime: Runtime | None) -> None:
-    """The live confirmation into `doc`: confirmed, recommendation, best_fixed, disagreement."""
+    """The live confirmation into `doc`: confirmed, recommendation, best_fixed, disagreement;
+    `settings(spec)`: the server settings of a point (harness.advise.confirm.live_settings)."""
     s = plan.search
     base = dataclasses.replace(plan.live, trace=plan.trace, calibration=plan.calibration)
     measure = live_measure(base, runtime or get_runtime(base.runtime), s.duration_s,
-                           s.warmup_s, to_stderr,
-                           lambda spec: dict(zip(("slots", "ctx_per_slot"), server_of(spec),
-                                                 strict=True)))
+                           s.warmup_s, to_stderr, settings)
     doc["confirmed"] = confirm(rows, s.slo, measure, plan.root / "live", budget, s.settings,
                                plan.objective, plan.tolerance, echo)
     doc["recommendation"] = recommend(doc["confirmed"], plan.objective)

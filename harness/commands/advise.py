@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from harness.adapters.http import Timeouts
-from harness.advise.candidates import OBJECTIVES, SPACE
+from harness.advise.candidates import OBJECTIVES, SPACE, engine_space
 from harness.advise.run import AdvisePlan, advice_text, advise, objective_missed
 from harness.capacity.driver import SearchSpec
 from harness.commands.exits import exit_confirm_failed
@@ -44,15 +44,25 @@ def int_list(flag: str, text: str, low: int, high: int) -> list[int]:
               help="Trajectory file (default: the shipped traces/bench-small.parquet).")
 @click.option("--calibration", required=True, type=click.Path(path_type=Path),
               help="Rates from `harness calibrate` for the simulator (measure next to the "
-                   "server confirmed on).")
+                   "server confirmed on), or a shipped preset's name (harness calibrate "
+                   "--list); of the --runtime's engine.")
 @click.option("--objective", type=click.Choice(OBJECTIVES), default="capacity",
               show_default=True)
-@click.option("--policies", default=",".join(SPACE), show_default=True,
-              help="The policy families searched (with the parameters the advisor tries).")
-@click.option("--slots", "slots_text", default="4", show_default=True,
-              help="Slot counts the server may run with, e.g. 2,4,8.")
-@click.option("--ctx-per-slot", "ctx_text", default="4096", show_default=True,
-              help="Context per slot the server may run with, e.g. 2048,4096.")
+@click.option("--policies",
+              help="The policy families searched (with the parameters the advisor tries); "
+                   f"default: every one the runtime executes (llamacpp: {', '.join(SPACE)}; "
+                   f"vllm: {', '.join(engine_space('vllm'))}; sglang: "
+                   f"{', '.join(engine_space('sglang', has_swap=False))}).")
+@click.option("--slots", "slots_text",
+              help="llama.cpp: slot counts the server may run with, e.g. 2,4,8 (default 4).")
+@click.option("--ctx-per-slot", "ctx_text",
+              help="llama.cpp: context per slot the server may run with, e.g. 2048,4096 "
+                   "(default 4096).")
+@click.option("--kv-tokens", "kv_text",
+              help="vLLM, SGLang: KV pool sizes in tokens the server may run with, e.g. "
+                   "2560,4096 (default: the calibration's kv_capacity_tokens); a local server "
+                   "is started with each (vLLM --num-gpu-blocks-override, SGLang "
+                   "--max-total-tokens).")
 @click.option("--agents", type=click.IntRange(1, 100_000),
               help="memory-time: the operating point (default: the best fixed policy's "
                    "simulated capacity).")
@@ -60,21 +70,24 @@ def int_list(flag: str, text: str, low: int, high: int) -> list[int]:
               show_default=True, help="The most the prediction may miss the measurement by.")
 @search_options
 @runtime_option()
-@url_option("A running server (then --slots and --ctx-per-slot are its own).")
+@url_option("A running server (then --slots and --ctx-per-slot, or --kv-tokens, are its "
+            "own).")
 @seed_option
 @token_scale_option
 @click.option("--out", type=click.Path(path_type=Path),
               help="Results root (default: reports/advise-<UTC time>).")
 @timeout_options
 @auth_options
-def advise_command(trace_path: Path | None, calibration: Path, objective: str, policies: str,
-                   slots_text: str, ctx_text: str, agents: int | None, tolerance: float,
+def advise_command(trace_path: Path | None, calibration: Path, objective: str,
+                   policies: str | None, slots_text: str | None, ctx_text: str | None,
+                   kv_text: str | None, agents: int | None, tolerance: float,
                    search: SearchSpec, runtime: str, url: str | None, seed: int,
                    token_scale: float, out: Path | None, timeouts: Timeouts,
                    headers: dict[str, str], skip_oversized: bool) -> None:
     """Recommend a pause policy: search in simulation, confirm on the live server."""
-    slots = int_list("--slots", slots_text, 1, 65_536)
-    ctx = int_list("--ctx-per-slot", ctx_text, 16, 16_777_216)
+    slots = int_list("--slots", slots_text, 1, 65_536) if slots_text is not None else []
+    ctx = int_list("--ctx-per-slot", ctx_text, 16, 16_777_216) if ctx_text is not None else []
+    kv = int_list("--kv-tokens", kv_text, 16, 1 << 40) if kv_text is not None else []
     if url and (len(slots) > 1 or len(ctx) > 1):
         raise InputError("--url: the server's own slots and context are what it has; give "
                          "one --slots and one --ctx-per-slot (its settings)")
@@ -85,8 +98,8 @@ def advise_command(trace_path: Path | None, calibration: Path, objective: str, p
     root = out or Path("reports") / f"advise-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
     doc = advise(AdvisePlan(
         root, trace_path or shipped_trace(), calibration, objective,
-        tuple(p.strip() for p in policies.split(",") if p.strip()), tuple(slots), tuple(ctx),
-        search, live, agents, tolerance), click.echo)
+        tuple(p.strip() for p in (policies or "").split(",") if p.strip()), tuple(slots),
+        tuple(ctx), search, live, agents, tolerance, tuple(kv)), click.echo)
     click.echo("")
     click.echo(advice_text(doc))
     click.echo(f"\nresults: {root}\nreport:  {root / 'report.html'}")

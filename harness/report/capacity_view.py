@@ -337,7 +337,8 @@ def _compared(c: dict[str, Any]) -> list[str]:
 
 def _candidate_row(c: dict[str, Any], recommended: Any) -> list[str]:
     p = _d(c.get("predicted"))
-    shape = ("-" if c.get("slots") is None and c.get("ctx_per_slot") is None
+    shape = (f"{_n(c.get('kv_tokens'))} tokens" if c.get("kv_tokens") is not None
+             else "-" if c.get("slots") is None and c.get("ctx_per_slot") is None
              else f"{_n(c.get('slots'))} x {_n(c.get('ctx_per_slot'))}")
     return [_n(c.get("rank")), _label(c, recommended), shape, _yes(c.get("fixed")),
             _n(p.get("capacity")), _n(p.get("agents")), _n(_get(p, "resume_latency_ms.p95")),
@@ -383,8 +384,8 @@ def advice_section(doc: dict[str, Any]) -> str:
     if cands:
         order = sorted(cands, key=lambda c: (_num(c.get("rank")) is None,
                                              _num(c.get("rank")) or 0.0))
-        heads = ["rank", "candidate", "slots x ctx", "fixed", "predicted capacity",
-                 "operating point (agents)", "resume P95 ms", "goodput / min",
+        heads = ["rank", "candidate", "server (slots x ctx, KV pool)", "fixed",
+                 "predicted capacity", "operating point (agents)", "resume P95 ms", "goodput / min",
                  "paused KV MiB (mean)", "objective"]
         parts += ["<h3>Candidates (simulated)</h3>",
                   table(heads, [_candidate_row(c, rec.get("label")) for c in order], 2)]

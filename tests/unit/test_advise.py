@@ -61,7 +61,8 @@ def test_objectives_and_errors() -> None:
 def test_simulated_ranking_on_the_shipped_trace(tmp_path: Path) -> None:
     cands = candidate_space(["keep", "recompute"], [4], [4096])
     cal = read_calibration(CAL)
-    measure = simulated_measure(TRACE, cal, CAL, 30.0, 5.0, 0, 1.0, lambda s: (4, 4096))
+    measure = simulated_measure(TRACE, cal, CAL, 30.0, 5.0, 0, 1.0,
+                                lambda s: cands[0].capacity())
     rows = simulate_candidates(cands, parse_slo("resume_p95=2400ms"), measure, tmp_path,
                                SearchSettings(max_agents=8), "capacity", None, lambda m: None)
     by = {r["label"]: r for r in rows}

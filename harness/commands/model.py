@@ -38,7 +38,8 @@ def _number(flag: str, raw: str | None, kind: type = float) -> Any:
 @click.option("--config", type=click.Path(path_type=Path), help="TOML with the same keys.")
 @click.option("--gguf", type=click.Path(path_type=Path), help="Read the geometry from a GGUF.")
 @click.option("--hf-config", type=click.Path(path_type=Path), help="Read it from config.json.")
-@click.option("--calibration", type=click.Path(path_type=Path), help="Measured rates (JSON).")
+@click.option("--calibration", type=click.Path(path_type=Path),
+              help="Measured rates: a file (JSON) or a shipped preset's name.")
 @click.option("--trace", type=click.Path(path_type=Path), help="Price every tool step of a trace.")
 @click.option("--layers")
 @click.option("--kv-heads")

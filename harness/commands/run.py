@@ -65,7 +65,8 @@ def _err(message: str) -> None:
               "openai: the served model's name (default: the first /v1/models lists).")
 @click.option("--scrape-interval", type=float, default=0.2, show_default=True)
 @click.option("--calibration", type=click.Path(path_type=Path),
-              help="Rates from `harness calibrate` for the policies to price actions with.")
+              help="Rates from `harness calibrate` (a file, or a shipped preset's name) for "
+                   "the policies to price actions with.")
 @click.option("--server-arg", "server_args", multiple=True,
               help="Extra flag for the local server, repeatable (e.g. --server-arg=-ngl "
                    "--server-arg=99 to offload a llama-server to the GPU).")

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -310,8 +311,8 @@ def resolve_calibration(name_or_path: str | Path, policy: str | None = None,
     raw = str(name_or_path)
     if raw in preset_names():
         cal = Calibration.from_dict(_read_json(PRESETS_DIR / f"{raw}.json"), f"preset {raw}")
-    elif Path(name_or_path).is_file():
-        cal = read_calibration(name_or_path)
+    elif Path(name_or_path).is_file() or Path(raw).suffix == ".json" or os.sep in raw:
+        cal = read_calibration(name_or_path)  # a path: "does not exist" when it does not
     else:
         raise InputError(f"calibration {raw!r}: neither a file nor a shipped preset (presets: "
                          f"{', '.join(preset_names())})")

@@ -18,7 +18,7 @@ import numpy as np
 
 from harness.errors import InputError
 from harness.model.analytical import GIB, Pauses, Rates
-from harness.model.calibration import read_calibration
+from harness.model.calibration import resolve_calibration
 from harness.model.geometry import (
     DEFAULT_KV_DTYPE_BYTES,
     Geometry,
@@ -171,7 +171,7 @@ def resolve(flags: dict[str, Any]) -> ModelRequest:
     """Merge preset, config file, geometry files, calibration, trace and flags into a request."""
     cfg = read_config(flags["config"]) if flags.get("config") else {}
     cal_path = _pick(flags, cfg, "calibration")
-    cal = read_calibration(cal_path) if cal_path else None
+    cal = resolve_calibration(cal_path) if cal_path else None
     geometry, bpt, scenario = _geometry(flags, cfg, cal.kv_bytes_per_token if cal else None)
 
     bw, prefill = _pick(flags, cfg, "bandwidth_gib_s"), _pick(flags, cfg, "prefill_tok_s")
@@ -186,6 +186,9 @@ def resolve(flags: dict[str, Any]) -> ModelRequest:
         points, source = cal.prefill_points, f"calibration {Path(cal_path).name}"
     if bw is not None:
         out_bps = in_bps = _positive("bandwidth_gib_s", bw) * GIB
+    elif cal is not None and not cal.has_swap:
+        raise InputError(f"calibration {cal_path}: {cal.engine_kind} has no swap (null swap "
+                         "rates), which the model prices; give --bandwidth-gib-s")
     if prefill is not None:
         pre, points = _positive("prefill_tok_s", prefill), ()
     if out_bps is None or in_bps is None or pre is None:

@@ -22,7 +22,7 @@ import pandas as pd
 from harness import __version__
 from harness.adapters.base import Runtime, ServerOptions
 from harness.adapters.runtimes import get_runtime
-from harness.model.calibration import read_calibration
+from harness.model.calibration import resolve_calibration
 from harness.plan.injection import Injection, load_injection
 from harness.plan.planner import Plan, make_plan
 from harness.plan.shard import shard_plan
@@ -134,7 +134,7 @@ def execute_run(o: RunOptions, echo: Echo = to_stderr, runtime: Runtime | None =
         window=(None if o.duration_s is None
                 else {"warmup_s": o.warmup_s, "duration_s": o.duration_s}),
         shard=str(o.shard) if o.shard.count > 1 else None, start_at=o.start_at)
-    cal = read_calibration(o.calibration) if o.calibration else None
+    cal = resolve_calibration(o.calibration) if o.calibration else None
     if o.calibration and cal:
         run.calibration = {"path": str(o.calibration), **cal.to_dict()}
     ensure_out_dir(o.out)

@@ -176,3 +176,24 @@ def test_simulate_refuses_an_unknown_preset_in_one_line(tmp_path: Path) -> None:
                                     "--out", str(tmp_path / "s")])
     assert res.exit_code == 2 and "neither a file nor a shipped preset" in res.output
     assert "Traceback" not in res.output
+
+
+def test_model_takes_a_preset_and_refuses_pricing_swap_without_it(tmp_path: Path) -> None:
+    trace = "traces/bench-small.parquet"
+    res = CliRunner().invoke(main, ["model", "--calibration", "vllm-tiny-cpu", "--trace", trace,
+                                    "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["geometry"]["source"] == "calibration"
+    res = CliRunner().invoke(main, ["model", "--calibration", "sglang-tiny-cpu", "--trace",
+                                    trace, "--json"])
+    assert res.exit_code == 2 and "sglang has no swap" in res.output
+    assert "Traceback" not in res.output
+    res = CliRunner().invoke(main, ["model", "--calibration", "sglang-tiny-cpu", "--trace",
+                                    trace, "--bandwidth-gib-s", "8", "--json"])
+    assert res.exit_code == 0, res.output
+
+
+def test_a_missing_file_is_named_as_a_file() -> None:
+    for raw in ("/nonexistent.json", "results/cal", "cal.json"):
+        with pytest.raises(InputError, match="calibration file does not exist"):
+            resolve_calibration(raw)

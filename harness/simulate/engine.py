@@ -5,17 +5,17 @@ trajectories' side: arrivals, admission, calls, pauses, policies, swaps, records
 and the record and event bookkeeping it shares are harness.simulate.engine_state.
 
 Memory: a call reserves its whole context (prompt + output) when admitted (no growth, so no
-preemption of running calls); a paused trajectory that keeps its KV keeps its reservation (its
-slot, in slot mode). Admission is first come first served, except that in a token pool a resumed
-trajectory still holding KV grows before anything new is admitted, and that in a closed loop on
-slots an agent may take the slot it freed (see `simulate`). When the server is idle and the first
-resuming trajectory cannot grow, the latest one behind it is preempted (dropped, recomputed when
-admitted): that is the only preemption. A slot freed by recompute is free when the running
-iteration ends (control tasks wait for it). Swaps use one FIFO link per direction (host tier
-unbounded) and do not stall compute. Policies decide through harness.policies with the context
-the replay builds (free/total slots in slot mode, free/total tokens in a token pool; the class's
+preemption of running calls); a kept KV keeps its reservation (its slot, in slot mode); with a
+prefix cache (vLLM, SGLang) the rest is cached, evictable (EngineState.grab). Admission is FCFS,
+but in a token pool a resumed trajectory holding KV grows first, and in a closed loop on slots
+an agent may take the slot it freed (see `simulate`). When the server is idle and the first
+resuming one cannot grow, the latest one behind it is preempted (dropped, recomputed when
+admitted): the only preemption. A slot freed by recompute is free when the running
+iteration ends (control tasks wait for it). Swaps use one FIFO link per direction (a host tier
+unbounded but with a prefix cache), not stalling compute. Policies decide through
+harness.policies with the context the replay builds (free/total slots or tokens; the class's
 latency history, its last `history_window` observations); only an oracle sees the true latency;
-keep, swap and recompute are asked once, as they decide the same at every pause.
+the fixed policies (keep, keep-evictable, swap, recompute) are asked once.
 Sub-agents start at once at their parent's spawning step, which ends `latency_s` after the last
 ended (a deadline cancels what still runs). A held KV serves only what the next call keeps.
 
@@ -100,7 +100,6 @@ from harness.simulate.workload import Workload
 if TYPE_CHECKING:
     from harness.simulate.fleet import Fleet
 
-# A_KEEP and A_SWAP: re-exported for the tests that hold them to server.ACTION_CODE
 __all__ = ["A_KEEP", "A_SWAP", "SLOT_HANDOFFS", "Engine", "action_code", "simulate"]
 SLOT_HANDOFFS = ("agent", "fifo")
 
@@ -359,7 +358,6 @@ class Engine(EngineState):
             self.swap_out(tr, t, self.r_policy)
         elif action == A_EVICTABLE:
             self.leave_cached(tr)
-            tr.state = DROPPED
         else:
             self.drop(tr, t, self.r_policy)
         if kids is not None:  # all at once, as the pause starts (and after its own action)
@@ -388,15 +386,8 @@ class Engine(EngineState):
                 self.take_out(nested, t, out)
 
     def swap_out(self, tr: Trajectory, t: float, reason: int) -> None:
-        cache = self.cache
-        if cache is not None:  # a host tier of bounded capacity
-            n = cache.whole(tr.ret)
-            if not cache.host_fits(n):
-                cache.refused += 1
-                tr.state = KEPT  # refused: pinned for the rest of the pause
-                return
-            cache.host_used += n
-            tr.host = n
+        if not self.reserve_host(tr):  # refused: pinned for the rest of the pause
+            return
         tr.swap_reason = reason
         tr.state = SWAPPING
         self.sched.defer(T_SWAP_OUT, tr, 0, 0, t)
@@ -476,11 +467,7 @@ class Engine(EngineState):
                 self.try_admit(t)
         elif kind == SWAP_IN_DONE:
             self.emit(t, E_SWAP_IN, tr.ti, g - tr.first, tr.slot, tr.ret, tr.xfer_ms, 0)
-            cache = self.cache
-            if cache is not None:  # whole blocks come back, one prompt token is computed
-                self.forget_host_copy(tr)
-                kept = self.kept[g]
-                tr.need_rc = kept - cache.reusable(kept, self.inp[g])
+            self.restored(tr)
             self.start_call(tr, t)
         elif kind == TTL:
             if tr.state == KEPT:

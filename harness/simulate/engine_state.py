@@ -34,7 +34,7 @@ from harness.simulate.server import (
     context_factory,
     resolve,
 )
-from harness.simulate.trajectory import STEP_WIDTH, Trajectory
+from harness.simulate.trajectory import DROPPED, KEPT, STEP_WIDTH, Trajectory
 from harness.simulate.workload import Workload
 
 if TYPE_CHECKING:
@@ -219,6 +219,7 @@ class EngineState:
         held = tr.held
         self.free_tok += held - cache.leave(tr.ti, held)
         tr.held = 0
+        tr.state = DROPPED  # its next call is admitted as a new one, reusing what is left
 
     def grab(self, tr: Trajectory, need: int) -> bool:
         """Token pool: make `tr` hold the `need` tokens of its next call (its step `tr.pos`),
@@ -254,6 +255,32 @@ class EngineState:
         self.free_tok -= grow
         tr.held = need
         return True
+
+    def reserve_host(self, tr: Trajectory) -> bool:
+        """Room in the host tier for `tr`'s offload (its whole blocks), reserved; False: the
+        tier is full, the offload is refused and `tr` stays KEPT (pinned). Unbounded without a
+        prefix cache."""
+        cache = self.cache
+        if cache is None:
+            return True
+        n = cache.whole(tr.ret)
+        if not cache.host_fits(n):
+            cache.refused += 1
+            tr.state = KEPT
+            return False
+        cache.host_used += n
+        tr.host = n
+        return True
+
+    def restored(self, tr: Trajectory) -> None:
+        """`tr`'s KV is back from the host tier: with a prefix cache, its whole blocks (one
+        prompt token is computed again) and the host copy is consumed."""
+        cache = self.cache
+        if cache is not None:
+            self.forget_host_copy(tr)
+            g = tr.pos
+            kept = self.kept[g]
+            tr.need_rc = kept - cache.reusable(kept, self.inp[g])
 
     def forget_host_copy(self, tr: Trajectory) -> None:
         """`tr`'s copy in the host tier is consumed (restored) or dropped."""

@@ -4,15 +4,21 @@ whose every figure is computed by hand."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from harness.cli import main
 from harness.errors import InputError
+from harness.model.calibration import write_calibration
+from harness.records.store import read_records
 from harness.simulate.block_cache import BlockCache
-from harness.simulate.run import Arrivals, check_capacity
+from harness.simulate.run import Arrivals, check_capacity, run_simulation
 from harness.simulate.server import Capacity
-from tests.unit.test_simulate import ALPHA, BETA, ev, llm, sim, t_s, tool, trace
+from tests.unit.test_simulate import ALPHA, BETA, CAL, ev, llm, sim, t_s, tool, trace
 
 
 def vllm(tokens: int, block: int = 16, host: int | None = None) -> Capacity:
@@ -148,15 +154,6 @@ def test_capacity_checks() -> None:
 
 
 def test_cli_engine_takes_the_pool_and_block_from_the_calibration(tmp_path: Path) -> None:
-    import dataclasses
-    import json
-
-    from click.testing import CliRunner
-
-    from harness.cli import main
-    from harness.model.calibration import write_calibration
-    from tests.unit.test_simulate import CAL
-
     cal = write_calibration(tmp_path / "cal.json", dataclasses.replace(
         CAL, runtime="vllm", block_size=16, kv_capacity_tokens=1000))
     path = trace(tmp_path, ONE)
@@ -183,10 +180,6 @@ def test_cli_engine_takes_the_pool_and_block_from_the_calibration(tmp_path: Path
 
 
 def test_a_fleet_has_one_cache_per_server(tmp_path: Path) -> None:
-    from harness.simulate.run import run_simulation
-    from harness.records.store import read_records
-    from tests.unit.test_simulate import CAL
-
     path = trace(tmp_path, {"a": [llm(100, 10), tool(1.0), llm(20, 5), tool(1.0), llm(20, 5)]})
     for router, cached in (("prefix-affinity", [0, 96, 128]), ("round-robin", [0, 0, 96])):
         out = tmp_path / router

@@ -20,6 +20,7 @@ from harness.replay import pinning
 from harness.replay.named_policies import per_pause_policy, policy_names, scoped_policy_args
 from harness.replay.options import RunOptions
 from harness.report.repeats import repeat_dirs
+from harness.simulate.server import ENGINES
 from harness.traces.shipped import shipped_trace
 from harness.traces.validate import load_trajectories
 
@@ -87,8 +88,11 @@ def plan_bench(runtime: str, url: str | None, trace: Path | None, policies: str 
     runs = tuple(replace(base, trace=trace, policy=p, out=root / p, runtime=runtime, url=url,
                          policy_args=args[p], calibration=calibration, pinning=pin)
                  for p in names)
-    # The simulator models slots the harness controls, a closed loop and the trace's own tools.
-    simulable = (rt.per_slot_control and base.inject == "none"
-                 and base.arrivals.time_scale == 1.0)
+    # The simulator models slots the harness controls, or the engine a calibration of the
+    # same engine describes (vLLM, SGLang), a closed loop and the trace's own tools.
+    engine_ok = rt.per_slot_control or (
+        rt.name in ENGINES[1:] and (calibrate_first or (
+            calibration is not None and resolve_calibration(calibration).engine_kind == rt.name)))
+    simulable = engine_ok and base.inject == "none" and base.arrivals.time_scale == 1.0
     return BenchPlan(root, trace, rt, runs, calibration, calibrate_first, simulable, pin,
                      repeats, slo or parse_slo(DEFAULT_PICK_SLO), capacity_s, preset)

@@ -19,21 +19,25 @@ from harness.capacity.run import CapacityPlan, run_capacity
 from harness.errors import InputError
 from harness.model.analytical import Rates, evaluate
 from harness.model.calibration import (
+    Calibration,
     calibration_label,
+    check_swap,
     read_calibration,
     resolve_calibration,
     write_calibration,
 )
 from harness.model.inputs import pauses_from_trace
 from harness.plan.injection import Injection
-from harness.policies import SLOT_MODEL_POLICIES, make_policy
+from harness.policies import POLICIES, SLOT_MODEL_POLICIES, make_policy
 from harness.records.manifest import RunManifest, read_manifest
 from harness.records.store import SUMMARY_JSON, ensure_out_dir, read_json, write_json
+from harness.replay.options import RunOptions
 from harness.replay.run import execute_run, to_stderr
 from harness.replay.runner import redact_url
 from harness.report.render import render_report
 from harness.report.repeats import repeat_dirs, write_repeats
 from harness.simulate.run import Arrivals, check_capacity, run_simulation
+from harness.simulate.server import ENGINES, Capacity
 
 # The advisor's pick and the capacity search judge each point over this window.
 POINT_DURATION_S = 45.0
@@ -60,14 +64,43 @@ def predict(trace: Path, policy: str, calibration: Path) -> dict[str, Any]:
                      "source": f"harness model, calibration {calibration}"}}
 
 
+def engine_pool(real: RunManifest) -> Capacity | None:
+    """The KV pool a vLLM or SGLang replay's server reported (run.json `server_extra`), as the
+    engine model's capacity; None for another runtime or a server that did not say. vLLM
+    counts one block more than it can use (its null block)."""
+    x = real.server_extra or {}
+    if real.runtime == "vllm":
+        cache = x.get("cache_config") or {}
+        try:
+            block, blocks = int(cache["block_size"]), int(cache["num_gpu_blocks"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        return check_capacity(block * (blocks - 1), None, None, "vllm", block)
+    if real.runtime == "sglang":
+        try:
+            page, tokens = int(x["page_size"]), int(x["max_total_num_tokens"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        return check_capacity(tokens, None, None, "sglang", page)
+    return None
+
+
 def simulate_like(real_dir: Path, trace: Path, policy: str, policy_args: dict[str, str],
                   calibration: Path, out: Path) -> RunManifest:
-    """The simulator on what a llama.cpp replay in `real_dir` ran: the same trace, policy,
-    slots x context, closed-loop agents and seed, its costs from `calibration` only."""
+    """The simulator on what a replay in `real_dir` ran: the same trace, policy, closed-loop
+    agents and seed, and memory (llama.cpp: slots x context; vLLM, SGLang: the engine model on
+    the KV pool the server reported), its costs from `calibration` only."""
     real = read_manifest(real_dir)
     if real.arrivals is None or real.seed is None:
         raise InputError(f"{real_dir}: run.json lacks the arrivals or seed to simulate it")
-    cap = check_capacity(None, real.slots, real.ctx_per_slot)
+    if real.runtime in ENGINES[1:]:
+        pool = engine_pool(real)
+        if pool is None:
+            raise InputError(f"{real_dir}: run.json lacks the {real.runtime} server's KV pool "
+                             "(server_extra) to simulate it")
+        cap = pool
+    else:
+        cap = check_capacity(None, real.slots, real.ctx_per_slot)
     arrivals = Arrivals("closed", int(real.arrivals.concurrency))
     return run_simulation(trace, policy, policy_args, cap, read_calibration(calibration),
                           calibration, arrivals, int(real.seed), out,
@@ -104,17 +137,8 @@ def run_bench(plan: BenchPlan, echo: Callable[[str], None] = print
             run = execute_run(o, to_stderr, plan.runtime)
             runs.append(run)
             dirs.append(o.out)
-            # The slot model prices what a slot server does: no engine's evictable cache (and
-            # swap's bandwidth, which an engine without swap has none of).
-            if plan.calibration is not None and o.policy in SLOT_MODEL_POLICIES and \
-                    read_calibration(plan.calibration).has_swap:
-                write_json(o.out / "prediction.json",
-                           predict(plan.trace, o.policy, plan.calibration))
-                if plan.simulable and k == 1:
-                    sim = plan.root / f"{o.policy}-simulated"
-                    simulate_like(o.out, plan.trace, o.policy, o.policy_args,
-                                  plan.calibration, sim)
-                    dirs.append(sim)
+            if plan.calibration is not None:
+                dirs += model_runs(plan, o, plan.calibration, simulate=k == 1)
             summary = read_json(o.out / SUMMARY_JSON) if (o.out / SUMMARY_JSON).exists() else {}
             rows.append((name, summary))
             c = run.outcome
@@ -131,6 +155,38 @@ def run_bench(plan: BenchPlan, echo: Callable[[str], None] = print
             write_repeats(o.out, repeat_dirs(o.out, plan.repeats))
     (plan.root / "report.html").write_text(render_report(dirs), encoding="utf-8")
     return rows
+
+
+def model_runs(plan: BenchPlan, o: RunOptions, calibration: Path, simulate: bool
+               ) -> list[Path]:
+    """After a policy's replay: the analytical prediction beside it (the slot model prices
+    what a slot server does: no engine's evictable cache, and swap's bandwidth, which an
+    engine without swap has none of), and its simulation where the bench simulates; returns
+    the simulated run's directory, if any."""
+    cal = read_calibration(calibration)
+    if o.policy in SLOT_MODEL_POLICIES and cal.has_swap:
+        write_json(o.out / "prediction.json", predict(plan.trace, o.policy, calibration))
+    if not (simulate and plan.simulable
+            and simulable_policy(o.policy, o.policy_args, cal, plan.runtime.name)):
+        return []
+    sim = plan.root / f"{o.policy}-simulated"
+    simulate_like(o.out, plan.trace, o.policy, o.policy_args, calibration, sim)
+    return [sim]
+
+
+def simulable_policy(policy: str, args: dict[str, str], cal: Calibration,
+                     runtime: str) -> bool:
+    """Whether the simulator runs `policy` as the replay did: a client policy (not a server's
+    own), an action the engine model has (keep-evictable only with a prefix cache), swap only
+    where the calibrated engine has it."""
+    if policy not in POLICIES or (runtime not in ENGINES[1:]
+                                  and policy not in SLOT_MODEL_POLICIES):
+        return False
+    try:
+        check_swap(cal, policy, args)
+    except InputError:
+        return False
+    return True
 
 
 def check_same_pinning(runs: list[RunManifest]) -> None:

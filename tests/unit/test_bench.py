@@ -156,3 +156,27 @@ def test_repeats_run_round_by_round_and_record_each_policys_spread(tmp_path: Pat
     diffs = report[report.index("id='differences'"):report.index("id='instrument'")]
     assert diffs.count("<h3>") == 3  # the other three replays against keep's first
     assert runtime.stopped == 4
+
+
+def test_an_engine_replay_is_simulated_on_the_pool_its_server_reported() -> None:
+    from harness.bench.run import engine_pool, simulable_policy
+    from harness.model.calibration import resolve_calibration
+    from harness.simulate.server import Capacity
+
+    def run(runtime: str, extra: dict[str, object]) -> RunManifest:
+        return RunManifest(run_id="r", runtime=runtime, server_version="0", model={},
+                           policy="keep", server_extra=extra)
+
+    vllm = run("vllm", {"cache_config": {"block_size": "32", "num_gpu_blocks": "81"}})
+    assert engine_pool(vllm) == Capacity(tokens=2560, engine="vllm", block_size=32)  # null block
+    sglang = run("sglang", {"page_size": 1, "max_total_num_tokens": 2560})
+    assert engine_pool(sglang) == Capacity(tokens=2560, engine="sglang", block_size=1)
+    assert engine_pool(run("vllm", {})) is None
+    assert engine_pool(run("llamacpp", {})) is None
+    v, s = resolve_calibration("vllm-tiny-cpu"), resolve_calibration("sglang-tiny-cpu")
+    assert simulable_policy("keep-evictable", {}, v, "vllm")
+    assert not simulable_policy("keep-evictable", {}, v, "llamacpp")
+    assert simulable_policy("swap", {}, v, "vllm")
+    assert not simulable_policy("swap", {}, s, "sglang")  # no swap there
+    assert simulable_policy("ttl", {"after": "recompute"}, s, "sglang")
+    assert not simulable_policy("keep-preferred", {}, s, "sglang")  # the server's own

@@ -124,8 +124,9 @@ def run_bench(plan: BenchPlan, echo: Callable[[str], None] = print
         first = plan.runs[0]
         echo(f"calibrating {redact_url(first.url) if first.url else 'a local server'} ...")
         ensure_out_dir(plan.root)
+        # the replays' server settings: a small KV pool needs their context length too
         calibrate(plan.calibration, first.runtime, first.url, server_args=first.server_args,
-                  pin=plan.pinning)
+                  pin=plan.pinning, ctx_per_slot=first.ctx_per_slot)
     rows: list[tuple[str, dict[str, Any]]] = []
     dirs: list[Path] = []
     runs: list[RunManifest] = []
@@ -149,7 +150,8 @@ def run_bench(plan: BenchPlan, echo: Callable[[str], None] = print
     if plan.calibrate_first and plan.calibration is not None:
         first = plan.runs[0]
         echo(f"[{time.monotonic() - t0:6.0f}s] re-checking the calibration (drift) ...")
-        recheck(plan.calibration, first.runtime, first.url, first.server_args, plan.pinning)
+        recheck(plan.calibration, first.runtime, first.url, first.server_args, plan.pinning,
+                first.ctx_per_slot)
     if plan.repeats > 1:
         for o in plan.runs:
             write_repeats(o.out, repeat_dirs(o.out, plan.repeats))

@@ -380,7 +380,8 @@ def _measure_on(runtime: Runtime, options: ServerOptions, out: Path, repeats: in
 def _run_measure(out: Path, runtime: str, url: str | None, repeats: int,
                  model_path: Path | None, server_args: tuple[str, ...],
                  pin: CpuPinning | None | Literal["auto"], contexts: tuple[int, ...],
-                 swap: bool) -> tuple[Runtime, Measured, float | None, str | None]:
+                 swap: bool, ctx_per_slot: int = 4096
+                 ) -> tuple[Runtime, Measured, float | None, str | None]:
     rt = get_runtime(runtime)
     if rt.name not in CALIBRATED_RUNTIMES:
         raise InputError(f"calibrate measures {', '.join(CALIBRATED_RUNTIMES)}; {runtime} is "
@@ -389,7 +390,7 @@ def _run_measure(out: Path, runtime: str, url: str | None, repeats: int,
         pin = pinning.decide(pinning.available_cpus(), url is None, rt.pins_local_server)
     pinning.apply(pin)
     options = ServerOptions(policy="keep", run_id="calibration", url=url, slots=1,
-                            model=model_path, server_args=server_args,
+                            ctx_per_slot=ctx_per_slot, model=model_path, server_args=server_args,
                             server_cpus=pin.server if pin else None)
     log_dir = out.parent / f"{out.stem}.server"
     return rt, *_measure_on(rt, options, log_dir, repeats, contexts, swap)
@@ -397,13 +398,13 @@ def _run_measure(out: Path, runtime: str, url: str | None, repeats: int,
 
 def calibrate(out: Path, runtime: str = "llamacpp", url: str | None = None, repeats: int = 3,
               model_path: Path | None = None, server_args: tuple[str, ...] = (),
-              pin: CpuPinning | None | Literal["auto"] = AUTO
+              pin: CpuPinning | None | Literal["auto"] = AUTO, ctx_per_slot: int = 4096
               ) -> tuple[Calibration, Measured]:
     """Measure a server (`url`, or a local one started and stopped here with `server_args`
-    added, pinned as the replays are: `pin`, or decided here) and write the calibration file
-    `out`."""
+    added and a context of `ctx_per_slot`, pinned as the replays are: `pin`, or decided here)
+    and write the calibration file `out`; contexts past the server's are not measured."""
     rt, measured, bpt, build = _run_measure(out, runtime, url, repeats, model_path,
-                                            server_args, pin, CONTEXTS, True)
+                                            server_args, pin, CONTEXTS, True, ctx_per_slot)
     cal = to_calibration(measured, bpt, build, rt.name)
     write_calibration(out, cal)
     return cal, measured
@@ -441,14 +442,15 @@ def drift(cal: Calibration, again: Measured) -> dict[str, Any]:
 
 def recheck(calibration: Path, runtime: str = "llamacpp", url: str | None = None,
             server_args: tuple[str, ...] = (),
-            pin: CpuPinning | None | Literal["auto"] = AUTO) -> dict[str, Any]:
+            pin: CpuPinning | None | Literal["auto"] = AUTO,
+            ctx_per_slot: int = 4096) -> dict[str, Any]:
     """Measure the server again, briefly (once, at the calibration's largest context, plus
     decode; no swap), and write the drift of each rate to DRIFT_JSON beside `calibration`;
     returns what it wrote."""
     cal = read_calibration(calibration)
     largest = (max(c for c, _ in cal.prefill_points),) if cal.prefill_points else CONTEXTS[-1:]
     _, again, _, _ = _run_measure(calibration.parent / "calibration-recheck.json", runtime, url,
-                                  1, None, server_args, pin, largest, False)
+                                  1, None, server_args, pin, largest, False, ctx_per_slot)
     doc = drift(cal, again)
     write_json(calibration.parent / DRIFT_JSON, doc)
     return doc

@@ -236,6 +236,9 @@ def _manifest(trace: Path, ref: TraceRef, policy_name: str, policy_args: dict[st
         calibration={**calibration.to_dict(),
                      "path": str(calibration_path) if calibration_path else None},
         trace=ref, seed=seed,
+        # reuse is in whole blocks: up to one block of a kept context is computed again, which
+        # the mismatch check tolerates as it does a live run's
+        cache_block_tokens=capacity.block_size if capacity.prefix_cache else None,
         arrivals=ArrivalsRef(arrivals.mode, arrivals.concurrency, arrivals.rate, 1.0),
         harness_version=__version__, started_at=datetime.now(UTC).isoformat(),
         status="running")

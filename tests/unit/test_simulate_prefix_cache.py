@@ -191,3 +191,16 @@ def test_a_fleet_has_one_cache_per_server(tmp_path: Path) -> None:
         # is back on server 0, whose cache still holds the first call's 110 tokens (96 in
         # whole blocks): reused, the rest of the 135-token context recomputed
         assert ends["cached_tokens"].tolist() == cached, router
+
+
+def test_whole_block_reuse_is_no_mismatch_and_counts_as_retained(tmp_path: Path) -> None:
+    from harness.metrics.summary import summarize_dir
+    from harness.records.manifest import read_manifest
+
+    out = tmp_path / "run"
+    run_simulation(trace(tmp_path, ONE), "keep-evictable", {}, vllm(1000, block=32), CAL, None,
+                   Arrivals("closed", 1), 0, out, write_summary=False)
+    assert read_manifest(out).cache_block_tokens == 32
+    s = summarize_dir(out)
+    # 110 tokens kept, 96 reused (3 blocks): within a block, so the context survived whole
+    assert s["effective_retention"]["rate"] == 1.0

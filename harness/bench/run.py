@@ -208,9 +208,16 @@ def bench_pick(plan: BenchPlan) -> dict[str, Any]:
     o = plan.runs[0]
     search = SearchSpec(plan.slo, 7 * 86_400.0, POINT_DURATION_S, POINT_WARMUP_S,
                         SearchSettings(confirm=False))
-    doc = advise(AdvisePlan(plan.root / "advice", plan.trace, plan.calibration, "capacity",
-                            tuple(SPACE), (o.slots,), (o.ctx_per_slot,), search, o),
-                 lambda _m: None)
+    if plan.runtime.name in ENGINES[1:]:  # the KV pool the replays' server reported
+        pool = engine_pool(read_manifest(o.out))
+        if pool is None or pool.tokens is None:
+            raise InputError(f"{o.out}: run.json lacks the server's KV pool for the advisor")
+        aplan = AdvisePlan(plan.root / "advice", plan.trace, plan.calibration, "capacity", (),
+                           (), (), search, o, kv_tokens=(pool.tokens,))
+    else:
+        aplan = AdvisePlan(plan.root / "advice", plan.trace, plan.calibration, "capacity",
+                           tuple(SPACE), (o.slots,), (o.ctx_per_slot,), search, o)
+    doc = advise(aplan, lambda _m: None)
     rec = doc["recommendation"]
     top = next(r for r in doc["candidates"] if r["key"] == rec["key"])
     return {**rec, "predicted": top["predicted"]}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import secrets
 import statistics
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import Any, Literal
 from harness.adapters.base import (
     Adapter,
     CompletionRequest,
+    CompletionResult,
     PausedKv,
     Runtime,
     RuntimeSession,
@@ -78,6 +80,7 @@ class Measured:
     kv_capacity_tokens: int | None = None
     batch_tokens: int | None = None
     swap_note: str | None = None
+    request_overhead_ms: float | None = None  # client TTFT less the server's prompt time
 
 
 def _count(value: Any) -> int | None:
@@ -122,12 +125,26 @@ async def _prefill(ad: Adapter, n: int, vocab: int, seed: int,
     return res.prompt_n / (res.prompt_ms / 1000.0), decode
 
 
-async def _append(ad: Adapter, n: int, vocab: int, seed: int) -> float | None:
+async def _timed(ad: Adapter, req: CompletionRequest, overheads: list[float]
+                 ) -> CompletionResult:
+    """`req`'s result; the client's time to its first token less the prompt time the server
+    reports (what the call spent outside the engine's compute) goes to `overheads`."""
+    first: list[float] = []
+    t0 = time.perf_counter()
+    res = await ad.complete(req, lambda: first.append(time.perf_counter()) if not first
+                            else None)
+    if res.status == "ok" and first and res.prompt_ms:
+        overheads.append(max((first[0] - t0) * 1000.0 - res.prompt_ms, 0.0))
+    return res
+
+
+async def _append(ad: Adapter, n: int, vocab: int, seed: int, overheads: list[float]
+                  ) -> float | None:
     """APPEND_TOKENS new prompt tokens after the n cached by `_prefill(n, seed)`: tokens/s, or
     None when the server did not reuse the cached prefix."""
     ids = token_ids(seed, n, vocab) + token_ids(stable_seed("cal-append", seed), APPEND_TOKENS,
                                                 vocab)
-    res = await ad.complete(CompletionRequest(ids, 1, slot=0), lambda: None)
+    res = await _timed(ad, CompletionRequest(ids, 1, slot=0), overheads)
     if res.status != "ok" or res.prompt_n != APPEND_TOKENS or not res.prompt_ms:
         return None
     return APPEND_TOKENS / (res.prompt_ms / 1000.0)
@@ -147,13 +164,14 @@ async def measure(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS,
     block, capacity, batch = server_kv(info)
     limit = (info.ctx_per_slot or 4096) - decode_tokens - 8
     points, decode_points, append_points = [], [], []
+    overheads: list[float] = []
     try:
         for n in (c for c in contexts if c <= limit):
             got, appended = [], []
             for r in range(repeats):
                 seed = stable_seed("cal", n, r)
                 got.append(await _prefill(ad, n, info.vocab_size, seed, decode_tokens))
-                rate = await _append(ad, n, info.vocab_size, seed)
+                rate = await _append(ad, n, info.vocab_size, seed, overheads)
                 if rate is not None:
                     appended.append(rate)
             points.append((n, statistics.median(p for p, _ in got)))
@@ -189,7 +207,7 @@ async def measure(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS,
     return Measured(points, decode_points, append_points, statistics.median(decode),
                     _median(outs), _median(ins), _median(per_token), info.server_version,
                     info.model, block, capacity, batch,
-                    None if swap else "not measured (a short re-check)")
+                    None if swap else "not measured (a short re-check)", _median(overheads))
 
 
 def _median(xs: list[float]) -> float | None:
@@ -217,12 +235,12 @@ async def _cold(ad: Adapter, ids: list[int], salt: str, decode_tokens: int
     return res.prompt_n / (res.prompt_ms / 1000.0), decode
 
 
-async def _warm(ad: Adapter, ids: list[int], salt: str, session: str | None = None
-                ) -> tuple[float, int] | None:
+async def _warm(ad: Adapter, ids: list[int], salt: str, overheads: list[float],
+                session: str | None = None) -> tuple[float, int] | None:
     """The new tokens at the end of `ids` after a cached prefix: (tok/s, tokens cached), or
     None when the server reused nothing."""
-    res = await ad.complete(CompletionRequest(ids, 1, cache_salt=salt, session=session),
-                            lambda: None)
+    res = await _timed(ad, CompletionRequest(ids, 1, cache_salt=salt, session=session),
+                       overheads)
     if res.status != "ok" or not res.cached_tokens or not res.prompt_n or not res.prompt_ms:
         return None
     return res.prompt_n / (res.prompt_ms / 1000.0), res.cached_tokens
@@ -243,6 +261,7 @@ async def measure_engine(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS, repe
         await _cold(ad, token_ids(stable_seed("cal-warm-up"), max(fits), vocab),
                     f"{salt}-warm-up", decode_tokens)
     points, decode_points, append_points = [], [], []
+    overheads: list[float] = []
     for n in fits:
         got, appended = [], []
         for r in range(repeats):
@@ -252,7 +271,7 @@ async def measure_engine(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS, repe
             own = f"{salt}-{n}-{r}"
             got.append(await _cold(ad, prefix, own, decode_tokens))
             warm = await _warm(ad, prefix + token_ids(stable_seed("cal-append", seed),
-                                                      APPEND_TOKENS, vocab), own)
+                                                      APPEND_TOKENS, vocab), own, overheads)
             if warm is not None:
                 appended.append(warm[0])
         points.append((n, statistics.median(p for p, _ in got)))
@@ -284,7 +303,7 @@ async def measure_engine(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS, repe
             per_token.append(bpt)
     return Measured(points, decode_points, append_points, statistics.median(decode),
                     _median(outs), _median(ins), _median(per_token), info.server_version,
-                    info.model, block, capacity, batch, note)
+                    info.model, block, capacity, batch, note, _median(overheads))
 
 
 async def _no_swap(ad: Adapter) -> str:
@@ -317,7 +336,8 @@ async def _engine_swap(ad: Adapter, n: int, vocab: int, salt: str, r: int
             raise ServerError(f"calibration swap: the offload was refused: {exc}") from None
         before = await _loads(ad)
         resumed = await _warm(ad, ids + token_ids(stable_seed("cal-swap-append", r),
-                                                  APPEND_TOKENS, vocab), salt, session)
+                                                  APPEND_TOKENS, vocab), salt, [],
+                               session)  # its time includes the load: not an overhead
         after = await _loads(ad)
     finally:
         await ad.release(kv)
@@ -359,7 +379,7 @@ def to_calibration(m: Measured, kv_bytes_per_token: float | None,
         decode_points=tuple(p for p in m.decode_points if p[1] > 0),
         append_points=tuple(m.append_points), engine=RUNTIME_ENGINES.get(runtime),
         block_size=m.block_size, kv_capacity_tokens=m.kv_capacity_tokens,
-        batch_tokens=m.batch_tokens)
+        batch_tokens=m.batch_tokens, request_overhead_ms=m.request_overhead_ms)
 
 
 def _measure_on(runtime: Runtime, options: ServerOptions, out: Path, repeats: int,

@@ -14,6 +14,7 @@ JSON with these keys (all rates positive and finite):
      "block_size": 1,                 # KV block / page size in tokens (vLLM 16, SGLang 1)
      "kv_capacity_tokens": 4096,      # the KV pool in tokens
      "batch_tokens": 2048,            # the most tokens one iteration takes
+     "request_overhead_ms": 1.2,      # a call's time outside the engine's compute (median)
      "declared": "..."}               # sources: figures published elsewhere, not measured
 
 `prefill_tok_s` is the headline rate; `prefill_points` give it by context length when measured,
@@ -34,6 +35,11 @@ max_num_batched_tokens; SGLang: page_size, max_total_num_tokens, chunked_prefill
 llama.cpp: 1, slots x n_ctx and n_batch). `declared` is present only on a calibration whose
 figures come from published measurements rather than from this project's own (a shipped
 preset): it cites the sources, and whatever prints or records it says DECLARED_NOTE.
+
+`request_overhead_ms` is what a call spends outside the engine's own compute: the client's
+time to first token less the prompt time the server reports, median over short appended
+prompts (HTTP, the API server, the hand-over to the engine's scheduler and back). The
+simulator delays each call's arrival at the engine by it; absent, by nothing.
 """
 
 from __future__ import annotations
@@ -63,6 +69,17 @@ ENGINES = ("llamacpp", "vllm", "sglang")
 RUNTIME_ENGINES = {"llamacpp": "llamacpp", "llama.cpp": "llamacpp", "vllm": "vllm",
                    "sglang": "sglang"}
 DECLARED_NOTE = "declared, not measured here"
+
+
+def _overhead(value: Any, where: str) -> float | None:
+    """request_overhead_ms: None, or a finite number >= 0."""
+    if value is None:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not math.isfinite(value) or value < 0):
+        raise InputError(f"{where}: request_overhead_ms must be a finite number >= 0, got "
+                         f"{value!r}")
+    return float(value)
 
 
 def _positive(value: Any, key: str, where: str) -> float:
@@ -146,6 +163,7 @@ class Calibration:
     kv_capacity_tokens: int | None = None  # the KV pool in tokens, as the server reports
     batch_tokens: int | None = None  # the most tokens one iteration takes
     declared: str | None = None  # sources of published figures: not measured by the project
+    request_overhead_ms: float | None = None  # outside the engine's compute, per call
 
     def __post_init__(self) -> None:
         self.validate("calibration")
@@ -169,6 +187,7 @@ class Calibration:
         if self.declared is not None and (not isinstance(self.declared, str)
                                           or not self.declared.strip()):
             raise InputError(f"{where}: declared must be a non-empty string citing sources")
+        _overhead(self.request_overhead_ms, where)
         _check_points(self.prefill_points, where)
         _check_points(self.decode_points, where, "decode_points")
         _check_points(self.append_points, where, "append_points")
@@ -213,7 +232,7 @@ class Calibration:
             d[key] = getattr(self, key)
         for key in _SWAP_KEYS:
             d[key] = getattr(self, key) if self.has_swap else None
-        for key in ("engine", *_INT_KEYS, "declared"):
+        for key in ("engine", *_INT_KEYS, "declared", "request_overhead_ms"):
             if getattr(self, key) is not None:
                 d[key] = getattr(self, key)
         d["prefill_points"] = [[c, r] for c, r in self.prefill_points]
@@ -229,7 +248,8 @@ class Calibration:
         if not isinstance(data, dict):
             raise InputError(f"{where}: expected a JSON object")
         known = {"version", "prefill_points", "decode_points", "append_points", *_TEXT_KEYS,
-                 *_RATE_KEYS, *_SWAP_KEYS, "engine", *_INT_KEYS, "declared"}
+                 *_RATE_KEYS, *_SWAP_KEYS, "engine", *_INT_KEYS, "declared",
+                 "request_overhead_ms"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InputError(f"{where}: unknown key(s) {', '.join(unknown)}")
@@ -260,6 +280,7 @@ class Calibration:
                    decode_points=_parse_points(data, "decode_points", where),
                    append_points=_parse_points(data, "append_points", where), engine=engine,
                    declared=declared,
+                   request_overhead_ms=_overhead(data.get("request_overhead_ms"), where),
                    swap_out_bytes_per_s=_swap_rate(data["swap_out_bytes_per_s"],
                                                    "swap_out_bytes_per_s", where),
                    swap_in_bytes_per_s=_swap_rate(data["swap_in_bytes_per_s"],

@@ -43,6 +43,7 @@ from harness.simulate.engine_state import (
     DEADLINE,
     INF,
     NAN,
+    SENT,
     SWAP_IN_DONE,
     SWAP_OUT_DONE,
     T_DROP,
@@ -65,7 +66,6 @@ from harness.simulate.records import (
     E_TRAJ_START,
     RecordSink,
 )
-from harness.simulate.scheduler import Scheduler
 from harness.simulate.server import DROP, Capacity, Counters, ServerModel
 from harness.simulate.trajectory import (
     DONE,
@@ -152,7 +152,6 @@ class Engine(EngineState):
                  agent_handoff: bool) -> None:
         super().__init__(w, server, cap, policy, open_loop, sink, run_id, history_window,
                          agent_handoff)
-        self.sched = Scheduler(self, self.costs, self.slot_mode, self.out, self.dcost, self.rb)
 
     def run(self, times: list[float]) -> Counters:
         """Root k arrives at `times[k]`; run the loop to its end, return the counters."""
@@ -182,6 +181,14 @@ class Engine(EngineState):
         self.request_call(tr, t)
 
     def request_call(self, tr: Trajectory, t: float) -> None:
+        """`tr`'s client sends its next call at `t`: it reaches the engine the calibration's
+        request overhead later."""
+        if self.overhead > 0.0:
+            self.push(t + self.overhead, SENT, tr, tr.gen)
+        else:
+            self.send(tr, t)
+
+    def send(self, tr: Trajectory, t: float) -> None:
         if self.fleet is None:
             self.request_here(tr, t)
         else:  # the router picks the server, then calls request_here on it
@@ -236,22 +243,6 @@ class Engine(EngineState):
                 return
             q.popleft()
             self.admit(tr, t)
-
-    def preempt(self, t: float) -> bool:
-        # Idle server, nothing in transfer, and the first resuming trajectory cannot grow:
-        # drop the KV of the latest one behind it (it recomputes when admitted).
-        resume_q = self.resume_q
-        if not self.sched.idle() or self.inflight or len(resume_q) < 2:
-            return False
-        head = resume_q[0]
-        for tr in reversed(resume_q):
-            if tr.held and tr is not head:
-                self.preemptions += 1
-                self.release(tr, t, self.r_preempted, tr.pos - tr.first)
-                tr.need_rc = self.kept[tr.pos]
-                tr.state = DROPPED
-                return True
-        return False
 
     def admit(self, tr: Trajectory, t: float) -> None:
         if t > tr.ready:  # slot_wait
@@ -365,26 +356,6 @@ class Engine(EngineState):
             for ki in kids:
                 self.arrive(trajs[ki], t)
 
-    def take_out(self, kids: list[int], t: float, out: list[Trajectory]) -> None:
-        """Those of `kids` still running, and theirs, into `out` (parents first), each taken
-        out of the batch or the queue it is in: their parent is cancelled at `t`, and none of
-        them may be admitted as another ends."""
-        for ki in kids:
-            c = self.trajs[ki]
-            if c.state == DONE:
-                continue
-            out.append(c)
-            self.use(c)  # a fleet: its own server's batch and queues
-            if c.state == RUNNING:
-                self.sched.cancel(c, t)
-            elif c in self.queue:
-                self.queue.remove(c)
-            elif c in self.resume_q:
-                self.resume_q.remove(c)
-            nested = self.kids.get(c.pos) if c.kids_left else None
-            if nested is not None:
-                self.take_out(nested, t, out)
-
     def swap_out(self, tr: Trajectory, t: float, reason: int) -> None:
         if not self.reserve_host(tr):  # refused: pinned for the rest of the pause
             return
@@ -430,6 +401,10 @@ class Engine(EngineState):
     def external(self, kind: int, tr: Trajectory, key: int, t: float) -> None:
         """The scheduler's call: an external event (kinds above); `key` as EngineState.push
         was given it."""
+        if kind == SENT:
+            if key == tr.gen:
+                self.send(tr, t)
+            return
         if kind >= SWAP_OUT_DONE:
             self.inflight -= 1
             if key != tr.gen:

@@ -17,14 +17,14 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from harness.model.iteration import IterationCosts
 from harness.policies.base import SWAP, PauseContext, PausePolicy, ServerRates
 from harness.policies.builtin import Keep, KeepEvictable, Recompute, Swap
 from harness.simulate.block_cache import BlockCache
 from harness.simulate.records import E_ERASE, E_KV_STATE, RecordSink
-from harness.simulate.scheduler import Event
+from harness.simulate.scheduler import Event, Scheduler
 from harness.simulate.server import (
     ACTION_CODE,
     Capacity,
@@ -34,10 +34,11 @@ from harness.simulate.server import (
     context_factory,
     resolve,
 )
-from harness.simulate.trajectory import DROPPED, KEPT, STEP_WIDTH, Trajectory
+from harness.simulate.trajectory import DONE, DROPPED, KEPT, RUNNING, STEP_WIDTH, Trajectory
 from harness.simulate.workload import Workload
 
 if TYPE_CHECKING:
+    from harness.simulate.engine import Engine
     from harness.simulate.fleet import Fleet
 
 # external events; those of a pause (TOOL_END, DEADLINE, TTL) carry its step, not a generation
@@ -47,6 +48,7 @@ DEADLINE: Final = 2
 TTL: Final = 3
 SWAP_OUT_DONE: Final = 4  # swaps from here on (the in-flight count)
 SWAP_IN_DONE: Final = 5
+SENT: Final = 6  # a call reaches the engine, request_overhead_s after the client sent it
 A_KEEP: Final = 0  # action codes (server.ACTION_CODE); anything else drops the KV
 A_SWAP: Final = 1
 A_EVICTABLE: Final = 4  # keep-evictable: left to the engine's prefix cache
@@ -140,6 +142,7 @@ class EngineState:
         self.bw_out: float = server.swap_out_bytes_per_s
         self.bw_in: float = server.swap_in_bytes_per_s
         self.rates: ServerRates = server.policy_rates()
+        self.overhead: float = server.request_overhead_s
         self.make_ctx: Callable[..., PauseContext] = context_factory()
         self.policy = policy
         self.oracle: bool = policy.sees_true_latency
@@ -186,6 +189,10 @@ class EngineState:
         # per-server state above (sched, free_slots, free_tok, queue, resume_q, link_out,
         # link_in, inflight, barge) is the only server's, else the active server's
         self.fleet: Fleet | None = None
+        # the server's iterations; it calls the transitions back (Engine, this class's only
+        # subclass, is what it is built with)
+        self.sched = Scheduler(cast("Engine", self), self.costs, self.slot_mode, self.out,
+                               self.dcost, self.rb)
 
     def emit(self, t: float, ev: int, ti: int, step: int, s: int, a: float, b: float,
              c: float) -> None:
@@ -386,3 +393,39 @@ class EngineState:
         generation (void once the trajectory has ended)."""
         self.seq += 1
         heapq.heappush(self.ext, (t, self.seq, kind, tr, key))
+
+    def preempt(self, t: float) -> bool:
+        # Idle server, nothing in transfer, and the first resuming trajectory cannot grow:
+        # drop the KV of the latest one behind it (it recomputes when admitted).
+        resume_q = self.resume_q
+        if not self.sched.idle() or self.inflight or len(resume_q) < 2:
+            return False
+        head = resume_q[0]
+        for tr in reversed(resume_q):
+            if tr.held and tr is not head:
+                self.preemptions += 1
+                self.release(tr, t, self.r_preempted, tr.pos - tr.first)
+                tr.need_rc = self.kept[tr.pos]
+                tr.state = DROPPED
+                return True
+        return False
+
+    def take_out(self, kids: list[int], t: float, out: list[Trajectory]) -> None:
+        """Those of `kids` still running, and theirs, into `out` (parents first), each taken
+        out of the batch or the queue it is in: their parent is cancelled at `t`, and none of
+        them may be admitted as another ends."""
+        for ki in kids:
+            c = self.trajs[ki]
+            if c.state == DONE:
+                continue
+            out.append(c)
+            self.use(c)  # a fleet: its own server's batch and queues
+            if c.state == RUNNING:
+                self.sched.cancel(c, t)
+            elif c in self.queue:
+                self.queue.remove(c)
+            elif c in self.resume_q:
+                self.resume_q.remove(c)
+            nested = self.kids.get(c.pos) if c.kids_left else None
+            if nested is not None:
+                self.take_out(nested, t, out)

@@ -57,7 +57,8 @@ SERVER_MODEL_DOC = (
     "for prompt + output at admission; FCFS admission, resumed trajectories holding KV grow "
     "first (token pool); swap over one FIFO link per direction; preemption (drop, recompute "
     "later) only of a resumed trajectory waiting to grow while the server is idle and the first "
-    "one cannot grow (token pool)")
+    "one cannot grow (token pool); a call reaches the server the calibration's "
+    "request_overhead_ms after its client sent it (call_start: when the server admits it)")
 PREFIX_CACHE_DOC = (
     "; {engine}: a token pool in blocks of {block} tokens with a prefix cache: what no call or "
     "pin holds stays cached, evictable, least recently freed first and a context's tail "
@@ -213,7 +214,8 @@ def server_model(calibration: Calibration) -> ServerModel:
                        calibration.swap_out_bytes_per_s, calibration.swap_in_bytes_per_s,
                        calibration.kv_bytes_per_token, calibration.prefill_points,
                        calibration.decode_points, calibration.append_points,
-                       **({"batch_tokens": int(batch)} if batch else {}))
+                       **({"batch_tokens": int(batch)} if batch else {}),
+                       request_overhead_s=(calibration.request_overhead_ms or 0.0) / 1000.0)
 
 
 def _manifest(trace: Path, ref: TraceRef, policy_name: str, policy_args: dict[str, str],

@@ -45,6 +45,7 @@ class ServerModel:
     decode_points: tuple[tuple[int, float], ...] = ()
     append_points: tuple[tuple[int, float], ...] = ()
     batch_tokens: int = BATCH_TOKENS
+    request_overhead_s: float = 0.0  # a call's way to the engine (HTTP, API server, hand-over)
 
     def iteration_costs(self) -> IterationCosts:
         """What an iteration costs (harness.model.iteration), fitted to these rates."""

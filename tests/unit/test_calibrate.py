@@ -64,7 +64,10 @@ def test_measure_reads_the_servers_own_timings(tmp_path: Path) -> None:
     assert m.dump_bytes_per_token == BYTES_PER_TOKEN
     assert m.swap_in_bytes_per_s == pytest.approx(3 * m.swap_out_bytes_per_s)
     assert cached_slots == 0 and dump_files == 0  # slot erased, dumps deleted
+    # the client's time to the appended prompts' first tokens less the server's prompt time
+    assert m.request_overhead_ms is not None and m.request_overhead_ms >= 0.0
     cal = to_calibration(m, 23040.0, "b1")
+    assert cal.request_overhead_ms == m.request_overhead_ms
     assert cal.prefill_tok_s == pytest.approx(2000.0) and cal.kv_bytes_per_token == 23040.0
     assert cal.append_points == tuple(m.append_points)
     path = write_calibration(tmp_path / "cal.json", cal)

@@ -204,3 +204,24 @@ def test_whole_block_reuse_is_no_mismatch_and_counts_as_retained(tmp_path: Path)
     s = summarize_dir(out)
     # 110 tokens kept, 96 reused (3 blocks): within a block, so the context survived whole
     assert s["effective_retention"]["rate"] == 1.0
+
+
+def test_a_call_reaches_the_engine_its_request_overhead_after_it_was_sent(
+        tmp_path: Path) -> None:
+    slow = dataclasses.replace(CAL, request_overhead_ms=5.0)
+    df, run = sim(tmp_path, trace(tmp_path, ONE), "keep", Capacity(tokens=1000), cal=slow)
+    # the resume: 5 ms on the way, then one iteration of the 20 new tokens
+    assert t_s(df, "first_token", "a", 1) - t_s(df, "tool_end", "a") == pytest.approx(
+        0.005 + ALPHA + 20 * BETA)
+    assert t_s(df, "call_start", "a") == pytest.approx(0.005)  # when the engine admits it
+    assert "request_overhead_ms" in run["simulator"]["server_model"]
+
+
+def test_request_overhead_in_the_calibration_file(tmp_path: Path) -> None:
+    from harness.model.calibration import Calibration, read_calibration
+
+    cal = dataclasses.replace(CAL, request_overhead_ms=12.5)
+    assert read_calibration(write_calibration(tmp_path / "c.json", cal)) == cal
+    bad = {**cal.to_dict(), "request_overhead_ms": -1}
+    with pytest.raises(InputError, match="request_overhead_ms must be a finite number >= 0"):
+        Calibration.from_dict(bad)

@@ -150,6 +150,10 @@ def simulate_command(trace: Path, policy: str, policy_args: tuple[str, ...],
     click.echo(f"{policy}: {o.completed} completed, {o.cancelled} cancelled, "
                f"{o.failed} failed; {s['pauses']} pauses, {s['preemptions']} preemptions; "
                f"{run.duration_s or 0:.1f} s simulated in {s['wall_s']['total']:.2f} s -> {out}")
+    if cap.prefix_cache:
+        click.echo(f"{cap.engine} engine model, {cap.tokens:,}-token pool in blocks of "
+                   f"{cap.block_size}: {s['evicted_tokens']:,} tokens evicted from its prefix "
+                   f"cache, {s['swaps_refused']} offloads refused (host tier full)")
     if "routing" in s:
         click.echo(fleet_line(k, router, s["routing"]))
 

@@ -1,7 +1,8 @@
-"""Benchmark: the simulator against a live server, every policy, with enough resumes to tell
+"""Validation (not part of `make perf`: it needs a live server and about 10 minutes per
+policy): the simulator against a live server, every policy, with enough resumes to tell
 10% from 30% at the tails.
 
-    python benchmarks/bench_engine_validation.py --runtime vllm --pool-tokens 2560 \\
+    python benchmarks/validate_simulator.py --runtime vllm --pool-tokens 2560 \\
         [--trace traces/bench-small.parquet] [--min-resumes 400] [--policies P,...] \\
         [--ctx-per-slot 2048] [--concurrency 6] [--token-scale 1] [--out DIR]
 

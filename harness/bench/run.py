@@ -13,7 +13,7 @@ from typing import Any
 from harness.advise.candidates import SPACE
 from harness.advise.run import AdvisePlan, advise
 from harness.bench.plan import BenchPlan
-from harness.calibrate.measure import calibrate, recheck
+from harness.calibrate.measure import calibrate, recheck, reported_kv
 from harness.capacity.driver import SearchSettings, SearchSpec
 from harness.capacity.run import CapacityPlan, run_capacity
 from harness.errors import InputError
@@ -68,21 +68,14 @@ def engine_pool(real: RunManifest) -> Capacity | None:
     """The KV pool a vLLM or SGLang replay's server reported (run.json `server_extra`), as the
     engine model's capacity; None for another runtime or a server that did not say. vLLM
     counts one block more than it can use (its null block)."""
-    x = real.server_extra or {}
-    if real.runtime == "vllm":
-        cache = x.get("cache_config") or {}
-        try:
-            block, blocks = int(cache["block_size"]), int(cache["num_gpu_blocks"])
-        except (KeyError, TypeError, ValueError):
-            return None
-        return check_capacity(block * (blocks - 1), None, None, "vllm", block)
-    if real.runtime == "sglang":
-        try:
-            page, tokens = int(x["page_size"]), int(x["max_total_num_tokens"])
-        except (KeyError, TypeError, ValueError):
-            return None
-        return check_capacity(tokens, None, None, "sglang", page)
-    return None
+    if real.runtime not in ENGINES[1:]:
+        return None
+    block, tokens, _ = reported_kv(real.runtime, real.server_extra or {}, real.slots,
+                                   real.ctx_per_slot)
+    if block is None or tokens is None:
+        return None
+    usable = tokens - block if real.runtime == "vllm" else tokens
+    return check_capacity(usable, None, None, real.runtime, block)
 
 
 def simulate_like(real_dir: Path, trace: Path, policy: str, policy_args: dict[str, str],

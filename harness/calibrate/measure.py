@@ -93,21 +93,27 @@ def _count(value: Any) -> int | None:
 
 
 def server_kv(info: ServerInfo) -> tuple[int | None, int | None, int | None]:
-    """The KV pool as the server reports it: (block size in tokens, capacity in tokens, batch
-    token budget); None where it does not say. vLLM: `vllm:cache_config_info` block_size x
-    num_gpu_blocks (one of them is vLLM's null block) and max_num_batched_tokens; SGLang:
-    page_size, max_total_num_tokens and chunked_prefill_size; llama.cpp: cells of one token,
-    slots x n_ctx and n_batch."""
-    x = info.extra
-    if info.runtime == "vllm":
+    """The KV pool as the server reports it (`reported_kv` of its server info)."""
+    return reported_kv(info.runtime, info.extra, info.slots, info.ctx_per_slot)
+
+
+def reported_kv(runtime: str | None, x: dict[str, Any], slots: int | None,
+                ctx_per_slot: int | None) -> tuple[int | None, int | None, int | None]:
+    """The KV pool as a server reports it, from its server info's `extra` (a run's
+    `server_extra`): (block size in tokens, capacity in tokens, batch token budget); None
+    where it does not say. vLLM: `vllm:cache_config_info` block_size x num_gpu_blocks (one of
+    them is vLLM's null block) and max_num_batched_tokens; SGLang: page_size,
+    max_total_num_tokens and chunked_prefill_size; llama.cpp: cells of one token, slots x
+    n_ctx and n_batch."""
+    if runtime == "vllm":
         cache = x.get("cache_config") or {}
         block, blocks = _count(cache.get("block_size")), _count(cache.get("num_gpu_blocks"))
         return (block, block * blocks if block and blocks else None,
                 _count(x.get("scheduler_max_num_batched_tokens")))
-    if info.runtime == "sglang":
+    if runtime == "sglang":
         return (_count(x.get("page_size")), _count(x.get("max_total_num_tokens")),
                 _count(x.get("chunked_prefill_size")))
-    cap = info.slots * info.ctx_per_slot if info.slots and info.ctx_per_slot else None
+    cap = slots * ctx_per_slot if slots and ctx_per_slot else None
     return 1, cap, _count(x.get("n_batch"))
 
 

@@ -13,7 +13,8 @@ from typing import Any
 from harness.advise.candidates import SPACE
 from harness.advise.run import AdvisePlan, advise
 from harness.bench.plan import BenchPlan
-from harness.calibrate.measure import calibrate, recheck, reported_kv
+from harness.calibrate.drift import recheck
+from harness.calibrate.measure import calibrate, reported_kv
 from harness.capacity.driver import SearchSettings, SearchSpec
 from harness.capacity.run import CapacityPlan, run_capacity
 from harness.errors import InputError
@@ -27,10 +28,17 @@ from harness.model.calibration import (
     write_calibration,
 )
 from harness.model.inputs import pauses_from_trace
+from harness.model.run_rates import SERVER_SPEED_JSON, server_speed, speed_doc
 from harness.plan.injection import Injection
 from harness.policies import POLICIES, SLOT_MODEL_POLICIES, make_policy
 from harness.records.manifest import RunManifest, read_manifest
-from harness.records.store import SUMMARY_JSON, ensure_out_dir, read_json, write_json
+from harness.records.store import (
+    SUMMARY_JSON,
+    ensure_out_dir,
+    read_json,
+    read_records,
+    write_json,
+)
 from harness.replay.options import RunOptions
 from harness.replay.run import execute_run, to_stderr
 from harness.replay.runner import redact_url
@@ -157,7 +165,8 @@ def model_runs(plan: BenchPlan, o: RunOptions, calibration: Path, simulate: bool
     """After a policy's replay: the analytical prediction beside it (the slot model prices
     what a slot server does: no engine's evictable cache, and swap's bandwidth, which an
     engine without swap has none of), and its simulation where the bench simulates; returns
-    the simulated run's directory, if any."""
+    the simulated run's directory, if any. Beside a simulated replay: the server's speed during
+    it against the calibration (SERVER_SPEED_JSON, harness.model.run_rates)."""
     cal = read_calibration(calibration)
     if o.policy in SLOT_MODEL_POLICIES and cal.has_swap:
         write_json(o.out / "prediction.json", predict(plan.trace, o.policy, calibration))
@@ -166,6 +175,10 @@ def model_runs(plan: BenchPlan, o: RunOptions, calibration: Path, simulate: bool
         return []
     sim = plan.root / f"{o.policy}-simulated"
     simulate_like(o.out, plan.trace, o.policy, o.policy_args, calibration, sim)
+    # How fast the server computed during the replay against the calibration the simulation
+    # was priced with: the first cause to look at when the two disagree.
+    speed = server_speed(read_records(o.out), cal)
+    write_json(o.out / SERVER_SPEED_JSON, speed_doc(speed, str(calibration)))
     return [sim]
 
 

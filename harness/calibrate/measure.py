@@ -43,20 +43,20 @@ from harness.errors import InputError, ServerError
 from harness.model.calibration import (
     RUNTIME_ENGINES,
     Calibration,
-    read_calibration,
+    overhead_quantiles,
     write_calibration,
 )
 from harness.model.iteration import APPEND_TOKENS
 from harness.plan.tokens import stable_seed, token_ids
 from harness.policies.base import SWAP
 from harness.records.manifest import CpuPinning
-from harness.records.store import write_json
 from harness.replay import loop, pinning
 from harness.replay.options import AUTO
 from harness.replay.runner import server_info
 
 CONTEXTS = (128, 512, 1024, 2048)
 SWAP_CONTEXT = 1024
+OVERHEAD_SAMPLES = 60  # short calls timed for the request overhead's distribution
 # The runtimes calibrate measures: llama.cpp through its slots, vLLM and SGLang through their
 # prefix caches (and vLLM's swap through the project's KV connector).
 CALIBRATED_RUNTIMES = ("llamacpp", "vllm", "sglang")
@@ -81,6 +81,7 @@ class Measured:
     batch_tokens: int | None = None
     swap_note: str | None = None
     request_overhead_ms: float | None = None  # client TTFT less the server's prompt time
+    request_overhead_quantiles_ms: tuple[float, ...] = ()  # its distribution
 
 
 def _count(value: Any) -> int | None:
@@ -156,6 +157,13 @@ async def _append(ad: Adapter, n: int, vocab: int, seed: int, overheads: list[fl
     return APPEND_TOKENS / (res.prompt_ms / 1000.0)
 
 
+async def _overheads(ad: Adapter, req: CompletionRequest, overheads: list[float]) -> None:
+    """OVERHEAD_SAMPLES times the same short request (after the first, a cached prompt and
+    one token): enough overheads for the distribution's tail (each is its own sample)."""
+    for _ in range(OVERHEAD_SAMPLES):
+        await _timed(ad, req, overheads)
+
+
 async def measure(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS,
                   repeats: int = 3, decode_tokens: int = 32, swap: bool = True) -> Measured:
     """Measure one server through its adapter: llama.cpp through slot 0 (used and erased),
@@ -184,6 +192,9 @@ async def measure(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS,
             decode_points.append((n, statistics.median(d or 0.0 for _, d in got)))
             if appended:
                 append_points.append((n, statistics.median(appended)))
+        await _overheads(ad, CompletionRequest(token_ids(stable_seed("cal-overhead"), 64,
+                                                         info.vocab_size), 1, slot=0),
+                         overheads)
         decode = []
         for r in range(repeats):
             await ad.drop(SLOT0)
@@ -213,7 +224,8 @@ async def measure(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS,
     return Measured(points, decode_points, append_points, statistics.median(decode),
                     _median(outs), _median(ins), _median(per_token), info.server_version,
                     info.model, block, capacity, batch,
-                    None if swap else "not measured (a short re-check)", _median(overheads))
+                    None if swap else "not measured (a short re-check)", _median(overheads),
+                    overhead_quantiles(overheads))
 
 
 def _median(xs: list[float]) -> float | None:
@@ -287,6 +299,8 @@ async def measure_engine(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS, repe
     if not points:
         raise InputError(f"calibrate: no context of {', '.join(map(str, contexts))} fits the "
                          f"server's {info.ctx_per_slot} tokens")
+    await _overheads(ad, CompletionRequest(token_ids(stable_seed("cal-overhead"), 64, vocab), 1,
+                                           cache_salt=f"{salt}-overhead"), overheads)
     decode = []
     for r in range(repeats):
         _, d = await _cold(ad, token_ids(stable_seed("cal-decode", r), 64, vocab),
@@ -309,7 +323,8 @@ async def measure_engine(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS, repe
             per_token.append(bpt)
     return Measured(points, decode_points, append_points, statistics.median(decode),
                     _median(outs), _median(ins), _median(per_token), info.server_version,
-                    info.model, block, capacity, batch, note, _median(overheads))
+                    info.model, block, capacity, batch, note, _median(overheads),
+                    overhead_quantiles(overheads))
 
 
 async def _no_swap(ad: Adapter) -> str:
@@ -385,7 +400,8 @@ def to_calibration(m: Measured, kv_bytes_per_token: float | None,
         decode_points=tuple(p for p in m.decode_points if p[1] > 0),
         append_points=tuple(m.append_points), engine=RUNTIME_ENGINES.get(runtime),
         block_size=m.block_size, kv_capacity_tokens=m.kv_capacity_tokens,
-        batch_tokens=m.batch_tokens, request_overhead_ms=m.request_overhead_ms)
+        batch_tokens=m.batch_tokens, request_overhead_ms=m.request_overhead_ms,
+        request_overhead_quantiles_ms=m.request_overhead_quantiles_ms)
 
 
 def _measure_on(runtime: Runtime, options: ServerOptions, out: Path, repeats: int,
@@ -403,11 +419,13 @@ def _measure_on(runtime: Runtime, options: ServerOptions, out: Path, repeats: in
         return measured, session.details.kv_bytes_per_token, session.details.build
 
 
-def _run_measure(out: Path, runtime: str, url: str | None, repeats: int,
-                 model_path: Path | None, server_args: tuple[str, ...],
-                 pin: CpuPinning | None | Literal["auto"], contexts: tuple[int, ...],
-                 swap: bool, ctx_per_slot: int = 4096
-                 ) -> tuple[Runtime, Measured, float | None, str | None]:
+def measure_server(out: Path, runtime: str, url: str | None, repeats: int,
+                   model_path: Path | None, server_args: tuple[str, ...],
+                   pin: CpuPinning | None | Literal["auto"], contexts: tuple[int, ...],
+                   swap: bool, ctx_per_slot: int = 4096
+                   ) -> tuple[Runtime, Measured, float | None, str | None]:
+    """Measure a server (`url`, or a local one started and stopped here, its log beside `out`):
+    (the runtime, the measurements, the model's KV bytes per token, the server's build)."""
     rt = get_runtime(runtime)
     if rt.name not in CALIBRATED_RUNTIMES:
         raise InputError(f"calibrate measures {', '.join(CALIBRATED_RUNTIMES)}; {runtime} is "
@@ -429,64 +447,8 @@ def calibrate(out: Path, runtime: str = "llamacpp", url: str | None = None, repe
     """Measure a server (`url`, or a local one started and stopped here with `server_args`
     added and a context of `ctx_per_slot`, pinned as the replays are: `pin`, or decided here)
     and write the calibration file `out`; contexts past the server's are not measured."""
-    rt, measured, bpt, build = _run_measure(out, runtime, url, repeats, model_path,
-                                            server_args, pin, CONTEXTS, True, ctx_per_slot)
+    rt, measured, bpt, build = measure_server(out, runtime, url, repeats, model_path,
+                                              server_args, pin, CONTEXTS, True, ctx_per_slot)
     cal = to_calibration(measured, bpt, build, rt.name)
     write_calibration(out, cal)
     return cal, measured
-
-
-# ---- the drift check --------------------------------------------------------------------
-DRIFT_JSON = "calibration-drift.json"
-
-
-def drift(cal: Calibration, again: Measured) -> dict[str, Any]:
-    """Each rate a short re-measurement (`again`) has in common with `cal`, and how far it moved
-    since, in percent of the calibration's figure ((again - then) / then x 100)."""
-    rates: dict[str, dict[str, float]] = {}
-
-    def add(name: str, then: float | None, now: float | None) -> None:
-        if then and now:
-            rates[name] = {"calibrated": then, "rechecked": now,
-                           "drift_pct": (now - then) / then * 100.0}
-
-    for n, now in again.prefill_points:
-        add(f"prefill_tok_s@{n}", dict(cal.prefill_points).get(n), now)
-    for n, now in again.decode_points:
-        add(f"decode_tok_s@{n}", dict(cal.decode_points).get(n), now)
-    for n, now in again.append_points:
-        add(f"append_tok_s@{n}", dict(cal.append_points).get(n), now)
-    add("decode_tok_s", cal.decode_tok_s, again.decode_tok_s)
-    worst = max(rates.items(), key=lambda kv: abs(kv[1]["drift_pct"]), default=None)
-    return {"calibrated_at": cal.measured_at,
-            "rechecked_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "rates": rates,
-            "largest": {"rate": worst[0], "drift_pct": worst[1]["drift_pct"]} if worst else None,
-            "meaning": "drift_pct: the re-measured rate against the calibration's, in percent "
-                       "(negative: the server got slower since it was calibrated)"}
-
-
-def recheck(calibration: Path, runtime: str = "llamacpp", url: str | None = None,
-            server_args: tuple[str, ...] = (),
-            pin: CpuPinning | None | Literal["auto"] = AUTO,
-            ctx_per_slot: int = 4096) -> dict[str, Any]:
-    """Measure the server again, briefly (once, at the calibration's largest context, plus
-    decode; no swap), and write the drift of each rate to DRIFT_JSON beside `calibration`;
-    returns what it wrote."""
-    cal = read_calibration(calibration)
-    largest = (max(c for c, _ in cal.prefill_points),) if cal.prefill_points else CONTEXTS[-1:]
-    _, again, _, _ = _run_measure(calibration.parent / "calibration-recheck.json", runtime, url,
-                                  1, None, server_args, pin, largest, False, ctx_per_slot)
-    doc = drift(cal, again)
-    write_json(calibration.parent / DRIFT_JSON, doc)
-    return doc
-
-
-def drift_lines(doc: dict[str, Any]) -> list[str]:
-    """The drift check for a table's notes: one line per rate."""
-    out = [f"calibration drift (re-measured at the end, against {doc['calibrated_at']}; "
-           "negative: slower now):"]
-    for name, r in doc["rates"].items():
-        out.append(f"  {name}: {r['calibrated']:,.1f} -> {r['rechecked']:,.1f} "
-                   f"({r['drift_pct']:+.1f}%)")
-    return out

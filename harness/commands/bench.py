@@ -14,7 +14,7 @@ from harness.adapters.http import Timeouts
 from harness.bench.plan import DEFAULT_PICK_SLO, DEFAULT_POLICIES, BenchPlan, plan_bench
 from harness.bench.run import bench_capacity, bench_pick, run_bench
 from harness.bench.table import headline_table, health_lines, retention_table
-from harness.calibrate.measure import DRIFT_JSON, drift_lines
+from harness.calibrate.drift import DRIFT_JSON, drift_lines
 from harness.capacity.budget import parse_span
 from harness.capacity.run import result_table
 from harness.capacity.slo import parse_slo
@@ -31,6 +31,7 @@ from harness.commands.options import (
     url_option,
 )
 from harness.errors import InputError
+from harness.model.run_rates import SERVER_SPEED_JSON, speed_line
 from harness.policies import POLICIES
 from harness.records.manifest import read_manifest
 from harness.records.store import read_json
@@ -123,6 +124,13 @@ def bench_command(runtime: str, url: str | None, trace_path: Path | None,
         click.echo("")
         for line in drift_lines(read_json(plan.root / DRIFT_JSON)):
             click.echo(line)
+    speeds = [(o.policy, o.out / SERVER_SPEED_JSON) for o in plan.runs
+              if (o.out / SERVER_SPEED_JSON).exists()]
+    if speeds:
+        click.echo("\nserver speed during each replay against the calibration (calls that ran "
+                   "alone; x2.00: half as fast as calibrated):")
+        for policy, path in speeds:
+            click.echo(speed_line(policy, read_json(path)))
     if plan.repeats > 1:
         for o in plan.runs:
             click.echo(f"\nspread between the {plan.repeats} repeats of {o.policy}:")

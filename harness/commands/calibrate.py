@@ -55,7 +55,11 @@ def summary(cal: Calibration, measured: Measured) -> str:
                                                 ("kv_capacity_tokens", cal.kv_capacity_tokens),
                                                 ("batch_tokens", cal.batch_tokens))
                      if v is not None) or "not reported"
+    q = cal.request_overhead_quantiles_ms
+    overhead = ("" if cal.request_overhead_ms is None else
+                f"; request overhead {cal.request_overhead_ms:.1f} ms"
+                + (f" (P95 {q[95 * (len(q) - 1) // 100]:.1f} ms)" if q else ""))
     return (f"{cal.engine_kind or cal.runtime}: prefill tok/s by context ({pts}); decode tok/s "
             f"by context ({dec}); {APPEND_TOKENS}-token append tok/s by context ({app}); "
             f"{swap}; KV {cal.kv_bytes_per_token:,.0f} B/token{dumped}; the server's KV pool: "
-            f"{pool}")
+            f"{pool}{overhead}")

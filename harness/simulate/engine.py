@@ -107,7 +107,7 @@ SLOT_HANDOFFS = ("agent", "fifo")
 def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolicy,
              arrival_s: np.ndarray | None, concurrency: int, sink: RecordSink, run_id: str,
              history_window: int = 1000, slot_handoff: str = "fifo",
-             fleet: Fleet | None = None) -> Counters:
+             fleet: Fleet | None = None, seed: int = 0) -> Counters:
     """Run every trajectory to its end; events go to `sink`. `arrival_s`: one arrival time per
     root (w.roots, in order), None: a closed loop of `concurrency` agents taking the roots in
     order. Sub-agents never arrive on their own: their parent's tool step starts them.
@@ -116,6 +116,7 @@ def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolic
     freed slot goes to the longest waiter; "agent": the agent that ends a trajectory starts its
     next one on the slot it just freed, ahead of the calls waiting for a slot.
     `fleet`: K servers like `server` and `cap` each, behind a router (None: one server).
+    `seed`: the draws of request overheads where the server model has their distribution.
     """
     if slot_handoff not in SLOT_HANDOFFS:
         raise ValueError(f"slot_handoff must be one of {SLOT_HANDOFFS}, got {slot_handoff!r}")
@@ -131,7 +132,7 @@ def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolic
     engine: Engine | None = None
     try:
         engine = Engine(w, server, cap, policy, arrival_s is not None, sink, run_id,
-                        history_window, slot_handoff == "agent")
+                        history_window, slot_handoff == "agent", seed)
         if fleet is not None:
             fleet.bind(engine)  # sets engine.fleet
         return engine.run(times)
@@ -149,9 +150,9 @@ class Engine(EngineState):
 
     def __init__(self, w: Workload, server: ServerModel, cap: Capacity, policy: PausePolicy,
                  open_loop: bool, sink: RecordSink, run_id: str, history_window: int,
-                 agent_handoff: bool) -> None:
+                 agent_handoff: bool, seed: int = 0) -> None:
         super().__init__(w, server, cap, policy, open_loop, sink, run_id, history_window,
-                         agent_handoff)
+                         agent_handoff, seed)
 
     def run(self, times: list[float]) -> Counters:
         """Root k arrives at `times[k]`; run the loop to its end, return the counters."""
@@ -182,9 +183,10 @@ class Engine(EngineState):
 
     def request_call(self, tr: Trajectory, t: float) -> None:
         """`tr`'s client sends its next call at `t`: it reaches the engine the calibration's
-        request overhead later."""
-        if self.overhead > 0.0:
-            self.push(t + self.overhead, SENT, tr, tr.gen)
+        request overhead later (this step's draw where the overhead has a distribution)."""
+        d = self.overheads[tr.pos] if self.overheads else self.overhead
+        if d > 0.0:
+            self.push(t + d, SENT, tr, tr.gen)
         else:
             self.send(tr, t)
 

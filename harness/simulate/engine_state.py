@@ -116,7 +116,7 @@ class EngineState:
 
     def __init__(self, w: Workload, server: ServerModel, cap: Capacity, policy: PausePolicy,
                  open_loop: bool, sink: RecordSink, run_id: str, history_window: int,
-                 agent_handoff: bool) -> None:
+                 agent_handoff: bool, seed: int = 0) -> None:
         self.open_loop = open_loop
         self.agent_handoff = agent_handoff and cap.slot_mode and not open_loop
         self.barge = False  # the agent that just freed a slot starts its next trajectory on it
@@ -143,6 +143,7 @@ class EngineState:
         self.bw_in: float = server.swap_in_bytes_per_s
         self.rates: ServerRates = server.policy_rates()
         self.overhead: float = server.request_overhead_s
+        self.overheads: list[float] = server.overhead_draws(len(self.inp), seed)  # per step
         self.make_ctx: Callable[..., PauseContext] = context_factory()
         self.policy = policy
         self.oracle: bool = policy.sees_true_latency

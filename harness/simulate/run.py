@@ -58,7 +58,9 @@ SERVER_MODEL_DOC = (
     "first (token pool); swap over one FIFO link per direction; preemption (drop, recompute "
     "later) only of a resumed trajectory waiting to grow while the server is idle and the first "
     "one cannot grow (token pool); a call reaches the server the calibration's "
-    "request_overhead_ms after its client sent it (call_start: when the server admits it)")
+    "request_overhead_ms after its client sent it (drawn per call, seeded, from "
+    "request_overhead_quantiles_ms where the calibration has them; call_start: when the "
+    "server admits it)")
 PREFIX_CACHE_DOC = (
     "; {engine}: a token pool in blocks of {block} tokens with a prefix cache: what no call or "
     "pin holds stays cached, evictable, least recently freed first and a context's tail "
@@ -189,7 +191,7 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     try:
         counters: Counters = simulate(w, server, capacity, policy, arrival_s,
                                       arrivals.concurrency, sink, str(run.run_id),
-                                      history_window, slot_handoff, fleet)
+                                      history_window, slot_handoff, fleet, seed)
     finally:
         t_loop = time.perf_counter() - t1
         sink.close()  # whatever was simulated is on disk, even when the loop failed
@@ -215,7 +217,9 @@ def server_model(calibration: Calibration) -> ServerModel:
                        calibration.kv_bytes_per_token, calibration.prefill_points,
                        calibration.decode_points, calibration.append_points,
                        **({"batch_tokens": int(batch)} if batch else {}),
-                       request_overhead_s=(calibration.request_overhead_ms or 0.0) / 1000.0)
+                       request_overhead_s=(calibration.request_overhead_ms or 0.0) / 1000.0,
+                       request_overhead_quantiles_s=tuple(
+                           q / 1000.0 for q in calibration.request_overhead_quantiles_ms))
 
 
 def _manifest(trace: Path, ref: TraceRef, policy_name: str, policy_args: dict[str, str],

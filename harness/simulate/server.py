@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from harness.errors import InputError
 from harness.model.iteration import BATCH_TOKENS, IterationCosts, fit_iteration_costs
 from harness.policies import check_slot_model_action
@@ -46,12 +48,24 @@ class ServerModel:
     append_points: tuple[tuple[int, float], ...] = ()
     batch_tokens: int = BATCH_TOKENS
     request_overhead_s: float = 0.0  # a call's way to the engine (HTTP, API server, hand-over)
+    # its distribution: quantiles at evenly spaced probabilities 0..1 (empty: the constant)
+    request_overhead_quantiles_s: tuple[float, ...] = ()
 
     def iteration_costs(self) -> IterationCosts:
         """What an iteration costs (harness.model.iteration), fitted to these rates."""
         return fit_iteration_costs(self.prefill_tok_s, self.decode_tok_s, self.prefill_points,
                                    self.decode_points, self.append_points,
                                    batch_tokens=self.batch_tokens)
+
+    def overhead_draws(self, n: int, seed: int) -> list[float]:
+        """Each of `n` steps' request overhead (s), drawn from the quantiles by inverse
+        transform with a generator seeded by `seed` (the same draws for every policy of a seed);
+        empty when there are no quantiles (every call takes `request_overhead_s`)."""
+        q = self.request_overhead_quantiles_s
+        if not q:
+            return []
+        u = np.random.default_rng([seed, 0x0E4D]).random(n)
+        return [float(v) for v in np.interp(u, np.linspace(0.0, 1.0, len(q)), q)]
 
     def policy_rates(self) -> ServerRates:
         """The rates a policy prices with (restore at swap-in bandwidth), as the replay's."""

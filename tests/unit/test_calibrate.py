@@ -18,17 +18,21 @@ from harness.adapters.http import HttpClient, connect
 from harness.adapters.llamacpp import LlamaCppAdapter
 from harness.adapters.sglang import SglangAdapter
 from harness.adapters.vllm import VllmAdapter
+from harness.calibrate.drift import drift, drift_lines
 from harness.calibrate.measure import (
     Measured,
     _cold,
-    drift,
-    drift_lines,
     measure,
     to_calibration,
 )
 from harness.cli import main
-from harness.errors import ServerError
-from harness.model.calibration import read_calibration, write_calibration
+from harness.errors import InputError, ServerError
+from harness.model.calibration import (
+    OVERHEAD_QUANTILES,
+    Calibration,
+    read_calibration,
+    write_calibration,
+)
 from harness.plan.tokens import token_ids
 from tests.fakes.llamacpp_server import BYTES_PER_TOKEN, STATE, FakeConfig, make_app
 from tests.fakes.sglang_server import FakeSglangConfig
@@ -66,8 +70,13 @@ def test_measure_reads_the_servers_own_timings(tmp_path: Path) -> None:
     assert cached_slots == 0 and dump_files == 0  # slot erased, dumps deleted
     # the client's time to the appended prompts' first tokens less the server's prompt time
     assert m.request_overhead_ms is not None and m.request_overhead_ms >= 0.0
+    # and its distribution, from OVERHEAD_SAMPLES short calls besides the appends
+    q = m.request_overhead_quantiles_ms
+    assert len(q) == OVERHEAD_QUANTILES and list(q) == sorted(q) and q[0] >= 0.0
+    assert q[0] <= m.request_overhead_ms <= q[-1]
     cal = to_calibration(m, 23040.0, "b1")
     assert cal.request_overhead_ms == m.request_overhead_ms
+    assert cal.request_overhead_quantiles_ms == q
     assert cal.prefill_tok_s == pytest.approx(2000.0) and cal.kv_bytes_per_token == 23040.0
     assert cal.append_points == tuple(m.append_points)
     path = write_calibration(tmp_path / "cal.json", cal)
@@ -172,3 +181,14 @@ def test_drift_is_each_rate_against_the_calibration_in_percent() -> None:
     assert doc["largest"] == {"rate": "prefill_tok_s@512", "drift_pct": pytest.approx(-10.0)}
     lines = drift_lines(doc)
     assert "calibration drift" in lines[0] and any("(-10.0%)" in ln for ln in lines)
+
+
+@pytest.mark.parametrize("value, why", [
+    ([3.0], "at least 2"), ("fast", "at least 2"), ([1.0, True], "at least 2"),
+    ([2.0, 1.0], "ascending"), ([-1.0, 2.0], ">= 0"), ([1.0, float("inf")], "finite")])
+def test_overhead_quantiles_are_refused_unless_ascending_finite_numbers(
+        value: object, why: str) -> None:
+    m = Measured([(512, 100.0)], [(512, 10.0)], [], 10.0, None, None, None, "v", "tiny")
+    doc = {**to_calibration(m, 1.0, "b1").to_dict(), "request_overhead_quantiles_ms": value}
+    with pytest.raises(InputError, match=f"request_overhead_quantiles_ms must .*{why}"):
+        Calibration.from_dict(doc)

@@ -225,3 +225,19 @@ def test_request_overhead_in_the_calibration_file(tmp_path: Path) -> None:
     bad = {**cal.to_dict(), "request_overhead_ms": -1}
     with pytest.raises(InputError, match="request_overhead_ms must be a finite number >= 0"):
         Calibration.from_dict(bad)
+
+
+def test_a_calls_overhead_is_drawn_from_its_distribution_the_same_for_a_seed(
+        tmp_path: Path) -> None:
+    from harness.simulate.run import server_model
+
+    spread = dataclasses.replace(CAL, request_overhead_ms=5.0,
+                                 request_overhead_quantiles_ms=(0.0, 4.0, 20.0))
+    draws = server_model(spread).overhead_draws(3, seed=7)
+    assert draws == server_model(spread).overhead_draws(3, seed=7)
+    assert all(0.0 <= d <= 0.020 for d in draws) and len(set(draws)) == 3
+    df, _ = sim(tmp_path, trace(tmp_path, ONE), "keep", Capacity(tokens=1000), cal=spread,
+                seed=7)
+    # the resume is step 2 (llm, tool, llm): its own draw, then one iteration of 20 tokens
+    assert t_s(df, "first_token", "a", 1) - t_s(df, "tool_end", "a") == pytest.approx(
+        draws[2] + ALPHA + 20 * BETA)

@@ -1,0 +1,219 @@
+"""How fast a server computed during a run, against its calibration: the rate each call alone
+on the server had, from the server's own timings in the records.
+
+A simulator's error against a replay has two sources: the rates it was given (a calibration
+taken minutes before, on a machine whose speed moves) and its model of what happens between
+calls (queueing, batching, the cache). To tell them apart, `rate_factors` reads the calls that
+ran alone on the server (no other call in flight from their start to their end), where there is
+no queueing or batching to model, and compares each one's server-reported prompt time
+(`server_ms`) and decode time (`decode_ms`) with what the calibration's iteration costs give for
+the same call alone: the factor is measured over predicted, the median over those calls (2.0:
+the server computed half as fast as calibrated). Their time to first token less the prompt
+time is the request's way to the engine and back (HTTP, the API server): the run's own request
+overhead. `rescaled` divides a calibration's rates by the factors and takes that overhead, so
+that a simulation with it runs at the run's own speed, and whatever error is left is the
+model's.
+
+The same estimator on a simulated run's records gives factors of 1 (to rounding): what the
+simulator writes for a call alone is what these costs predict. (Its overhead there reads 0: a
+simulated call starts when its request reaches the engine, the overhead spent before.)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.model.calibration import Calibration, overhead_quantiles
+from harness.model.iteration import BATCH_TOKENS, IterationCosts, fit_iteration_costs
+
+
+@dataclass(frozen=True)
+class RateFactors:
+    """Measured over calibrated time of calls alone on the server (> 1: the server was slower);
+    None where no such call had the timing. `calls`: the calls alone that had both timings."""
+
+    prefill: float | None
+    decode: float | None
+    calls: int
+    overhead_ms: float | None = None  # the client's time to first token less server_ms
+    overhead_quantiles_ms: tuple[float, ...] = ()  # its distribution (overhead_quantiles)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"prefill": self.prefill, "decode": self.decode, "calls": self.calls,
+                "overhead_ms": self.overhead_ms,
+                "overhead_quantiles_ms": list(self.overhead_quantiles_ms)}
+
+
+
+def solo_calls(records: pd.DataFrame) -> pd.DataFrame:
+    """call_end rows (status ok, with their call_start's prompt_tokens and their first token's
+    time, `t_first`, NaN where none came) of the calls no other call overlapped, from their
+    call_start to their call_end; bystander traffic counts as a call."""
+    key = ["trajectory_id", "step"]
+    starts = records.loc[records["event"] == "call_start", [*key, "t_ns", "prompt_tokens"]]
+    firsts = records.loc[records["event"] == "first_token", [*key, "t_ns"]]
+    ends = records.loc[records["event"] == "call_end"].drop(columns=["prompt_tokens"])
+    calls = starts.rename(columns={"t_ns": "t0"}).merge(
+        ends.rename(columns={"t_ns": "t1"}), on=key, how="inner").merge(
+        firsts.rename(columns={"t_ns": "t_first"}), on=key, how="left")
+    if calls.empty:
+        return calls
+    calls = calls.sort_values("t0", kind="stable").reset_index(drop=True)
+    t0 = calls["t0"].to_numpy(dtype=np.int64)
+    t1 = calls["t1"].to_numpy(dtype=np.int64)
+    # Overlap with an earlier call: it ends after this one starts (running max of the ends);
+    # with a later one: the next start comes before this end.
+    ended_before = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(t1)[:-1]])
+    next_start = np.concatenate([t0[1:], [np.iinfo(np.int64).max]])
+    alone = (ended_before <= t0) & (next_start >= t1)
+    return calls[alone & (calls["status"] == "ok").to_numpy()]
+
+
+def _prefill_s(costs: IterationCosts, position: int, tokens: int, per_pass: int) -> float:
+    return costs.alpha * max(1, -(-tokens // per_pass)) + costs.chunk_s(position, tokens)
+
+
+def rate_factors(records: pd.DataFrame, costs: IterationCosts, per_pass: int) -> RateFactors:
+    """The factors of a run's records against `costs`; `per_pass` is the most prompt tokens one
+    forward pass takes (llama.cpp's micro-batch, an engine's iteration budget)."""
+    solo = solo_calls(records)
+    if solo.empty:
+        return RateFactors(None, None, 0)
+    def col(name: str) -> np.ndarray:
+        return solo[name].to_numpy(dtype=float, na_value=np.nan)
+
+    prompt, computed, server_ms = col("prompt_tokens"), col("prompt_n"), col("server_ms")
+    out, decode_ms = col("output_tokens"), col("decode_ms")
+    t0, t_first = col("t0"), col("t_first")
+    pre: list[float] = []
+    dec: list[float] = []
+    lag: list[float] = []
+    for i in range(len(solo)):
+        if math.isfinite(server_ms[i] + prompt[i] + computed[i]) and computed[i] > 0:
+            want = _prefill_s(costs, int(prompt[i] - computed[i]), int(computed[i]), per_pass)
+            if want > 0:
+                pre.append(server_ms[i] / 1e3 / want)
+            if math.isfinite(t_first[i]):
+                lag.append((t_first[i] - t0[i]) / 1e6 - server_ms[i])
+        if math.isfinite(decode_ms[i] + out[i] + prompt[i]) and out[i] >= 2:
+            # One iteration per token after the first (the prefill's), at its mean context.
+            step = costs.alpha + costs.decode_s(prompt[i] + out[i] / 2.0)
+            dec.append(decode_ms[i] / 1e3 / ((out[i] - 1) * step))
+    calls = int(min(len(pre), len(dec)))
+    return RateFactors(float(np.median(pre)) if pre else None,
+                       float(np.median(dec)) if dec else None, calls,
+                       max(0.0, float(np.median(lag))) if lag else None,
+                       overhead_quantiles(lag))
+
+
+SERVER_SPEED_JSON = "server_speed.json"
+
+
+def server_speed(records: pd.DataFrame, cal: Calibration) -> RateFactors:
+    """`rate_factors` of a replay's records against the iteration costs the simulator fits to
+    `cal` (llama.cpp: prompts in micro-batches; vLLM, SGLang: in iterations of batch_tokens)."""
+    costs = fit_iteration_costs(cal.prefill_tok_s, cal.decode_tok_s, cal.prefill_points,
+                                cal.decode_points, cal.append_points,
+                                batch_tokens=cal.batch_tokens or BATCH_TOKENS)
+    slots = cal.engine_kind in (None, "llamacpp")
+    return rate_factors(records, costs, costs.ubatch_tokens if slots else costs.batch_tokens)
+
+
+def speed_doc(f: RateFactors, calibration: str) -> dict[str, Any]:
+    """SERVER_SPEED_JSON: the factors, against which calibration, and what they mean."""
+    return {**f.to_dict(), "calibration": calibration,
+            "meaning": "the replay's calls that ran alone on the server: their server-reported "
+                       "prompt (prefill) and decode times over what the calibration predicts "
+                       "for them, median (> 1: the server computed slower than calibrated); "
+                       "overhead_ms: their time to first token less the prompt time, median"}
+
+
+def speed_line(policy: str, doc: dict[str, Any]) -> str:
+    """One line of a bench's notes from a SERVER_SPEED_JSON document."""
+    if not doc.get("calls"):
+        return f"  {policy}: no call ran alone (nothing to compare)"
+    parts = [f"{name} x{doc[key]:.2f}" for name, key in (("prompt", "prefill"),
+                                                          ("decode", "decode"))
+             if doc.get(key) is not None]
+    if doc.get("overhead_ms") is not None:
+        parts.append(f"overhead {doc['overhead_ms']:.1f} ms")
+    return f"  {policy}: {', '.join(parts)} ({doc['calls']} calls alone)"
+
+
+def _scaled(points: tuple[tuple[int, float], ...], f: float) -> tuple[tuple[int, float], ...]:
+    return tuple((c, r / f) for c, r in points)
+
+
+def rescaled(cal: Calibration, f: RateFactors) -> Calibration:
+    """`cal` with its prompt rates (prefill, append) divided by `f.prefill`, its decode rates
+    by `f.decode` and its request overhead (median and distribution) the run's (a missing
+    figure leaves the calibration's); swap rates and sizes unchanged."""
+    p = f.prefill or 1.0
+    d = f.decode or 1.0
+    return replace(cal, prefill_tok_s=cal.prefill_tok_s / p,
+                   prefill_points=_scaled(cal.prefill_points, p),
+                   append_points=_scaled(cal.append_points, p),
+                   decode_tok_s=cal.decode_tok_s / d,
+                   decode_points=_scaled(cal.decode_points, d),
+                   request_overhead_ms=(cal.request_overhead_ms if f.overhead_ms is None
+                                        else f.overhead_ms),
+                   request_overhead_quantiles_ms=(f.overhead_quantiles_ms
+                                                  or cal.request_overhead_quantiles_ms),
+                   measured_at=f"{cal.measured_at} (rates rescaled to a run's: prefill x{p:.3f}"
+                               f" time, decode x{d:.3f})")
+
+
+def waits_by_company(records: pd.DataFrame) -> dict[str, dict[str, float | int | None]]:
+    """A call's time to first token less its server-reported prompt time (ms): the way to the
+    engine and back plus any wait for the engine, split by whether another call was in flight
+    when it was sent (`alone`, `shared`); each {n, p50, p95}. In a simulated run it excludes
+    the request overhead (spent before a simulated call starts)."""
+    key = ["trajectory_id", "step"]
+    starts = records.loc[records["event"] == "call_start", [*key, "t_ns"]]
+    firsts = records.loc[records["event"] == "first_token", [*key, "t_ns"]]
+    ends = records.loc[(records["event"] == "call_end"), [*key, "t_ns", "server_ms"]]
+    c = (starts.rename(columns={"t_ns": "t0"})
+         .merge(firsts.rename(columns={"t_ns": "tf"}), on=key)
+         .merge(ends.rename(columns={"t_ns": "t1"}), on=key))
+    t0 = c["t0"].to_numpy(dtype=np.int64)
+    t1 = c["t1"].to_numpy(dtype=np.int64)
+    order = np.argsort(t0, kind="stable")
+    # calls in flight at each start: started before it (strictly) and not yet ended
+    started_before = np.searchsorted(t0[order], t0, side="left")
+    ended_by = np.searchsorted(np.sort(t1), t0, side="right")
+    busy = (started_before - ended_by) > 0
+    wait = (c["tf"].to_numpy(dtype=float) - t0) / 1e6 - c["server_ms"].to_numpy(dtype=float)
+    out: dict[str, dict[str, float | int | None]] = {}
+    for name, mask in (("alone", ~busy), ("shared", busy)):
+        w = wait[mask & np.isfinite(wait)]
+        out[name] = {"n": int(w.size),
+                     "p50": float(np.percentile(w, 50)) if w.size else None,
+                     "p95": float(np.percentile(w, 95)) if w.size else None}
+    return out
+
+
+def paired_ratios(real: pd.DataFrame, simulated: pd.DataFrame) -> dict[str, float | int | None]:
+    """The server's own prompt and decode times of the same calls (trajectory, step) in a
+    replay and its simulation: the median of measured over simulated, over the calls that
+    completed in both with the same output length. Unlike `rate_factors` it needs no call
+    alone (a server that is never idle), but it holds the model's batching too: ~1 where
+    the rates held and the batches were modelled alike."""
+    key = ["trajectory_id", "step"]
+    cols = [*key, "server_ms", "decode_ms", "output_tokens"]
+
+    def ends(df: pd.DataFrame) -> pd.DataFrame:
+        return df.loc[(df["event"] == "call_end") & (df["status"] == "ok"), cols]
+
+    m = ends(real).merge(ends(simulated), on=key, suffixes=("_r", "_s"))
+    m = m[m["output_tokens_r"] == m["output_tokens_s"]]
+    out: dict[str, float | int | None] = {"calls": int(len(m))}
+    for name, col in (("prompt", "server_ms"), ("decode", "decode_ms")):
+        r = (m[f"{col}_r"] / m[f"{col}_s"]).to_numpy(dtype=float)
+        r = r[np.isfinite(r) & (r > 0)]
+        out[name] = float(np.median(r)) if r.size else None
+    return out

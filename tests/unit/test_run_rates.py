@@ -1,0 +1,147 @@
+"""The server's speed during a run against its calibration (harness.model.run_rates)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from harness.model.iteration import IterationCosts
+from harness.model.run_rates import (
+    RateFactors,
+    paired_ratios,
+    rate_factors,
+    rescaled,
+    server_speed,
+    solo_calls,
+    speed_doc,
+    speed_line,
+    waits_by_company,
+)
+from harness.records.store import read_records
+from harness.simulate.run import Arrivals, run_simulation
+from harness.simulate.server import Capacity
+from tests.unit.test_simulate import CAL, llm, tool, trace
+
+COSTS = IterationCosts(alpha=0.002, beta=0.0001, a_tiled=0.0, a_row=0.0)
+
+
+def call(tid: str, t0: float, t1: float, *, prompt: int = 100, computed: int = 100,
+         server_ms: float = 12.0, out: int = 11, decode_ms: float = 21.0,
+         ttft_ms: float = 20.0, status: str = "ok") -> list[dict[str, Any]]:
+    """A call's three events, times in ms."""
+    base = {"trajectory_id": tid, "step": 0.0}
+    return [{**base, "event": "call_start", "t_ns": int(t0 * 1e6), "prompt_tokens": prompt},
+            {**base, "event": "first_token", "t_ns": int((t0 + ttft_ms) * 1e6)},
+            {**base, "event": "call_end", "t_ns": int(t1 * 1e6), "status": status,
+             "prompt_n": computed, "server_ms": server_ms, "output_tokens": out,
+             "decode_ms": decode_ms, "prompt_tokens": None}]
+
+
+def frame(*calls: list[dict[str, Any]]) -> pd.DataFrame:
+    return pd.DataFrame([e for c in calls for e in c])
+
+
+def test_only_calls_nothing_overlapped_are_alone() -> None:
+    df = frame(call("a", 0, 50), call("b", 40, 90), call("c", 100, 150), call("d", 200, 400),
+               call("e", 210, 220), call("f", 500, 550, status="error"))
+    # a and b overlap; e lies inside d; f failed
+    assert solo_calls(df)["trajectory_id"].tolist() == ["c"]
+
+
+def test_factors_are_measured_over_predicted_time_of_calls_alone() -> None:
+    # alone: 100 tokens predicted 2 + 10 = 12 ms of prompt; 10 tokens after the first, each
+    # alpha + beta = 2.1 ms predicted: 21 ms
+    df = frame(call("a", 0, 50, server_ms=24.0, decode_ms=63.0, ttft_ms=31.0),
+               call("b", 100, 150, server_ms=24.0, decode_ms=63.0, ttft_ms=29.0),
+               call("c", 200, 400), call("d", 210, 390, server_ms=99.0))  # overlapping
+    f = rate_factors(df, COSTS, per_pass=512)
+    assert (f.prefill, f.decode, f.calls, f.overhead_ms) == pytest.approx((2.0, 3.0, 2, 6.0))
+    # the overhead's distribution: 7 and 5 ms, 101 quantiles from 5 to 7
+    assert len(f.overhead_quantiles_ms) == 101
+    assert (f.overhead_quantiles_ms[0], f.overhead_quantiles_ms[50],
+            f.overhead_quantiles_ms[100]) == pytest.approx((5.0, 6.0, 7.0))
+
+
+def test_a_resume_is_predicted_from_where_its_computed_tokens_start() -> None:
+    with_attention = dataclasses.replace(COSTS, a_row=1e-6)
+    # 20 tokens computed after 80 cached: alpha + 20 beta + a_row (20 * 80 + 20 * 21 / 2)
+    want = 0.002 + 20 * 0.0001 + 1e-6 * (20 * 80 + 210)
+    df = frame(call("a", 0, 50, prompt=100, computed=20, server_ms=want * 1e3 * 1.5))
+    assert rate_factors(df, with_attention, per_pass=512).prefill == pytest.approx(1.5)
+
+
+def test_no_call_alone_gives_no_factors() -> None:
+    df = frame(call("a", 0, 50), call("b", 40, 90))
+    assert rate_factors(df, COSTS, per_pass=512) == RateFactors(None, None, 0)
+
+
+def test_rescaled_divides_the_rates_and_takes_the_runs_overhead() -> None:
+    cal = dataclasses.replace(CAL, prefill_points=((128, 1000.0),), append_points=((64, 500.0),),
+                              decode_points=((64, 100.0), (512, 80.0)), request_overhead_ms=2.0)
+    got = rescaled(cal, RateFactors(prefill=2.0, decode=4.0, calls=10, overhead_ms=7.0))
+    assert (got.prefill_tok_s, got.prefill_points, got.append_points) == (
+        500.0, ((128, 500.0),), ((64, 250.0),))
+    assert (got.decode_tok_s, got.decode_points) == (25.0, ((64, 25.0), (512, 20.0)))
+    assert got.request_overhead_ms == 7.0
+    with_q = rescaled(cal, RateFactors(2.0, 4.0, 10, 7.0, (5.0, 7.0, 20.0)))
+    assert with_q.request_overhead_quantiles_ms == (5.0, 7.0, 20.0)
+    assert (got.swap_in_bytes_per_s, got.kv_bytes_per_token) == (cal.swap_in_bytes_per_s,
+                                                                  cal.kv_bytes_per_token)
+    same = rescaled(cal, RateFactors(None, None, 0))
+    assert (same.prefill_tok_s, same.decode_tok_s, same.request_overhead_ms) == (1000.0, 100.0,
+                                                                                 2.0)
+
+
+@pytest.mark.parametrize("engine", ["llamacpp", "vllm"])
+def test_a_simulated_run_reads_back_at_its_own_calibration(tmp_path: Path, engine: str) -> None:
+    # Staggered agents, so that some calls run alone and some share iterations.
+    trajs = {f"t{i}": [llm(100 + 30 * i, 8), tool(0.5 + 0.3 * i), llm(40, 6), tool(1.0),
+                       llm(25, 9)] for i in range(6)}
+    starts = {f"t{i}": 0.7 * i for i in range(6)}
+    cap = (Capacity(slots=4, ctx_per_slot=1024) if engine == "llamacpp" else
+           Capacity(tokens=4096, engine="vllm", block_size=16))
+    cal = dataclasses.replace(CAL, prefill_points=((64, 800.0), (512, 1200.0)), engine=engine)
+    out = tmp_path / "run"
+    run_simulation(trace(tmp_path, trajs, starts), "keep", {}, cap, cal, None,
+                   Arrivals("closed", 6), 0, out, write_summary=False)
+    f = server_speed(read_records(out), cal)
+    assert f.calls > 0
+    assert f.prefill == pytest.approx(1.0) and f.decode == pytest.approx(1.0)
+    # at another calibration's rates the same records read as that much slower
+    fast = dataclasses.replace(cal, prefill_tok_s=2 * cal.prefill_tok_s,
+                               prefill_points=tuple((c, 2 * r) for c, r in cal.prefill_points),
+                               decode_tok_s=3 * cal.decode_tok_s)
+    g = server_speed(read_records(out), fast)
+    assert g.decode == pytest.approx(3.0)
+    assert g.prefill is not None and g.prefill > 1.5
+
+
+def test_the_speed_line_names_each_factor_and_the_calls() -> None:
+    doc = speed_doc(RateFactors(2.26, 2.34, 216, 6.8), "cal.json")
+    assert doc["calibration"] == "cal.json" and "meaning" in doc
+    assert speed_line("keep", doc) == ("  keep: prompt x2.26, decode x2.34, overhead 6.8 ms "
+                                       "(216 calls alone)")
+    assert "no call ran alone" in speed_line("keep", speed_doc(RateFactors(None, None, 0), "c"))
+
+
+def test_waits_are_split_by_whether_another_call_was_in_flight() -> None:
+    df = frame(call("a", 0, 50, ttft_ms=20.0, server_ms=12.0),  # alone when sent: 8 ms
+               call("b", 40, 90, ttft_ms=30.0, server_ms=10.0),  # a in flight: 20 ms
+               call("c", 100, 150, ttft_ms=15.0, server_ms=12.0))  # a and b ended: 3 ms
+    got = waits_by_company(df)
+    assert got["alone"] == {"n": 2, "p50": pytest.approx(5.5), "p95": pytest.approx(7.75)}
+    assert got["shared"] == {"n": 1, "p50": pytest.approx(20.0), "p95": pytest.approx(20.0)}
+
+
+def test_paired_ratios_compare_the_same_calls_server_times() -> None:
+    real = frame(call("a", 0, 50, server_ms=20.0, decode_ms=40.0),
+                 call("b", 40, 90, server_ms=30.0, decode_ms=30.0, out=5),
+                 call("c", 100, 150, server_ms=12.0, decode_ms=21.0, status="error"))
+    sim = frame(call("a", 0, 45, server_ms=10.0, decode_ms=20.0),
+                call("b", 40, 80, server_ms=10.0, decode_ms=10.0, out=6),  # another length
+                call("c", 100, 150, server_ms=6.0, decode_ms=7.0))
+    assert paired_ratios(real, sim) == {"calls": 1, "prompt": 2.0, "decode": 2.0}

@@ -43,7 +43,7 @@ from harness.errors import InputError, ServerError
 from harness.model.calibration import (
     RUNTIME_ENGINES,
     Calibration,
-    overhead_quantiles,
+    overhead_samples,
     write_calibration,
 )
 from harness.model.iteration import APPEND_TOKENS
@@ -81,7 +81,7 @@ class Measured:
     batch_tokens: int | None = None
     swap_note: str | None = None
     request_overhead_ms: float | None = None  # client TTFT less the server's prompt time
-    request_overhead_quantiles_ms: tuple[float, ...] = ()  # its distribution
+    request_overhead_samples_ms: tuple[float, ...] = ()  # its distribution
 
 
 def _count(value: Any) -> int | None:
@@ -225,7 +225,7 @@ async def measure(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS,
                     _median(outs), _median(ins), _median(per_token), info.server_version,
                     info.model, block, capacity, batch,
                     None if swap else "not measured (a short re-check)", _median(overheads),
-                    overhead_quantiles(overheads))
+                    overhead_samples(overheads))
 
 
 def _median(xs: list[float]) -> float | None:
@@ -324,7 +324,7 @@ async def measure_engine(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS, repe
     return Measured(points, decode_points, append_points, statistics.median(decode),
                     _median(outs), _median(ins), _median(per_token), info.server_version,
                     info.model, block, capacity, batch, note, _median(overheads),
-                    overhead_quantiles(overheads))
+                    overhead_samples(overheads))
 
 
 async def _no_swap(ad: Adapter) -> str:
@@ -401,7 +401,7 @@ def to_calibration(m: Measured, kv_bytes_per_token: float | None,
         append_points=tuple(m.append_points), engine=RUNTIME_ENGINES.get(runtime),
         block_size=m.block_size, kv_capacity_tokens=m.kv_capacity_tokens,
         batch_tokens=m.batch_tokens, request_overhead_ms=m.request_overhead_ms,
-        request_overhead_quantiles_ms=m.request_overhead_quantiles_ms)
+        request_overhead_samples_ms=m.request_overhead_samples_ms)
 
 
 def _measure_on(runtime: Runtime, options: ServerOptions, out: Path, repeats: int,

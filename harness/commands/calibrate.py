@@ -55,7 +55,7 @@ def summary(cal: Calibration, measured: Measured) -> str:
                                                 ("kv_capacity_tokens", cal.kv_capacity_tokens),
                                                 ("batch_tokens", cal.batch_tokens))
                      if v is not None) or "not reported"
-    q = cal.request_overhead_quantiles_ms
+    q = cal.request_overhead_samples_ms
     overhead = ("" if cal.request_overhead_ms is None else
                 f"; request overhead {cal.request_overhead_ms:.1f} ms"
                 + (f" (P95 {q[95 * (len(q) - 1) // 100]:.1f} ms)" if q else ""))

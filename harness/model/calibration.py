@@ -40,10 +40,12 @@ preset): it cites the sources, and whatever prints or records it says DECLARED_N
 time to first token less the prompt time the server reports, median over short appended
 prompts (HTTP, the API server, the hand-over to the engine's scheduler and back). The
 simulator delays each call's arrival at the engine by it; absent, by nothing.
-`request_overhead_quantiles_ms` (optional) is the same overhead's distribution: its quantiles
-at evenly spaced probabilities from 0 to 1 (at least 2, ascending). Where present the simulator
-draws each call's overhead from it (seeded) instead of taking the median for every call: the
-overhead of a server sharing its CPUs has a tail (measured on CPU vLLM: median 7 ms, P95 17 ms).
+`request_overhead_samples_ms` (optional) is the same overhead's distribution: the measured
+overheads themselves, ascending (at least 2). Where present the simulator draws each call's
+overhead from them (uniformly, seeded) instead of taking the median for every call: the overhead
+of a server sharing its CPUs has a tail (measured on CPU vLLM: median 7 ms, P95 17 ms). Samples,
+not quantiles: a rare outlier keeps its own weight (one of n), where interpolated quantiles
+would spread it over a whole band of draws.
 """
 
 from __future__ import annotations
@@ -86,25 +88,19 @@ def _overhead(value: Any, where: str) -> float | None:
     return float(value)
 
 
-# Quantiles of a request overhead's distribution kept (evenly spaced, 0 to 1): fine enough
-# that one outlier moves only the top percent of the draws made from them.
-OVERHEAD_QUANTILES = 101
-
-
-def overhead_quantiles(samples: list[float]) -> tuple[float, ...]:
-    """OVERHEAD_QUANTILES quantiles (ms, >= 0) of overhead samples; empty without samples."""
-    if not samples:
+def overhead_samples(samples: list[float]) -> tuple[float, ...]:
+    """Overhead samples as a calibration keeps them: ms, >= 0, ascending, to the microsecond;
+    empty with fewer than 2."""
+    if len(samples) < 2:
         return ()
-    qs = np.percentile(np.maximum(np.asarray(samples, dtype=float), 0.0),
-                       np.linspace(0.0, 100.0, OVERHEAD_QUANTILES))
-    return tuple(float(v) for v in np.maximum.accumulate(qs))
+    return tuple(sorted(round(max(float(v), 0.0), 3) for v in samples))
 
 
-def _quantiles(value: Any, where: str) -> tuple[float, ...]:
-    """request_overhead_quantiles_ms: absent, or at least 2 finite ascending numbers >= 0."""
+def _samples(value: Any, where: str) -> tuple[float, ...]:
+    """request_overhead_samples_ms: absent, or at least 2 finite ascending numbers >= 0."""
     if value is None:
         return ()
-    key = "request_overhead_quantiles_ms"
+    key = "request_overhead_samples_ms"
     if (not isinstance(value, list) or len(value) < 2
             or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
         raise InputError(f"{where}: {key} must be a list of at least 2 numbers (ms)")
@@ -196,8 +192,8 @@ class Calibration:
     batch_tokens: int | None = None  # the most tokens one iteration takes
     declared: str | None = None  # sources of published figures: not measured by the project
     request_overhead_ms: float | None = None  # outside the engine's compute, per call
-    # its quantiles at evenly spaced probabilities 0..1 (empty: the median for every call)
-    request_overhead_quantiles_ms: tuple[float, ...] = ()
+    # the measured overheads, ascending (empty: the median for every call)
+    request_overhead_samples_ms: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         self.validate("calibration")
@@ -222,7 +218,7 @@ class Calibration:
                                           or not self.declared.strip()):
             raise InputError(f"{where}: declared must be a non-empty string citing sources")
         _overhead(self.request_overhead_ms, where)
-        _quantiles(list(self.request_overhead_quantiles_ms) or None, where)
+        _samples(list(self.request_overhead_samples_ms) or None, where)
         _check_points(self.prefill_points, where)
         _check_points(self.decode_points, where, "decode_points")
         _check_points(self.append_points, where, "append_points")
@@ -275,8 +271,8 @@ class Calibration:
             d["decode_points"] = [[c, r] for c, r in self.decode_points]
         if self.append_points:
             d["append_points"] = [[c, r] for c, r in self.append_points]
-        if self.request_overhead_quantiles_ms:
-            d["request_overhead_quantiles_ms"] = list(self.request_overhead_quantiles_ms)
+        if self.request_overhead_samples_ms:
+            d["request_overhead_samples_ms"] = list(self.request_overhead_samples_ms)
         return d
 
     @classmethod
@@ -286,7 +282,7 @@ class Calibration:
             raise InputError(f"{where}: expected a JSON object")
         known = {"version", "prefill_points", "decode_points", "append_points", *_TEXT_KEYS,
                  *_RATE_KEYS, *_SWAP_KEYS, "engine", *_INT_KEYS, "declared",
-                 "request_overhead_ms", "request_overhead_quantiles_ms"}
+                 "request_overhead_ms", "request_overhead_samples_ms"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InputError(f"{where}: unknown key(s) {', '.join(unknown)}")
@@ -318,8 +314,8 @@ class Calibration:
                    append_points=_parse_points(data, "append_points", where), engine=engine,
                    declared=declared,
                    request_overhead_ms=_overhead(data.get("request_overhead_ms"), where),
-                   request_overhead_quantiles_ms=_quantiles(
-                       data.get("request_overhead_quantiles_ms"), where),
+                   request_overhead_samples_ms=_samples(
+                       data.get("request_overhead_samples_ms"), where),
                    swap_out_bytes_per_s=_swap_rate(data["swap_out_bytes_per_s"],
                                                    "swap_out_bytes_per_s", where),
                    swap_in_bytes_per_s=_swap_rate(data["swap_in_bytes_per_s"],

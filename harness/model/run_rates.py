@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.model.calibration import Calibration, overhead_quantiles
+from harness.model.calibration import Calibration, overhead_samples
 from harness.model.iteration import BATCH_TOKENS, IterationCosts, fit_iteration_costs
 
 
@@ -41,12 +41,12 @@ class RateFactors:
     decode: float | None
     calls: int
     overhead_ms: float | None = None  # the client's time to first token less server_ms
-    overhead_quantiles_ms: tuple[float, ...] = ()  # its distribution (overhead_quantiles)
+    overhead_samples_ms: tuple[float, ...] = ()  # each call's, ascending (overhead_samples)
 
     def to_dict(self) -> dict[str, Any]:
         return {"prefill": self.prefill, "decode": self.decode, "calls": self.calls,
                 "overhead_ms": self.overhead_ms,
-                "overhead_quantiles_ms": list(self.overhead_quantiles_ms)}
+                "overhead_samples_ms": list(self.overhead_samples_ms)}
 
 
 
@@ -108,7 +108,7 @@ def rate_factors(records: pd.DataFrame, costs: IterationCosts, per_pass: int) ->
     return RateFactors(float(np.median(pre)) if pre else None,
                        float(np.median(dec)) if dec else None, calls,
                        max(0.0, float(np.median(lag))) if lag else None,
-                       overhead_quantiles(lag))
+                       overhead_samples(lag))
 
 
 SERVER_SPEED_JSON = "server_speed.json"
@@ -162,8 +162,8 @@ def rescaled(cal: Calibration, f: RateFactors) -> Calibration:
                    decode_points=_scaled(cal.decode_points, d),
                    request_overhead_ms=(cal.request_overhead_ms if f.overhead_ms is None
                                         else f.overhead_ms),
-                   request_overhead_quantiles_ms=(f.overhead_quantiles_ms
-                                                  or cal.request_overhead_quantiles_ms),
+                   request_overhead_samples_ms=(f.overhead_samples_ms
+                                                  or cal.request_overhead_samples_ms),
                    measured_at=f"{cal.measured_at} (rates rescaled to a run's: prefill x{p:.3f}"
                                f" time, decode x{d:.3f})")
 

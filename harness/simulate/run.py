@@ -59,7 +59,7 @@ SERVER_MODEL_DOC = (
     "later) only of a resumed trajectory waiting to grow while the server is idle and the first "
     "one cannot grow (token pool); a call reaches the server the calibration's "
     "request_overhead_ms after its client sent it (drawn per call, seeded, from "
-    "request_overhead_quantiles_ms where the calibration has them; call_start: when the "
+    "request_overhead_samples_ms where the calibration has them; call_start: when the "
     "server admits it)")
 PREFIX_CACHE_DOC = (
     "; {engine}: a token pool in blocks of {block} tokens with a prefix cache: what no call or "
@@ -218,8 +218,8 @@ def server_model(calibration: Calibration) -> ServerModel:
                        calibration.decode_points, calibration.append_points,
                        **({"batch_tokens": int(batch)} if batch else {}),
                        request_overhead_s=(calibration.request_overhead_ms or 0.0) / 1000.0,
-                       request_overhead_quantiles_s=tuple(
-                           q / 1000.0 for q in calibration.request_overhead_quantiles_ms))
+                       request_overhead_samples_s=tuple(
+                           q / 1000.0 for q in calibration.request_overhead_samples_ms))
 
 
 def _manifest(trace: Path, ref: TraceRef, policy_name: str, policy_args: dict[str, str],

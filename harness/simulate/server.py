@@ -48,8 +48,8 @@ class ServerModel:
     append_points: tuple[tuple[int, float], ...] = ()
     batch_tokens: int = BATCH_TOKENS
     request_overhead_s: float = 0.0  # a call's way to the engine (HTTP, API server, hand-over)
-    # its distribution: quantiles at evenly spaced probabilities 0..1 (empty: the constant)
-    request_overhead_quantiles_s: tuple[float, ...] = ()
+    # its distribution: measured overheads to draw from (empty: the constant for every call)
+    request_overhead_samples_s: tuple[float, ...] = ()
 
     def iteration_costs(self) -> IterationCosts:
         """What an iteration costs (harness.model.iteration), fitted to these rates."""
@@ -58,14 +58,14 @@ class ServerModel:
                                    batch_tokens=self.batch_tokens)
 
     def overhead_draws(self, n: int, seed: int) -> list[float]:
-        """Each of `n` steps' request overhead (s), drawn from the quantiles by inverse
-        transform with a generator seeded by `seed` (the same draws for every policy of a seed);
-        empty when there are no quantiles (every call takes `request_overhead_s`)."""
-        q = self.request_overhead_quantiles_s
-        if not q:
+        """Each of `n` steps' request overhead (s), drawn uniformly from the samples by a
+        generator seeded by `seed` (the same draws for every policy of a seed); empty when
+        there are no samples (every call takes `request_overhead_s`)."""
+        samples = self.request_overhead_samples_s
+        if not samples:
             return []
-        u = np.random.default_rng([seed, 0x0E4D]).random(n)
-        return [float(v) for v in np.interp(u, np.linspace(0.0, 1.0, len(q)), q)]
+        rng = np.random.default_rng([seed, 0x0E4D])
+        return [float(v) for v in rng.choice(np.asarray(samples, dtype=float), n)]
 
     def policy_rates(self) -> ServerRates:
         """The rates a policy prices with (restore at swap-in bandwidth), as the replay's."""

@@ -60,10 +60,8 @@ def test_factors_are_measured_over_predicted_time_of_calls_alone() -> None:
                call("c", 200, 400), call("d", 210, 390, server_ms=99.0))  # overlapping
     f = rate_factors(df, COSTS, per_pass=512)
     assert (f.prefill, f.decode, f.calls, f.overhead_ms) == pytest.approx((2.0, 3.0, 2, 6.0))
-    # the overhead's distribution: 7 and 5 ms, 101 quantiles from 5 to 7
-    assert len(f.overhead_quantiles_ms) == 101
-    assert (f.overhead_quantiles_ms[0], f.overhead_quantiles_ms[50],
-            f.overhead_quantiles_ms[100]) == pytest.approx((5.0, 6.0, 7.0))
+    # the overhead's distribution: the two calls' own, ascending
+    assert f.overhead_samples_ms == pytest.approx((5.0, 7.0))
 
 
 def test_a_resume_is_predicted_from_where_its_computed_tokens_start() -> None:
@@ -88,7 +86,7 @@ def test_rescaled_divides_the_rates_and_takes_the_runs_overhead() -> None:
     assert (got.decode_tok_s, got.decode_points) == (25.0, ((64, 25.0), (512, 20.0)))
     assert got.request_overhead_ms == 7.0
     with_q = rescaled(cal, RateFactors(2.0, 4.0, 10, 7.0, (5.0, 7.0, 20.0)))
-    assert with_q.request_overhead_quantiles_ms == (5.0, 7.0, 20.0)
+    assert with_q.request_overhead_samples_ms == (5.0, 7.0, 20.0)
     assert (got.swap_in_bytes_per_s, got.kv_bytes_per_token) == (cal.swap_in_bytes_per_s,
                                                                   cal.kv_bytes_per_token)
     same = rescaled(cal, RateFactors(None, None, 0))

@@ -232,10 +232,11 @@ def test_a_calls_overhead_is_drawn_from_its_distribution_the_same_for_a_seed(
     from harness.simulate.run import server_model
 
     spread = dataclasses.replace(CAL, request_overhead_ms=5.0,
-                                 request_overhead_quantiles_ms=(0.0, 4.0, 20.0))
-    draws = server_model(spread).overhead_draws(3, seed=7)
-    assert draws == server_model(spread).overhead_draws(3, seed=7)
-    assert all(0.0 <= d <= 0.020 for d in draws) and len(set(draws)) == 3
+                                 request_overhead_samples_ms=(1.0, 4.0, 20.0))
+    draws = server_model(spread).overhead_draws(300, seed=7)
+    assert draws == server_model(spread).overhead_draws(300, seed=7)
+    assert draws != server_model(spread).overhead_draws(300, seed=8)
+    assert set(draws) == {0.001, 0.004, 0.020}  # each sample, in seconds
     df, _ = sim(tmp_path, trace(tmp_path, ONE), "keep", Capacity(tokens=1000), cal=spread,
                 seed=7)
     # the resume is step 2 (llm, tool, llm): its own draw, then one iteration of 20 tokens

@@ -30,7 +30,8 @@ prompt and decode times over what the calibration predicts for them, and their r
 overhead's distribution; on a server never idle, the paired ratios instead), and the
 simulation rerun with the calibration rescaled to those rates (`<policy>-simulated-run-rates`):
 what error is left there is the model's (queueing, batching, the cache), the rest was the
-rates'. `--from DIR` redoes both tables from a finished validation without replaying.
+rates'. `--from DIR` redoes both tables from a finished validation without replaying
+(`--resimulate`: its simulations too, with this version of the simulator).
 """
 
 from __future__ import annotations
@@ -217,11 +218,31 @@ def rates_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def write_tables(out: Path, doc: dict[str, Any]) -> int:
-    """Both tables from the bench under `out`: validation.json and validation.md; the exit
-    status (0: every target met with the calibration's rates, 1: one missed)."""
+def resimulate(root: Path, policy: str) -> None:
+    """`<policy>-simulated` again, with this version of the simulator, from the replay and the
+    bench's calibration."""
+    real_dir = root / policy
+    if not (real_dir / "run.json").exists():
+        return
+    real = read_manifest(real_dir)
+    trace = None if real.trace is None else ROOT / real.trace.path
+    if trace is None or not trace.exists():
+        return
+    sim = root / f"{policy}-simulated"
+    if sim.exists():
+        shutil.rmtree(sim)
+    simulate_like(real_dir, trace, policy, dict(real.policy_args), root / "calibration.json", sim)
+
+
+def write_tables(out: Path, doc: dict[str, Any], again: bool = False) -> int:
+    """Both tables from the bench under `out` (`again`: its simulations redone first):
+    validation.json and validation.md; the exit status (0: every target met with the
+    calibration's rates, 1: one missed)."""
     root, runtime = out / "bench", doc["runtime"]
     policies = doc["policies"]
+    if again:
+        for p in policies:
+            resimulate(root, p)
     rows = [r for p in policies if (r := row(root, p, runtime))]
     at_run_rates = [r for p in policies if (r := run_rates_row(root, p, runtime))]
     doc = {**doc, "rows": rows, "at_run_rates": at_run_rates}
@@ -251,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--from", dest="again", type=Path,
                     help="a finished validation's folder: redo its tables, replay nothing")
+    ap.add_argument("--resimulate", action="store_true",
+                    help="with --from: simulate each replay again first (this version of the "
+                         "simulator against the stored replays)")
     args = ap.parse_args(argv)
     if args.again is not None:
         prior = args.again / "validation.json"
@@ -258,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"error: {prior} does not exist")
         doc = json.loads(prior.read_text())
         doc.setdefault("policies", [r["policy"] for r in doc.get("rows", [])])
-        return write_tables(args.again, doc)
+        return write_tables(args.again, doc, args.resimulate)
     if args.runtime is None:
         ap.error("--runtime is required (or --from DIR)")
     out = args.out or ROOT / "reports" / (

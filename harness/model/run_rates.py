@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from harness.metrics.frames import build_frames
 from harness.model.calibration import Calibration, overhead_samples
 from harness.model.iteration import BATCH_TOKENS, IterationCosts, fit_iteration_costs
 
@@ -50,17 +51,20 @@ class RateFactors:
 
 
 
+def _ended_calls(records: pd.DataFrame) -> pd.DataFrame:
+    """The run's calls that ended, as harness.metrics.frames links them (each call_end and
+    first token to its call_start): `t0`, `t_first` (NaN where no first token came), `t1`,
+    the call_start's `trajectory_id`, `step`, `prompt_tokens` and the call_end's fields."""
+    calls = build_frames(records).calls
+    calls = calls[calls["end_ns"].notna()]
+    return calls.rename(columns={"start_ns": "t0", "ft_ns": "t_first", "end_ns": "t1",
+                                 "tid": "trajectory_id"}).reset_index(drop=True)
+
+
 def solo_calls(records: pd.DataFrame) -> pd.DataFrame:
-    """call_end rows (status ok, with their call_start's prompt_tokens and their first token's
-    time, `t_first`, NaN where none came) of the calls no other call overlapped, from their
+    """The calls (status ok; `_ended_calls`' columns) no other call overlapped, from their
     call_start to their call_end; bystander traffic counts as a call."""
-    key = ["trajectory_id", "step"]
-    starts = records.loc[records["event"] == "call_start", [*key, "t_ns", "prompt_tokens"]]
-    firsts = records.loc[records["event"] == "first_token", [*key, "t_ns"]]
-    ends = records.loc[records["event"] == "call_end"].drop(columns=["prompt_tokens"])
-    calls = starts.rename(columns={"t_ns": "t0"}).merge(
-        ends.rename(columns={"t_ns": "t1"}), on=key, how="inner").merge(
-        firsts.rename(columns={"t_ns": "t_first"}), on=key, how="left")
+    calls = _ended_calls(records)
     if calls.empty:
         return calls
     calls = calls.sort_values("t0", kind="stable").reset_index(drop=True)
@@ -173,13 +177,8 @@ def waits_by_company(records: pd.DataFrame) -> dict[str, dict[str, float | int |
     engine and back plus any wait for the engine, split by whether another call was in flight
     when it was sent (`alone`, `shared`); each {n, p50, p95}. In a simulated run it excludes
     the request overhead (spent before a simulated call starts)."""
-    key = ["trajectory_id", "step"]
-    starts = records.loc[records["event"] == "call_start", [*key, "t_ns"]]
-    firsts = records.loc[records["event"] == "first_token", [*key, "t_ns"]]
-    ends = records.loc[(records["event"] == "call_end"), [*key, "t_ns", "server_ms"]]
-    c = (starts.rename(columns={"t_ns": "t0"})
-         .merge(firsts.rename(columns={"t_ns": "tf"}), on=key)
-         .merge(ends.rename(columns={"t_ns": "t1"}), on=key))
+    calls = _ended_calls(records)
+    c = calls[calls["t_first"].notna()]
     t0 = c["t0"].to_numpy(dtype=np.int64)
     t1 = c["t1"].to_numpy(dtype=np.int64)
     order = np.argsort(t0, kind="stable")
@@ -187,7 +186,7 @@ def waits_by_company(records: pd.DataFrame) -> dict[str, dict[str, float | int |
     started_before = np.searchsorted(t0[order], t0, side="left")
     ended_by = np.searchsorted(np.sort(t1), t0, side="right")
     busy = (started_before - ended_by) > 0
-    wait = (c["tf"].to_numpy(dtype=float) - t0) / 1e6 - c["server_ms"].to_numpy(dtype=float)
+    wait = (c["t_first"].to_numpy(dtype=float) - t0) / 1e6 - c["server_ms"].to_numpy(dtype=float)
     out: dict[str, dict[str, float | int | None]] = {}
     for name, mask in (("alone", ~busy), ("shared", busy)):
         w = wait[mask & np.isfinite(wait)]
@@ -206,10 +205,11 @@ def paired_ratios(real: pd.DataFrame, simulated: pd.DataFrame) -> dict[str, floa
     key = ["trajectory_id", "step"]
     cols = [*key, "server_ms", "decode_ms", "output_tokens"]
 
-    def ends(df: pd.DataFrame) -> pd.DataFrame:
-        return df.loc[(df["event"] == "call_end") & (df["status"] == "ok"), cols]
+    def ok(records: pd.DataFrame) -> pd.DataFrame:
+        calls = _ended_calls(records)
+        return calls.loc[calls["status"] == "ok", cols]
 
-    m = ends(real).merge(ends(simulated), on=key, suffixes=("_r", "_s"))
+    m = ok(real).merge(ok(simulated), on=key, suffixes=("_r", "_s"))
     m = m[m["output_tokens_r"] == m["output_tokens_s"]]
     out: dict[str, float | int | None] = {"calls": int(len(m))}
     for name, col in (("prompt", "server_ms"), ("decode", "decode_ms")):

@@ -42,7 +42,9 @@ def call(tid: str, t0: float, t1: float, *, prompt: int = 100, computed: int = 1
 
 
 def frame(*calls: list[dict[str, Any]]) -> pd.DataFrame:
-    return pd.DataFrame([e for c in calls for e in c])
+    """A records table of these calls' events, numbered (seq) in time order as a run's are."""
+    df = pd.DataFrame([e for c in calls for e in c]).sort_values("t_ns", kind="stable")
+    return df.assign(seq=range(len(df))).reset_index(drop=True)
 
 
 def test_only_calls_nothing_overlapped_are_alone() -> None:

@@ -118,6 +118,24 @@ def row(root: Path, policy: str, runtime: str, sim_dir: str = "simulated"
             "server_time_measured_over_simulated": paired, "target_met": met}
 
 
+def simulate_again(root: Path, policy: str, calibration: Path, name: str) -> Path | None:
+    """The replay `<policy>` simulated (again, with this version of the simulator) at
+    `calibration`, into `<policy>-<name>` (what an earlier pass left there replaced); None
+    when the replay or its trace is missing."""
+    real_dir = root / policy
+    if not (real_dir / "run.json").exists():
+        return None
+    real = read_manifest(real_dir)
+    trace = None if real.trace is None else ROOT / real.trace.path  # relative: the bench's cwd
+    if trace is None or not trace.exists():
+        return None
+    sim = root / f"{policy}-{name}"
+    if sim.exists():
+        shutil.rmtree(sim)
+    simulate_like(real_dir, trace, policy, dict(real.policy_args), calibration, sim)
+    return sim
+
+
 def run_rates_row(root: Path, policy: str, runtime: str) -> dict[str, Any] | None:
     """The server's speed during the policy's replay against the bench's calibration, and the
     simulation rerun at that speed (written to `<policy>-simulated-run-rates`); None when the
@@ -129,25 +147,20 @@ def run_rates_row(root: Path, policy: str, runtime: str) -> dict[str, Any] | Non
     cal = read_calibration(cal_path)
     records = read_records(real_dir)
     factors = server_speed(records, cal)
-    source = "calls alone"
+    source = f"{factors.calls} calls alone"
     if factors.calls == 0:
         sim_dir = root / f"{policy}-simulated"
         if not (sim_dir / "records").exists():
             return None
         p = paired_ratios(records, read_records(sim_dir))
-        factors = RateFactors(*(None if p[k] is None else float(p[k] or 0.0)
+        factors = RateFactors(*(None if (v := p[k]) is None else float(v)
                                 for k in ("prompt", "decode")), 0)
         source = f"paired, {p['calls']} calls"
     scaled = root / f"calibration-{policy}-run-rates.json"
     scaled.write_text(json.dumps(rescaled(cal, factors).to_dict(), indent=2) + "\n")
-    real = read_manifest(real_dir)
-    trace = None if real.trace is None else ROOT / real.trace.path  # relative: the bench's cwd
-    if trace is None or not trace.exists():
+    sim = simulate_again(root, policy, scaled, "simulated-run-rates")
+    if sim is None:
         return None
-    sim = root / f"{policy}-simulated-run-rates"
-    if sim.exists():  # from an earlier pass over the same bench (--from): redone
-        shutil.rmtree(sim)
-    simulate_like(real_dir, trace, policy, dict(real.policy_args), scaled, sim)
     again = row(root, policy, runtime, "simulated-run-rates")
     if again is None:
         return None
@@ -156,6 +169,12 @@ def run_rates_row(root: Path, policy: str, runtime: str) -> dict[str, Any] | Non
     return {**again, "rate_factors": {**factors.to_dict(), "source": source},
             "waits_ms": {"measured": waits_by_company(records),
                          "simulated_engine_only": waits_by_company(read_records(sim))}}
+
+
+def _reuse(r: dict[str, Any]) -> str:
+    if r["reuse_measured"] is None:
+        return "-"
+    return f"{r['reuse_measured'] * 100:.1f}% / {r['reuse_simulated'] * 100:.1f}%"
 
 
 def _paired(r: dict[str, Any]) -> str:
@@ -182,12 +201,10 @@ def table(rows: list[dict[str, Any]]) -> str:
            "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         s, m, e, ci = r["simulated"], r["measured"], r["error"], r["measured_p95_ci95"]
-        reuse = ("-" if r["reuse_measured"] is None else
-                 f"{r['reuse_measured'] * 100:.1f}% / {r['reuse_simulated'] * 100:.1f}%")
         out.append(f"| {r['policy']} | {r['resumes']} | {_ms(s['p50'])} / {_ms(s['p95'])} / "
                    f"{_ms(s['p99'])} | {_ms(m['p50'])} / {_ms(m['p95'])} / {_ms(m['p99'])} | "
                    f"{'-' if not ci else _ms(ci[0]) + '-' + _ms(ci[1])} | {_pct(e['p50'])} / "
-                   f"{_pct(e['p95'])} / {_pct(e['p99'])} | {reuse} | {_paired(r)} | "
+                   f"{_pct(e['p95'])} / {_pct(e['p99'])} | {_reuse(r)} | {_paired(r)} | "
                    f"{'met' if r['target_met'] else 'MISSED'} |")
     return "\n".join(out)
 
@@ -205,33 +222,12 @@ def rates_table(rows: list[dict[str, Any]]) -> str:
            "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         f, s, e, w = r["rate_factors"], r["simulated"], r["error"], r["waits_ms"]
-        reuse = ("-" if r["reuse_measured"] is None else
-                 f"{r['reuse_measured'] * 100:.1f}% / {r['reuse_simulated'] * 100:.1f}%")
-        src = f.get("source") or f"{f['calls']} calls alone"
-        if src == "calls alone":
-            src = f"{f['calls']} calls alone"
-        out.append(f"| {r['policy']} | {src} | x{f['prefill'] or 1:.2f}, "
+        out.append(f"| {r['policy']} | {f['source']} | x{f['prefill'] or 1:.2f}, "
                    f"x{f['decode'] or 1:.2f} | {_ms(s['p50'])} / {_ms(s['p95'])} / "
                    f"{_ms(s['p99'])} | {_pct(e['p50'])} / {_pct(e['p95'])} / {_pct(e['p99'])} | "
-                   f"{reuse} | {_waits(w['measured'])}; {_waits(w['simulated_engine_only'])} | "
+                   f"{_reuse(r)} | {_waits(w['measured'])}; {_waits(w['simulated_engine_only'])} | "
                    f"{'met' if r['target_met'] else 'MISSED'} |")
     return "\n".join(out)
-
-
-def resimulate(root: Path, policy: str) -> None:
-    """`<policy>-simulated` again, with this version of the simulator, from the replay and the
-    bench's calibration."""
-    real_dir = root / policy
-    if not (real_dir / "run.json").exists():
-        return
-    real = read_manifest(real_dir)
-    trace = None if real.trace is None else ROOT / real.trace.path
-    if trace is None or not trace.exists():
-        return
-    sim = root / f"{policy}-simulated"
-    if sim.exists():
-        shutil.rmtree(sim)
-    simulate_like(real_dir, trace, policy, dict(real.policy_args), root / "calibration.json", sim)
 
 
 def write_tables(out: Path, doc: dict[str, Any], again: bool = False) -> int:
@@ -242,7 +238,7 @@ def write_tables(out: Path, doc: dict[str, Any], again: bool = False) -> int:
     policies = doc["policies"]
     if again:
         for p in policies:
-            resimulate(root, p)
+            simulate_again(root, p, root / "calibration.json", "simulated")
     rows = [r for p in policies if (r := row(root, p, runtime))]
     at_run_rates = [r for p in policies if (r := run_rates_row(root, p, runtime))]
     doc = {**doc, "rows": rows, "at_run_rates": at_run_rates}

@@ -19,7 +19,7 @@ def headline_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
     them; the counts of resumes and trajectory outcomes beside them)."""
     head = (f"{'policy':<15}{'resume p50':>11}{'p95':>9}{'p99':>9}{'n':>5}  "
             f"{'ok':>4}{'cancel':>7}{'fail':>5}{'recomputed':>11}{'MiB moved':>10}"
-            f"{'mismatch':>9}")
+            f"{'mismatch':>9}{'JCT mean s':>11}{'makespan s':>11}")
     lines = [head, "-" * len(head)]
     for policy, s in rows:
         r = s.get("resume_latency_ms") or {}
@@ -30,8 +30,11 @@ def headline_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
             f"{r.get('n', 0):>5}  {t.get('succeeded', 0):>4}{t.get('cancelled', 0):>7}"
             f"{t.get('failed', 0):>5}{_value('tokens_recomputed', s):>11}"
             f"{_value('bytes_moved', s, 1 / 2**20, '.1f'):>10}"
-            f"{_value('cache_mismatches', s, spec='.0f'):>9}")
-    lines.append("(resume latency in ms: tool result available -> first token of the next call)")
+            f"{_value('cache_mismatches', s, spec='.0f'):>9}"
+            f"{_value('job_completion_s.mean', s, spec=',.1f'):>11}"
+            f"{_value('makespan_s', s, spec=',.1f'):>11}")
+    lines.append("(resume latency in ms: tool result available -> first token of the next call; "
+                 "JCT: a task's arrival -> its last trajectory's end, over completed tasks)")
     return "\n".join(lines)
 
 

@@ -42,7 +42,7 @@ FRAME_COLUMNS: tuple[str, ...] = tuple(
 CORE_COLUMNS = ("seq", "t_ns", "_code", "event")
 _TRAJ = ("trajectory_id", "traffic", "status")
 EVENT_COLUMNS: dict[str, tuple[str, ...]] = {
-    "trajectory_start": (*_TRAJ, "parent_id"),
+    "trajectory_start": (*_TRAJ, "parent_id", "planned_ns"),
     "call_start": ("trajectory_id", "traffic", "step", "planned_ns", "prompt_tokens",
                    "appended_tokens", "is_resume", "kv_tokens", "status"),
     "first_token": (),

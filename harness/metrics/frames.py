@@ -311,8 +311,11 @@ def _trajectories(ev: Events) -> pd.DataFrame:
     reasons = ev.rows(["trajectory_end"], ["_code", "reason"])
     reasons = reasons[reasons["_code"] >= 0].drop_duplicates("_code", keep="last")
     traj["reason"] = reasons.set_index("_code")["reason"].astype(object).reindex(traj.index)
-    starts = ev.rows(["trajectory_start"], ["_code", "parent_id"])
+    starts = ev.rows(["trajectory_start"], ["_code", "parent_id", "planned_ns"])
     starts = starts[starts["_code"] >= 0].drop_duplicates("_code", keep="first")
-    traj["parent_tid"] = (starts.set_index("_code")["parent_id"].astype(object)
-                          .reindex(traj.index))
+    starts = starts.set_index("_code")
+    traj["parent_tid"] = starts["parent_id"].astype(object).reindex(traj.index)
+    # When the trajectory was due (its arrival); records without it: its first event.
+    traj["arrival_ns"] = _num(starts["planned_ns"].reindex(traj.index)).fillna(
+        traj["start_ns"].astype("float64"))
     return traj

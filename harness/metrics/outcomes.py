@@ -64,6 +64,15 @@ def _own_success(frames: Frames, slo: dict[str, float]) -> pd.DataFrame:
     violating = traj.index.isin(slo_violators(frames, slo)) & completed
     out = pd.DataFrame({"completed": completed, "violating": violating,
                         "ok": completed & ~violating}, index=traj.index)
+    out["root"] = family_roots(traj)
+    out["is_root"] = out.index.to_numpy() == out["root"].to_numpy()
+    return out
+
+
+def family_roots(traj: pd.DataFrame) -> list[int]:
+    """For each trajectory (rows of Frames.trajectories), the code of the root trajectory of
+    its task: its parent's root, up the chain of `parent_tid`, where a chain broken by a
+    parent never seen stops."""
     parent = (traj["parent_tid"].astype(object) if "parent_tid" in traj.columns
               else pd.Series(None, index=traj.index, dtype=object))
     code_of: dict[str, int] = {}
@@ -80,9 +89,7 @@ def _own_success(frames: Frames, slo: dict[str, float]) -> pd.DataFrame:
             seen.add(r)
             r = up[r]
         roots.append(r)
-    out["root"] = roots
-    out["is_root"] = out.index.to_numpy() == out["root"].to_numpy()
-    return out
+    return roots
 
 
 def trajectory_outcomes(frames: Frames, slo: dict[str, float]) -> dict[str, Any]:

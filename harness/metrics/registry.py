@@ -49,7 +49,8 @@ class Metric:
 
     `name`: its key (a summary path such as resume_latency_ms.p50); `label`: how tables head
     it; `value` / `ci`: its value and 95% interval in a summary (ci None: the summary has
-    none); `sample`, `q`: the per-call samples and percentile a comparison bootstraps;
+    none); `sample`, `q`: the samples (per call, or per job for "jct") and the percentile a
+    comparison bootstraps (q None with a sample: their mean);
     `units`: the per-trajectory values it is a mean or sum of (bootstrapped over trajectories);
     `bigger_is_better`: its good direction."""
 
@@ -57,7 +58,7 @@ class Metric:
     unit: str
     value: Callable[[Summary], Any]
     label: str = ""
-    sample: str | None = None  # "resume" | "ttft" | "e2e"
+    sample: str | None = None  # "resume" | "ttft" | "e2e" | "jct"
     q: float | None = None
     bigger_is_better: bool = False
     units: str | None = None
@@ -79,11 +80,22 @@ def _resume(q: str, n: int) -> Metric:
                   "resume", n, ci=_q_ci("resume_latency_ms", q))
 
 
+def _jct(q: str, n: float | None) -> Metric:
+    return Metric(f"job_completion_s.{q}", "s", _q("job_completion_s", q),
+                  f"JCT {q if q == 'mean' else q.upper()}", "jct", n,
+                  ci=_q_ci("job_completion_s", q))
+
+
 HEADLINE: tuple[Metric, ...] = (
     _resume("p50", 50), _resume("p95", 95), _resume("p99", 99),
     Metric("ttft_ms.p50", "ms", _q("ttft_ms", "p50"), "TTFT P50", "ttft", 50),
     Metric("ttft_ms.p95", "ms", _q("ttft_ms", "p95"), "TTFT P95", "ttft", 95),
     Metric("e2e_ms.p50", "ms", _q("e2e_ms", "p50"), "E2E P50", "e2e", 50),
+    # A task (root trajectory with its sub-agents) from arrival to its last end; over the
+    # jobs that completed (harness.metrics.jobs).
+    _jct("mean", None), _jct("p50", 50), _jct("p95", 95), _jct("p99", 99),
+    # The whole batch, first arrival to last end; None for a run that did not finish.
+    Metric("makespan_s", "s", lambda s: s.get("makespan_s"), "makespan"),
     Metric("success_rate", "fraction", _success_rate, "success", bigger_is_better=True,
            units="success"),
     Metric("goodput_per_min", "trajectories/min", lambda s: s.get("goodput_per_min"),

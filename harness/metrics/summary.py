@@ -15,7 +15,7 @@ import pandas as pd
 import pyarrow as pa
 
 from harness.errors import InputError
-from harness.metrics import latency, occupancy, outcomes, retention
+from harness.metrics import jobs, latency, occupancy, outcomes, retention
 from harness.metrics.bootstrap import mean_ci
 from harness.metrics.events import read_events
 from harness.metrics.frames import Frames, build_frames, link_events
@@ -36,6 +36,7 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "request_throughput_per_s", "output_token_throughput_per_s",
     "tokens_recomputed", "bytes_moved", "cache_mismatches", "cache_mismatch_list",
     "hint_honoured", "effective_retention",
+    "job_completion_s", "makespan_s",
     "memory_time_token_s", "memory_time_mib_s", "kv_paused_peak_tokens", "kv_paused_mean_tokens",
     "kv_active_peak_tokens", "kv_active_mean_tokens", "goodput_per_min", "outcome_ci95",
     "bystander_ttft_ms",
@@ -95,6 +96,7 @@ def summarize_frames(
     mem = occupancy.memory_time(frames.kv, duration, bpt)
     lat = latency.call_latency(calls)
     lag = latency.pct(pauses["lag_ms"].dropna())
+    job_rows = jobs.job_table(frames)
     out: dict[str, Any] = {
         "runtime": run.runtime,
         "policy": run.policy,
@@ -114,6 +116,8 @@ def summarize_frames(
         "cache_mismatch_list": outcomes.mismatch_list(mism),
         "hint_honoured": retention.hint_honoured(judged),
         "effective_retention": retention.effective_retention(judged),
+        "job_completion_s": jobs.job_completion(job_rows, n_resamples, seed),
+        "makespan_s": jobs.makespan_s(job_rows),
         **mem,
         "goodput_per_min": outcomes.goodput_per_min(traj["succeeded"], duration),
         "outcome_ci95": _outcome_ci(outcomes.trajectory_units(frames, slo), duration, bpt,

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from harness.metrics.bootstrap import mean_ratio_ci, ratio_ci, sorted_finite
+from harness.metrics.jobs import jct_samples
 from harness.metrics.latency import resume_samples
 from harness.metrics.outcomes import trajectory_units
 from harness.metrics.registry import HEADLINE
@@ -28,11 +29,11 @@ DEFAULT_THRESHOLD = 1.10
 
 
 def run_samples(run: RunData) -> dict[str, np.ndarray]:
-    """The per-call samples behind the distribution metrics (agent traffic)."""
+    """The samples behind the distribution metrics: per agent call, and per completed job."""
     calls = run.frames.calls
     agent = calls[~calls["bystander"]]
     return {"resume": resume_samples(calls), "ttft": agent["ttft_ms"].dropna().to_numpy(),
-            "e2e": agent["e2e_ms"].dropna().to_numpy()}
+            "e2e": agent["e2e_ms"].dropna().to_numpy(), "jct": jct_samples(run.frames)}
 
 
 def run_units(run: RunData) -> pd.DataFrame:
@@ -84,6 +85,35 @@ def unit_verdict(
     return ratio, ci, REGRESSED if up else IMPROVED if down else SAME
 
 
+def mean_verdict(
+    base: np.ndarray, new: np.ndarray, threshold: float, seed: int = 0, n_resamples: int = 1000,
+) -> tuple[float | None, tuple[float, float] | None, str]:
+    """(ratio of means NEW/BASE, its bootstrap 95% CI, verdict); smaller is better."""
+    xb, xn = sorted_finite(base), sorted_finite(new)
+    if xb.size == 0 or xn.size == 0:
+        return None, None, NA
+    mb, mn = float(xb.mean()), float(xn.mean())
+    ci = mean_ratio_ci(xb, xn, n_resamples=n_resamples, seed=seed)
+    if ci is None:
+        ratio, verdict = scalar_verdict(mb, mn, threshold)
+        return ratio, None, verdict
+    ratio = mn / mb
+    if ci[0] > 1.0 and ratio > threshold:
+        return ratio, ci, REGRESSED
+    if ci[1] < 1.0 and ratio < 1.0 / threshold:
+        return ratio, ci, IMPROVED
+    return ratio, ci, SAME
+
+
+def sample_verdict(
+    base: np.ndarray, new: np.ndarray, q: float | None, threshold: float, seed: int = 0,
+) -> tuple[float | None, tuple[float, float] | None, str]:
+    """quantile_verdict at percentile q, or mean_verdict when q is None."""
+    if q is None:
+        return mean_verdict(base, new, threshold, seed)
+    return quantile_verdict(base, new, q, threshold, seed)
+
+
 def quantile_verdict(
     base: np.ndarray, new: np.ndarray, q: float, threshold: float, seed: int = 0,
     n_resamples: int = 1000,
@@ -117,9 +147,9 @@ def compare_runs(
         if m.optional and vb is None and vn is None:
             continue  # neither run measures it
         ci: tuple[float, float] | None = None
-        if m.sample is not None and m.q is not None:
-            ratio, ci, verdict = quantile_verdict(sb[m.sample], sn[m.sample], m.q, threshold,
-                                                  seed)
+        if m.sample is not None:
+            ratio, ci, verdict = sample_verdict(sb[m.sample], sn[m.sample], m.q, threshold,
+                                                seed)
         elif m.units is not None:
             ratio, ci, verdict = unit_verdict(ub[m.units].to_numpy(), un[m.units].to_numpy(),
                                               vb, vn, threshold, m.bigger_is_better, seed)

@@ -25,8 +25,8 @@ from harness.report.compare import (
     DEFAULT_THRESHOLD,
     IMPROVED,
     REGRESSED,
-    quantile_verdict,
     run_samples,
+    sample_verdict,
     scalar_verdict,
 )
 from harness.report.data import RunData, base_label, load_run
@@ -68,10 +68,10 @@ def detect_steps(
                 after = [pts[k][0] for k in range(start, bounds[s + 2])]
                 ratio, verdict = scalar_verdict(meds[s], meds[s + 1], threshold,
                                                 m.bigger_is_better)
-                if m.sample is not None and m.q is not None:
+                if m.sample is not None:
                     pooled = [np.concatenate([samples[k][m.sample] for k in ks])
                               for ks in (before, after)]
-                    verdict = quantile_verdict(pooled[0], pooled[1], m.q, threshold, seed)[2]
+                    verdict = sample_verdict(pooled[0], pooled[1], m.q, threshold, seed)[2]
                 if verdict not in (REGRESSED, IMPROVED):
                     continue
                 first, last_before = idx[after[0]], idx[before[-1]]

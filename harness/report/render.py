@@ -94,6 +94,7 @@ def _ci(ci: list[float] | None) -> str:
 # The headline table's metrics, in order (the registry's labels, units and intervals).
 HEADLINE_COLUMNS = ("success_rate", "goodput_per_min", "resume_latency_ms.p50",
                     "resume_latency_ms.p95", "resume_latency_ms.p99", "ttft_ms.p50",
+                    "job_completion_s.mean", "job_completion_s.p95", "makespan_s",
                     "memory_time_mib_s", "bytes_moved", "tokens_recomputed", "cache_mismatches")
 _UNITLESS = ("fraction", "bytes", "tokens", "calls")
 
@@ -131,7 +132,9 @@ def headline(runs: list[RunData]) -> str:
     note = ("<p class='note'>Resume latency: tool result available to the first token of the "
             "next call (tool wait excluded); brackets: bootstrap 95% CI. Memory-time: device KV "
             "held by paused trajectories (its interval and goodput's: bootstrap over "
-            "trajectories). Success: completed within deadlines and SLOs.</p>")
+            "trajectories). Success: completed within deadlines and SLOs. JCT: a task (a root "
+            "trajectory with its sub-agents) from its arrival to its last end, over completed "
+            "tasks; makespan: first arrival to last end.</p>")
     warnings = "".join(f"<p class='note'><b>warning</b> ({html.escape(_label(r))}): "
                        f"{html.escape(w)}</p>" for r in runs for w in r.summary["warnings"])
     return ("<h2 id='headline'>Headline</h2>" + table(heads, rows) + note + workload_note(runs)

@@ -44,8 +44,12 @@ class Records:
         row.update(cols)
         self.rows.append(row)
 
-    def agent(self, tid: str, at: float = 0.0) -> Trajectory:
-        self.add(at, "trajectory_start", tid, planned_ns=ns(at))
+    def agent(self, tid: str, at: float = 0.0, planned: float | None = None,
+              parent: str | None = None) -> Trajectory:
+        """A trajectory starting at `at`, due at `planned` (default `at`); `parent`: the
+        trajectory that spawned it (a sub-agent)."""
+        self.add(at, "trajectory_start", tid, planned_ns=ns(at if planned is None else planned),
+                 parent_id=parent)
         return Trajectory(self, tid, at)
 
     def bystander(self, tid: str, at: float, ttft: float, decode: float, out: int = 10,

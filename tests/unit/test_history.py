@@ -64,7 +64,7 @@ def test_history_html_and_cli(commits: list[Path], tmp_path: Path) -> None:
     srcs = re.findall(r"src='([^']*)'", doc)
     # one trend plot per registered headline metric the runs measure (no keep-evictable
     # pause here: its effective retention is left out)
-    assert len(srcs) == len(HEADLINE) - 1 == 13
+    assert len(srcs) == len(HEADLINE) - 1 == 18
     assert all(s.startswith("data:image/png;base64,") for s in srcs)
     out = tmp_path / "h.html"
     res = CliRunner().invoke(main, ["history", *map(str, commits), "--out", str(out)])

@@ -169,6 +169,8 @@ def price(decisions: Sequence[Any], pauses: Pauses, kv_bytes_per_token: float,
     tau = np.array([d.ttl_s if d.ttl_s is not None else np.inf for d in decisions], dtype=float)
     for d in decisions:
         check_slot_model_action(d.action, "the model")
+        if d.after is not None:
+            check_slot_model_action(d.after, "the model (a TTL's expiry)")
     first = np.array([_CODES[d.action] for d in decisions], dtype=np.int8)
     after = np.array([_CODES.get(d.after or "", -1) for d in decisions], dtype=np.int8)
     # Held on the device from the pause: the whole wait (keep) or until tau (ttl).

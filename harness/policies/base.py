@@ -60,6 +60,10 @@ class PauseContext:
     total_slots: int = 1
     rates: ServerRates | None = None
     true_latency_s: float | None = None  # filled in only for policies with sees_true_latency
+    # The mean wait, over the run's recent resumed calls whose context was not held through
+    # their pause, between the call reaching the server and its prefill starting (None until
+    # one is measured): what losing a context costs in queueing, beside its reload.
+    queue_delay_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,7 @@ class Decision:
     """A policy's choice at a pause.
 
     `action` is what happens at the pause. With `ttl_s` set, the KV is kept for that long and then
-    `after` (swap or recompute) is applied if the tool has not returned yet.
+    `after` (swap, recompute or keep-evictable) is applied if the tool has not returned yet.
     """
 
     action: str

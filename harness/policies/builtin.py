@@ -1,7 +1,9 @@
-"""The built-in pause policies: keep, swap, recompute, ttl, threshold, min-waste, oracle."""
+"""The built-in pause policies: keep, keep-evictable, swap, recompute, ttl, continuum, threshold,
+min-waste, oracle."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -22,6 +24,11 @@ from harness.policies.base import (
 # Used to price actions before the run has measured anything (llama.cpp on a 2-core CPU with a
 # ~135M model: ~240 prefill tok/s, slot restore ~5 GB/s, ~23 KB of KV per token).
 FALLBACK_RATES = ServerRates(prefill_tok_s=240.0, swap_bytes_per_s=5e9, kv_bytes_per_token=23e3)
+
+
+# What a TTL may do with a context still paused at its expiry: offload it, drop it, or unpin it
+# and leave it to the engine's prefix cache (reused if nothing evicted it by the resume).
+TTL_AFTER = (SWAP, RECOMPUTE, KEEP_EVICTABLE)
 
 
 def _rates(ctx: PauseContext) -> ServerRates:
@@ -86,7 +93,7 @@ class Recompute:
 
 @dataclass
 class Ttl:
-    """Keep for a time-to-live, then swap or discard (Continuum).
+    """Keep for a time-to-live, then swap, discard or leave it to the engine's cache (`after`).
 
     With a fixed `tau` every pause gets it; otherwise tau is the `quantile` of this tool class's
     latencies observed so far in the run (`default_tau` until `min_history` samples exist).
@@ -110,6 +117,75 @@ class Ttl:
                    else f"default tau={self.default_tau:g}s (too little history)")
         return Decision(KEEP, f"ttl: keep for {tau:.3g}s then {self.after} ({why})",
                         predicted_wait_s=None, ttl_s=tau, after=self.after)
+
+
+def _cdf_argmax(history: Sequence[float], benefit: float) -> tuple[float, float]:
+    """(tau, P(tau)) maximising P(tau) x benefit - tau over tau = 0 and every observed
+    latency, P the observed latencies' empirical CDF; the smallest such tau on a tie."""
+    ordered = getattr(history, "sorted", None)  # History keeps its values sorted
+    xs = np.asarray(ordered if ordered is not None else np.sort(np.asarray(history, float)),
+                    dtype=float)
+    xs = xs[np.isfinite(xs)]
+    n = xs.size
+    best_tau, best_p = 0.0, float(np.searchsorted(xs, 0.0, side="right")) / n if n else 0.0
+    if not n:
+        return best_tau, best_p
+    p = np.searchsorted(xs, xs, side="right") / n  # P(T <= x) at every observed x
+    gain = p * benefit - xs
+    i = int(np.argmax(gain))
+    if gain[i] > best_p * benefit:
+        best_tau, best_p = float(xs[i]), float(p[i])
+    return best_tau, best_p
+
+
+@dataclass
+class Continuum:
+    """Continuum's time-to-live per tool call (Li et al., arXiv 2511.02230, later CacheTTL):
+    pin the paused context for tau*, then leave it to the engine (`after`).
+
+    tau* = argmax over tau of P(tau) x (T x eta + reload) - tau, where P is the empirical
+    CDF of this tool class's observed latencies, tau runs over 0 and every observed latency,
+    T is the run's recent queueing delay of calls whose context was not held
+    (`PauseContext.queue_delay_s`, 0 until measured, as the paper starts it), `reload` the
+    time to bring the context back (its re-prefill at the measured rate; its restore when
+    `after` is swap) and `eta` the workload's memoryfulness factor (-corr(k, N - k) over
+    programs' served and remaining requests; 1 by default, the paper's cold-start value).
+    The paper's memory cost (the context's share of memory x tau) divides out of the argmax;
+    memory pressure enters through T. With fewer than `min_history` observations of the class
+    (the paper's K = 100) the tool's latency is taken as Exp(1) s, which gives
+    tau* = ln(benefit) for a benefit above 1 s, else 0. tau* = 0 applies `after` at once.
+
+    Left out: the paper falls back on the CDF of all tools before a class has K samples (the
+    policy sees one class's history), and its scheduler (program-level first-come-first-served
+    admission, pinned programs first, unpinning the latest program's pins when nothing else
+    fits) is the engine's, not a client's to set.
+    """
+
+    eta: float = 1.0
+    min_history: int = 100
+    after: str = KEEP_EVICTABLE
+    name: str = "continuum"
+    sees_true_latency: bool = False
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        rates = _rates(ctx)
+        reload = (rates.restore_s(ctx.retained_tokens) if self.after == SWAP
+                  else rates.recompute_s(ctx.retained_tokens))
+        queue = ctx.queue_delay_s or 0.0
+        benefit = queue * self.eta + reload
+        n = len(ctx.history_s)
+        if n >= self.min_history:
+            tau, p = _cdf_argmax(ctx.history_s, benefit)
+            why = f"P(T<={tau:.3g}s)={p:.2f} over {n} observed {ctx.tool_class} latencies"
+        else:
+            tau = math.log(benefit) if benefit > 1.0 else 0.0
+            why = f"cold start ({n} < {self.min_history} observed): T ~ Exp(1 s)"
+        detail = (f"benefit {benefit:.3g}s = queue {queue:.3g}s x eta {self.eta:g} + reload "
+                  f"{reload:.3g}s; {why}")
+        if tau <= 0.0:
+            return Decision(self.after, f"continuum: tau*=0, {self.after} at once ({detail})")
+        return Decision(KEEP, f"continuum: keep for {tau:.3g}s then {self.after} ({detail})",
+                        ttl_s=tau, after=self.after)
 
 
 @dataclass
@@ -208,8 +284,9 @@ def _build(cls: Callable[..., PausePolicy], allowed: dict[str, str],
                              + (f"; it takes {', '.join(sorted(allowed))}" if allowed else ""))
         kind = allowed[k]
         if kind == "after":
-            if args[k] not in (SWAP, RECOMPUTE):
-                raise InputError(f"--policy-arg after={args[k]!r}: must be swap or recompute")
+            if args[k] not in TTL_AFTER:
+                raise InputError(f"--policy-arg after={args[k]!r}: must be one of "
+                                 f"{', '.join(TTL_AFTER)}")
             kwargs[k] = args[k]
         elif kind == "fraction":
             v = _float(args, k)
@@ -234,6 +311,7 @@ POLICIES: dict[str, tuple[Callable[..., PausePolicy], dict[str, str]]] = {
     "recompute": (Recompute, {}),
     "ttl": (Ttl, {"tau": "float", "quantile": "fraction", "after": "after",
                   "min_history": "int", "default_tau": "float"}),
+    "continuum": (Continuum, {"eta": "float", "min_history": "int", "after": "after"}),
     "threshold": (Threshold, {"keep_max_s": "float", "min_free_fraction": "fraction",
                               "cheap_tokens": "int", "quantile": "fraction",
                               "default_wait_s": "float"}),
@@ -263,7 +341,9 @@ def make_policy(name: str, args: dict[str, str] | None = None) -> PausePolicy:
 
 # The policies the slot model (the analytical model, the simulator) can price: it models slots
 # and a host tier, not an engine's evictable prefix cache, so keep-evictable runs only live.
-SLOT_MODEL_POLICIES: tuple[str, ...] = tuple(p for p in POLICIES if p != "keep-evictable")
+# continuum leaves a context to that cache at its TTL's expiry unless told otherwise (after=).
+SLOT_MODEL_POLICIES: tuple[str, ...] = tuple(p for p in POLICIES
+                                             if p not in ("keep-evictable", "continuum"))
 
 
 def check_slot_model_action(action: str, where: str) -> None:

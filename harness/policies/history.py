@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 DEFAULT_WINDOW = 1000  # observations per tool class a policy sees (0: all of them)
+QUEUE_DELAY_WINDOW = 100  # recent queueing delays whose mean a policy sees
 
 
 class History(Sequence[float]):
@@ -93,3 +94,29 @@ class History(Sequence[float]):
 
     def __repr__(self) -> str:
         return f"History({self.view().tolist()!r})"
+
+
+class RecentMean:
+    """The mean of the last `window` observations (`PauseContext.queue_delay_s`); None before
+    the first. O(1) per observation, O(window) per mean (one per pause)."""
+
+    __slots__ = ("buf", "i", "n", "window")
+
+    def __init__(self, window: int = QUEUE_DELAY_WINDOW) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.window = window
+        self.buf = [0.0] * window
+        self.i = 0
+        self.n = 0
+
+    def add(self, x: float) -> None:
+        x = float(x)
+        if x != x:
+            return  # nothing measured
+        self.buf[self.i] = x
+        self.i = (self.i + 1) % self.window
+        self.n = min(self.n + 1, self.window)
+
+    def mean(self) -> float | None:
+        return sum(self.buf[:self.n]) / self.n if self.n else None

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from harness.adapters.base import Adapter
 from harness.policies.base import PausePolicy, ServerRates
-from harness.policies.history import History
+from harness.policies.history import History, RecentMean
 from harness.replay.clock import Clock
 from harness.replay.progress import Progress
 from harness.replay.recorder import Recorder, SlotPool
@@ -43,6 +43,8 @@ class TrajectoryState:
     slot: int | None = None
     dump: str | None = None
     salt: str | None = None
+    # Pinned through its pause on a server without harness slots (held, not yet evicted).
+    pinned: bool = False
 
 
 @dataclass
@@ -66,6 +68,13 @@ class ReplayContext:
     history: dict[str, History]
     # Agents' calls ask the server to hold their context once they end (runtimes that pin).
     hold_calls: bool = False
+    # Recent queueing delays of resumed calls whose context was not held (queue_delay_s).
+    queue_delays: RecentMean = field(default_factory=RecentMean)
+
+    def kept_through_pause(self, st: TrajectoryState) -> bool:
+        """Whether the paused context is still held for its resumed call: its slot kept, or,
+        without slot control, pinned and not evicted since."""
+        return st.slot is not None if self.pool is not None else st.pinned
 
     def holds_kv(self, st: TrajectoryState) -> bool:
         """Whether an eviction has something to act on: the trajectory's slot, or, without

@@ -200,15 +200,18 @@ class Executor:
                          status="error", detail=f"context overflow: {len(prompt)} + "
                          f"{call.output_tokens} tokens exceed {self.ctx_per_slot} per slot")
             return "failed", "context-overflow"
+        # Lost its context while paused: its wait for the server joins queue_delay_s.
+        evicted = is_resume and bool(st.context) and not ctx.kept_through_pause(st)
         await restore(ctx, st, call.step)
         if st.context:
             # The resumed call holds its context on the device from here (kept, restored, or
             # being re-prefilled).
             ctx.rec.emit("kv_state", trajectory_id=st.tid, traffic="agent",
                          kv_tokens=len(st.context), status="active")
-        ctx.rec.emit("call_start", trajectory_id=st.tid, traffic="agent", step=call.step,
-                     slot=st.slot, planned_ns=due_ns, prompt_tokens=len(prompt),
-                     appended_tokens=len(appended), is_resume=is_resume)
+        sent_ns = ctx.rec.emit("call_start", trajectory_id=st.tid, traffic="agent",
+                               step=call.step, slot=st.slot, planned_ns=due_ns,
+                               prompt_tokens=len(prompt), appended_tokens=len(appended),
+                               is_resume=is_resume)
         chunks = ChunkTimes(ctx.rec, ctx.clock, st.tid, "agent", call.step, st.slot)
         res = await ctx.adapter.complete(
             CompletionRequest(prompt, call.output_tokens, st.slot,
@@ -221,6 +224,11 @@ class Executor:
                      server_ms=res.prompt_ms, decode_ms=res.decode_ms, detail=res.error,
                      reason=res.served_by, token_gaps=chunks.gaps())
         learn_prefill(ctx, res.prompt_n, res.prompt_ms)
+        st.pinned = ctx.hold_calls  # the call's end holds its context until the pause decides
+        if evicted and chunks.first_ns is not None and res.prompt_ms is not None:
+            # time to first token less the server's own prompt time: the wait before it
+            ctx.queue_delays.add(max((chunks.first_ns - sent_ns) / NS - res.prompt_ms / 1e3,
+                                     0.0))
         ctx.progress.calls_done += 1
         ctx.progress.call_errors += res.status in ("error", "timeout")
         if res.status == "aborted":

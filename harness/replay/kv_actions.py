@@ -90,11 +90,13 @@ async def hold(ctx: ReplayContext, st: TrajectoryState, ttl_s: float | None) -> 
     """Keep the paused context pinned (the server holds it out of its eviction)."""
     if ctx.holds_kv(st):
         await ctx.adapter.hold(paused_kv(st), ttl_s)
+        st.pinned = True
 
 
 async def evict(ctx: ReplayContext, st: TrajectoryState, action: str, step: int,
                 reason: str) -> None:
     """Offload, drop or unpin this trajectory's KV, and give its slot back."""
+    st.pinned = False
     if ctx.pool is None:
         await _evict_unslotted(ctx, st, action, step, reason)
         return
@@ -132,6 +134,7 @@ async def _evict_unslotted(ctx: ReplayContext, st: TrajectoryState, action: str,
             # The server refused (its host memory is full): the context stays pinned for the
             # rest of the pause, not just until the safety net a TTL's hold set.
             await ctx.adapter.hold(paused_kv(st), None)
+            st.pinned = True
     elif action == KEEP_EVICTABLE:
         prefilled = await ctx.adapter.unpin(paused_kv(st))
         # Where leaving a pinned context to the cache costs a prefill (SGLang frees a closed

@@ -68,7 +68,8 @@ def _pause_context(ctx: ReplayContext, st: TrajectoryState, traj: TrajectoryPlan
         total_slots=ctx.pool.total if ctx.pool else 1, rates=ctx.rates,
         # a parent's wait is its sub-agents', known only once they end
         true_latency_s=(tool.latency_s if ctx.policy.sees_true_latency
-                        and not tool.children else None))
+                        and not tool.children else None),
+        queue_delay_s=ctx.queue_delays.mean())
 
 
 async def _park(ctx: ReplayContext, st: TrajectoryState, tool: ToolStep, d: Decision,

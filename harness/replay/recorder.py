@@ -49,7 +49,7 @@ class ChunkTimes:
     `first_token`; the time from each chunk to the next it keeps, in whole microseconds, for
     `call_end`'s `token_gaps` (little-endian uint32): per-token ITL as the client saw it."""
 
-    __slots__ = ("_rec", "_clock", "_cols", "_last", "_gaps")
+    __slots__ = ("_rec", "_clock", "_cols", "_last", "_gaps", "first_ns")
 
     def __init__(self, rec: Recorder, clock: Clock, trajectory_id: str, traffic: str,
                  step: int, slot: int | None) -> None:
@@ -58,12 +58,14 @@ class ChunkTimes:
         self._cols = (trajectory_id, traffic, step, slot)
         self._last: int | None = None
         self._gaps = array("I")
+        self.first_ns: int | None = None  # when the first chunk of tokens came
 
     def __call__(self) -> None:
         if self._last is None:
             tid, traffic, step, slot = self._cols
             self._last = self._rec.emit("first_token", trajectory_id=tid, traffic=traffic,
                                         step=step, slot=slot)
+            self.first_ns = self._last
             return
         now = self._clock.now_ns()
         self._gaps.append(min((now - self._last) // 1000, 0xFFFFFFFF))

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import gc
 import heapq
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
@@ -100,6 +100,7 @@ from harness.simulate.workload import Workload
 if TYPE_CHECKING:
     from harness.simulate.fleet import Fleet
 
+KV_EVICTABLE: Final = 3  # KV_STATUSES.index("evictable"): a kv_state left to the cache
 __all__ = ["A_KEEP", "A_SWAP", "SLOT_HANDOFFS", "Engine", "action_code", "simulate"]
 SLOT_HANDOFFS = ("agent", "fifo")
 
@@ -261,6 +262,8 @@ class Engine(EngineState):
 
     def start_call(self, tr: Trajectory, t: float) -> None:
         g = tr.pos
+        if g > tr.first and tr.state != KEPT:  # a resumed call whose context was not held
+            self.queue_delays.add(t - tr.ready)
         r = tr.need_rc
         work = self.inp[g] + r
         # (recompute if any), kv_state, call_start
@@ -323,9 +326,9 @@ class Engine(EngineState):
         kids = self.kids.get(g) if self.kids else None  # the sub-agents this step starts
         if self.fixed:  # a policy whose decision never changes
             action, code, ri, wait = self.f_action, self.f_code, self.f_reason, self.f_wait
-            has_ttl, after_swap, ttl = False, False, 0.0
+            has_ttl, after, ttl = False, 0, 0.0
         else:
-            action, code, ri, wait, has_ttl, after_swap, ttl = self.ask_policy(
+            action, code, ri, wait, has_ttl, after, ttl = self.ask_policy(
                 tr, g, kids is not None)
         # pause_decision, tool_start (and kv_state paused unless the KV is dropped)
         row = self.stamp(g, F_PA_T, t, 2 if code == DROP else 3)
@@ -345,7 +348,7 @@ class Engine(EngineState):
         if action == A_KEEP or has_ttl:
             tr.state = KEPT
             if has_ttl and t + ttl < te:
-                tr.after_swap = after_swap
+                tr.after = after
                 self.push(t + ttl, TTL, tr, g)
         elif action == A_SWAP:
             self.swap_out(tr, t, self.r_policy)
@@ -448,8 +451,13 @@ class Engine(EngineState):
             self.start_call(tr, t)
         elif kind == TTL:
             if tr.state == KEPT:
-                if tr.after_swap:
+                if tr.after == A_SWAP:
                     self.swap_out(tr, t, self.r_ttl)
+                elif tr.after == A_EVICTABLE:
+                    held = tr.held
+                    self.leave_cached(tr)
+                    self.emit(t, E_KV_STATE, tr.ti, -1, -1, held, KV_EVICTABLE, 0)
+                    self.try_admit(t)  # what it held is evictable now
                 else:
                     self.drop(tr, t, self.r_ttl)
         elif kind == DEADLINE:

@@ -20,8 +20,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from harness.model.iteration import IterationCosts
-from harness.policies.base import SWAP, PauseContext, PausePolicy, ServerRates
+from harness.policies.base import RECOMPUTE, PauseContext, PausePolicy, ServerRates
 from harness.policies.builtin import Keep, KeepEvictable, Recompute, Swap
+from harness.policies.history import RecentMean
 from harness.simulate.block_cache import BlockCache
 from harness.simulate.records import E_ERASE, E_KV_STATE, RecordSink
 from harness.simulate.scheduler import Event, Scheduler
@@ -137,6 +138,8 @@ class EngineState:
         self.n_roots = len(self.roots)
         self.classes: list[str] = list(w.classes)
         self.hist: list[History] = [History(history_window) for _ in w.classes]
+        # resumed calls that lost their context: their wait for admission (queue_delay_s)
+        self.queue_delays = RecentMean()
         # server, capacity, policy
         self.bpt: float = server.kv_bytes_per_token
         self.bw_out: float = server.swap_out_bytes_per_s
@@ -332,10 +335,10 @@ class EngineState:
         return row
 
     def ask_policy(self, tr: Trajectory, g: int, spawns: bool
-                   ) -> tuple[int, int, int, float, bool, bool, float]:
+                   ) -> tuple[int, int, int, float, bool, int, float]:
         """The policy's decision at `tr`'s pause at tool step `g` (`spawns`: it starts
         sub-agents): action, code, reason text and predicted wait as the loop records them,
-        then whether a TTL runs, whether its expiry swaps (else drops) and its length."""
+        then whether a TTL runs, the action code of its expiry and its length."""
         k = self.cls[g]
         lt, dlt = self.lat[g], self.dl[g]
         # a parent's wait is its sub-agents': not known until they end, even to an oracle
@@ -343,12 +346,13 @@ class EngineState:
             self.run_id, self.ids[tr.ti], self.classes[k],
             dlt * 1000.0 if dlt < INF else None, self.ctx[g], g + 1 < tr.end, self.prio[tr.ti],
             self.hist[k], self.free_units(), self.total, self.rates,
-            (lt if lt == lt else None) if self.oracle and not spawns else None))
+            (lt if lt == lt else None) if self.oracle and not spawns else None,
+            self.queue_delays.mean()))
         ttl_s, after, act, code, ri, wait = resolve(d, self.texts, self.sink.text,
                                                     self.cache is not None)
         if ttl_s is None:
-            return action_code(act), code, ri, wait, False, False, 0.0
-        return action_code(act), code, ri, wait, True, after == SWAP, ttl_s
+            return action_code(act), code, ri, wait, False, 0, 0.0
+        return action_code(act), code, ri, wait, True, action_code(after or RECOMPUTE), ttl_s
 
     def transfer(self, out: bool, tr: Trajectory, t: float) -> None:
         """Start `tr`'s slot save (`out`) or restore of `tr.ret` tokens over its link, FIFO;

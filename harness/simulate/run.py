@@ -23,6 +23,7 @@ from harness.policies import (
     check_slot_model_action,
     make_policy,
 )
+from harness.policies.base import KEEP_EVICTABLE
 from harness.records.manifest import ArrivalsRef, Outcome, RunManifest, TraceRef
 from harness.records.store import RECORDS_DIR, SUMMARY_JSON, write_json
 from harness.simulate import native
@@ -150,6 +151,9 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     if (policy_name not in SLOT_MODEL_POLICIES and policy_name in POLICIES
             and not capacity.prefix_cache):
         check_slot_model_action(policy_name, "simulate --engine llamacpp")
+    if getattr(policy, "after", None) == KEEP_EVICTABLE and not capacity.prefix_cache:
+        check_slot_model_action(KEEP_EVICTABLE, f"simulate --engine llamacpp ({policy_name}'s "
+                                "after=keep-evictable)")
     if any((out / RECORDS_DIR).glob("part-*.parquet")):
         raise InputError(f"{out} already holds records; choose a new --out directory")
     t0 = time.perf_counter()

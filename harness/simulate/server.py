@@ -159,9 +159,10 @@ def resolve(d: Decision, texts: dict[str, int], text: Callable[[str], int],
     ri = texts.get(reason)
     if ri is None:
         ri = texts[reason] = text(reason)
-    if action not in ACTION_CODE or (action == KEEP_EVICTABLE and not prefix_cache):
-        check_slot_model_action(action, "simulate --engine llamacpp")
-        raise InputError(f"simulate: a policy decided {action!r}, which is no pause action")
+    for a in (action, d.after) if d.after is not None else (action,):
+        if a not in ACTION_CODE or (a == KEEP_EVICTABLE and not prefix_cache):
+            check_slot_model_action(a, "simulate --engine llamacpp")
+            raise InputError(f"simulate: a policy decided {a!r}, which is no pause action")
     code = ACTION_CODE[action] if ttl is None else 3 + 8 * text(f"ttl_s={ttl} after={d.after}")
     wait = d.predicted_wait_s
     return ttl, d.after, action, code, ri, float("nan") if wait is None else wait

@@ -39,7 +39,7 @@ class Trajectory:
         self.ppos = 0  # where they start
         self.xfer_ms = 0.0  # the running swap's transfer time
         self.swap_reason = 0
-        self.after_swap = False  # TTL expiry swaps (else drops)
+        self.after = 0  # what a TTL's expiry does: A_SWAP, A_EVICTABLE, else it drops
         self.prefilling = False  # the running call's prompt has had a chunk
         self.kids_left = 0  # paused at a step that started sub-agents: those still running
 

@@ -145,13 +145,15 @@ def _summary(mask: BoolArray, prompt: IntArray, reusable: dict[str, IntArray]) -
 def ideal_reuse(df: pd.DataFrame, tau_s: float = DEFAULT_TAU_S,
                 ttl_after: str = DEFAULT_TTL_AFTER) -> dict[str, Any]:
     """The ideal prefix-hit rate of a validated frame and each fixed policy's with unlimited
-    memory (ttl with `tau_s`, then `ttl_after`: swap, which restores everything, or
-    recompute), overall and by the pause before each call: a JSON-ready dict (`hit_rate` and
-    the policies' rates are None where there are no prompt tokens)."""
+    memory (ttl with `tau_s`, then `ttl_after`: swap, which restores everything,
+    keep-evictable, which unlimited memory never evicts, or recompute), overall and by the
+    pause before each call: a JSON-ready dict (`hit_rate` and the policies' rates are None
+    where there are no prompt tokens)."""
     if not (tau_s >= 0 and math.isfinite(tau_s)):
         raise ValueError(f"tau_s must be finite and >= 0, got {tau_s!r}")
-    if ttl_after not in ("swap", "recompute"):
-        raise ValueError(f"ttl_after must be swap or recompute, got {ttl_after!r}")
+    if ttl_after not in ("swap", "recompute", "keep-evictable"):
+        raise ValueError(f"ttl_after must be swap, recompute or keep-evictable, got "
+                         f"{ttl_after!r}")
     lengths = context_lengths(df)
     is_tool = (df["kind"].astype(object) == KIND_TOOL).to_numpy()
     is_llm = ~is_tool
@@ -165,7 +167,7 @@ def ideal_reuse(df: pd.DataFrame, tau_s: float = DEFAULT_TAU_S,
     pause = np.full(len(df), np.nan)
     pause_all = pause_lengths(df)
     pause[1:] = pause_all[:-1]  # the pause before each call (a resumed call follows its tool)
-    ttl_keeps = resumed & ((pause <= tau_s) | (ttl_after == "swap"))
+    ttl_keeps = resumed & ((pause <= tau_s) | (ttl_after != "recompute"))
     reusable = {
         "ideal": ideal,
         "keep": ideal,

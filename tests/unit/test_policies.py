@@ -72,7 +72,7 @@ def test_oracle_uses_the_true_latency() -> None:
     ("keep", {"tau": "1"}, "takes no argument"),
     ("ttl", {"tau": "abc"}, "not a number"),
     ("ttl", {"tau": "0"}, "> 0"),
-    ("ttl", {"after": "keep"}, "swap or recompute"),
+    ("ttl", {"after": "keep"}, "one of swap, recompute, keep-evictable"),
     ("ttl", {"quantile": "1.5"}, "(0, 1]"),
     ("threshold", {"keep_max_s": "nan"}, "finite"),
 ])

@@ -139,6 +139,11 @@ def _tool_step(commands: list[str], a_ts: float, tools: list[tuple[int, dict[str
     if latency < 0:
         st.negative_latency.append(f"{src.name} message {tools[0][0]}: {latency:.3f} s")
         latency = 0.0
+    if outcome == "timeout" and deadline is not None and latency > deadline:
+        # The environment killed the command at its timeout and the agent went on with the
+        # error; past its deadline a replayed tool would end the trajectory instead. Its
+        # result reached the agent a little after the timeout: taken as at it.
+        latency = deadline
     return Tool("+".join(n for n, _ in named), cls, round(latency, 6), outcome,
                 cls in MUTATING_CLASSES, deadline)
 

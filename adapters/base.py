@@ -33,6 +33,9 @@ class Capabilities:
     # Offloaded copies are files the client names (llama.cpp's dumps); False: they live in the
     # server's memory, and restore and release free them.
     dump_files: bool = True
+    # Each call may carry a scheduling priority the server orders its waiting calls by (and
+    # preempts the lowest of): vLLM under --scheduling-policy priority.
+    call_priority: bool = False
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,8 @@ class CompletionRequest:
     # Hold the call's context (pinned) once it ends, for the pause that follows: the pause's
     # decision then keeps, unpins, offloads or drops it. Runtimes without pinning ignore it.
     hold: bool = False
+    # Lower is served first (runtimes with Capabilities.call_priority; the others ignore it).
+    priority: int | None = None
 
 
 @dataclass
@@ -197,6 +202,9 @@ class ServerOptions:
     # With `url`: the server was started on this machine by another process of the same run
     # (a distributed run's driver), which passes its ServerDetails.shared on.
     shared: dict[str, Any] | None = None
+    # The policy wants its calls served in program order (a call priority): a local server
+    # that can is started scheduling by priority.
+    program_order: bool = False
 
 
 @dataclass(frozen=True)

@@ -116,6 +116,7 @@ class VllmAdapter:
         self._vocab = vocab_size
         self._model: str | None = None
         self._connector = False
+        self._priority = False  # the server orders waiting calls by their priority
         self._block = 1  # the server's block size once known: contexts below it pin nothing
         self.capabilities = _capabilities(False)
         # What the connector answered over the run, by op (ServerInfo.extra holds this very
@@ -166,7 +167,7 @@ class VllmAdapter:
         except PauseControlError:
             status = None
         self._connector = status is not None
-        self.capabilities = _capabilities(self._connector)
+        self.capabilities = _capabilities(self._connector, self._priority)
         if status is None:
             return None
         if status.get("block_size"):
@@ -194,7 +195,9 @@ class VllmAdapter:
         except _CONFIG_ERRORS:
             return {}
         sched = cfg.get("scheduler_config") or {}
+        self._priority = sched.get("policy") == "priority"
         return {"kv_transfer_config": cfg.get("kv_transfer_config"),
+                "scheduler_policy": sched.get("policy"),
                 "scheduler_max_num_seqs": sched.get("max_num_seqs"),
                 "scheduler_max_num_batched_tokens": sched.get("max_num_batched_tokens")}
 
@@ -219,6 +222,8 @@ class VllmAdapter:
         salt = req.cache_salt or self._salt
         if salt:
             body["cache_salt"] = salt
+        if req.priority is not None and self._priority:
+            body["priority"] = req.priority
         if self._connector and req.session is not None:
             # Every call of a session names it: the connector pins its blocks when it ends
             # (hold), releases the session's older pin, and loads its host copy back.
@@ -394,12 +399,13 @@ class VllmAdapter:
         return bool(data.get("success", True)) if isinstance(data, dict) else True
 
 
-def _capabilities(connector: bool) -> Capabilities:
+def _capabilities(connector: bool, priority: bool = False) -> Capabilities:
     """With the connector every pause action runs; without it, only the engine's evictable
-    cache and a fresh salt."""
+    cache and a fresh salt. `priority`: the server schedules by the calls' priorities."""
     actions = {KEEP, KEEP_EVICTABLE, SWAP, RECOMPUTE} if connector else {KEEP_EVICTABLE,
                                                                           RECOMPUTE}
-    return Capabilities(harness_slots=False, pause_actions=frozenset(actions), dump_files=False)
+    return Capabilities(harness_slots=False, pause_actions=frozenset(actions), dump_files=False,
+                        call_priority=priority)
 
 
 def _read_usage(chunk: dict[str, Any], result: CompletionResult) -> None:

@@ -189,10 +189,23 @@ def release_all(url: str, scope: str, timeout_s: float = 10.0) -> dict[str, Any]
     return found if isinstance(found, dict) else None
 
 
+def server_config(options: ServerOptions, model: Path) -> VllmServerConfig:
+    """A local server's settings for `options`: scheduling by call priority where the policy
+    asks for program order (unless the extra flags choose a scheduling policy themselves)."""
+    extra = list(options.server_args)
+    if options.program_order and not any(a.startswith("--scheduling-policy") for a in extra):
+        extra += ["--scheduling-policy", "priority"]  # program order travels as priorities
+    return VllmServerConfig(model=model, max_model_len=options.ctx_per_slot,
+                            server_cpus=options.server_cpus, extra_args=extra)
+
+
 def realisation(policy: str, info: ServerInfo) -> PolicyRealisation:
     """How `policy` runs on the server `info` describes: with the connector every action per
     pause; without it the label says what is recorded unsupported."""
     sp = server_policy(policy)
+    if info.extra.get("scheduler_policy") == "priority":
+        sp = ServerPolicy(sp.harness_policy, sp.label + "; waiting calls served by their "
+                          "priority (--scheduling-policy priority)")
     if info.extra.get("pause_connector"):
         return PolicyRealisation(sp.harness_policy, sp.label)
     # Without the connector only the engine's own cache and a fresh salt are available.
@@ -241,9 +254,7 @@ class VllmRuntime:
         python = vllm_python()
         model = options.model or vllm_model(python)
         geometry = hf_geometry(model)
-        cfg = VllmServerConfig(model=model, max_model_len=options.ctx_per_slot,
-                               server_cpus=options.server_cpus,
-                               extra_args=list(options.server_args))
+        cfg = server_config(options, model)
         with LocalVllmServer(cfg, out / "server.log", python=python) as server:
             details = ServerDetails(
                 url=server.url, flags=server.flags, python=str(python), env=server.env,

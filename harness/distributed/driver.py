@@ -113,7 +113,8 @@ def run_distributed(o: RunOptions, workers: int, address: str | None,
     if address:
         check_reachable(address)
     rt = get_runtime(o.runtime)
-    whole = plan_run(o, rt).plan
+    planned_run = plan_run(o, rt)
+    whole = planned_run.plan
     check_shardable(whole, workers)
     ensure_out_dir(o.out)
     if any((o.out / RECORDS_DIR).glob("part-*.parquet")) or (o.out / SHARDS_DIR).exists():
@@ -121,7 +122,7 @@ def run_distributed(o: RunOptions, workers: int, address: str | None,
     pin = (pinning.decide(pinning.available_cpus(), o.url is None, rt.pins_local_server,
                           workers) if o.pinning == AUTO else o.pinning)
     run_id = o.run_id or new_run_id(o.policy)
-    server = dataclasses.replace(server_options(o, run_id, pin),
+    server = dataclasses.replace(server_options(o, run_id, pin, planned_run.policy),
                                  connections=max_in_flight(whole) + workers)
     planned = planned_by_shard(whole, workers)
     with rt.start(server, o.out) as session:

@@ -23,6 +23,7 @@ from harness.metrics.health import CLIENT_LAG_WARN_MS, lag_cause, run_health
 from harness.metrics.reuse import measured_reuse
 from harness.metrics.routing import router_report, routing
 from harness.metrics.server_times import server_times
+from harness.policies.builtin import wants_program_order
 from harness.records.manifest import RunManifest, read_manifest
 from harness.records.store import read_records, read_server_metrics
 from harness.traces.buckets import PAUSE_BUCKETS
@@ -183,6 +184,12 @@ def _warnings(client_lag: dict[str, Any], run: RunManifest) -> list[str]:
     if failed:
         out.append(f"{failed} trajectories failed because the server failed (errors, "
                    "timeouts): their resumes are missing from the figures")
+    caps = run.capabilities
+    if isinstance(caps, dict) and wants_program_order(run.policy) and not caps.get(
+            "call_priority"):
+        out.append(f"{run.policy}'s program order (calls served by their task's arrival, "
+                   "pinned ones first) did not run: this server does not schedule by a call's "
+                   "priority (vLLM does with --scheduling-policy priority)")
     p99 = client_lag.get("p99")
     if p99 is not None and p99 > CLIENT_LAG_WARN_MS:
         out.append(f"client lag P99 {p99:.1f} ms > {CLIENT_LAG_WARN_MS:g} ms: the harness woke "

@@ -91,9 +91,28 @@ class PausePolicy(Protocol):
     A policy may set `holds = False` when it never keeps a context pinned (keep-evictable,
     recompute): its calls are then not held on the server between a call's end and the
     pause's decision. Without the attribute, calls are held (the safe default: a pin is
-    always released at the pause or the trajectory's end)."""
+    always released at the pause or the trajectory's end). A policy may set
+    `program_order = True` to have its calls served in program order (harness.policies.
+    program_order) where the runtime schedules by a call's priority."""
 
     name: str
     sees_true_latency: bool
 
     def decide(self, ctx: PauseContext) -> Decision: ...
+
+
+# A call's priority under program order (lower is served first): a resumed call whose context
+# is still pinned before every other, then every call by its program's (task's) arrival rank.
+UNPINNED_PRIORITY = 1_000_000
+
+
+def program_order(policy: object) -> bool:
+    """Whether `policy` asks for program-level first-come-first-served scheduling: the calls
+    of earlier tasks (a root trajectory with its sub-agents) first, pinned ones before all."""
+    return bool(getattr(policy, "program_order", False))
+
+
+def call_priority(rank: int, pinned: bool) -> int:
+    """The priority of a call of the task that arrived `rank`-th (0 first) under program
+    order, its context still pinned or not."""
+    return rank if pinned else UNPINNED_PRIORITY + rank

@@ -19,6 +19,7 @@ from harness.policies.base import (
     PauseContext,
     PausePolicy,
     ServerRates,
+    program_order,
 )
 
 # Used to price actions before the run has measured anything (llama.cpp on a 2-core CPU with a
@@ -155,10 +156,13 @@ class Continuum:
     (the paper's K = 100) the tool's latency is taken as Exp(1) s, which gives
     tau* = ln(benefit) for a benefit above 1 s, else 0. tau* = 0 applies `after` at once.
 
-    Left out: the paper falls back on the CDF of all tools before a class has K samples (the
-    policy sees one class's history), and its scheduler (program-level first-come-first-served
-    admission, pinned programs first, unpinning the latest program's pins when nothing else
-    fits) is the engine's, not a client's to set.
+    Its scheduler's program-level first-come-first-served order (`program_order`: pinned
+    calls first, then by their task's arrival) runs where the runtime schedules by a call's
+    priority (vLLM under --scheduling-policy priority, which also preempts the latest task's
+    call first; the engine model). Left out: the paper falls back on the CDF of all tools
+    before a class has K samples (the policy sees one class's history), and it unpins the
+    latest program's pins when nothing else fits, which no client can ask of vLLM (a pin here
+    ends at its TTL).
     """
 
     eta: float = 1.0
@@ -166,6 +170,7 @@ class Continuum:
     after: str = KEEP_EVICTABLE
     name: str = "continuum"
     sees_true_latency: bool = False
+    program_order: bool = True  # its scheduler's program-level FCFS, where the runtime can
 
     def decide(self, ctx: PauseContext) -> Decision:
         rates = _rates(ctx)
@@ -293,6 +298,10 @@ def _build(cls: Callable[..., PausePolicy], allowed: dict[str, str],
             if v > 1:
                 raise InputError(f"--policy-arg {k}={args[k]!r}: must be in (0, 1]")
             kwargs[k] = v
+        elif kind == "bool":
+            if args[k].lower() not in ("0", "1", "true", "false"):
+                raise InputError(f"--policy-arg {k}={args[k]!r}: must be 0, 1, true or false")
+            kwargs[k] = args[k].lower() in ("1", "true")
         elif kind == "int":
             v = _float(args, k)
             if v != int(v) or v > 1_000_000:
@@ -311,13 +320,20 @@ POLICIES: dict[str, tuple[Callable[..., PausePolicy], dict[str, str]]] = {
     "recompute": (Recompute, {}),
     "ttl": (Ttl, {"tau": "float", "quantile": "fraction", "after": "after",
                   "min_history": "int", "default_tau": "float"}),
-    "continuum": (Continuum, {"eta": "float", "min_history": "int", "after": "after"}),
+    "continuum": (Continuum, {"eta": "float", "min_history": "int", "after": "after",
+                              "program_order": "bool"}),
     "threshold": (Threshold, {"keep_max_s": "float", "min_free_fraction": "fraction",
                               "cheap_tokens": "int", "quantile": "fraction",
                               "default_wait_s": "float"}),
     "min-waste": (MinWaste, {"default_wait_s": "float", "min_history": "int"}),
     "oracle": (Oracle, {}),
 }
+
+
+def wants_program_order(name: object) -> bool:
+    """Whether the built-in policy `name` asks for program order (base.program_order)."""
+    entry = POLICIES.get(name) if isinstance(name, str) else None
+    return entry is not None and program_order(entry[0])
 
 
 def parse_policy_args(pairs: tuple[str, ...], flag: str = "--policy-arg") -> dict[str, str]:

@@ -45,6 +45,7 @@ class TrajectoryState:
     salt: str | None = None
     # Pinned through its pause on a server without harness slots (held, not yet evicted).
     pinned: bool = False
+    rank: int = 0  # its task's arrival order in the run (0 first): its calls' program order
 
 
 @dataclass

@@ -16,7 +16,7 @@ from collections import defaultdict
 
 from harness.adapters.base import Adapter, CompletionRequest
 from harness.plan.planner import CallStep, Plan, TrajectoryPlan
-from harness.policies.base import KEEP, PausePolicy, ServerRates
+from harness.policies.base import KEEP, PausePolicy, ServerRates, call_priority, program_order
 from harness.policies.history import DEFAULT_WINDOW, History
 from harness.replay.bystanders import Bystanders
 from harness.replay.clock import NS, Clock
@@ -58,6 +58,10 @@ class Executor:
         self.subagents = Subagents(self.ctx, self.trajectory)
         self.bystanders = Bystanders(self.ctx, plan.bystanders)
         self._horizon_hit = False  # a bounded run reached its horizon (plan.horizon_s)
+        # Program order: each task's arrival rank (sub-agents take their root's), sent as the
+        # calls' priority where the policy asks for it and the server schedules by it.
+        self.ordered = program_order(policy) and caps.call_priority
+        self._ranks: dict[str, int] = {}
 
     @property
     def counters(self) -> RunCounters:
@@ -138,6 +142,9 @@ class Executor:
         sub-agent's record names its parent and the parent's step that spawned it."""
         ctx = self.ctx
         st = TrajectoryState(traj.trajectory_id)
+        parent = self._ranks.get(traj.parent_id) if traj.parent_id is not None else None
+        st.rank = self._ranks.setdefault(traj.trajectory_id,
+                                         len(self._ranks) if parent is None else parent)
         ctx.progress.agents_active += 1
         ctx.rec.emit("trajectory_start", trajectory_id=st.tid, traffic="agent",
                      planned_ns=planned_ns, detail=traj.priority, parent_id=traj.parent_id,
@@ -216,7 +223,9 @@ class Executor:
         res = await ctx.adapter.complete(
             CompletionRequest(prompt, call.output_tokens, st.slot,
                               abort_after_first_token=call.disconnect, cache_salt=st.salt,
-                              session=st.tid, hold=ctx.hold_calls),
+                              session=st.tid, hold=ctx.hold_calls,
+                              priority=(call_priority(st.rank, is_resume and not evicted)
+                                        if self.ordered else None)),
             chunks)
         ctx.rec.emit("call_end", trajectory_id=st.tid, traffic="agent", step=call.step,
                      slot=st.slot, status=res.status, output_tokens=len(res.tokens),

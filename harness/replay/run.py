@@ -28,7 +28,7 @@ from harness.plan.planner import Plan, make_plan
 from harness.plan.shard import shard_plan
 from harness.plan.tokens import stable_seed
 from harness.policies import make_policy
-from harness.policies.base import PausePolicy
+from harness.policies.base import PausePolicy, program_order
 from harness.records.host import host_identity
 from harness.records.manifest import ArrivalsRef, CpuPinning, RunManifest, TraceRef
 from harness.records.store import ensure_out_dir
@@ -93,12 +93,15 @@ def plan_run(o: RunOptions, rt: Runtime) -> PlannedRun:
     return PlannedRun(plan, steps, injection, copies, pol)
 
 
-def server_options(o: RunOptions, run_id: str, pin: CpuPinning | None) -> ServerOptions:
-    """What a local server is started with (or which server is reached: `o.url`)."""
+def server_options(o: RunOptions, run_id: str, pin: CpuPinning | None,
+                   policy: PausePolicy | None = None) -> ServerOptions:
+    """What a local server is started with (or which server is reached: `o.url`), for
+    `policy` (what it asks of the server's scheduling)."""
     return ServerOptions(policy=o.policy, run_id=run_id, url=o.url, slots=o.slots,
                          ctx_per_slot=o.ctx_per_slot, threads=o.threads, model=o.model,
                          server_args=o.server_args, server_cpus=pin.server if pin else None,
-                         shared=o.server_shared if o.url else None)
+                         shared=o.server_shared if o.url else None,
+                         program_order=program_order(policy))
 
 
 def new_run_id(policy: str) -> str:
@@ -138,7 +141,7 @@ def execute_run(o: RunOptions, echo: Echo = to_stderr, runtime: Runtime | None =
     if o.calibration and cal:
         run.calibration = {"path": str(o.calibration), **cal.to_dict()}
     ensure_out_dir(o.out)
-    server = server_options(o, str(run.run_id), pin)
+    server = server_options(o, str(run.run_id), pin, p.policy)
     return run_on_runtime(rt, server, plan, o.policy_args, run, o.out,
                           cal.rates() if cal else None, o.scrape_interval_s, echo, o.timeouts,
                           o.headers, o.skip_oversized, ShardRun(o.shard, o.start_at,

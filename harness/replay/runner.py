@@ -288,7 +288,8 @@ def _record_info(run: RunManifest, adapter: Adapter, info: ServerInfo, clock: Cl
     if info.extra:
         run.server_extra = {**(run.server_extra or {}), **info.extra}
     run.capabilities = {"harness_slots": adapter.capabilities.harness_slots,
-                        "pause_actions": sorted(adapter.capabilities.pause_actions)}
+                        "pause_actions": sorted(adapter.capabilities.pause_actions),
+                        "call_priority": adapter.capabilities.call_priority}
     run.wall_anchor_ns = getattr(clock, "wall_anchor_ns", None)
     run.status = "running"
 

@@ -178,6 +178,12 @@ class Engine(EngineState):
     def arrive(self, tr: Trajectory, t: float) -> None:
         # a sub-agent's start names its parent's step that started it
         self.emit(t, E_TRAJ_START, tr.ti, self.spawn_at[tr.ti], -1, t, 0, 0)
+        pi = self.parent[tr.ti]
+        if pi >= 0:
+            tr.rank = self.trajs[pi].rank
+        else:
+            tr.rank = self.next_rank
+            self.next_rank += 1
         tr.due = t
         tr.state = DROPPED
         self.request_call(tr, t)
@@ -226,7 +232,14 @@ class Engine(EngineState):
             queue.appendleft(tr)
         else:
             self.barge = False
-            (self.resume_q if tr.held else queue).append(tr)
+            q = self.resume_q if tr.held else queue
+            if self.ordered:  # behind the calls of its own and earlier tasks
+                i = len(q)
+                while i and q[i - 1].rank > tr.rank:
+                    i -= 1
+                q.insert(i, tr)
+            else:
+                q.append(tr)
         self.try_admit(t)
 
     def try_admit(self, t: float) -> None:

@@ -20,7 +20,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from harness.model.iteration import IterationCosts
-from harness.policies.base import RECOMPUTE, PauseContext, PausePolicy, ServerRates
+from harness.policies.base import (
+    RECOMPUTE,
+    PauseContext,
+    PausePolicy,
+    ServerRates,
+    program_order,
+)
 from harness.policies.builtin import Keep, KeepEvictable, Recompute, Swap
 from harness.policies.history import RecentMean
 from harness.simulate.block_cache import BlockCache
@@ -149,6 +155,9 @@ class EngineState:
         self.overheads: list[float] = server.overhead_draws(len(self.inp), seed)  # per step
         self.make_ctx: Callable[..., PauseContext] = context_factory()
         self.policy = policy
+        # program order: calls wait in their task's arrival order, not their own
+        self.ordered = program_order(policy)
+        self.next_rank = 0
         self.oracle: bool = policy.sees_true_latency
         self.run_id = run_id
         self.slot_mode: bool = cap.slot_mode

@@ -42,6 +42,7 @@ class Trajectory:
         self.after = 0  # what a TTL's expiry does: A_SWAP, A_EVICTABLE, else it drops
         self.prefilling = False  # the running call's prompt has had a chunk
         self.kids_left = 0  # paused at a step that started sub-agents: those still running
+        self.rank = 0  # its task's arrival order (program order)
 
 
 # A step's row of the per-step record fields (harness.simulate.steps.StepColumns): the loop

@@ -42,6 +42,7 @@ class MemoryAdapter:
     pinned: set[str] = field(default_factory=set)  # sessions held out of eviction
     host: dict[str, list[int]] = field(default_factory=dict)  # offloaded, per session
     pause_log: list[tuple[str, str]] = field(default_factory=list)  # (action, session)
+    call_priority: bool = False  # schedules by a call's priority (recorded on `calls`)
 
     def __post_init__(self) -> None:
         if self.slotted:
@@ -53,7 +54,7 @@ class MemoryAdapter:
         actions = {"keep", "keep-evictable", "recompute"} | (
             {"swap"} if self.swap_supported else set())
         self.capabilities = Capabilities(harness_slots=False, pause_actions=frozenset(actions),
-                                         dump_files=False)
+                                         dump_files=False, call_priority=self.call_priority)
         self._sessions: dict[str, list[int]] = {}  # session -> its cached context
         self._salts: dict[str, str | None] = {}  # session -> the salt it was cached under
 

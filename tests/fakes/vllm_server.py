@@ -23,6 +23,7 @@ class FakeVllmConfig:
     decode_s_per_token: float = 0.0
     fail_completion_after: int | None = None  # the Nth completion (0-based) errors in-stream
     dev_mode: bool = True  # /server_info and /reset_prefix_cache exist
+    scheduling_policy: str = "fcfs"  # --scheduling-policy
 
 
 @dataclass
@@ -71,7 +72,8 @@ def make_app(cfg: FakeVllmConfig) -> web.Application:
         if not cfg.dev_mode:
             raise web.HTTPNotFound()
         return web.json_response({"vllm_config": {
-            "kv_transfer_config": None, "scheduler_config": {"max_num_seqs": 8}}})
+            "kv_transfer_config": None,
+            "scheduler_config": {"max_num_seqs": 8, "policy": cfg.scheduling_policy}}})
 
     async def reset(_: web.Request) -> web.Response:
         if not cfg.dev_mode:
@@ -92,6 +94,9 @@ def make_app(cfg: FakeVllmConfig) -> web.Application:
         prompt = [int(t) for t in body["prompt"]]
         n_out = int(body.get("max_tokens", 16))
         salt = body.get("cache_salt")
+        if body.get("priority", 0) != 0 and cfg.scheduling_policy != "priority":
+            return web.json_response({"error": {"message": "priority scheduling is not "
+                                                "enabled", "code": 400}}, status=400)
         if salt is not None and not salt:
             return web.json_response({"error": {"message": "cache_salt must be non-empty",
                                                 "code": 400}}, status=400)

@@ -370,3 +370,24 @@ def test_a_pin_survives_pressure_that_evicts_an_evictable_context(
 
         waited, res_status, expired = _run(server.url, blocked)
         assert res_status == "ok" and expired == 2 and waited > 1.0
+
+
+def test_continuum_runs_its_program_order_on_a_server_that_schedules_by_priority(
+        vllm_env: tuple[Path, Path], tmp_path: Path) -> None:
+    """continuum on a local server the harness starts: the server schedules by priority, the
+    calls carry theirs, and nothing says the order did not run; keep-evictable's server does
+    not (its calls carry none)."""
+    trace = write_one_pause_trace(tmp_path / "t.parquet")
+    for policy, ordered in (("continuum", True), ("keep-evictable", False)):
+        out = tmp_path / policy
+        res = CliRunner().invoke(main, ["run", "--runtime", "vllm", "--trace", str(trace),
+                                        "--policy", policy, "--ctx-per-slot", "1024",
+                                        "--out", str(out)])
+        assert res.exit_code == 0, res.output
+        run = json.loads((out / "run.json").read_text())
+        assert run["capabilities"]["call_priority"] is ordered
+        assert run["server_extra"]["scheduler_policy"] == ("priority" if ordered else "fcfs")
+        assert ("--scheduling-policy" in run["server_flags"]) is ordered
+        summary = json.loads((out / "summary.json").read_text())
+        assert not any("program order" in w for w in summary["warnings"])
+        assert run["outcome"]["completed"] == 1 and run["cleanup"]["held_left"] == []

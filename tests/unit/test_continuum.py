@@ -195,3 +195,74 @@ def test_replay_feeds_the_queueing_delay_of_contexts_it_lost(tmp_path: Path, slo
     assert seen_by(["recompute", "recompute", "recompute"]) == [None, pytest.approx(0.01),
                                                                 pytest.approx(0.01)]
     assert seen_by(["keep", "recompute", "keep"]) == [None, None, pytest.approx(0.01)]
+
+
+def test_program_order_priorities_put_pinned_calls_and_earlier_tasks_first(tmp_path: Path
+                                                                           ) -> None:
+    """continuum on a server that schedules by priority: each call carries its task's arrival
+    rank, offset unless its context was still pinned; the tasks' sub-agents share the rank.
+    On a server that cannot, no priority is sent and the summary says it did not run."""
+    import asyncio
+
+    from harness.records.manifest import RunManifest
+    from harness.records.store import read_json
+    from harness.replay.clock import VirtualClock
+    from harness.replay.runner import replay
+    from tests.fakes.memory_adapter import MemoryAdapter
+    from tests.unit.test_executor import RATES as EXEC_RATES
+    from tests.unit.test_executor import plan_of, traj
+
+    def run(priority: bool, out: str) -> MemoryAdapter:
+        async def go() -> MemoryAdapter:
+            clock = VirtualClock()
+            adapter = MemoryAdapter(clock, slotted=False, call_priority=priority)
+            # a 2 s tool against Exp(1) and a 0.105-s reload: no pin (tau* = 0), so every
+            # resumed call lost its context
+            await replay(adapter, clock, plan_of(traj("a"), traj("b", arrival=0.5),
+                                                 concurrency=1),
+                         make_policy("continuum"), tmp_path / out,
+                         RunManifest(run_id="r", policy="continuum"), EXEC_RATES, 0.5)
+            return adapter
+        return asyncio.run(go())
+
+    adapter = run(True, "ordered")
+    assert [(c.session, c.priority) for c in adapter.calls] == [
+        ("a", 1_000_000), ("a", 1_000_000), ("b", 1_000_001), ("b", 1_000_001)]
+    assert "program order" not in " ".join(read_json(tmp_path / "ordered" /
+                                                     "summary.json")["warnings"])
+    adapter = run(False, "plain")
+    assert {c.priority for c in adapter.calls} == {None}
+    assert any("program order" in w for w in read_json(tmp_path / "plain" /
+                                                       "summary.json")["warnings"])
+
+
+def test_call_priority_orders_pinned_first_then_by_task() -> None:
+    from harness.policies.base import call_priority, program_order
+
+    assert call_priority(3, True) < call_priority(0, False) < call_priority(1, False)
+    assert program_order(make_policy("continuum")) and not program_order(make_policy("ttl"))
+
+
+def test_simulated_program_order_admits_earlier_tasks_first(tmp_path: Path) -> None:
+    """b fills the pool while a (resuming after its tool) and c (a later task's first call)
+    wait: first come first served admits c first, program order a (the earlier task)."""
+    three = {"a": [llm(20, 4), tool(0.1), llm(4, 4)], "b": [llm(880, 60)],
+             "c": [llm(20, 4)]}
+    path = trace(tmp_path, three, starts={"a": 0.0, "b": 0.01, "c": 0.05})
+
+    def order(policy: str, args: dict[str, str]) -> list[str]:
+        df, _ = sim(tmp_path, path, policy, vllm(960), args, arrivals=Arrivals("trace", 3),
+                    name=policy)
+        return ev(df, "call_start").sort_values("seq")["trajectory_id"].tolist()
+
+    assert order("continuum", {"after": "recompute"}) == ["a", "b", "a", "c"]
+    assert order("recompute", {}) == ["a", "b", "c", "a"]
+
+
+def test_program_order_can_be_turned_off() -> None:
+    from harness.policies.base import program_order
+
+    assert not program_order(make_policy("continuum", {"program_order": "0"}))
+    assert program_order(make_policy("continuum", {"program_order": "true"}))
+    with pytest.raises(InputError, match="must be 0, 1, true or false"):
+        make_policy("continuum", {"program_order": "maybe"})

@@ -483,3 +483,32 @@ def test_a_server_without_the_connector_is_labelled_so() -> None:
         assert "runs no harness KV connector" in label and "recorded unsupported" in label
 
     with_server(FakeVllmConfig(), body)
+
+
+@pytest.mark.parametrize("policy", ["priority", "fcfs"])
+def test_call_priority_is_sent_only_to_a_server_that_schedules_by_it(policy: str) -> None:
+    async def body(ad: VllmAdapter, state: Any) -> None:
+        info = await ad.server_info()
+        assert info.extra["scheduler_policy"] == policy
+        assert ad.capabilities.call_priority == (policy == "priority")
+        res = await ad.complete(CompletionRequest([300] * 40, 2, priority=1_000_003),
+                                lambda: None)
+        assert res.status == "ok"
+        sent = state.requests[-1].get("priority")
+        assert sent == (1_000_003 if policy == "priority" else None)
+
+    with_server(FakeVllmConfig(scheduling_policy=policy), body)
+
+
+def test_a_program_order_policy_starts_the_server_scheduling_by_priority(tmp_path: Path) -> None:
+    from harness.adapters.base import ServerOptions
+    from harness.adapters.launchers.vllm_server import server_config
+
+    def flags(**kw: Any) -> list[str]:
+        return server_config(ServerOptions(policy="continuum", run_id="r", **kw),
+                             tmp_path).extra_args
+
+    assert flags(program_order=True) == ["--scheduling-policy", "priority"]
+    assert flags() == []
+    assert flags(program_order=True, server_args=("--scheduling-policy=fcfs",)) == [
+        "--scheduling-policy=fcfs"]  # the user's own choice stands

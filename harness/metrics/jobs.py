@@ -15,7 +15,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.metrics.bootstrap import DEFAULT_RESAMPLES, DEFAULT_SEED, mean_ci, quantile_ci
+from harness.metrics.bootstrap import (
+    DEFAULT_RESAMPLES,
+    DEFAULT_SEED,
+    mean_ci,
+    mean_ratio_ci,
+    quantile_ci,
+    ratio_ci,
+)
 from harness.metrics.frames import NS_PER_S, Frames
 from harness.metrics.outcomes import family_roots
 from harness.traces.stats import quantiles
@@ -24,6 +31,8 @@ from harness.traces.stats import quantiles
 # up (cancelled at a tool's deadline), failed or was stopped ended early or never, and would
 # flatter the policy that made it so. They are counted beside the figures instead.
 COMPLETED = "completed"
+# A job that ended by itself, whatever the outcome; `interrupted` is the run's stop, not its.
+ENDED_BY_ITSELF = ("completed", "cancelled", "failed")
 
 
 def job_table(frames: Frames) -> pd.DataFrame:
@@ -54,8 +63,10 @@ def jct_samples(frames: Frames) -> np.ndarray:
 
 def makespan_s(jobs: pd.DataFrame) -> float | None:
     """A batch's makespan: from the first job's arrival to the last job's end. None when there
-    is no job or one never ended (the batch did not finish: an interrupted run)."""
-    if jobs.empty or jobs["end_ns"].isna().any():
+    is no job or one did not run to its own end (never ended, or was stopped with the run:
+    the batch did not finish)."""
+    stopped = ~jobs["status"].isin(ENDED_BY_ITSELF) if len(jobs) else jobs["status"]
+    if jobs.empty or jobs["end_ns"].isna().any() or bool(stopped.any()):
         return None
     return float((jobs["end_ns"].max() - jobs["arrival_ns"].min()) / NS_PER_S)
 
@@ -74,4 +85,29 @@ def job_completion(jobs: pd.DataFrame, n_resamples: int = DEFAULT_RESAMPLES,
     out["ci95"] = ci
     left = jobs.loc[jobs["jct_s"].isna(), "status"].fillna("incomplete")
     out["not_completed"] = {str(k): int(v) for k, v in left.value_counts().sort_index().items()}
+    return out
+
+
+def speedups(base: np.ndarray, new: np.ndarray, n_resamples: int = DEFAULT_RESAMPLES,
+             seed: int = DEFAULT_SEED) -> dict[str, dict[str, Any]]:
+    """How many times shorter NEW's completion times are than BASE's: {mean, p50, p95, p99:
+    {'ratio': BASE / NEW, 'ci95': [lo, hi] or None}}, each interval a seeded bootstrap that
+    resamples both sides (None with fewer than 2 jobs on a side). Above 1: NEW is faster."""
+    xb = np.asarray(base, dtype="float64")
+    xn = np.asarray(new, dtype="float64")
+    xb, xn = xb[np.isfinite(xb)], xn[np.isfinite(xn)]
+    out: dict[str, dict[str, Any]] = {}
+
+    def inverted(ci: tuple[float, float] | None) -> list[float] | None:
+        return None if ci is None or ci[0] <= 0 else [1.0 / ci[1], 1.0 / ci[0]]
+
+    if not xb.size or not xn.size:
+        return {k: {"ratio": None, "ci95": None} for k in ("mean", "p50", "p95", "p99")}
+    out["mean"] = {"ratio": float(xb.mean() / xn.mean()) if xn.mean() > 0 else None,
+                   "ci95": inverted(mean_ratio_ci(xb, xn, n_resamples=n_resamples, seed=seed))}
+    for q in (50, 95, 99):
+        qn = float(np.percentile(xn, q))
+        out[f"p{q}"] = {"ratio": float(np.percentile(xb, q)) / qn if qn > 0 else None,
+                        "ci95": inverted(ratio_ci(xb, xn, q, n_resamples=n_resamples,
+                                                  seed=seed))}
     return out

@@ -89,29 +89,14 @@ def mean_verdict(
     base: np.ndarray, new: np.ndarray, threshold: float, seed: int = 0, n_resamples: int = 1000,
 ) -> tuple[float | None, tuple[float, float] | None, str]:
     """(ratio of means NEW/BASE, its bootstrap 95% CI, verdict); smaller is better."""
-    xb, xn = sorted_finite(base), sorted_finite(new)
-    if xb.size == 0 or xn.size == 0:
-        return None, None, NA
-    mb, mn = float(xb.mean()), float(xn.mean())
-    ci = mean_ratio_ci(xb, xn, n_resamples=n_resamples, seed=seed)
-    if ci is None:
-        ratio, verdict = scalar_verdict(mb, mn, threshold)
-        return ratio, None, verdict
-    ratio = mn / mb
-    if ci[0] > 1.0 and ratio > threshold:
-        return ratio, ci, REGRESSED
-    if ci[1] < 1.0 and ratio < 1.0 / threshold:
-        return ratio, ci, IMPROVED
-    return ratio, ci, SAME
+    return _sample_verdict(base, new, None, threshold, seed, n_resamples)
 
 
 def sample_verdict(
     base: np.ndarray, new: np.ndarray, q: float | None, threshold: float, seed: int = 0,
 ) -> tuple[float | None, tuple[float, float] | None, str]:
     """quantile_verdict at percentile q, or mean_verdict when q is None."""
-    if q is None:
-        return mean_verdict(base, new, threshold, seed)
-    return quantile_verdict(base, new, q, threshold, seed)
+    return _sample_verdict(base, new, q, threshold, seed)
 
 
 def quantile_verdict(
@@ -119,15 +104,29 @@ def quantile_verdict(
     n_resamples: int = 1000,
 ) -> tuple[float | None, tuple[float, float] | None, str]:
     """(ratio of percentiles NEW/BASE, its bootstrap 95% CI, verdict); smaller is better."""
+    return _sample_verdict(base, new, q, threshold, seed, n_resamples)
+
+
+def _sample_verdict(
+    base: np.ndarray, new: np.ndarray, q: float | None, threshold: float, seed: int,
+    n_resamples: int = 1000,
+) -> tuple[float | None, tuple[float, float] | None, str]:
+    """The ratio NEW/BASE of the samples' percentile q (their mean when q is None), its
+    bootstrap 95% CI and the verdict: a change counts when the CI excludes 1 and the ratio
+    is beyond the threshold; threshold only without a CI (too few samples, a zero base)."""
     xb, xn = sorted_finite(base), sorted_finite(new)
     if xb.size == 0 or xn.size == 0:
         return None, None, NA
-    qb, qn = float(np.percentile(xb, q)), float(np.percentile(xn, q))
-    ci = ratio_ci(xb, xn, q, n_resamples=n_resamples, seed=seed)
-    if ci is None:  # too few samples (or a zero base): threshold only
-        ratio, verdict = scalar_verdict(qb, qn, threshold)
+    if q is None:
+        vb, vn = float(xb.mean()), float(xn.mean())
+        ci = mean_ratio_ci(xb, xn, n_resamples=n_resamples, seed=seed)
+    else:
+        vb, vn = float(np.percentile(xb, q)), float(np.percentile(xn, q))
+        ci = ratio_ci(xb, xn, q, n_resamples=n_resamples, seed=seed)
+    if ci is None:
+        ratio, verdict = scalar_verdict(vb, vn, threshold)
         return ratio, None, verdict
-    ratio = qn / qb
+    ratio = vn / vb
     if ci[0] > 1.0 and ratio > threshold:
         return ratio, ci, REGRESSED
     if ci[1] < 1.0 and ratio < 1.0 / threshold:

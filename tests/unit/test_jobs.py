@@ -60,6 +60,15 @@ def test_a_batch_that_did_not_finish_has_no_makespan() -> None:
                                                                      "incomplete": 1}
 
 
+def test_a_batch_stopped_with_the_run_has_no_makespan() -> None:
+    b = _batch()
+    b.agent("d", at=2.0).call(ttft=0.1, decode=0.4).end("interrupted", "run-horizon")
+    jobs = job_table(build_frames(b.frame()))
+    assert makespan_s(jobs) is None
+    assert job_completion(jobs, n_resamples=50)["not_completed"] == {"cancelled": 1,
+                                                                     "interrupted": 1}
+
+
 def test_no_jobs_no_figures() -> None:
     b = Records()
     b.bystander("x", at=0.0, ttft=0.1, decode=0.2)
@@ -77,3 +86,17 @@ def test_mean_verdict_needs_a_significant_ratio_beyond_the_threshold() -> None:
     assert verdict == IMPROVED
     assert mean_verdict(base, base * 1.02, 1.10)[2] == SAME
     assert sample_verdict(base, base / 2, None, 1.10) == mean_verdict(base, base / 2, 1.10)
+
+
+def test_speedups_are_base_over_new_with_intervals_that_hold_them() -> None:
+    from harness.metrics.jobs import speedups
+
+    rng = np.random.default_rng(3)
+    base = rng.uniform(100, 900, size=300)
+    out = speedups(base, base / 2.0, n_resamples=300)
+    for key in ("mean", "p50", "p95", "p99"):
+        assert out[key]["ratio"] == pytest.approx(2.0)
+        lo, hi = out[key]["ci95"]
+        assert lo < 2.0 < hi and lo > 1.5
+    assert speedups(base, np.array([]))["mean"] == {"ratio": None, "ci95": None}
+    assert speedups(np.array([4.0]), np.array([2.0]))["p50"] == {"ratio": 2.0, "ci95": None}

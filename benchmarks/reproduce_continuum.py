@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 
 from harness.metrics.jobs import job_completion, job_table, makespan_s, speedups
-from harness.metrics.summary import load_frames
+from harness.metrics.summary import load_frames, summarize_dir
 from harness.model.calibration import resolve_calibration
 from harness.plan.planner import Arrivals
 from harness.records.store import read_json
@@ -111,7 +111,8 @@ def run_facts(d: Path) -> dict[str, Any]:
     """One run's job times and mechanisms."""
     frames, run, _ = load_frames(d)
     jobs = job_table(frames)
-    s = read_json(d / "summary.json")
+    # a run stopped past its bound wrote no summary: computed from its records here
+    s = read_json(d / "summary.json") if (d / "summary.json").exists() else summarize_dir(d)
     sim = read_json(d / "run.json").get("simulator") or {}
     return {"jct": jobs["jct_s"].dropna().to_numpy(), "summary": s,
             "makespan_s": makespan_s(jobs), "reuse": (s.get("reuse") or {}).get("hit_rate"),
@@ -173,7 +174,7 @@ def live_part(source: pd.DataFrame, out: Path, jobs: int, agents: int, pool: int
         if rc not in (0, 4, 130):  # 4: trajectories lost to the server; 130: stopped here
             raise SystemExit(rc)
     return {name: [run_facts(out / "bench" / name)] for name in live
-            if (out / "bench" / name / "summary.json").exists()}
+            if (out / "bench" / name / "run.json").exists()}
 
 
 def stored(root: Path, patterns: list[str]) -> dict[str, list[dict[str, Any]]]:
@@ -182,7 +183,7 @@ def stored(root: Path, patterns: list[str]) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for name in POLICIES:
         dirs = [root / p.format(name) for p in patterns]
-        if all((d / "summary.json").exists() for d in dirs):
+        if all((d / "run.json").exists() for d in dirs):
             out[name] = [run_facts(d) for d in dirs]
     return out if BASELINE in out else {}
 

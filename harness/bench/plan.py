@@ -19,6 +19,8 @@ from harness.records.manifest import CpuPinning
 from harness.replay import pinning
 from harness.replay.named_policies import per_pause_policy, policy_names, scoped_policy_args
 from harness.replay.options import RunOptions
+from harness.replay.preflight import check_subagent_slots
+from harness.replay.run import plan_run
 from harness.report.repeats import repeat_dirs
 from harness.simulate.server import ENGINES
 from harness.traces.shipped import shipped_trace
@@ -88,6 +90,10 @@ def plan_bench(runtime: str, url: str | None, trace: Path | None, policies: str 
     runs = tuple(replace(base, trace=trace, policy=p, out=root / p, runtime=runtime, url=url,
                          policy_args=args[p], calibration=calibration, pinning=pin)
                  for p in names)
+    if rt.per_slot_control and url is None:
+        # the local server gets --slots: too few for kept parents beside their sub-agents is
+        # refused now, not after a calibration of minutes
+        check_subagent_slots(plan_run(runs[0], rt).plan, base.slots)
     # The simulator models slots the harness controls, or the engine a calibration of the
     # same engine describes (vLLM, SGLang), a closed loop and the trace's own tools.
     engine_ok = rt.per_slot_control or (

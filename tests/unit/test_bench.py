@@ -180,3 +180,13 @@ def test_an_engine_replay_is_simulated_on_the_pool_its_server_reported() -> None
     assert not simulable_policy("swap", {}, s, "sglang")  # no swap there
     assert simulable_policy("ttl", {"after": "recompute"}, s, "sglang")
     assert not simulable_policy("keep-preferred", {}, s, "sglang")  # the server's own
+
+
+def test_too_few_slots_for_sub_agents_is_refused_before_a_calibration(tmp_path: Path) -> None:
+    runtime = MemoryRuntime()
+    base = _base()
+    base.slots = 2  # 6 agents of the shipped sub-agent sample, each parent beside its children
+    with pytest.raises(InputError, match="sub-agents need up to"):
+        plan_bench("memory", None, Path("traces/coding-subagents.parquet"), "keep", (), base,
+                   None, False, tmp_path / "b", lambda _: runtime)
+    assert runtime.started == []

@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.metrics.jobs import job_completion, job_table, makespan_s, speedups
-from harness.metrics.summary import load_frames, summarize_dir
+from harness.metrics.jobs import job_table, makespan_s, not_completed, speedups
+from harness.metrics.summary import load_frames, summarize_frames
 from harness.model.calibration import resolve_calibration
 from harness.plan.planner import Arrivals
 from harness.records.store import read_json
@@ -109,16 +109,16 @@ def jobs_trace(source: pd.DataFrame, n: int, seed: int, path: Path) -> Path:
 
 def run_facts(d: Path) -> dict[str, Any]:
     """One run's job times and mechanisms."""
-    frames, run, _ = load_frames(d)
+    frames, run, server = load_frames(d)
     jobs = job_table(frames)
-    # a run stopped past its bound wrote no summary: computed from its records here
-    s = read_json(d / "summary.json") if (d / "summary.json").exists() else summarize_dir(d)
-    sim = read_json(d / "run.json").get("simulator") or {}
-    return {"jct": jobs["jct_s"].dropna().to_numpy(), "summary": s,
+    # a run stopped past its bound wrote no summary: computed from the frames read here
+    s = (read_json(d / "summary.json") if (d / "summary.json").exists()
+         else summarize_frames(frames, run, server, {}))
+    sim = run.simulator or {}
+    return {"jct": jobs["jct_s"].dropna().to_numpy(),
             "makespan_s": makespan_s(jobs), "reuse": (s.get("reuse") or {}).get("hit_rate"),
             "evicted_tokens": sim.get("evicted_tokens"), "preemptions": sim.get("preemptions"),
-            "recomputed": s.get("tokens_recomputed"),
-            "not_completed": job_completion(jobs, n_resamples=2)["not_completed"],
+            "recomputed": s.get("tokens_recomputed"), "not_completed": not_completed(jobs),
             "server_queue_ms": ((s.get("server_times_ms") or {}).get("queue") or {}).get(
                 "mean_ms")}
 
@@ -211,19 +211,18 @@ def ratios(base: list[dict[str, Any]], new: list[dict[str, Any]]) -> dict[str, A
     return out
 
 
-def table(results: dict[str, list[dict[str, Any]]], title: str) -> str:
-    base = results[BASELINE]
+def table(results: dict[str, list[dict[str, Any]]], plain: dict[str, Any], title: str) -> str:
+    """The markdown table of `results`, with the figures `_plain` computed of them."""
     lines = [f"**{title}**", "",
              "| policy | JCT mean / P50 / P95 / P99 s | makespan s | speedup over "
              f"{BASELINE}: mean, P50, P95 (95% CI) | makespan | reuse | tokens evicted | "
              "preemptions | recomputed | server queue mean ms | not completed |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, runs in results.items():
-        jct = np.concatenate([r["jct"] for r in runs])
-        q = [float(np.mean(jct))] + [float(np.percentile(jct, p)) for p in (50, 95, 99)] \
-            if jct.size else [None] * 4
-        ms = [r["makespan_s"] for r in runs if r["makespan_s"]]
-        rt = ratios(base, runs)
+        fig = plain[name]
+        q = [fig["jct_s"][k] for k in ("mean", "p50", "p95", "p99")]
+        ms = [m for m in fig["makespan_s"] if m]
+        rt = fig["speedup_over_baseline"]
         mk = rt["makespan"]
         mk_text = _x(mk["ratio"]) + (f" ({mk['range'][0]:.2f}-{mk['range'][1]:.2f})"
                                      if mk["range"] else "")
@@ -248,7 +247,8 @@ def table(results: dict[str, list[dict[str, Any]]], title: str) -> str:
                  _s(float(np.mean(ev)) if ev else None), _s(float(np.mean(pre)) if pre else None),
                  _s(float(np.mean(rec)) if rec else None),
                  f"{np.mean(qu):.1f}" if qu else "-",
-                 (f"{jct.size} completed in the run's bound; " if not ms and left else "")
+                 (f"{fig['jobs_completed']} completed in the run's bound; "
+                  if not ms and left else "")
                  + (", ".join(f"{v} {k}" for k, v in left.items()) or "0")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -330,17 +330,18 @@ def main(argv: list[str] | None = None) -> int:
         res = stored(args.out / "sim", [f"{{}}-{r}" for r in range(args.replicates)])
     if res:
         doc["simulated"] = _plain(res)
-        md.append(table(res, f"Simulated: {args.jobs} jobs, {args.agents} agents, engine "
-                             f"model (vLLM) with the declared preset {PRESET}, "
-                             f"{args.replicates} orders"))
+        md.append(table(res, doc["simulated"],
+                        f"Simulated: {args.jobs} jobs, {args.agents} agents, engine model "
+                        f"(vLLM) with the declared preset {PRESET}, {args.replicates} orders"))
     res = (live_part(source, args.out / "live", args.live_jobs, args.live_agents,
                      args.pool_tokens, args.token_scale, args.live_bound_s) if "live" in parts
            else stored(args.out / "live" / "bench", ["{}"]))
     if res:
         doc["live"] = _plain(res)
-        md.append(table(res, f"Live: CPU vLLM, {args.live_jobs} jobs token-scaled by "
-                             f"{args.token_scale:g}, {args.live_agents} agents, "
-                             f"{args.pool_tokens:,}-token pool"))
+        md.append(table(res, doc["live"],
+                        f"Live: CPU vLLM, {args.live_jobs} jobs token-scaled by "
+                        f"{args.token_scale:g}, {args.live_agents} agents, "
+                        f"{args.pool_tokens:,}-token pool"))
     (args.out / "continuum.json").write_text(json.dumps(doc, indent=1, default=float) + "\n")
     (args.out / "continuum.md").write_text("\n\n".join(md) + "\n")
     print("\n\n".join(md))

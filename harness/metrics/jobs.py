@@ -65,8 +65,8 @@ def makespan_s(jobs: pd.DataFrame) -> float | None:
     """A batch's makespan: from the first job's arrival to the last job's end. None when there
     is no job or one did not run to its own end (never ended, or was stopped with the run:
     the batch did not finish)."""
-    stopped = ~jobs["status"].isin(ENDED_BY_ITSELF) if len(jobs) else jobs["status"]
-    if jobs.empty or jobs["end_ns"].isna().any() or bool(stopped.any()):
+    if (jobs.empty or jobs["end_ns"].isna().any()
+            or not jobs["status"].isin(ENDED_BY_ITSELF).all()):
         return None
     return float((jobs["end_ns"].max() - jobs["arrival_ns"].min()) / NS_PER_S)
 
@@ -83,9 +83,15 @@ def job_completion(jobs: pd.DataFrame, n_resamples: int = DEFAULT_RESAMPLES,
                                                          seed=seed)}
     ci.update(quantile_ci(xs, n_resamples=n_resamples, seed=seed))
     out["ci95"] = ci
-    left = jobs.loc[jobs["jct_s"].isna(), "status"].fillna("incomplete")
-    out["not_completed"] = {str(k): int(v) for k, v in left.value_counts().sort_index().items()}
+    out["not_completed"] = not_completed(jobs)
     return out
+
+
+def not_completed(jobs: pd.DataFrame) -> dict[str, int]:
+    """{status: jobs} of a `job_table`'s jobs without a completion time (a job without an end
+    status counts as 'incomplete')."""
+    left = jobs.loc[jobs["jct_s"].isna(), "status"].fillna("incomplete")
+    return {str(k): int(v) for k, v in left.value_counts().sort_index().items()}
 
 
 def speedups(base: np.ndarray, new: np.ndarray, n_resamples: int = DEFAULT_RESAMPLES,

@@ -185,8 +185,8 @@ def _warnings(client_lag: dict[str, Any], run: RunManifest) -> list[str]:
         out.append(f"{failed} trajectories failed because the server failed (errors, "
                    "timeouts): their resumes are missing from the figures")
     caps = run.capabilities
-    if isinstance(caps, dict) and wants_program_order(run.policy) and not caps.get(
-            "call_priority"):
+    if isinstance(caps, dict) and wants_program_order(run.policy, run.policy_args) and not \
+            caps.get("call_priority"):
         out.append(f"{run.policy}'s program order (calls served by their task's arrival, "
                    "pinned ones first) did not run: this server does not schedule by a call's "
                    "priority (vLLM does with --scheduling-policy priority)")

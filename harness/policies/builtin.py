@@ -128,9 +128,9 @@ def _cdf_argmax(history: Sequence[float], benefit: float) -> tuple[float, float]
                     dtype=float)
     xs = xs[np.isfinite(xs)]
     n = xs.size
-    best_tau, best_p = 0.0, float(np.searchsorted(xs, 0.0, side="right")) / n if n else 0.0
     if not n:
-        return best_tau, best_p
+        return 0.0, 0.0
+    best_tau, best_p = 0.0, float(np.searchsorted(xs, 0.0, side="right")) / n
     p = np.searchsorted(xs, xs, side="right") / n  # P(T <= x) at every observed x
     gain = p * benefit - xs
     i = int(np.argmax(gain))
@@ -161,8 +161,8 @@ class Continuum:
     priority (vLLM under --scheduling-policy priority, which also preempts the latest task's
     call first; the engine model). Left out: the paper falls back on the CDF of all tools
     before a class has K samples (the policy sees one class's history), and it unpins the
-    latest program's pins when nothing else fits, which no client can ask of vLLM (a pin here
-    ends at its TTL).
+    latest program's pins when nothing else fits, which the project's vLLM connector does not
+    do yet (a pin here ends at its resume, its TTL or the connector's safety-net expiry).
     """
 
     eta: float = 1.0
@@ -330,10 +330,17 @@ POLICIES: dict[str, tuple[Callable[..., PausePolicy], dict[str, str]]] = {
 }
 
 
-def wants_program_order(name: object) -> bool:
-    """Whether the built-in policy `name` asks for program order (base.program_order)."""
-    entry = POLICIES.get(name) if isinstance(name, str) else None
-    return entry is not None and program_order(entry[0])
+def wants_program_order(name: object, args: object = None) -> bool:
+    """Whether the built-in policy `name` with `--policy-arg` values `args` (a run.json's
+    `policy` and `policy_args`) asks for program order (base.program_order); False for
+    anything that names no policy it could have run."""
+    if not isinstance(name, str) or name not in POLICIES:
+        return False
+    given = args if isinstance(args, dict) else {}
+    try:
+        return program_order(make_policy(name, {str(k): str(v) for k, v in given.items()}))
+    except InputError:
+        return False
 
 
 def parse_policy_args(pairs: tuple[str, ...], flag: str = "--policy-arg") -> dict[str, str]:

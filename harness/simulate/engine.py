@@ -64,6 +64,7 @@ from harness.simulate.records import (
     E_TOOL_END,
     E_TRAJ_END,
     E_TRAJ_START,
+    KV_STATUSES,
     RecordSink,
 )
 from harness.simulate.server import DROP, Capacity, Counters, ServerModel
@@ -100,7 +101,7 @@ from harness.simulate.workload import Workload
 if TYPE_CHECKING:
     from harness.simulate.fleet import Fleet
 
-KV_EVICTABLE: Final = 3  # KV_STATUSES.index("evictable"): a kv_state left to the cache
+KV_EVICTABLE: Final = KV_STATUSES.index("evictable")  # a kv_state left to the cache
 __all__ = ["A_KEEP", "A_SWAP", "SLOT_HANDOFFS", "Engine", "action_code", "simulate"]
 SLOT_HANDOFFS = ("agent", "fifo")
 
@@ -275,7 +276,8 @@ class Engine(EngineState):
 
     def start_call(self, tr: Trajectory, t: float) -> None:
         g = tr.pos
-        if g > tr.first and tr.state != KEPT:  # a resumed call whose context was not held
+        if not self.fixed and g > tr.first and tr.state != KEPT:
+            # a resumed call whose context was not held: a deciding policy sees its wait
             self.queue_delays.add(t - tr.ready)
         r = tr.need_rc
         work = self.inp[g] + r

@@ -266,3 +266,12 @@ def test_program_order_can_be_turned_off() -> None:
     assert program_order(make_policy("continuum", {"program_order": "true"}))
     with pytest.raises(InputError, match="must be 0, 1, true or false"):
         make_policy("continuum", {"program_order": "maybe"})
+
+
+def test_the_warning_follows_the_run_s_own_policy_arguments() -> None:
+    from harness.policies.builtin import wants_program_order
+
+    assert wants_program_order("continuum", {})
+    assert not wants_program_order("continuum", {"program_order": "0"})
+    assert not wants_program_order("ttl", {}) and not wants_program_order(None)
+    assert not wants_program_order("continuum", {"eta": "nan"})  # a run it could not have been

@@ -37,6 +37,7 @@ from harness.model.calibration import (
     resolve_calibration,
     write_calibration,
 )
+from harness.records.atomic import write_text_atomic
 from harness.records.store import ensure_out_dir, write_json
 from harness.replay.options import RunOptions
 from harness.replay.run import to_stderr
@@ -255,6 +256,6 @@ def write_advice_report(root: Path, doc: dict[str, Any], out: Path | None = None
     dirs = [Path(c["dir"]) for c in doc.get("confirmed") or [] if c.get("dir")]
     runs = load_runs([d for d in dirs if d.is_dir()])
     out = out or root / "report.html"
-    out.write_text(render_runs(runs, lead=advice_section(doc), title="Pause-policy advice"),
-                   encoding="utf-8")
+    write_text_atomic(out, render_runs(runs, lead=advice_section(doc),
+                                       title="Pause-policy advice"))
     return out

@@ -31,6 +31,7 @@ from harness.model.inputs import pauses_from_trace
 from harness.model.run_rates import SERVER_SPEED_JSON, server_speed, speed_doc
 from harness.plan.injection import Injection
 from harness.policies import POLICIES, SLOT_MODEL_POLICIES, make_policy
+from harness.records.atomic import write_text_atomic
 from harness.records.manifest import RunManifest, read_manifest
 from harness.records.store import (
     SUMMARY_JSON,
@@ -156,7 +157,7 @@ def run_bench(plan: BenchPlan, echo: Callable[[str], None] = print
     if plan.repeats > 1:
         for o in plan.runs:
             write_repeats(o.out, repeat_dirs(o.out, plan.repeats))
-    (plan.root / "report.html").write_text(render_report(dirs), encoding="utf-8")
+    write_text_atomic(plan.root / "report.html", render_report(dirs))
     return rows
 
 

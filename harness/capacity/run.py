@@ -25,6 +25,7 @@ from harness.capacity.driver import (
 )
 from harness.capacity.live import live_measure, nan_free
 from harness.capacity.slo import Slo
+from harness.records.atomic import write_text_atomic
 from harness.records.store import ensure_out_dir, write_json
 from harness.replay.named_policies import policy_names, scoped_policy_args
 from harness.replay.options import RunOptions
@@ -124,7 +125,7 @@ def write_capacity_report(root: Path, doc: dict[str, Any], out: Path | None = No
     runs = load_runs([d for d in dirs if d.is_dir()])
     html = render_runs(runs, lead=capacity_section(doc), title="Capacity under an SLO")
     out = out or root / "report.html"
-    out.write_text(html, encoding="utf-8")
+    write_text_atomic(out, html)
     return out
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from harness.commands.options import DIRS_ARGUMENT, Command, outcome_slo_option
+from harness.records.atomic import write_text_atomic
 from harness.report.compare import DEFAULT_THRESHOLD
 from harness.report.history import history
 
@@ -21,5 +22,5 @@ def history_command(dirs: tuple[Path, ...], out: Path, threshold: float,
     """Trend of headline metrics over commits (run.json git_commit, started_at), steps marked."""
     doc = history(list(dirs), threshold, slo)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(doc, encoding="utf-8")
+    write_text_atomic(out, doc)
     click.echo(f"wrote {out} ({len(doc):,} bytes)")

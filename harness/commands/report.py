@@ -11,8 +11,10 @@ from harness.advise.run import write_advice_report
 from harness.capacity.run import write_capacity_report
 from harness.commands.options import DIRS_ARGUMENT, Command, outcome_slo_option
 from harness.errors import InputError
+from harness.records.atomic import write_text_atomic
 from harness.records.store import read_json
-from harness.report.render import render_report
+from harness.report.data import load_runs
+from harness.report.render import render_runs
 
 
 @click.command("report", cls=Command)
@@ -39,9 +41,17 @@ def report_command(dirs: tuple[Path, ...], out: Path | None, slo: dict[str, floa
         if not matches:
             raise InputError(f"--baseline {baseline} is not one of the directories reported")
         base = matches[0]
-    doc = render_report(list(dirs), slo, baseline=base)
+    # A damaged directory whose records still partly read is reported from what reads, with
+    # the damage first in its health section: a report is how one finds out what is left.
+    runs = load_runs(list(dirs), slo, write_summary=True, salvage=True)
+    for run in runs:
+        if run.damage:
+            click.echo(f"warning: {run.path}: damaged, reported from what could be read: "
+                       f"{run.damage[0]}" + (f" (and {len(run.damage) - 1} more problems)"
+                                             if len(run.damage) > 1 else ""), err=True)
+    doc = render_runs(runs, base)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(doc, encoding="utf-8")
+    write_text_atomic(out, doc)
     click.echo(f"wrote {out} ({len(doc):,} bytes)")
 
 

@@ -19,6 +19,10 @@ from typing import Any
 from harness.errors import InputError
 from harness.records.store import RUN_JSON, write_json
 
+# Disk set aside while a run writes its results (removed before run.json's last write): run.json
+# is ended (never left `running`) on a disk that filled up during the run.
+RUN_JSON_RESERVE = ".run.json.reserve"
+RUN_JSON_RESERVE_BYTES = 64 * 1024
 MANIFEST_VERSION = 4
 # Version 1: the same fields without `schema_version` (and a top-level `kv_connector`);
 # version 2: without `host`; version 3: without `shard`, `start_at` and `workers`.
@@ -194,10 +198,12 @@ class RunManifest:
         write_json(directory / RUN_JSON, self.to_dict())
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = RUN_JSON) -> RunManifest:
+    def from_dict(cls, data: dict[str, Any], where: str = RUN_JSON,
+                  damage: list[str] | None = None) -> RunManifest:
         """A manifest from run.json's content; InputError naming `where` for a version this
-        harness cannot read or a field it does not know."""
-        manifest: RunManifest = _build(cls, migrate(data, where), where)
+        harness cannot read or a field it does not know. With `damage` (a list), a field it
+        does not know or of the wrong kind is left unknown and said there instead."""
+        manifest: RunManifest = _build(cls, migrate(data, where), where, damage)
         return manifest
 
 
@@ -225,35 +231,52 @@ def migrate(data: dict[str, Any], where: str = RUN_JSON) -> dict[str, Any]:
     return data
 
 
-def read_manifest(results_dir: Path) -> RunManifest:
-    """The run.json of a results directory (`RunManifest()` when there is none)."""
+def read_manifest(results_dir: Path, damage: list[str] | None = None) -> RunManifest:
+    """The run.json of a results directory (`RunManifest()` when there is none). With `damage`
+    (a list), a run.json that is not a JSON object reads as none, and a field of the wrong kind
+    as unknown, each said in `damage` instead of refused."""
     path = Path(results_dir) / RUN_JSON
     if not path.is_file():
         return RunManifest()
     try:
         data = json.loads(path.read_text())
+        if damage is not None and not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
     except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: not valid JSON ({exc})") from None
-    return RunManifest.from_dict(data, str(path))
+        if damage is None:
+            raise InputError(f"{path}: not valid JSON ({exc})") from None
+        damage.append(f"{path}: not valid JSON ({str(exc)[:160]}): the run's configuration "
+                      "(runtime, policy, server, host) left unknown")
+        return RunManifest()
+    return RunManifest.from_dict(data, str(path), damage)
 
 
-def _build(cls: type[Any], data: dict[str, Any], where: str) -> Any:
+def _build(cls: type[Any], data: dict[str, Any], where: str,
+           damage: list[str] | None = None) -> Any:
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
-    if unknown:
+    if unknown and damage is None:
         raise InputError(f"{where}: unknown field {unknown[0]!r} in {cls.__name__}")
     values = {}
     for key, value in data.items():
+        if key not in names:
+            assert damage is not None
+            damage.append(f"{where}: unknown field {key!r} in {cls.__name__}: left out")
+            continue
         sub = _dataclass_of(hints[key])
         if sub is not None and isinstance(value, dict):
-            value = _build(sub, value, where)
+            value = _build(sub, value, where, damage)
         elif value is not None and (kind := _container_of(hints[key], sub)) is not None \
                 and not isinstance(value, kind):
             # a hand-edited or damaged file: refused here, never a traceback further on
-            raise InputError(f"{where}: {cls.__name__} field {key!r} must be "
-                             f"{'an object' if kind is dict else 'a list'}, got "
-                             f"{type(value).__name__}")
+            problem = (f"{where}: {cls.__name__} field {key!r} must be "
+                       f"{'an object' if kind is dict else 'a list'}, got "
+                       f"{type(value).__name__}")
+            if damage is None:
+                raise InputError(problem)
+            damage.append(f"{problem}: left unknown")
+            continue
         values[key] = value
     try:
         return cls(**values)

@@ -24,6 +24,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from harness.records.atomic import writing
+
 # Rows converted to a record batch at a time: pyarrow's fixed cost per conversion (~15 us per
 # column) is paid once per chunk, and a chunk costs the caller ~1 ms.
 CHUNK_ROWS = 256
@@ -40,9 +42,10 @@ def write_part(path: Path, schema: pa.Schema, batches: list[pa.RecordBatch]) -> 
     tmp = path.with_name(path.name + ".tmp")
     # No dictionary pages: most columns are near-unique numbers (times, sequence numbers), for
     # which building dictionaries cost ~20% of the write and made parts ~30% larger.
-    pq.write_table(pa.Table.from_batches(batches, schema=schema), tmp, compression="zstd",
-                   use_dictionary=False)
-    os.replace(tmp, path)
+    with writing(path, tmp):
+        pq.write_table(pa.Table.from_batches(batches, schema=schema), tmp, compression="zstd",
+                       use_dictionary=False)
+        os.replace(tmp, path)
 
 
 class _WriterThread:

@@ -6,7 +6,6 @@ renamed, so a killed run leaves only whole parts.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from harness.errors import InputError
+from harness.records.atomic import write_text_atomic
 from harness.records.schema import (
     RECORDS_SCHEMA,
     RECORDS_SCHEMA_VERSION,
@@ -247,9 +247,7 @@ def read_server_metrics(results_dir: Path) -> pd.DataFrame:
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write JSON atomically (temporary file + rename)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -28,7 +28,15 @@ from harness.plan.shard import WHOLE, Shard, check_shard_slots, shard_slots
 from harness.policies import make_policy
 from harness.policies.base import PausePolicy, ServerRates
 from harness.policies.builtin import FALLBACK_RATES
-from harness.records.manifest import CLEANUP_ERRORS_KEPT, Cleanup, Outcome, RunManifest
+from harness.records.atomic import reserve_space
+from harness.records.manifest import (
+    CLEANUP_ERRORS_KEPT,
+    RUN_JSON_RESERVE,
+    RUN_JSON_RESERVE_BYTES,
+    Cleanup,
+    Outcome,
+    RunManifest,
+)
 from harness.records.parts import PartWriter
 from harness.records.schema import RECORDS_SCHEMA, SERVER_METRICS_SCHEMA
 from harness.records.store import (
@@ -308,8 +316,14 @@ async def replay(adapter: Adapter, clock: Clock, plan: Plan, policy: PausePolicy
     if any((out_dir / RECORDS_DIR).glob("part-*.parquet")):
         raise InputError(f"{out_dir} already holds records; choose a new --out directory")
     info = info or await adapter.server_info()
+    # before run.json says `running`: a disk already full ends the run with nothing written
+    reserve = reserve_space(out_dir / RUN_JSON_RESERVE, RUN_JSON_RESERVE_BYTES)
     _record_info(run, adapter, info, clock)
-    run.write(out_dir)
+    try:
+        run.write(out_dir)
+    except OSError:
+        reserve.unlink(missing_ok=True)
+        raise
     recorder = Recorder(PartWriter(out_dir / RECORDS_DIR, RECORDS_SCHEMA), str(run.run_id),
                         clock)
     metrics_writer = PartWriter(out_dir / SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA)
@@ -328,17 +342,25 @@ async def replay(adapter: Adapter, clock: Clock, plan: Plan, policy: PausePolicy
              if progress_every_s else None)
     status = "interrupted"
     cpu0 = time.process_time()
+    failure: BaseException | None = None
+    write_errors: list[OSError] = []
     try:
         await executor.run()
         status = "finished"
+    except BaseException as exc:
+        failure = exc
+        raise
     finally:
         for task in (scraper, shown):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        metrics_writer.close()
-        recorder.close()
+        for writer in (metrics_writer, recorder):
+            try:  # a full disk: what the parts before hold stays readable, run.json is ended
+                writer.close()
+            except OSError as exc:
+                write_errors.append(exc)
         idle: bool | None = None
         held: list[str] | None = None
         with contextlib.suppress(Exception):
@@ -354,7 +376,18 @@ async def replay(adapter: Adapter, clock: Clock, plan: Plan, policy: PausePolicy
             held_left=held), scrape_errors)
         run.scrape = scrape.to_dict()
         run.client_cpu_s = time.process_time() - cpu0
+        unwritten = next((e for e in (failure, *write_errors)
+                          if isinstance(e, OSError) and e.filename is not None), None)
+        if unwritten is not None:
+            run.status = "interrupted"
+            run.stop_reason = run.stop_reason or (
+                f"results could not be written: {unwritten.filename}: "
+                f"{unwritten.strerror or unwritten}")
+        # The space set aside when the run began is what lets run.json be ended on a full disk.
+        reserve.unlink(missing_ok=True)
         run.write(out_dir)
+    if write_errors:
+        raise write_errors[0]
     write_summary(out_dir, run)
     return run
 

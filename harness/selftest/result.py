@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import InputError
+from harness.records.atomic import write_text_atomic
 
 SELFTEST_VERSION = 1
 # The figures of `instrument_error` that are error statistics ({n?, mean, p50, p95, p99}).
@@ -47,7 +48,7 @@ def write_selftest(path: Path, data: dict[str, Any]) -> None:
     """Write the selftest file (its parent made); InputError when it cannot be written."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        write_text_atomic(path, json.dumps(data, indent=2) + "\n")
     except OSError as exc:
         raise InputError(f"{path}: cannot write ({exc.strerror or exc})") from None
 

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from harness.arrays import BoolArray
+from harness.errors import InputError
 from harness.records.schema import RECORD_COLUMNS, RECORDS_SCHEMA
 from harness.records.store import (
     RECORDS_DIR,
@@ -166,18 +167,40 @@ def _plain(table: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def read_events(results_dir: Path) -> Events:
+def read_events(results_dir: Path, damage: list[str] | None = None) -> Events:
     """A results directory's records as Events, read one part at a time.
 
     Raises what reading Parquet raises (OSError, ValueError, ArrowException) and InputError for
     a records version this harness cannot read; an empty Events when there are no parts.
+    With `damage` (a list), a part that cannot be read, or that repeats events an earlier part
+    holds (a copy), is left out and said in `damage` instead, as long as another part reads:
+    what is readable of a damaged run is then still reported.
     """
     directory = Path(results_dir) / RECORDS_DIR
     parts = sorted(directory.glob("part-*.parquet")) if directory.is_dir() else []
     reader = _Reader()
+    seen: list[np.ndarray] = []
+    first_problem: InputError | None = None
     for part in parts:
-        check_records_part(part)
+        if damage is None:
+            check_records_part(part)
+            reader.add(part)
+            continue
+        try:
+            check_records_part(part)
+            seq = pq.read_table(part, columns=["seq"]).column("seq").to_numpy()
+        except (InputError, OSError, ValueError, pa.ArrowException) as exc:
+            first_problem = first_problem or InputError(str(exc))
+            damage.append(f"{str(exc).splitlines()[0][:240]}: left out")
+            continue
+        if (repeated := int(sum(np.isin(seq, s).sum() for s in seen))):
+            damage.append(f"{part}: repeats {repeated:,} events an earlier part holds (a part "
+                          "copied in twice?): left out")
+            continue
+        seen.append(seq)
         reader.add(part)
+    if damage is not None and first_problem is not None and not seen:
+        raise first_problem  # nothing readable is left to report
     events = reader.events()
     check_unique_seq(events.seq, directory)
     del reader

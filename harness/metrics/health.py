@@ -8,6 +8,7 @@ hold, with a caveat the reader must know), `ok`, or `info` (context: the host, t
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -205,10 +206,20 @@ def _usage(run: RunManifest) -> dict[str, str] | None:
                   "server's other cache figures are suspect")
 
 
-def run_health(frames: Frames, run: RunManifest, lag: dict[str, Any]) -> list[dict[str, str]]:
-    """Every check of one run, problems first (fail, then warn), then ok and info."""
-    checks = [_run_state(run), *_policy(run), _trajectories(frames), _cleanup(run),
-              *_client(run, lag)]
+def _damage(damage: Sequence[str]) -> dict[str, str] | None:
+    if not damage:
+        return None
+    return _check("readable", FAIL, "the results directory is damaged; these figures cover "
+                                    "what could be read: " + "; ".join(damage))
+
+
+def run_health(frames: Frames, run: RunManifest, lag: dict[str, Any],
+               damage: Sequence[str] = ()) -> list[dict[str, str]]:
+    """Every check of one run, problems first (fail, then warn), then ok and info; `damage`:
+    what could not be read of the results directory and was left out."""
+    checks = [c for c in (_damage(damage),) if c is not None]
+    checks += [_run_state(run), *_policy(run), _trajectories(frames), _cleanup(run),
+               *_client(run, lag)]
     checks += [c for c in (_records(frames, run), _pinning(run), _calibration(run), _usage(run))
                if c is not None]
     if run.bystanders_ended_s is not None:

@@ -7,6 +7,7 @@ part by part (a fraction of the memory of the whole records table; summary.json 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,8 +83,10 @@ def summarize_frames(
     mismatch_rel: float = outcomes.MISMATCH_REL,
     n_resamples: int = 1000,
     seed: int = 0,
+    damage: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """`summarize` on already-linked frames (the report reuses them for its plots)."""
+    """`summarize` on already-linked frames (the report reuses them for its plots); `damage`:
+    what `load_frames` left out of a damaged results directory, a failed health check."""
     bpt = run.kv_bytes_per_token
     duration = frames.duration_s
     calls, pauses = frames.calls, frames.pauses
@@ -137,7 +140,7 @@ def summarize_frames(
         "slo": dict(slo),
         "kv_bytes_per_token": bpt,
         "warnings": _warnings(lag, run),
-        "health": run_health(frames, run, lag),
+        "health": run_health(frames, run, lag, damage),
         "run_id": run.run_id,
         "summary_version": SUMMARY_VERSION,
     }
@@ -243,23 +246,33 @@ def load_dir(results_dir: Path) -> tuple[pd.DataFrame, RunManifest, pd.DataFrame
     return records, read_manifest(results_dir), (server if len(server) else None)
 
 
-def load_frames(results_dir: Path | str) -> tuple[Frames, RunManifest, pd.DataFrame | None]:
+def load_frames(results_dir: Path | str, damage: list[str] | None = None
+                ) -> tuple[Frames, RunManifest, pd.DataFrame | None]:
     """`load_dir`, with the records linked into frames as they are read.
 
     The records are read part by part, split by event type (`read_events`): the whole records
     table is never in memory, which for a long run is most of the memory a summary needs.
+    With `damage` (a list), what cannot be read but leaves the rest readable (a part, a
+    run.json field) is left out and said there (`read_events`, `read_manifest`).
     """
     results_dir = _results_dir(results_dir)
     try:
-        events = read_events(results_dir)
-        server = read_server_metrics(results_dir)
+        events = read_events(results_dir, damage)
     except (OSError, ValueError, pa.ArrowException) as exc:
         raise InputError(f"{results_dir}: unreadable records ({exc})") from None
+    try:
+        server = read_server_metrics(results_dir)
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        if damage is None:
+            raise InputError(f"{results_dir}: unreadable records ({exc})") from None
+        damage.append(f"{results_dir}: unreadable server metrics "
+                      f"({str(exc).splitlines()[0][:160]}): left out")
+        server = pd.DataFrame()
     if not len(events):
         raise InputError(f"{results_dir}: no records (expected records/part-*.parquet)")
     frames = link_events(events)
     del events  # the frames hold what is needed from here on
-    return frames, read_manifest(results_dir), (server if len(server) else None)
+    return frames, read_manifest(results_dir, damage), (server if len(server) else None)
 
 
 def _results_dir(results_dir: Path | str) -> Path:

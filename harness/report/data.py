@@ -31,6 +31,8 @@ class RunData:
     label: str = field(default="")
     # the server's own count of KV tokens over time (label, t_ns/tokens), where it reports one
     server_kv: tuple[str, pd.DataFrame] | None = None
+    # what could not be read of a damaged directory and was left out (salvage)
+    damage: list[str] = field(default_factory=list)
 
     @property
     def simulated(self) -> bool:
@@ -38,13 +40,17 @@ class RunData:
 
 
 def load_run(
-    path: Path | str, slo: dict[str, float] | None = None, write_summary: bool = False
+    path: Path | str, slo: dict[str, float] | None = None, write_summary: bool = False,
+    salvage: bool = False,
 ) -> RunData:
-    """Read a results directory; with write_summary, (re)write its summary.json."""
+    """Read a results directory; with write_summary, (re)write its summary.json. With salvage,
+    a damaged directory whose records still partly read is summarised from what reads, the rest
+    said in `damage` and in its health (and its summary.json left as it was)."""
     path = Path(path)
-    frames, run, server = load_frames(path)
-    summary = summarize_frames(frames, run, server, check_slo(slo))
-    if write_summary:
+    damage: list[str] | None = [] if salvage else None
+    frames, run, server = load_frames(path, damage)
+    summary = summarize_frames(frames, run, server, check_slo(slo), damage=damage or ())
+    if write_summary and not damage:
         write_json(path / SUMMARY_JSON, summary)
     prediction = None
     pred_path = path / PREDICTION_JSON
@@ -54,7 +60,7 @@ def load_run(
         except ValueError as exc:
             raise InputError(f"{pred_path}: not valid JSON ({exc})") from None
     return RunData(path, run, frames, summary, prediction, base_label(run, path),
-                   server_kv_tokens(server))
+                   server_kv_tokens(server), damage or [])
 
 
 def base_label(run: RunManifest, path: Path) -> str:
@@ -66,10 +72,11 @@ def base_label(run: RunManifest, path: Path) -> str:
 
 
 def load_runs(
-    paths: list[Path], slo: dict[str, float] | None = None, write_summary: bool = False
+    paths: list[Path], slo: dict[str, float] | None = None, write_summary: bool = False,
+    salvage: bool = False,
 ) -> list[RunData]:
     """Several directories, labels made unique by appending the directory name."""
-    runs = [load_run(p, slo, write_summary) for p in paths]
+    runs = [load_run(p, slo, write_summary, salvage) for p in paths]
     counts: dict[str, int] = {}
     for r in runs:
         counts[r.label] = counts.get(r.label, 0) + 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Callable
+from html import unescape
 from pathlib import Path
 
 import pyarrow as pa
@@ -65,10 +66,17 @@ def _commands(d: Path, tmp: Path) -> dict[str, list[str]]:
             "export": ["export", str(d)]}
 
 
+# Damage that leaves something to report: `report` makes the report of what reads.
+SALVAGED = ("a records part twice", "run.json host a number", "run.json outcome a string",
+            "run.json trace a string", "run.json not JSON")
+
+
 @pytest.mark.parametrize("command", ["report", "compare", "history", "export"])
 @pytest.mark.parametrize("case", list(DAMAGES))
 def test_damaged_results_are_named_in_one_line(tmp_path: Path, case: str,
                                                command: str) -> None:
+    if command == "report" and case in SALVAGED:
+        pytest.skip("report makes the report of what reads (test_report_of_what_reads)")
     d = Path(shutil.copytree(BASELINE, tmp_path / "run"))
     (d / "summary.json").unlink(missing_ok=True)  # read from the records, as a new run is
     damage, words = DAMAGES[case]
@@ -78,6 +86,68 @@ def test_damaged_results_are_named_in_one_line(tmp_path: Path, case: str,
     lines = res.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], res.output
     assert str(d) in lines[0]
+
+
+def _split_in_two(d: Path) -> None:
+    """The records as two parts (as a longer run writes them)."""
+    p = _part(d)
+    table = pq.read_table(p)
+    half = table.num_rows // 2
+    pq.write_table(table.slice(0, half), p)
+    pq.write_table(table.slice(half), d / "records" / "part-99998.parquet")
+
+
+def _cut_second_of_two(d: Path) -> None:
+    _split_in_two(d)
+    p = d / "records" / "part-99998.parquet"
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 3])
+
+
+def _garbage_server_metrics(d: Path) -> None:
+    (d / "server_metrics").mkdir(exist_ok=True)
+    (d / "server_metrics" / "part-00000.parquet").write_bytes(b"not parquet at all")
+
+
+@pytest.mark.parametrize("damage,words", [
+    *[(DAMAGES[c][0], DAMAGES[c][1] if c != "a records part twice" else "copied in twice")
+      for c in SALVAGED],
+    (_cut_second_of_two, "unreadable records part"),
+    (_garbage_server_metrics, "unreadable server metrics"),
+])
+def test_report_of_what_reads(tmp_path: Path, damage: Callable[[Path], None],
+                              words: str) -> None:
+    """A damaged directory with something left to read: `report` writes the report of what
+    reads, says the damage on stderr in one line and first in the health section (a failed
+    check), and leaves summary.json unwritten."""
+    d = Path(shutil.copytree(BASELINE, tmp_path / "run"))
+    (d / "summary.json").unlink(missing_ok=True)
+    damage(d)
+    out = tmp_path / "r.html"
+    res = CliRunner().invoke(main, ["report", str(d), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    warning = [ln for ln in res.output.splitlines() if ln.startswith("warning: ")]
+    assert len(warning) == 1 and str(d) in warning[0] and words in warning[0], res.output
+    html = unescape(out.read_text())
+    assert "damaged" in html and words in html
+    assert not (d / "summary.json").exists()
+    health = summarize_dir_salvaged(d)
+    assert health[0]["check"] == "readable" and health[0]["status"] == "fail"
+
+
+def summarize_dir_salvaged(d: Path) -> list[dict[str, str]]:
+    from harness.report.data import load_run
+    return list(load_run(d, salvage=True).summary["health"])
+
+
+def test_two_whole_parts_read_as_one(tmp_path: Path) -> None:
+    """Splitting the records into parts is not damage: the same summary, nothing left out."""
+    d = Path(shutil.copytree(BASELINE, tmp_path / "run"))
+    _split_in_two(d)
+    from harness.report.data import load_run
+    run = load_run(d, salvage=True)
+    assert run.damage == []
+    whole = load_run(BASELINE)
+    assert run.summary["resume_latency_ms"] == whole.summary["resume_latency_ms"]
 
 
 @pytest.mark.parametrize("name,text,words", [

@@ -1,0 +1,441 @@
+"""Agent session logs (Codex rollouts, Claude Code transcripts) as trajectories.
+
+Both importers parse their log into conversations: model responses in order (one LLM call each,
+with the usage the log reports), the tool calls each response made and what became of them,
+and what came between two responses (a user's prompt, a compaction, a /clear). This module
+turns such a conversation into trajectory steps, the same way for both formats:
+
+- LLM step i appends P_i - (P_{i-1} + O_{i-1}) tokens (P the prompt the log reports, O the
+  output). A prompt below that sum is a context cut: it keeps the previous prompt when it still
+  holds it (output that was not sent back, e.g. thinking), else what the provider's cache reused
+  (the cached-token count: the part of the context that survived); after a compaction or a
+  /clear always the cached count.
+- the calls of one response are one pause (merge_parallel); a Task-like call whose sub-agent
+  conversation is in the input is a `subagent` step starting the children; the user's prompt
+  is a `human` pause; a call that never returned ends its trajectory (the replay cancels a
+  trajectory at a tool that never returns), and what the session did next is a continuation
+  trajectory of its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from harness.errors import InputError
+from harness.traces.importers._common import LLM, MAX_COUNT, Tool, Trajectory
+from harness.traces.importers.agent_tools import agent_tool_class, merge_parallel
+from harness.traces.schema import TOOL_SUBAGENT
+
+# A sub-agent call (Task, Agent) whose conversation is not in the input: the parent still waits
+# for it, minutes at a time, so it is a long job rather than a pause of the `subagent` class.
+UNLINKED_SPAWN_CLASS = "long_job"
+# Classes whose tools may change the environment (the `mutating` column), as in mini-swe-agent.
+MUTATING_CLASSES = frozenset({"mutating", "sandbox", "long_job"})
+MAX_LOG_S = 1e10  # any duration or timestamp offset a log may hold (seconds)
+
+# Per-file counts every agent-log importer fills (0 when nothing happened); shares are added.
+COUNTS = (
+    "llm_calls", "llm_calls_estimated", "tool_calls", "tool_results", "exact_durations",
+    "error_calls", "abandoned_calls", "hosted_calls", "subagent_calls", "subagents",
+    "subagents_unlinked", "warmups", "warmups_skipped", "user_turns", "llm_steps",
+    "tool_steps", "exact_latency", "approximate_latency", "latency_unknown", "human_pauses",
+    "subagent_steps", "back_to_back_calls", "trailing_tools_dropped", "continuations",
+    "compactions", "clears", "cuts", "cut_tokens_dropped", "output_not_resent",
+    "output_raised", "output_raised_tokens", "prompt_tokens", "cached_tokens",
+    "output_tokens", "appended_tokens", "kept_tokens",
+)
+
+
+@dataclass
+class Call:
+    """A tool call a response made, and what became of it."""
+
+    call_id: str
+    name: str
+    ts: float | None  # when the call was logged
+    result_ts: float | None = None  # when its result was logged
+    has_result: bool = False
+    exact_s: float | None = None  # the duration the log states
+    error: bool = False
+    abandoned: bool = False  # interrupted or rejected: it never returned
+    spawn: bool = False  # a sub-agent call (Task, Agent)
+    kind: str = ""  # a sub-agent call's agent type
+    prompt: str = ""  # a sub-agent call's task (matched against sub-agents' first prompts)
+    agent_id: str = ""  # the sub-agent its result names
+    result_tokens: int = 0  # tokens counted in its result
+    children: list[Convo] = field(default_factory=list)
+
+
+@dataclass
+class Response:
+    """One model response: one LLM call."""
+
+    line: int
+    prompt: int | None  # tokens of its prompt (None: the log has no usage for it)
+    output: int  # output tokens the log reports
+    cached: int | None  # prompt tokens the provider's cache served
+    start_ts: float | None
+    end_ts: float | None
+    counted_in: int = 0  # tokens counted in what was appended before it (no usage: estimate)
+    counted_out: int = 0  # tokens counted in its own output
+    calls: list[Call] = field(default_factory=list)
+    user_turn: bool = False  # the user's prompt came before it
+    user_ts: float | None = None  # when (None: the log has no time)
+    cut: str | None = None  # "compaction" or "clear" before it
+
+
+@dataclass
+class FileStats:
+    """What one log file held, for the provenance."""
+
+    path: Path
+    ident: str = ""
+    version: str = ""
+    counts: Counter[str] = field(default_factory=Counter)
+    skipped: Counter[str] = field(default_factory=Counter)
+
+    def entry(self) -> dict[str, Any]:
+        """This file's provenance entry: its counts, the shares, lines skipped by type."""
+        c = self.counts
+        return {"file": str(self.path), "id": self.ident, "version": self.version,
+                **{k: int(c[k]) for k in COUNTS}, **shares(c),
+                "skipped_lines": dict(sorted(self.skipped.items()))}
+
+
+@dataclass
+class Convo:
+    """A conversation: a session, a sub-agent's or a warm-up's, with its file's counts."""
+
+    key: str
+    stats: FileStats
+    responses: list[Response] = field(default_factory=list)
+    first_ts: float | None = None
+    last_ts: float | None = None
+    kind: str = "main"  # prefix group: main, a sub-agent type, warmup
+
+
+def shares(c: Counter[str] | dict[str, int]) -> dict[str, float | None]:
+    """The exact share of tool latencies and the cached share of prompt tokens."""
+    steps = c["exact_latency"] + c["approximate_latency"] + c["latency_unknown"]
+    return {"exact_latency_share": round(c["exact_latency"] / steps, 4) if steps else None,
+            "cached_share": (round(c["cached_tokens"] / c["prompt_tokens"], 4)
+                             if c["prompt_tokens"] else None)}
+
+
+def totals(files: Sequence[FileStats], extra: dict[str, int]) -> dict[str, Any]:
+    """The sums of the files' counts, their shares and skipped lines, with `extra` first."""
+    summed: Counter[str] = Counter()
+    skipped: Counter[str] = Counter()
+    for f in files:
+        summed.update({k: f.counts[k] for k in COUNTS})
+        skipped.update(f.skipped)
+    return {**extra, **{k: int(summed[k]) for k in COUNTS}, **shares(summed),
+            "skipped_lines": dict(sorted(skipped.items()))}
+
+
+def parse_ts(value: Any, where: str) -> float | None:
+    """An ISO 8601 timestamp as Unix seconds (None when absent); InputError when malformed."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            if dt.tzinfo is None:  # no zone written: taken as UTC, like the logs' own
+                dt = dt.replace(tzinfo=UTC)
+            return dt.timestamp()
+        except (ValueError, OverflowError, OSError):
+            pass
+    raise InputError(f"{where}: 'timestamp' must be an ISO 8601 time, got {value!r}")
+
+
+def count_field(obj: dict[str, Any], key: str, where: str) -> int | None:
+    """A token count (None when absent); InputError naming `where` and the field when bad."""
+    v = obj.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < MAX_COUNT:
+        raise InputError(f"{where}: {key!r} must be an integer >= 0, got {v!r}")
+    return v
+
+
+def seconds_field(v: Any, where: str, key: str, scale: float = 1.0) -> float | None:
+    """A duration (None when absent), scaled to seconds; InputError when not a finite >= 0."""
+    if v is None:
+        return None
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        s = float(v) * scale
+        if math.isfinite(s) and 0 <= s <= MAX_LOG_S:
+            return s
+    raise InputError(f"{where}: {key!r} must be a duration >= 0, got {v!r}")
+
+
+def raise_outputs(responses: list[Response], stats: FileStats) -> None:
+    """Raise a logged output that is less than half of what its own content counts (Claude
+    Code often logs the output of the stream's first event, e.g. 1) to that count, but never
+    past what the next prompt grew by less what came back in between: the context stays what
+    the log says."""
+    for i, r in enumerate(responses):
+        if r.counted_out <= 2 * r.output or r.prompt is None:
+            continue
+        cap = r.counted_out
+        nxt = responses[i + 1] if i + 1 < len(responses) else None
+        if nxt is not None and nxt.prompt is not None and nxt.cut is None:
+            cap = min(cap, max(r.output, nxt.prompt - r.prompt - nxt.counted_in))
+        if cap > r.output:
+            stats.counts["output_raised"] += 1
+            stats.counts["output_raised_tokens"] += cap - r.output
+            r.output = cap
+
+
+@dataclass
+class _Piece:
+    tid: str
+    steps: list[LLM | Tool]
+    start_ts: float | None
+    cached0: int | None = None
+
+
+@dataclass
+class Built:
+    """Trajectories made from one root conversation (its continuations and sub-agents)."""
+
+    trajectories: list[Trajectory] = field(default_factory=list)
+    start_ts: dict[str, float | None] = field(default_factory=dict)  # roots' first times
+
+
+class Builder:
+    """Turns conversations into trajectories; `fmt` names prefix groups ('codex/main')."""
+
+    def __init__(self, fmt: str, taken: set[str]) -> None:
+        self.fmt = fmt
+        self.taken = taken
+        self.timing: dict[int, str] = {}  # id(tool step) -> exact, approximate or unknown
+
+    def unique(self, tid: str) -> str:
+        """`tid`, or `tid-2`, `tid-3`, ... when an earlier trajectory took it."""
+        out, k = tid, 2
+        while out in self.taken:
+            out, k = f"{tid}-{k}", k + 1
+        self.taken.add(out)
+        return out
+
+    def build(self, convo: Convo, out: Built, parent: tuple[Tool, dict[int, tuple[str, int]]]
+              | None = None) -> None:
+        """Append `convo`'s trajectories to `out`: the conversation, its continuations after
+        calls that never returned, then its sub-agents (each after its parent)."""
+        c = convo.stats.counts
+        pieces: list[_Piece] = [_Piece(self.unique(convo.key), [], convo.first_ts)]
+        spawns: list[tuple[Tool, list[Convo]]] = []
+        prev: Response | None = None
+        ctx: tuple[int, int] | None = None  # the previous call's prompt and output
+        for r in convo.responses:
+            if prev is not None:
+                pause = self._pause(prev, r, c, spawns)
+                pieces[-1].steps.append(pause)
+                if pause.latency_s is None:  # never returned: the trajectory ends here
+                    c["continuations"] += 1
+                    base = pieces[0].tid
+                    pieces.append(_Piece(self.unique(f"{base}~{len(pieces) + 1}"), [],
+                                         r.user_ts if r.user_ts is not None else r.start_ts))
+                    ctx = None
+            step, ctx = self._llm(r, ctx, c)
+            if not pieces[-1].steps:
+                pieces[-1].cached0 = r.cached
+            pieces[-1].steps.append(step)
+            prev = r
+        if prev is not None and prev.calls:
+            last = self._trailing(prev, c, spawns)
+            if last is not None:
+                pieces[-1].steps.append(last)
+        where: dict[int, tuple[str, int]] = {}
+        for p in pieces:
+            for i, s in enumerate(p.steps):
+                where[id(s)] = (p.tid, i)
+        for k, p in enumerate(pieces):
+            if not p.steps:
+                continue
+            first = p.steps[0]
+            assert isinstance(first, LLM)
+            pre = min(p.cached0 or 0, first.input_tokens)
+            child = parent is not None and k == 0
+            group = f"{self.fmt}/{convo.kind}"
+            t = Trajectory(p.tid, p.steps, prefix_group=group if pre else None,
+                           prefix_tokens=pre or None)
+            if child:
+                assert parent is not None
+                t.parent_id, t.spawn_step = parent[1][id(parent[0])]
+            else:
+                out.start_ts[p.tid] = p.start_ts
+            out.trajectories.append(t)
+        for tool, kids in spawns:
+            for kid in kids:
+                self.build(kid, out, (tool, where))
+
+    def _llm(self, r: Response, ctx: tuple[int, int] | None, c: Counter[str]
+             ) -> tuple[LLM, tuple[int, int]]:
+        out = max(r.output, 1)
+        c["llm_steps"] += 1
+        c["output_tokens"] += out
+        if r.prompt is None:  # no usage: what was appended, counted from the text
+            c["llm_calls_estimated"] += 1
+            prompt = (sum(ctx) if ctx else 0) + r.counted_in
+            c["appended_tokens"] += r.counted_in
+            c["kept_tokens"] += prompt - r.counted_in
+            return LLM(r.counted_in, out), (prompt, out)
+        p = r.prompt
+        c["prompt_tokens"] += p
+        c["cached_tokens"] += min(r.cached or 0, p)
+        keep: int | None = None
+        if ctx is not None:
+            whole = sum(ctx)
+            if r.cut is not None:
+                c["compactions" if r.cut == "compaction" else "clears"] += 1
+                keep = min(r.cached or 0, p, whole)
+            elif p >= whole:
+                keep = None
+            elif p >= ctx[0]:  # the prompt survived; part of the output was not sent back
+                c["output_not_resent"] += 1
+                keep = min(max(ctx[0], r.cached or 0), p)
+            else:  # the prompt itself shrank: what the provider's cache reused survived
+                c["cuts"] += 1
+                keep = min(r.cached or 0, p)
+            if keep is not None:
+                c["cut_tokens_dropped"] += whole - keep
+        appended = p - (keep if keep is not None else (sum(ctx) if ctx else 0))
+        c["appended_tokens"] += appended
+        c["kept_tokens"] += p - appended
+        return LLM(appended, out, keep), (p, out)
+
+    def _call_tool(self, call: Call, start: float | None, c: Counter[str]) -> Tool:
+        """One call as a tool step: the exact duration where the log states one, else the
+        wall time from the later of the call and its response's end to its result."""
+        cls = agent_tool_class(call.name)
+        if cls == TOOL_SUBAGENT:  # its sub-agent is not in the input
+            cls = UNLINKED_SPAWN_CLASS
+        outcome = "error" if call.error else "ok"
+        latency: float | None
+        if call.abandoned or not call.has_result:
+            latency, timing, outcome = None, "never", "abandoned"
+        elif call.exact_s is not None:
+            latency, timing = call.exact_s, "exact"
+        elif call.result_ts is not None and (start is not None or call.ts is not None):
+            begin = max(t for t in (start, call.ts) if t is not None)
+            latency, timing = max(0.0, call.result_ts - begin), "approximate"
+        else:  # a log without times: nothing says how long it took
+            latency, timing = 0.0, "unknown"
+        tool = Tool(call.name, cls, None if latency is None else round(latency, 6), outcome,
+                    cls in MUTATING_CLASSES)
+        self.timing[id(tool)] = timing
+        return tool
+
+    def _calls_step(self, prev: Response, c: Counter[str]) -> Tool:
+        tools = [self._call_tool(k, prev.end_ts, c) for k in prev.calls]
+        merged = merge_parallel(tools)
+        c["tool_steps"] += 1
+        timings = {self.timing[id(t)] for t in tools}
+        if merged.latency_s is not None:  # a step that never returns has no latency to count
+            c["exact_latency" if timings == {"exact"} else "latency_unknown"
+              if "unknown" in timings else "approximate_latency"] += 1
+        return merged
+
+    def _spawn_step(self, prev: Response, end: float | None, c: Counter[str],
+                    spawns: list[tuple[Tool, list[Convo]]]) -> Tool:
+        """The calls of a response that started sub-agents: one `subagent` step, whose
+        latency is the time from the last child's end to the end of the pause."""
+        kids = [k for call in prev.calls for k in call.children]
+        ends = [k.last_ts for k in kids if k.last_ts is not None]
+        ends_at = [t for t in [end, *(k.result_ts for k in prev.calls)] if t is not None]
+        wait = max(0.0, max(ends_at) - max(ends)) if ends and ends_at else 0.0
+        names = [k.kind or k.name for k in prev.calls if k.children]
+        tool = Tool("+".join(dict.fromkeys(names)), TOOL_SUBAGENT, round(wait, 6))
+        c["subagent_steps"] += 1
+        spawns.append((tool, kids))
+        return tool
+
+    def _pause(self, prev: Response, r: Response, c: Counter[str],
+               spawns: list[tuple[Tool, list[Convo]]]) -> Tool:
+        """The pause between two responses."""
+        if any(k.children for k in prev.calls):
+            return self._spawn_step(prev, r.user_ts, c, spawns)
+        if prev.calls and any(k.abandoned or not k.has_result for k in prev.calls):
+            return self._calls_step(prev, c)
+        results = [k.result_ts for k in prev.calls if k.result_ts is not None]
+        if r.user_turn and (not results or r.user_ts is None or r.user_ts >= max(results)):
+            # The user's prompt ended the pause (after any results came back).
+            c["human_pauses"] += 1
+            wait = 0.0
+            if prev.end_ts is not None and r.user_ts is not None:
+                wait = max(0.0, r.user_ts - prev.end_ts)
+            return Tool("user", "human", round(wait, 6))
+        if prev.calls:
+            return self._calls_step(prev, c)
+        # Nothing logged between two calls (a retried or continued response): an instant step
+        # keeps LLM and tool steps alternating.
+        c["back_to_back_calls"] += 1
+        return Tool("none", "local_read", 0.0)
+
+    def _trailing(self, prev: Response, c: Counter[str],
+                  spawns: list[tuple[Tool, list[Convo]]]) -> Tool | None:
+        """The last response's calls: kept when they started sub-agents or never returned;
+        calls whose results nobody read are dropped."""
+        if any(k.children for k in prev.calls):
+            return self._spawn_step(prev, None, c, spawns)
+        if any(k.abandoned or not k.has_result for k in prev.calls):
+            return self._calls_step(prev, c)
+        c["trailing_tools_dropped"] += len(prev.calls)
+        return None
+
+
+def assign_starts(built: Built, priority: str, tenant: str) -> None:
+    """start_s of every root from its first logged time, relative to the earliest root of the
+    import (0 where a log has no times); a sub-agent takes its parent's."""
+    known = [t for t in built.start_ts.values() if t is not None]
+    t0 = min(known) if known else 0.0
+    start: dict[str, float] = {}
+    for t in built.trajectories:
+        if t.parent_id is None:
+            ts = built.start_ts.get(t.trajectory_id)
+            t.start_s = 0.0 if ts is None else round(max(0.0, ts - t0), 6)
+        else:
+            t.start_s = start[t.parent_id]
+        start[t.trajectory_id] = t.start_s
+        t.priority, t.tenant = priority, tenant
+
+
+def inferred_fields(fmt: str) -> dict[str, str]:
+    """provenance.inferred entries both agent-log importers share."""
+    return {
+        "input_tokens": "the prompt the log reports less the previous call's prompt and "
+                        "output; after a cut, less keep_tokens; a call without usage: the "
+                        "tokens counted in what was appended before it (llm_calls_estimated)",
+        "keep_tokens": "null while each prompt holds the previous prompt and output; a prompt "
+                       "below that keeps the previous prompt when it still holds it (output "
+                       "not sent back, e.g. thinking), else the call's cached tokens (what "
+                       "the provider's cache reused); after a compaction or /clear: the "
+                       "cached tokens",
+        "latency_s": "the duration the log states where it has one (exact_latency), else the "
+                     "wall time from the later of the call and the end of its response to "
+                     "its result (approximate_latency); parallel calls: the slowest; a human "
+                     "pause: from the last model output to the user's prompt; a subagent "
+                     "step: from the last sub-agent's end to the end of the pause (>= 0); "
+                     "null: the call never returned (no result, interrupted or rejected)",
+        "tool_class": "agent_tool_class(tool name); a sub-agent call whose conversation is "
+                      f"not in the input: {UNLINKED_SPAWN_CLASS!r}; several calls of one "
+                      "response: the slowest call's",
+        "mutating": f"the class is one of {', '.join(sorted(MUTATING_CLASSES))}",
+        "outcome": "'abandoned' for a call that never returned, 'error' for a result the "
+                   "log marks as failed, else 'ok'",
+        "start_s": "the session's first logged time less the earliest in the import (0 "
+                   "without times); a sub-agent: its root's; a continuation: its user's "
+                   "prompt",
+        "prefix_tokens": f"the first call's cached tokens (group '{fmt}/<kind>': main, a "
+                         "sub-agent type or warmup); none when the first call had no cache "
+                         "hit",
+        "deadline_s": "null",
+    }

@@ -31,13 +31,13 @@ from harness.traces.importers._common import (
     Trajectory,
     build_frame,
     count_tokens,
-    files_in,
     read_json,
     take_options,
 )
 from harness.traces.importers.atif_read import SOURCES, Doc, Resolver, looks_atif, make_doc
 from harness.traces.importers.atif_report import provenance, warnings
 from harness.traces.importers.otel_build import NS, Act, Call, Child, Pause, assemble
+from harness.traces.importers.otel_files import files_in_tree
 from harness.traces.importers.otel_read import count, iso_ns
 
 FORMAT = "atif"
@@ -411,13 +411,12 @@ def import_paths(paths: Sequence[Path], options: dict[str, str]) -> Imported:
     opts, opt = _options(options)
     docs: list[Doc] = []
     skipped: list[str] = []
-    for p in paths:
-        for f in files_in([p]):
-            data = read_json(f)
-            if p.is_dir() and not looks_atif(data):
-                skipped.append(str(f))  # a folder's other JSON (a run's config, results)
-                continue
-            docs.append(make_doc(f, str(f), data))
+    for f, from_folder in files_in_tree(paths, (".json", ".json.gz")):
+        data = read_json(f)
+        if from_folder and not looks_atif(data):
+            skipped.append(str(f))  # a folder's other JSON (a run's config, results)
+            continue
+        docs.append(make_doc(f, str(f), data))
     if not docs:
         raise InputError(f"{FORMAT} import: no ATIF trajectory in {', '.join(map(str, paths))}")
     resolver = Resolver(docs)

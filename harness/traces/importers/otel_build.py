@@ -189,6 +189,7 @@ def llm_steps(calls: Sequence[Call], c: Counter[str]) -> list[LLM]:
     """Each call as an LLM step (see the module's docstring)."""
     steps: list[LLM] = []
     before = prev_prompt = 0  # the context after the previous call; its prompt
+    counted = False  # the previous prompt is the log's count, not an estimate
     for k, call in enumerate(calls):
         out = call.output if call.output is not None else call.output_est
         if call.output is None:
@@ -201,6 +202,10 @@ def llm_steps(calls: Sequence[Call], c: Counter[str]) -> list[LLM]:
             c["prompt_estimated"] += 1
         if prompt is None:  # no prompt at all: the context so far and what was appended
             prompt = before + call.append_est
+        elif call.prompt is None and counted:
+            # An estimate is in other units than the counts before it: it never cuts them.
+            prompt = max(prompt, before)
+        counted = call.prompt is not None
         c["llm_calls"] += 1
         c["prompt_tokens"] += prompt
         c["output_tokens"] += out

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.errors import InputError
 from harness.traces.importers.otel_langfuse import is_obs, langfuse
 from harness.traces.importers.otel_read import (
     FileSpans,
@@ -96,3 +97,25 @@ def read_spans(path: Path) -> FileSpans:
     for where, doc in load_docs(path):
         layouts.append(_doc_spans(doc, f"{path}: {where}", spans))
     return FileSpans(path, "+".join(dict.fromkeys(layouts)), spans)
+
+
+def files_in_tree(paths: Sequence[Path], suffixes: tuple[str, ...]) -> list[tuple[Path, bool]]:
+    """The files named, a folder meaning every file under it (sub-folders too, sorted) whose
+    name ends in one of `suffixes`, each once; with whether it came from a folder."""
+    unique: dict[Path, tuple[Path, bool]] = {}
+    for p in paths:
+        if not p.exists():
+            raise InputError(f"{p}: does not exist")
+        if p.is_dir():
+            # Every matching entry but a folder: the reader refuses one that is not a regular
+            # file (a FIFO named a.json) rather than the import leaving it out in silence.
+            found = sorted(q for q in p.rglob("*") if q.name.endswith(suffixes)
+                           and not q.is_dir())
+            if not found:
+                raise InputError(f"{p}: no {' or '.join('*' + s for s in suffixes)} files "
+                                 "(sub-folders included)")
+            for q in found:
+                unique.setdefault(q.resolve(), (q, True))
+        else:
+            unique.setdefault(p.resolve(), (p, False))
+    return list(unique.values())

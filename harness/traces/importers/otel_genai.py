@@ -1,12 +1,12 @@
 """OpenTelemetry GenAI traces: spans of LLM calls, tool executions and agents, in any layout.
 
-Files (or folders of `*.json`, `*.jsonl`, `*.ndjson`, gzipped or not) in OTLP/JSON (one object
-or one per line, as the collector's file exporter writes), Tempo and Jaeger exports, any-agent
-`AgentTrace` JSON or Langfuse trace exports (`otel_read`). Spans are grouped by trace id over
-the whole import: one trace is one root trajectory, an agent nested in a tool or in an agent that
-made calls of its own is a sub-agent (`otel_trace`). Each LLM span is an LLM step with the
-span's usage; the tool spans between two LLM spans are one pause timed by their exact start and
-end; `otel_build` turns calls and pauses into steps.
+Files, or folders (sub-folders included) of `*.json`, `*.jsonl`, `*.ndjson` (gzipped or not), in
+OTLP/JSON (one object, or one per line as the collector's file exporter writes), Tempo and
+Jaeger exports, any-agent `AgentTrace` JSON or Langfuse trace exports (`otel_read`). Spans are
+grouped by trace id over the whole import: one trace is one root trajectory, an agent nested in
+a tool or in an agent that made calls of its own is a sub-agent (`otel_trace`). Each LLM span is
+an LLM step with the span's usage; the tool spans between two LLM spans are one pause timed by
+their exact start and end; `otel_build` turns calls and pauses into steps.
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ from harness.traces.importers import Imported
 from harness.traces.importers._common import (
     Trajectory,
     build_frame,
-    files_in,
     summarize,
     take_options,
 )
 from harness.traces.importers.otel_build import GAP_TOOL, NS, TERMINAL_TOOLS, share
-from harness.traces.importers.otel_files import read_spans
+from harness.traces.importers.otel_files import files_in_tree, read_spans
 from harness.traces.importers.otel_read import FileSpans, Span
 from harness.traces.importers.otel_trace import build_trace
 from harness.traces.schema import Provenance
@@ -56,7 +55,7 @@ def import_path(path: Path, options: dict[str, str]) -> Imported:
 def import_paths(paths: Sequence[Path], options: dict[str, str]) -> Imported:
     """Import trace files and folders; spans of one trace id form one trajectory family."""
     opts = take_options(options, FORMAT, OPTIONS)
-    files = [read_spans(p) for p in files_in(paths, SUFFIXES)]
+    files = [read_spans(p) for p, _ in files_in_tree(paths, SUFFIXES)]
     traces: dict[str, tuple[int, list[Span]]] = {}
     for i, f in enumerate(files):
         for s in f.spans:

@@ -77,7 +77,8 @@ class FileSpans:
 
 
 def fail(where: str, what: str) -> InputError:
-    return InputError(f"{where}: {what}")
+    """A one-line error naming where (file and JSON path) and what."""
+    return InputError(f"{where.rstrip(': ')}: {what}")
 
 
 def load_docs(path: Path) -> list[tuple[str, Any]]:

@@ -221,7 +221,9 @@ class _Owner:
                     count_tokens(text_in) if text_in.strip() else None,
                     count_tokens(text_out), s.start, s.end)
 
-    def build(self, o: str, tid: str, parent: tuple[str, str] | None) -> None:
+    def build(self, o: str, tid: str, parent: tuple[str, int] | None) -> None:
+        """The trajectory `tid` of owner `o`, then its sub-agents; `parent`: the parent's id and
+        its step that starts this one."""
         t, c = self.t, self.c
         mine = self.members.get(o, [])
         llms = self._llms(o)
@@ -258,7 +260,7 @@ class _Owner:
         calls = [self._call(k) for k in llms]
         steps, spawned = assemble(calls, pauses, c)
         traj = Trajectory(tid, steps, parent_id=parent[0] if parent else None,
-                          spawn_step=spawned.get(parent[1]) if parent else None)
+                          spawn_step=parent[1] if parent else None)
         if parent is None:
             c["user_turns"] += 1
             self.out.roots[tid] = starts[0]
@@ -266,7 +268,7 @@ class _Owner:
             c["subagents"] += 1
         self.out.trajs.append(traj)
         for a in kids:
-            self.build(a, f"{tid}/{a}", (tid, a))
+            self.build(a, f"{tid}/{a}", (tid, spawned[a]))
 
     def _acts(self, llms: list[str], g: int, tools: list[str], p: Pause) -> None:
         """The pause after call g: its tool spans, and calls it asked for with no span."""

@@ -23,6 +23,7 @@ from harness.traces.context import context_lengths
 from harness.traces.importers import Imported, import_trace
 from harness.traces.schema import COLUMNS
 from harness.traces.validate import check_frame, validate_file
+from tests.unit.test_import_codex import mutate
 
 FMT = "claude-code"
 SAMPLES = (Path(__file__).resolve().parents[3] / "shared" / "traces" / "agent-logs"
@@ -401,37 +402,12 @@ def test_nothing_to_import(tmp_path: Path) -> None:
         import_trace(FMT, tmp_path / "empty", {})
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers(-3, 2**64) | st.floats()
-                    | st.text(max_size=6),
-                    lambda inner: st.lists(inner, max_size=3)
-                    | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=5)
-
-
-def _spots(doc: Any, at_: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    if isinstance(doc, list):
-        doc = dict(enumerate(doc))
-    if not isinstance(doc, dict):
-        return [at_]
-    return [at_] + [s for k, v in doc.items() for s in _spots(v, (*at_, k))]
-
-
 @settings(max_examples=int(os.environ.get("HARNESS_FUZZ_EXAMPLES", "100")), deadline=None,
           derandomize=not os.environ.get("HARNESS_FUZZ_RANDOM"),
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_fuzzed_transcript_imports_or_is_one_line(tmp_path: Path, data: st.DataObject) -> None:
-    doc: Any = copy.deepcopy(GOOD)
-    for _ in range(data.draw(st.integers(1, 4))):
-        spot = data.draw(st.sampled_from(_spots(doc)))
-        if not spot:
-            continue
-        parent = doc
-        for k in spot[:-1]:
-            parent = parent[k]
-        if data.draw(st.booleans()):
-            parent[spot[-1]] = data.draw(JSON)
-        else:
-            del parent[spot[-1]]
+    doc = mutate(copy.deepcopy(GOOD), data)
     p = tmp_path / "f.jsonl"
     p.write_text("".join(json.dumps(x) + "\n" for x in doc))
     try:

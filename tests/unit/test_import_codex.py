@@ -87,6 +87,7 @@ def answer(s: float, text: str = "done") -> dict[str, Any]:
 
 
 def write(tmp_path: Path, lines: list[dict[str, Any]], name: str = "rollout-a.jsonl") -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     p = tmp_path / name
     p.write_text("".join(json.dumps(x) + "\n" for x in lines))
     return p
@@ -337,8 +338,12 @@ def test_no_response_and_bad_options(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="unknown option"):
         import_trace(FMT, write(tmp_path, BASIC), {"warmups": "skip"})
     (tmp_path / "d").mkdir()
-    with pytest.raises(InputError, match=r"no \*\.jsonl rollout files"):
+    with pytest.raises(InputError, match=r"no rollout-\*\.jsonl or \*\.jsonl files"):
         import_trace(FMT, tmp_path / "d", {})
+    home = tmp_path / "home"
+    write(home / "sessions" / "2026" / "01" / "02", BASIC, "rollout-x.jsonl")
+    (home / "history.jsonl").write_text('{"session_id": "x", "ts": 1, "text": "hi"}\n')
+    assert import_trace(FMT, home, {}).provenance.extra["totals"]["files"] == 1
 
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-3, 2**64) | st.floats()
@@ -355,12 +360,8 @@ def _spots(doc: Any, at_: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     return [at_] + [s for k, v in doc.items() for s in _spots(v, (*at_, k))]
 
 
-@settings(max_examples=int(os.environ.get("HARNESS_FUZZ_EXAMPLES", "100")), deadline=None,
-          derandomize=not os.environ.get("HARNESS_FUZZ_RANDOM"),
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(data=st.data())
-def test_fuzzed_rollout_imports_or_is_one_line(tmp_path: Path, data: st.DataObject) -> None:
-    doc: Any = copy.deepcopy(BASIC)
+def mutate(doc: Any, data: st.DataObject) -> Any:
+    """`doc` with one to four places replaced by random JSON or deleted."""
     for _ in range(data.draw(st.integers(1, 4))):
         spot = data.draw(st.sampled_from(_spots(doc)))
         if not spot:
@@ -372,6 +373,15 @@ def test_fuzzed_rollout_imports_or_is_one_line(tmp_path: Path, data: st.DataObje
             parent[spot[-1]] = data.draw(JSON)
         else:
             del parent[spot[-1]]
+    return doc
+
+
+@settings(max_examples=int(os.environ.get("HARNESS_FUZZ_EXAMPLES", "100")), deadline=None,
+          derandomize=not os.environ.get("HARNESS_FUZZ_RANDOM"),
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzzed_rollout_imports_or_is_one_line(tmp_path: Path, data: st.DataObject) -> None:
+    doc = mutate(copy.deepcopy(BASIC), data)
     p = tmp_path / "f.jsonl"
     p.write_text("".join(json.dumps(x) + "\n" for x in doc))
     try:

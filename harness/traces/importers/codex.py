@@ -105,9 +105,11 @@ class _Rollout:
         self.user_events = False
 
     def where(self, n: int, field: str = "") -> str:
+        """'<file>: line <n>[: <field>]' for an error."""
         return f"{self.path}: line {n}" + (f": {field}" if field else "")
 
     def read(self) -> Convo:
+        """The rollout's conversation; its counts are in self.stats."""
         lines = self._normalise(read_jsonl(self.path))
         self.with_usage = any(k == "event_msg" and p.get("type") == "token_count"
                               and p.get("info") is not None for _, _, k, p in lines)
@@ -196,7 +198,7 @@ class _Rollout:
                 self._model(ts)
                 self.counted_out += count_tokens(text)
                 return
-            self._input(ts)
+            self._input()
             self.counted_in += count_tokens(text)
             if role == "user" and not self.user_events and not text.lstrip().startswith(
                     _NOT_PROMPT):
@@ -207,13 +209,13 @@ class _Rollout:
         elif t in CALL_ITEMS:
             self._call(n, ts, t, p)
         elif t in OUTPUT_ITEMS:
-            self._input(ts)
+            self._input()
             self._output(n, ts, p)
         elif t in HOSTED_ITEMS:
             self._model(ts)
             self.stats.counts["hosted_calls"] += 1
         elif t in COMPACTION_ITEMS:
-            self._input(ts)
+            self._input()
             self.cut = "compaction"
         else:
             self.stats.skipped[f"response_item:{t}"] += 1
@@ -268,7 +270,7 @@ class _Rollout:
         if t == "token_count":
             self._usage(n, ts, p)
         elif t == "user_message":
-            self._input(ts)
+            self._input()
             self._user(ts)
         elif t in ("exec_command_end", "mcp_tool_call_end", "patch_apply_end"):
             self._tool_end(n, t, p)
@@ -337,7 +339,7 @@ class _Rollout:
         return inp, min(count_field(u, "cached_input_tokens", where) or 0, inp), \
             count_field(u, "output_tokens", where) or 0
 
-    def _input(self, ts: float | None) -> None:
+    def _input(self) -> None:
         """Input to the model seen: without token counts it ends the open response."""
         if self.open and not self.with_usage:
             self._close(None, None)
@@ -382,14 +384,19 @@ class _Rollout:
 
 
 def _files(paths: Sequence[Path]) -> list[Path]:
-    """The rollout files named, a folder meaning every *.jsonl under it (sorted), each once."""
+    """The rollout files named, a folder meaning every rollout-*.jsonl under it (else every
+    *.jsonl: renamed copies), sorted, each once. A rollout's name is Codex's, so ~/.codex's
+    own history.jsonl and session_index.jsonl are not read as sessions."""
     unique: dict[Path, Path] = {}
     for p in paths:
         if not p.exists():
             raise InputError(f"{p}: does not exist")
-        found = sorted(q for q in p.rglob("*.jsonl") if not q.is_dir()) if p.is_dir() else [p]
+        found = [p]
+        if p.is_dir():
+            found = sorted(q for q in p.rglob("rollout-*.jsonl") if not q.is_dir()) or sorted(
+                q for q in p.rglob("*.jsonl") if not q.is_dir())
         if not found:
-            raise InputError(f"{p}: no *.jsonl rollout files")
+            raise InputError(f"{p}: no rollout-*.jsonl or *.jsonl files")
         for q in found:
             unique.setdefault(q.resolve(), q)
     return list(unique.values())

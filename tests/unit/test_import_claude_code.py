@@ -347,6 +347,27 @@ def test_rejected_call_ends_the_trajectory_and_the_session_continues(tmp_path: P
     assert (c["continuations"], c["abandoned_calls"], c["subagent_calls"]) == (1, 2, 1)
 
 
+def test_interrupted_tool_and_background_subagent(tmp_path: Path) -> None:
+    t = T().prompt(0, "start")
+    t.say(1, "r1", [use("bg", "Task", prompt="watch", run_in_background=True)], 5, 0, 900, 9)
+    t.result(1.2, "bg", "launched", tur={"status": "async_launched", "agentId": "z9"})
+    t.say(2, "r2", [use("t1", "Bash", command="make")], 5, 900, 20, 9)
+    t.result(9, "t1", "[Request interrupted by user for tool use]", error=True)
+    session = t.write(tmp_path / "p" / f"{SID}.jsonl")
+    kid = T(agent="z9", side=True).prompt(1.3, "watch")
+    kid.say(3, "k1", [text("watching")], 3, 0, 400, 5)
+    kid.write(tmp_path / "p" / SID / "subagents" / "agent-z9.jsonl")
+    imp = import_trace(FMT, session, {})
+    df = valid(imp)
+    parent = traj(df, SID)
+    assert col(parent, "tool_class", "tool") == ["long_job", "sandbox"]
+    assert col(parent, "latency_s", "tool") == pytest.approx([0.2, None])
+    assert col(parent, "outcome", "tool") == ["ok", "abandoned"]
+    assert traj(df, f"{SID}/z9")["parent_id"].isna().all()  # ran beside, not waited for
+    t2 = imp.provenance.extra["totals"]
+    assert (t2["async_subagent_calls"], t2["subagents_unlinked"]) == (1, 1)
+
+
 def test_cli_import_and_describe(tmp_path: Path) -> None:
     src = basic().write(tmp_path / "s.jsonl")
     out = tmp_path / "o.parquet"

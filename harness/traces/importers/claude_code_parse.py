@@ -315,9 +315,16 @@ def _user(e: Entry, calls: dict[str, Call], st: _State, task: bool, path: Path,
         call.result_tokens = count_tokens(text)
         call.error = b.get("is_error") is True
         res = e.result if len(results) == 1 else None
-        if text.startswith(REJECTED) or (isinstance(res, str) and res.startswith(REJECTED)) \
-                or (isinstance(res, dict) and res.get("interrupted") is True):
+        if text.startswith((*REJECTED, INTERRUPTED)) or (
+                isinstance(res, str) and res.startswith(REJECTED)) or (
+                isinstance(res, dict) and res.get("interrupted") is True):
             call.abandoned = True
+        if isinstance(res, dict) and call.spawn and (
+                res.get("status") == "async_launched" or res.get("isAsync") is True):
+            # Launched in the background: the parent went on without waiting for it, so the
+            # sub-agent is not a child holding it paused.
+            call.spawn = False
+            stats.counts["async_subagent_calls"] += 1
         if isinstance(res, dict):
             where = _where(path, e.n, "toolUseResult")
             for fld, scale in DURATIONS:

@@ -42,7 +42,8 @@ MAX_LOG_S = 1e10  # any duration or timestamp offset a log may hold (seconds)
 # Per-file counts every agent-log importer fills (0 when nothing happened); shares are added.
 COUNTS = (
     "llm_calls", "llm_calls_estimated", "tool_calls", "tool_results", "exact_durations",
-    "error_calls", "abandoned_calls", "hosted_calls", "subagent_calls", "subagents",
+    "error_calls", "abandoned_calls", "hosted_calls", "subagent_calls",
+    "async_subagent_calls", "subagents",
     "subagents_unlinked", "warmups", "warmups_skipped", "user_turns", "llm_steps",
     "tool_steps", "exact_latency", "approximate_latency", "latency_unknown", "human_pauses",
     "subagent_steps", "back_to_back_calls", "trailing_tools_dropped", "continuations",

@@ -22,8 +22,7 @@ from typing import Any
 from harness.errors import InputError
 from harness.traces.importers import Imported
 from harness.traces.importers._common import TOKEN_RULE, build_frame, summarize, take_options
-from harness.traces.importers.claude_code_parse import ClaudeFile, Side, convo_of, read_file
-from harness.traces.importers.codex_claude_steps import (
+from harness.traces.importers.agent_log_steps import (
     Builder,
     Built,
     Call,
@@ -35,6 +34,7 @@ from harness.traces.importers.codex_claude_steps import (
     raise_outputs,
     totals,
 )
+from harness.traces.importers.claude_code_parse import ClaudeFile, Side, convo_of, read_file
 from harness.traces.schema import Provenance
 
 FORMAT = "claude-code"

@@ -22,7 +22,7 @@ import orjson
 
 from harness.errors import InputError
 from harness.traces.importers._common import count_tokens, read_jsonl
-from harness.traces.importers.codex_claude_steps import (
+from harness.traces.importers.agent_log_steps import (
     Call,
     Convo,
     FileStats,

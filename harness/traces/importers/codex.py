@@ -36,7 +36,7 @@ from harness.traces.importers._common import (
     summarize,
     take_options,
 )
-from harness.traces.importers.codex_claude_steps import (
+from harness.traces.importers.agent_log_steps import (
     MAX_LOG_S,
     Builder,
     Built,

@@ -13,7 +13,7 @@ from harness.traces.importers.agent_tools import agent_tool_class, merge_paralle
     ("Edit", "mutating"), ("apply_patch", "mutating"), ("str_replace_editor", "mutating"),
     ("Bash", "sandbox"), ("exec_command", "sandbox"), ("shell", "sandbox"),
     ("WebFetch", "remote_read"), ("web_search_call", "remote_read"),
-    ("Task", "subagent"), ("AskUserQuestion", "human"),
+    ("Task", "subagent"), ("AskUserQuestion", "human"), ("ExitPlanMode", "human"),
     ("browser_click", "browser"), ("mcp__playwright__navigate", "browser"),
     ("mcp__github__create_issue", "mutating"), ("mcp__jira__get_ticket", "remote_read"),
     ("mcp__x__frobnicate", "remote_read"),  # an MCP tool is remote unless its name says

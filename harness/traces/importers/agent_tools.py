@@ -18,7 +18,7 @@ from harness.traces.schema import TOOL_SUBAGENT
 AGENT_TOOL_CLASSES: dict[str, str] = {
     **dict.fromkeys((
         "read", "glob", "grep", "ls", "notebookread", "read_file", "list_dir", "list_files",
-        "view_image", "todoread", "todowrite", "update_plan", "exitplanmode", "enterplanmode",
+        "view_image", "todoread", "todowrite", "update_plan", "enterplanmode",
         "think", "finish", "skill", "toolsearch", "listmcpresourcestool",
         "readmcpresourcetool"), "local_read"),
     **dict.fromkeys((
@@ -33,7 +33,9 @@ AGENT_TOOL_CLASSES: dict[str, str] = {
         "webfetch", "websearch", "web_search", "web_search_call", "web_fetch",
         "search_web", "visit_webpage", "fetch_url"), "remote_read"),
     **dict.fromkeys(("task", "agent"), TOOL_SUBAGENT),
-    **dict.fromkeys(("askuserquestion", "request_user_input", "ask_user"), "human"),
+    # ExitPlanMode waits for the user to approve the plan (minutes, in real sessions)
+    **dict.fromkeys(("askuserquestion", "request_user_input", "ask_user", "exitplanmode"),
+                    "human"),
 }
 BROWSER_PREFIXES = ("browser", "mcp__playwright", "mcp__puppeteer", "mcp__chrome")
 

@@ -259,8 +259,8 @@ class _Import:
             refs = [x for r in mine for x in _list(r, "subagent_trajectory_ref", at)]
             pause.children += self._children(d, refs, at, w, stack, c)
         loose = [x for r in general for x in _list(r, "subagent_trajectory_ref", at)]
-        loose += [x for sc, rs in by_call.items() if sc not in
-                  {tc.get("tool_call_id") for tc in calls} for r in rs
+        ids = {tc.get("tool_call_id") for tc in calls if isinstance(tc.get("tool_call_id"), str)}
+        loose += [x for sc, rs in by_call.items() if sc not in ids for r in rs
                   for x in _list(r, "subagent_trajectory_ref", at)]
         pause.children += self._children(d, loose, at, w, stack, c)
         if pause.children:
@@ -276,7 +276,7 @@ class _Import:
                                f"{at}: observation.results[{j}]")]
         extra = s.get("extra")
         cm = extra.get("context_management") if isinstance(extra, dict) else None
-        if isinstance(cm, dict) and cm.get("boundary") in REPLACING:
+        if isinstance(cm, dict) and str(cm.get("boundary")) in REPLACING:
             w.cut = True
         for r in _list(obs or {}, "results", at):
             if isinstance(r, dict):
@@ -424,7 +424,7 @@ def import_paths(paths: Sequence[Path], options: dict[str, str]) -> Imported:
     imp = _Import(resolver, opt)
     for d in docs:
         imp.counter(d)
-    if len(referenced) == len(docs):
+    if all(id(d) in referenced for d in docs):
         raise InputError(f"{FORMAT} import: every trajectory given is referenced by another "
                          "(their references form a cycle)")
     sessions = Counter(d.text("trajectory_id") or d.text("session_id") or d.path.stem

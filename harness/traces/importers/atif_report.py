@@ -35,13 +35,14 @@ def _entry(c: Counter[str]) -> dict[str, Any]:
 def warnings(counts: dict[Path, Counter[str]], skipped: list[str]) -> list[str]:
     """Lines to show after the import."""
     found = (
-        ("tool latencies not in the log (no timestamps): set by the options tool_latency / "
-         "tool_latencies", [f"{p}: {c['latency_inferred']}" for p, c in counts.items()
-                            if c["latency_inferred"]]),
-        ("sub-agent references whose trajectory was not found (replayed as a plain tool step)",
+        ("files whose tool latencies are not in the log (no timestamps): set by the options "
+         "tool_latency / tool_latencies",
+         [f"{p}: {c['latency_inferred']}" for p, c in counts.items() if c["latency_inferred"]]),
+        ("files with sub-agent references whose trajectory was not found (replayed as a plain "
+         "tool step)",
          [f"{p}: {c['subagents_missing']}" for p, c in counts.items()
           if c["subagents_missing"]]),
-        ("tool calls with no result and nothing after them (abandoned)",
+        ("files with tool calls that have no result and nothing after them (abandoned)",
          [f"{p}: {c['abandoned']}" for p, c in counts.items() if c["abandoned"]]),
         ("JSON files of the folders that are not ATIF trajectories (skipped)", skipped),
         ("files with no model call (nothing replayed from them)",
@@ -54,8 +55,14 @@ def provenance(fmt: str, docs: list[Doc], counts: dict[Path, Counter[str]],
                opts: dict[str, str], skipped: list[str]) -> Provenance:
     """The import's provenance: one entry per file (files another references included)."""
     versions: dict[Path, str] = {d.path: d.version for d in docs}
-    per = [{"file": str(p), "version": versions.get(p, "ATIF (referenced)"), **_entry(c)}
-           for p, c in counts.items()]
+    finals: dict[Path, dict[str, Any]] = {}
+    for d in docs:
+        fm = d.data.get("final_metrics")
+        if isinstance(fm, dict):  # as the log states them (Harbor adds its sub-agents' in)
+            finals[d.path] = {k: v for k, v in fm.items() if isinstance(v, int)
+                              and not isinstance(v, bool)}
+    per = [{"file": str(p), "version": versions.get(p, "ATIF (referenced)"), **_entry(c),
+            "final_metrics": finals.get(p, {})} for p, c in counts.items()]
     total: Counter[str] = Counter()
     for c in counts.values():
         total.update(c)

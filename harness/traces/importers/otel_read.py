@@ -281,7 +281,7 @@ def _otlp_span(sp: dict[str, Any], at: str, producer: str) -> Span:
     parent = sp.get("parentSpanId")
     events = [kvlist_field(obj(e, f"{at}.events[{i}]").get("attributes"), f"{at}.events[{i}]")
               for i, e in enumerate(list_field(sp, "events", at))
-              if isinstance(e, dict) and e.get("name") in CHOICE_EVENTS]
+              if isinstance(e, dict) and str(e.get("name")) in CHOICE_EVENTS]
     return Span(
         at, norm_id(sp.get("traceId"), at, "traceId", 32),
         norm_id(sp.get("spanId"), at, "spanId", 16),
@@ -337,7 +337,7 @@ def jaeger_trace(t: dict[str, Any], where: str, out: list[Span]) -> None:
         events = [f for f in (_jaeger_tags(obj(lg, f"{at}.logs[{i}]").get("fields"),
                                            f"{at}.logs[{i}]")
                               for i, lg in enumerate(list_field(sp, "logs", at)))
-                  if f.get("event") in CHOICE_EVENTS]
+                  if str(f.get("event")) in CHOICE_EVENTS]
         out.append(Span(
             at, norm_id(sp.get("traceID") or t.get("traceID"), at, "traceID", 32),
             norm_id(sp.get("spanID"), at, "spanID", 16),
@@ -369,7 +369,7 @@ def agent_trace(doc: dict[str, Any], where: str, out: list[Span]) -> None:
             producer = f"opentelemetry-sdk {rattrs['telemetry.sdk.version']}"
         events = [e.get("attributes") for e in list_field(sp, "events", at)
                   if isinstance(e, dict) and isinstance(e.get("attributes"), dict)
-                  and e.get("name") in CHOICE_EVENTS]
+                  and str(e.get("name")) in CHOICE_EVENTS]
         out.append(Span(
             at, norm_id(ctx.get("trace_id"), at, "context.trace_id", 32),
             norm_id(ctx.get("span_id"), at, "context.span_id", 16),

@@ -63,14 +63,14 @@ def agent(prompt: int | None, out: int | None, calls: tuple[str, ...] = (),
     return s
 
 
-def step(source: str, message: str, at: float | None = None, **extra: Any) -> dict[str, Any]:
+def step(source: str, message: Any, at: float | None = None, **extra: Any) -> dict[str, Any]:
     s: dict[str, Any] = {"source": source, "message": message, **extra}
     if at is not None:
         s["timestamp"] = ts(at)
     return s
 
 
-def doc(steps: list[dict[str, Any]], session: str = "s1", **top: Any) -> dict[str, Any]:
+def doc(steps: list[Any], session: str = "s1", **top: Any) -> dict[str, Any]:
     for i, s in enumerate(steps, start=1):
         if isinstance(s, dict):
             s.setdefault("step_id", i)
@@ -135,6 +135,17 @@ def test_rows_without_timestamps_take_the_options(tmp_path: Path) -> None:
     assert any("tool_latency" in w for w in imp.warnings)
     default = valid(import_trace(FMT, p, {"tool_latency": "0.25"}))
     assert col(default, "latency_s", "tool") == [0.25, 0.25]
+    # v1.6 content parts, and no metrics: the token rule on the text.
+    parts = doc([step("user", [{"type": "text", "text": "fix the bug"},
+                               {"type": "image", "source": {"path": "a.png"}}]),
+                 agent(None, None, ("bash",), {"c0": "one two three"},
+                       message=[{"type": "text", "text": "run it now"}]),
+                 agent(None, None)])
+    est = valid(import_trace(FMT, write(tmp_path, parts, "parts.json"), {}))
+    # Prompts: the appended text (3 tokens, then the result's 3); outputs: the message (3)
+    # and the call: `bash {"a": 0}` (8).
+    assert col(est, "input_tokens", "llm") == [3, 3]
+    assert col(est, "output_tokens", "llm") == [11, 3]
 
 
 def test_timestamps_time_pauses_and_arrivals(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import gzip
 import json
 import os
 import re
@@ -251,12 +252,31 @@ def test_rows_parallel_calls_and_exact_latency(tmp_path: Path) -> None:
     assert "latency_s" in imp.provenance.inferred and "keep_tokens" in imp.provenance.inferred
 
 
-@pytest.mark.parametrize("layout", ["jsonl", "tempo", "jaeger", "any-agent", "langfuse"])
+def _old_otlp(spans: list[dict[str, Any]]) -> dict[str, Any]:
+    """OTLP before 0.15: instrumentationLibrarySpans."""
+    doc = otlp(spans)
+    rs = doc["resourceSpans"][0]
+    rs["instrumentationLibrarySpans"] = [{"instrumentationLibrary": {"name": "old"},
+                                          "spans": rs.pop("scopeSpans")[0]["spans"]}]
+    return doc
+
+
+WRAPPED = {"tempo-v2": lambda s: {"trace": otlp(s)}, "jaeger-v3": lambda s: {"result": otlp(s)},
+           "otlp-0.x": _old_otlp}
+
+
+@pytest.mark.parametrize("layout", ["jsonl", "gzip", "tempo", "tempo-v2", "jaeger", "jaeger-v3",
+                                    "otlp-0.x", "any-agent", "langfuse"])
 def test_every_layout_gives_the_same_rows(tmp_path: Path, layout: str) -> None:
     want = valid(import_trace(FMT, write(tmp_path, otlp(BASIC), "ref.json"), {}))
     if layout == "jsonl":  # the collector's file exporter: one request per line
         p = tmp_path / "t.jsonl"
         p.write_text(json.dumps(otlp(BASIC[:3])) + "\n\n" + json.dumps(otlp(BASIC[3:])) + "\n")
+    elif layout == "gzip":
+        p = tmp_path / "t.json.gz"
+        p.write_bytes(gzip.compress(json.dumps(otlp(BASIC)).encode()))
+    elif layout in WRAPPED:
+        p = write(tmp_path, WRAPPED[layout](BASIC))
     else:
         doc = {"tempo": tempo, "jaeger": jaeger, "any-agent": any_agent,
                "langfuse": langfuse}[layout](BASIC)
@@ -268,7 +288,7 @@ def test_every_layout_gives_the_same_rows(tmp_path: Path, layout: str) -> None:
     pd.testing.assert_frame_equal(got[cols], want[cols])
     assert got["latency_s"].tolist() == pytest.approx(want["latency_s"].tolist(), nan_ok=True)
     assert imp.provenance.extra["files"][0]["layout"] == (
-        "otlp" if layout == "jsonl" else layout)
+        layout if layout in ("tempo", "jaeger", "any-agent", "langfuse") else "otlp")
 
 
 def test_abandoned_error_and_trailing_results(tmp_path: Path) -> None:
@@ -332,6 +352,23 @@ def test_wrapper_agents_and_nested_agents(tmp_path: Path) -> None:
     child = traj(df, f"{TRACE}/{sid(5)}")
     assert child.loc[0, "spawn_step"] == 3 and len(child) == 1
     assert totals(imp)["gap_pauses"] == 1
+
+
+def test_calls_only_inside_subagents_make_them_roots(tmp_path: Path) -> None:
+    """A workflow that makes no call itself but runs two agents through tools: each is a
+    trajectory of its own."""
+    spans = [span(1, "workflow", 0, 9000), tool(2, "plan", 0, 4000, parent=1),
+             agent(3, "planner", 10, 3900, parent=2), llm(4, 20, 100, 10, 1, parent=3),
+             tool(5, "build", 4000, 9000, parent=1), agent(6, "builder", 4010, 8900, parent=5),
+             llm(7, 4020, 4100, 20, 2, parent=6)]
+    imp = import_trace(FMT, write(tmp_path, otlp(spans)), {})
+    df = valid(imp)
+    assert list(dict.fromkeys(df["trajectory_id"])) == [f"{TRACE}/{sid(3)}",
+                                                        f"{TRACE}/{sid(6)}"]
+    assert df["parent_id"].isna().all()
+    assert df.groupby("trajectory_id", sort=False)["start_s"].first().tolist() == [0.0, 4.0]
+    t = totals(imp)
+    assert (t["subagents_promoted"], t["subagents"], t["user_turns"]) == (2, 0, 2)
 
 
 def test_context_cuts_keep_cached_or_the_previous_prompt(tmp_path: Path) -> None:

@@ -224,8 +224,9 @@ class _Import:
             p, o, k = (count(m.get(x), at, f"metrics.{x}") for x in (
                 "prompt_tokens", "completion_tokens", "cached_tokens"))
             c["aggregated_calls"] += max(0, (n or 1) - 1)
-            est = count_tokens(out_text) + sum(count_tokens(json.dumps(tc, default=str))
-                                               for tc in calls)
+            est = count_tokens(out_text) + sum(count_tokens(
+                f"{tc.get('function_name')} {json.dumps(tc.get('arguments'), default=str)}")
+                for tc in calls if isinstance(tc, dict))
             w.calls.append(Call(p, o, k, None, est, ts, ts, append_est=w.since, cut=w.cut))
             w.pauses.append(Pause())
             w.positions.append(len(w.seq) - 1)

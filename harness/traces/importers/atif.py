@@ -115,6 +115,8 @@ class _Walk:
 
 
 class _Import:
+    """The trajectories of an import, built root by root, with each file's counts."""
+
     def __init__(self, resolver: Resolver, opt: _Opts) -> None:
         self.resolver, self.opt = resolver, opt
         self.counts: dict[Path, Counter[str]] = {}
@@ -308,8 +310,13 @@ class _Import:
                                  f"got {src!r}")
             ts = None if s.get("timestamp") is None else iso_ns(s["timestamp"], at, "timestamp")
             w.seq.append((d, i, s))
-            if s.get("is_copied_context") is True:
+            if s.get("is_copied_context") is True:  # context the trajectory starts with
                 c["copied_steps"] += 1
+                obs = s.get("observation")
+                results = obs.get("results") if isinstance(obs, dict) else None
+                w.since += count_tokens(_text(s.get("message")) + " " + " ".join(
+                    _text(r.get("content")) for r in (results if isinstance(results, list) else [])
+                    if isinstance(r, dict)))
                 continue
             self._settle(w, ts)
             if ts is not None and w.first_ts is None:

@@ -215,11 +215,16 @@ class _Owner:
         if u.cached is not None and u.prompt is not None and u.cached > u.prompt:
             u = Usage(u.prompt + u.cached, u.output, u.cached)  # a prompt without its cache
             self.c["prompt_plus_cached"] += 1
-        text_in = " ".join(texts(s.attrs.get(a)) for a in INPUT_ATTRS) + texts(s.inputs)
-        text_out = " ".join(texts(s.attrs.get(a)) for a in OUTPUT_ATTRS) + texts(s.output)
-        return Call(u.prompt, u.output, u.cached,
-                    count_tokens(text_in) if text_in.strip() else None,
-                    count_tokens(text_out), s.start, s.end)
+        # The text is read only where the usage is missing: messages can be long.
+        prompt_est: int | None = None
+        output_est = 1
+        if u.prompt is None:
+            text_in = " ".join(texts(s.attrs.get(a)) for a in INPUT_ATTRS) + " " + texts(s.inputs)
+            prompt_est = count_tokens(text_in) if text_in.strip() else None
+        if u.output is None:
+            output_est = count_tokens(" ".join(texts(s.attrs.get(a)) for a in OUTPUT_ATTRS)
+                                      + " " + texts(s.output))
+        return Call(u.prompt, u.output, u.cached, prompt_est, output_est, s.start, s.end)
 
     def build(self, o: str, tid: str, parent: tuple[str, int] | None) -> None:
         """The trajectory `tid` of owner `o`, then its sub-agents; `parent`: the parent's id and

@@ -11,21 +11,27 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+class UnwritableResults(OSError):
+    """A results file could not be written (a full disk, a file system gone read-only): a run
+    stops at once, since nothing it measured from then on could be kept. Names the file."""
+
+
 @contextlib.contextmanager
 def writing(path: Path, tmp: Path | None = None) -> Iterator[None]:
-    """Name `path` in an OSError raised while writing it (a full disk raises ENOSPC from a
-    write, which names no file) and remove the temporary file `tmp` a failed write left."""
+    """Raise an OSError while writing `path` as UnwritableResults naming `path` (a full disk
+    raises ENOSPC from a write, which names no file), after removing the temporary file `tmp`
+    a failed write left."""
     try:
         yield
+    except UnwritableResults:
+        raise
     except OSError as exc:  # pyarrow's write errors are OSErrors too
         if tmp is not None:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
-        if exc.filename is not None:
-            raise
         # pyarrow's message wraps the system's ("Error writing bytes to file. Detail: ...")
         why = os.strerror(exc.errno) if exc.errno else (exc.strerror or str(exc).splitlines()[0])
-        raise OSError(exc.errno, why, str(path)) from None
+        raise UnwritableResults(exc.errno, why, str(path)) from None
 
 
 def write_text_atomic(path: Path, text: str) -> None:

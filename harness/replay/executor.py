@@ -18,6 +18,7 @@ from harness.adapters.base import Adapter, CompletionRequest
 from harness.plan.planner import CallStep, Plan, TrajectoryPlan
 from harness.policies.base import KEEP, PausePolicy, ServerRates, call_priority, program_order
 from harness.policies.history import DEFAULT_WINDOW, History
+from harness.records.atomic import UnwritableResults
 from harness.replay.bystanders import Bystanders
 from harness.replay.clock import NS, Clock
 from harness.replay.context import ReplayContext, RunCounters, TrajectoryState
@@ -167,6 +168,9 @@ class Executor:
             stopped = self.subagents.stop_reason(st.tid)
             status, reason = (("cancelled", stopped) if stopped else (
                 "interrupted", "run-horizon" if self._horizon_hit else "run-interrupted"))
+            raise
+        except UnwritableResults as exc:  # the disk, not the server: the run stops
+            status, reason = "interrupted", f"results could not be written: {exc}"[:300]
             raise
         except Exception as exc:  # a server that breaks the protocol fails this trajectory only
             status, reason = "failed", f"{type(exc).__name__}: {exc}"[:300]

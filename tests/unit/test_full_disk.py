@@ -15,6 +15,7 @@ from click.testing import CliRunner, Result
 
 import harness.records.atomic as atomic
 import harness.records.parts as parts
+import harness.replay.runner as runner
 from harness.cli import main
 from harness.records.store import read_records
 from harness.selftest import measure
@@ -73,18 +74,20 @@ def test_full_in_the_middle_of_a_run(stub: str, tmp_path: Path,
     written: list[str] = []
 
     def fills_after_two(table: Any, where: Any, **kwargs: Any) -> None:
-        if len(written) >= 2:
+        """The disk fills once two records parts are on it (whatever is written next)."""
+        if sum("records" in w for w in written) >= 2:
             Path(where).write_bytes(b"PAR1")  # a part cut short, as a full disk leaves it
             raise _full()
         written.append(str(where))
         real(table, where, **kwargs)
 
     monkeypatch.setattr(parts.pq, "write_table", fills_after_two)
-    monkeypatch.setattr(parts, "PartWriter", _small_parts(parts.PartWriter))
+    monkeypatch.setattr(runner, "PartWriter", _small_parts(parts.PartWriter))
     out = tmp_path / "run"
     line = _one_line(_run(stub, tmp_path, out), ".parquet", str(out))
     run = json.loads((out / "run.json").read_text())
     assert run["status"] == "interrupted"
+    assert run["outcome"]["server_failed"] == 0  # the disk's fault, never the server's
     assert run["stop_reason"].startswith("results could not be written: ")
     assert "No space left on device" in run["stop_reason"] and line.split(": ", 1)[1].split(
         ":")[0].removeprefix("cannot write ") in run["stop_reason"]
@@ -96,9 +99,9 @@ def test_full_in_the_middle_of_a_run(stub: str, tmp_path: Path,
 
 
 def _small_parts(cls: Any) -> Any:
-    """PartWriter flushing every few rows, so a short run writes several parts."""
+    """PartWriter flushing every 50 ms, so a short run writes several parts."""
     def make(*args: Any, **kwargs: Any) -> Any:
-        kwargs["flush_rows"] = 40
+        kwargs["flush_s"] = 0.05
         return cls(*args, **kwargs)
     return make
 

@@ -162,8 +162,9 @@ def _echo_import(imp: dict[str, Any]) -> None:
                    "100k-token sessions in a 16k context; recorded in the provenance.")
 def import_command(fmt: str, paths: tuple[Path, ...], out: Path, options: tuple[str, ...],
                    token_scale: float) -> None:
-    """Import a real trace (FORMAT PATH...) into the trajectory format. Only kv-cache-tester
-    takes several paths (files or directories)."""
+    """Import a real trace or agent log (FORMAT PATH...) into the trajectory format.
+    kv-cache-tester, codex, claude-code, otel-genai and atif take several paths (files or
+    directories)."""
     check_out_file(out)
     check_token_scale(token_scale)
     opts: dict[str, str] = {}

@@ -19,6 +19,7 @@ from harness.commands.export import export_command
 from harness.commands.history import history_command
 from harness.commands.merge import merge_command
 from harness.commands.model import model_command
+from harness.commands.record import record_command
 from harness.commands.report import report_command
 from harness.commands.run import run_command
 from harness.commands.selftest import selftest_command
@@ -67,5 +68,5 @@ def main() -> None:
 for command in (traces_command, report_command, compare_command, history_command,
                 export_command, model_command, simulate_command, run_command, merge_command,
                 bench_command, capacity_command, advise_command, calibrate_command,
-                clean_command, selftest_command):
+                clean_command, selftest_command, record_command):
     main.add_command(command)

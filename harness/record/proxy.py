@@ -1,0 +1,245 @@
+"""The recording reverse proxy: every request forwarded unchanged, every answer relayed as it
+arrives, the LLM calls recorded on the side.
+
+Bytes, status and headers pass through as they are, hop-by-hop headers (Connection,
+Transfer-Encoding, ...) aside; a compressed answer stays compressed; a stream is written to the
+client chunk by chunk as the upstream sends it. /v1/chat/completions, /v1/completions and
+/v1/messages (POST) are recorded; every other path is passed through and only counted.
+
+When the upstream cannot be reached or gives no answer, the client gets a 502 with a one-line
+JSON error; an error status is relayed as the upstream gave it; a stream that breaks off is
+broken off to the client too (its connection closed, as the upstream's was). A client that goes
+away cancels its upstream request. Every such call is recorded with what happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import itertools
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
+
+from harness.record.answers import FirstToken, api_of
+from harness.record.recorder import CallMeta, Recorder
+
+# Headers of one connection, never forwarded (RFC 9110 7.6.1), and those a proxy sets itself.
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
+                        "proxy-connection", "te", "trailer", "trailers", "transfer-encoding",
+                        "upgrade"})
+_REQUEST_OWN = frozenset({"host", "content-length"})
+# Headers aiohttp's client adds when a request has none: skipped unless the client sent them.
+_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
+DEFAULT_SESSION_HEADERS = ("x-session-id", "x-claude-code-session-id", "session_id",
+                           "session-id", "x-conversation-id")
+MAX_BODY = 512 * 1024 * 1024  # a request body above this is refused (413)
+STOP_GRACE_S = 1.0  # calls still running at a stop get this long, then are cut
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    """What `harness record` was asked for."""
+
+    upstream: str
+    host: str
+    port: int
+    out: Path
+    keep_text: bool = False
+    session_headers: tuple[str, ...] = DEFAULT_SESSION_HEADERS
+    connect_timeout_s: float = 10.0
+
+
+def _connection_listed(headers: CIMultiDictProxy[str]) -> set[str]:
+    return {t.strip().lower() for v in headers.getall("Connection", [])
+            for t in v.split(",") if t.strip()}
+
+
+def forwarded(headers: CIMultiDictProxy[str], own: frozenset[str] = frozenset()
+              ) -> CIMultiDict[str]:
+    """`headers` without the hop-by-hop ones (and those Connection names) and `own`."""
+    drop = HOP_BY_HOP | own | _connection_listed(headers)
+    out: CIMultiDict[str] = CIMultiDict()
+    for k, v in headers.items():
+        if k.lower() not in drop:
+            out.add(k, v)
+    return out
+
+
+def error_body(message: str) -> bytes:
+    """The one-line JSON a client gets with a 502 (readable as an OpenAI or Anthropic error)."""
+    return orjson.dumps({"type": "error", "error": {"type": "upstream_unreachable",
+                                                    "message": message}}) + b"\n"
+
+
+def _why(exc: BaseException) -> str:
+    """A short, text-free name of what went wrong: the class, and an OS error's errno name."""
+    os_error = getattr(exc, "os_error", None)
+    err = os_error if isinstance(os_error, OSError) else exc if isinstance(exc, OSError) else None
+    code = getattr(err, "errno", None)
+    name = errno.errorcode.get(code, "") if isinstance(code, int) else ""
+    return f"{type(exc).__name__}{': ' + name if name else ''}"
+
+
+async def _read_body(request: web.BaseRequest) -> bytes | None:
+    """The whole request body (None past MAX_BODY)."""
+    parts: list[bytes] = []
+    size = 0
+    while request.can_read_body and (chunk := await request.content.readany()):
+        size += len(chunk)
+        if size > MAX_BODY:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+class Proxy:
+    """The proxy on an event loop: `start`, then `stop` (which closes the recording)."""
+
+    def __init__(self, config: ProxyConfig, recorder: Recorder) -> None:
+        self.config = config
+        self.recorder = recorder
+        self.url = ""
+        self.stopping = False
+        parts = urllib.parse.urlsplit(config.upstream)  # a query or fragment is not a base
+        self._base = urllib.parse.urlunsplit((*parts[:3], "", "")).rstrip("/")
+        self._ids = itertools.count(1)
+        self._session_headers = tuple(h.lower() for h in config.session_headers)
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.ServerRunner | None = None
+
+    async def start(self) -> None:
+        """Listen (InputError-free: an OSError when the address cannot be had)."""
+        timeout = aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s,
+                                        sock_connect=self.config.connect_timeout_s)
+        self._session = aiohttp.ClientSession(
+            timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
+            connector=aiohttp.TCPConnector(limit=0, force_close=False))
+        server = web.Server(self._handle, handler_cancellation=True, access_log=None)
+        self._runner = web.ServerRunner(server, shutdown_timeout=STOP_GRACE_S)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.host, self.config.port)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
+    async def stop(self) -> dict[str, object]:
+        """Stop listening, cut the calls still running (recorded `stopped`), close the
+        recording; its summary."""
+        self.stopping = True
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+        return await asyncio.to_thread(self.recorder.close)
+
+    def _session_of(self, request: web.BaseRequest) -> str | None:
+        for name in self._session_headers:
+            value = request.headers.get(name)
+            if value:
+                return value
+        return None
+
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        rec = self.recorder
+        arrival = rec.now()
+        api = api_of(request.method, request.path)
+        meta = None if api is None else CallMeta(next(self._ids), api, request.path, arrival,
+                                                 self._session_of(request))
+        body = await _read_body(request)
+        if body is None:
+            return web.Response(status=413, body=error_body(
+                f"harness record: request body over {MAX_BODY} bytes"),
+                content_type="application/json")
+        if meta is not None:
+            rec.arrived(meta)
+        chunks: list[bytes] = []
+        status: int | None = None
+        try:
+            resp, status = await self._relay(request, body, meta, chunks)
+        except asyncio.CancelledError:
+            if meta is not None:
+                meta.outcome, meta.end = ("stopped" if self.stopping else "aborted"), rec.now()
+            raise
+        finally:
+            if meta is None:
+                rec.passed(request.method, request.path, status, arrival, rec.now())
+            else:
+                meta.end = meta.end or rec.now()
+                rec.ended(meta, body, b"".join(chunks) if chunks else None)
+        return resp
+
+    async def _relay(self, request: web.BaseRequest, body: bytes, meta: CallMeta | None,
+                     chunks: list[bytes]) -> tuple[web.StreamResponse, int | None]:
+        assert self._session is not None
+        skip = [h for h in _AUTO_HEADERS if h not in request.headers]
+        try:
+            up_cm = self._session.request(
+                request.method, URL(self._base + request.raw_path, encoded=True),
+                headers=forwarded(request.headers, _REQUEST_OWN), data=body or None,
+                allow_redirects=False, skip_auto_headers=skip)
+            up = await up_cm.__aenter__()
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            if meta is not None:
+                meta.outcome, meta.error = "unreachable", _why(exc)
+            return web.Response(status=502, content_type="application/json", body=error_body(
+                f"harness record: no answer from the upstream server ({_why(exc)})")), 502
+        try:
+            return await self._answer(request, up, meta, chunks), up.status
+        finally:
+            await up_cm.__aexit__(None, None, None)
+
+    async def _answer(self, request: web.BaseRequest, up: aiohttp.ClientResponse,
+                      meta: CallMeta | None, chunks: list[bytes]) -> web.StreamResponse:
+        rec = self.recorder
+        resp = web.StreamResponse(status=up.status, reason=up.reason,
+                                  headers=forwarded(up.headers))
+        encoding = up.headers.get("Content-Encoding", "").lower() or None
+        sse = up.headers.get("Content-Type", "").startswith("text/event-stream")
+        first = FirstToken(meta.api) if meta is not None and sse and not encoding else None
+        if meta is not None:
+            meta.status, meta.sse, meta.encoding = up.status, sse, encoding
+            if up.status >= 400:
+                meta.outcome = "http_error"
+        try:
+            await resp.prepare(request)
+        except (ConnectionError, aiohttp.ClientConnectionError):
+            if meta is not None:
+                meta.outcome = "aborted"
+            return resp
+        while True:
+            try:
+                chunk = await up.content.readany()
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                # The upstream broke off: so does the client's answer (no clean end).
+                if meta is not None:
+                    meta.outcome, meta.error = "cut", _why(exc)
+                if request.transport is not None:
+                    request.transport.close()
+                return resp
+            if not chunk:
+                break
+            t = rec.now()
+            try:
+                await resp.write(chunk)
+            except (ConnectionError, aiohttp.ClientConnectionError):
+                if meta is not None:
+                    meta.outcome = "aborted"
+                return resp
+            if meta is not None:
+                chunks.append(chunk)
+                if first is not None and first.feed(chunk):
+                    meta.first_token, first = t, None
+        if meta is not None:
+            meta.end = rec.now()
+        # The answer's end goes out now, before the recorder thread starts on this call.
+        with contextlib.suppress(ConnectionError, aiohttp.ClientConnectionError):
+            await resp.write_eof()
+        return resp

@@ -1,0 +1,237 @@
+"""What the proxy hands over about each call, and the one thread that turns it into events.
+
+The proxy's event loop only stamps times and keeps the bytes; parsing the request and the
+answer, hashing the blocks, joining the call to its conversation and writing its lines happen on
+one recorder thread, in the order calls end (so a continuation is joined after the call it
+continues), off the path the bytes take.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import zlib
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from harness.record.answers import (
+    ANTHROPIC,
+    OPENAI_CHAT,
+    OPENAI_COMPLETIONS,
+    Answer,
+    Usage,
+    answer_text,
+    parse_answer,
+)
+from harness.record.conversations import CallView, Joiner, lcp
+from harness.record.hashing import (
+    Block,
+    Hasher,
+    anthropic_blocks,
+    anthropic_message_blocks,
+    completion_blocks,
+    openai_chat_blocks,
+    openai_message_blocks,
+)
+from harness.record.store import RecordingWriter
+from harness.traces.importers._common import count_tokens
+
+# Call outcomes: the answer came whole; the upstream answered with an error status; it could
+# not be reached or gave no answer (the client got a 502); its stream broke off; the client
+# went away; the proxy was stopped while the call ran.
+OUTCOMES = ("ok", "http_error", "unreachable", "cut", "aborted", "stopped")
+
+
+@dataclass
+class CallMeta:
+    """One recorded call as the proxy sees it (times in s since the recording began)."""
+
+    id: int
+    api: str
+    path: str
+    arrival: float
+    session: str | None
+    end: float = 0.0
+    first_token: float | None = None
+    status: int | None = None
+    outcome: str = "ok"
+    error: str | None = None
+    sse: bool = False
+    encoding: str | None = None
+
+
+def _r(t: float | None) -> float | None:
+    return None if t is None else round(t, 6)
+
+
+class Recorder:
+    """Owns the recording: its writer, the hasher (and its salt), the joiner and the counts.
+    The proxy calls `arrived`, `ended` and `passed` from its loop; each returns at once."""
+
+    def __init__(self, folder: Path, meta: dict[str, Any], keep_text: bool) -> None:
+        self.t0 = time.monotonic()
+        self.keep_text = keep_text
+        self._hasher = Hasher()
+        self._joiner = Joiner()
+        self._writer = RecordingWriter(folder, meta, keep_text)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="harness-record")
+        self.counts: Counter[str] = Counter()
+        self._warned = False
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def arrived(self, m: CallMeta) -> None:
+        self._pool.submit(self._writer.event, {
+            "ev": "request", "id": m.id, "api": m.api, "path": m.path, "t": _r(m.arrival)})
+
+    def passed(self, method: str, path: str, status: int | None, arrival: float,
+               end: float) -> None:
+        """A request passed through without being recorded as a call."""
+        self._pool.submit(self._writer.event, {
+            "ev": "other", "method": method, "path": path, "status": status,
+            "t": _r(arrival), "end": _r(end)})
+        self.counts["other_requests"] += 1
+
+    def ended(self, m: CallMeta, request: bytes, response: bytes | None) -> None:
+        self.counts["calls"] += 1
+        self.counts[m.outcome] += 1
+        self._pool.submit(self._record, m, request, response)
+
+    def close(self) -> dict[str, Any]:
+        """Finish the pending work, close the files; the counts written into recording.json."""
+        self._pool.shutdown(wait=True)
+        summary = {"stopped_unix": round(time.time(), 6), "duration_s": _r(self.now()),
+                   "counts": self.summary()}
+        self._writer.close(summary)
+        return summary
+
+    def summary(self) -> dict[str, int]:
+        j = self._joiner
+        return {**{k: int(v) for k, v in sorted(self.counts.items())},
+                "conversations": j.conversations, "subagents": j.subagents,
+                "user_turns": j.user_turns, "tool_results": j.tool_results}
+
+    # ---------------------------------------------------------------- the recorder thread
+
+    def _record(self, m: CallMeta, request: bytes, response: bytes | None) -> None:
+        try:
+            event = self._call_event(m, request, response)
+        except Exception as exc:  # a recording never stops for one call it cannot read
+            event = {**self._base(m), "analysis_error": type(exc).__name__}
+            self.counts["analysis_errors"] += 1
+            if not self._warned:
+                self._warned = True
+                print(f"warning: call {m.id} could not be analysed ({type(exc).__name__}); "
+                      "it is recorded without its context", file=sys.stderr, flush=True)
+        self._writer.event(event)
+
+    def _base(self, m: CallMeta) -> dict[str, Any]:
+        return {"ev": "call", "id": m.id, "api": m.api, "path": m.path, "stream": m.sse,
+                "arrival": _r(m.arrival), "first_token": _r(m.first_token),
+                "end": _r(m.end), "status": m.status, "outcome": m.outcome, "error": m.error}
+
+    def _call_event(self, m: CallMeta, request: bytes, response: bytes | None
+                    ) -> dict[str, Any]:
+        h = self._hasher
+        event = self._base(m)
+        body = _json_object(request)
+        answer = _read_answer(m, response)
+        # a local server names its model by its file's path: the file's name is enough
+        model = answer.model.rsplit("/", 1)[-1] if answer.model and answer.model.startswith(
+            "/") else answer.model
+        event.update(model=model and model[:200], finish=answer.finish)
+        if m.error is None and answer.error_type is not None:
+            event["error"] = answer.error_type
+        if body is None:
+            event["unparsed"] = True
+            self.counts["unparsed"] += 1
+            return event
+        blocks = _request_blocks(m.api, body, h)
+        ok = m.outcome == "ok" and answer.message is not None
+        answer_from, answer_blocks = _answer_blocks(m.api, body, blocks, answer, h) if ok \
+            else (len(blocks), [])
+        usage = answer.usage or (_estimate(m.api, blocks, answer) if ok else None)
+        if usage is not None and usage.source == "estimate":
+            self.counts["usage_estimated"] += 1
+        calls = tuple((h.ident(cid), name) for cid, name in answer.tool_calls) if ok else ()
+        session = None if m.session is None else h.ident("session\0" + m.session)
+        context = tuple(b.hash for b in blocks[:answer_from]) + tuple(
+            b.hash for b in answer_blocks)
+        joined = self._joiner.join(CallView(
+            m.id, m.arrival, m.end, session, tuple(blocks), context, calls, ok,
+            1 if m.api == OPENAI_COMPLETIONS else 0))
+        event.update(
+            usage=None if usage is None else {"prompt": usage.prompt, "output": usage.output,
+                                              "cached": usage.cached, "source": usage.source},
+            session=session, conv=joined.conv, how=joined.how, prev=joined.prev,
+            shared=joined.shared, parent=None if joined.parent is None else list(joined.parent),
+            blocks=[b.to_json() for b in blocks[joined.shared:]],
+            answer_from=answer_from, answer=[b.to_json() for b in answer_blocks],
+            tool_calls=[list(c) for c in calls],
+            results=[[r.ref, r.name, round(r.wall_s, 6), r.call, int(r.error), int(r.client)]
+                     for r in joined.results],
+            user_turn=joined.user_turn)
+        if self.keep_text:
+            self._writer.text({"id": m.id, "request": body, "answer": answer.message})
+        return event
+
+
+def _json_object(raw: bytes) -> dict[str, Any] | None:
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _read_answer(m: CallMeta, response: bytes | None) -> Answer:
+    if not response:
+        return Answer()
+    if m.encoding:
+        try:  # gzip or zlib (47: either, by its header), else raw deflate
+            response = zlib.decompress(response, 47 if m.encoding != "deflate" else 15)
+        except zlib.error:
+            try:
+                response = zlib.decompress(response, -15)
+            except zlib.error:
+                return Answer()
+    return parse_answer(m.api, response, m.sse)
+
+
+def _request_blocks(api: str, body: dict[str, Any], h: Hasher) -> list[Block]:
+    if api == OPENAI_CHAT:
+        return openai_chat_blocks(body, h)
+    if api == ANTHROPIC:
+        return anthropic_blocks(body, h)
+    return completion_blocks(body.get("prompt"), h)
+
+
+def _answer_blocks(api: str, body: dict[str, Any], blocks: list[Block], answer: Answer,
+                   h: Hasher) -> tuple[int, list[Block]]:
+    """Where the context after the call leaves the request's blocks, and its blocks from
+    there: the answer's (chat, messages), or a completions prompt + text cut again."""
+    if api == OPENAI_CHAT:
+        return len(blocks), openai_message_blocks(answer.message, h)
+    if api == ANTHROPIC:
+        return len(blocks), anthropic_message_blocks(answer.message, h)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        return len(blocks), []
+    ctx = completion_blocks(prompt + str(answer.message or ""), h)
+    keep = lcp(tuple(b.hash for b in blocks), tuple(b.hash for b in ctx))
+    return keep, ctx[keep:]
+
+
+def _estimate(api: str, blocks: list[Block], answer: Answer) -> Usage:
+    """Usage where the answer has none: the blocks' tokens, and the larger of the stream's
+    token-bearing events and the answer's tokens by the rule."""
+    out = max(answer.token_events, count_tokens(answer_text(api, answer.message)))
+    return Usage(sum(b.tokens for b in blocks), out, None, "estimate")

@@ -35,7 +35,7 @@ LAYERS: dict[str, int] = {
     "replay": 5, "simulate": 5,
     "adapters": 4,
     "plan": 3, "records": 3, "metrics": 3, "report": 3, "model": 3,
-    "traces": 2, "policies": 2,
+    "traces": 2, "policies": 2, "record": 2,
     "": 1, "errors": 1, "limits": 1, "arrays": 1, "tomlfiles": 1, "signals": 1,
 }
 # The adapter seam: what the core may import of harness.adapters.

@@ -21,6 +21,10 @@ from harness.cli import main
 from harness.errors import InputError
 from harness.traces.importers import FORMATS, import_trace
 from harness.traces.validate import check_frame
+from tests.unit import test_import_atif as atif_tests
+from tests.unit import test_import_claude_code as claude_tests
+from tests.unit import test_import_codex as codex_tests
+from tests.unit import test_import_otel_genai as otel_tests
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "traces" / "bench-small.parquet"
@@ -155,6 +159,14 @@ SEEDS: dict[str, tuple[str, Any]] = {
              "input_types": ["tool_result"], "api_time": 1.0, "think_time": 4.0}]}),
 }
 
+# The agent-log formats' seeds are their own tests' small valid logs.
+SEEDS |= {
+    "codex": ("rollout-a.jsonl", codex_tests.BASIC),
+    "claude-code": ("s.jsonl", claude_tests.GOOD),
+    "otel-genai": ("t.json", otel_tests.otlp(otel_tests.FUZZ_SPANS)),
+    "atif": ("trajectory.json", atif_tests.FUZZ),
+}
+
 SCALAR = (st.none() | st.booleans() | st.integers(-2**70, 2**70)
           | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=8))
 JSON = st.recursive(SCALAR, lambda inner: st.lists(inner, max_size=3)
@@ -177,9 +189,13 @@ def _get(doc: Any, path: tuple[Any, ...]) -> Any:
     return doc
 
 
+# Formats whose file is one JSON document per line: their seed is the list of lines.
+JSONL_FORMATS = ("mooncake", "codex", "claude-code")
+
+
 def _serialise(fmt: str, doc: Any) -> str:
-    """A document as the format's file holds it: mooncake one JSON object per line."""
-    if fmt == "mooncake" and isinstance(doc, list):
+    """A document as the format's file holds it (JSONL_FORMATS: one JSON object per line)."""
+    if fmt in JSONL_FORMATS and isinstance(doc, list):
         return "".join(json.dumps(row) + "\n" for row in doc)
     return json.dumps(doc)
 
@@ -230,8 +246,13 @@ def test_fuzzed_importer_input(fmt: str, data: st.DataObject) -> None:
     _import_is_clean(fmt, *data.draw(corrupted(fmt)))
 
 
+# A recording is a folder the proxy writes (events.jsonl and recording.json), fuzzed as one in
+# test_record_inputs.py.
+FUZZED_ELSEWHERE = {"recording"}
+
+
 def test_every_format_is_fuzzed() -> None:
-    assert set(SEEDS) == set(FORMATS)
+    assert set(SEEDS) | FUZZED_ELSEWHERE == set(FORMATS)
 
 
 @pytest.mark.parametrize("fmt", sorted(SEEDS))

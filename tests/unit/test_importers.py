@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -257,8 +258,11 @@ def test_token_rule() -> None:
 
 
 def test_every_format_has_a_module() -> None:
-    assert set(FORMATS) == {"infercept", "kv-cache-tester", "mini-swe-agent", "mooncake",
-                            "openai-chat"}
+    assert set(FORMATS) == {"atif", "claude-code", "codex", "infercept", "kv-cache-tester",
+                            "mini-swe-agent", "mooncake", "openai-chat", "otel-genai",
+                            "recording"}
+    for module in FORMATS.values():
+        assert hasattr(importlib.import_module(module), "import_path"), module
 
 
 @pytest.mark.parametrize("opts, msg", [

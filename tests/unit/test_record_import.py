@@ -264,6 +264,7 @@ async def test_tool_calls_the_client_writes_and_their_subagent(tmp_path: Path) -
         gap_bash = await _timed(a)
         msg = a.messages[-1]
         own_call("toolu_b", "Task")
+        await asyncio.sleep(0.1)  # the whole pause clearly longer than the wait after the child
         b = Agent(http, proxy.url, MESSAGES, stream=False, system="sub")
         b.user("look")
         await b.call()

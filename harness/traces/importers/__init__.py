@@ -20,11 +20,16 @@ from harness.traces.schema import Provenance, write_trajectories
 from harness.traces.validate import check_frame
 
 FORMATS: dict[str, str] = {
+    "atif": "harness.traces.importers.atif",
+    "claude-code": "harness.traces.importers.claude_code",
+    "codex": "harness.traces.importers.codex",
     "infercept": "harness.traces.importers.infercept",
     "kv-cache-tester": "harness.traces.importers.kv_cache_tester",
     "mini-swe-agent": "harness.traces.importers.mini_swe_agent",
     "mooncake": "harness.traces.importers.mooncake",
     "openai-chat": "harness.traces.importers.openai_chat",
+    "otel-genai": "harness.traces.importers.otel_genai",
+    "recording": "harness.traces.importers.recording",
 }
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from harness.adapters.launchers.process import reap_leftover, reap_recorded
 from harness.errors import InputError
-from harness.records.manifest import read_manifest
+from harness.records.manifest import RUN_JSON_RESERVE, read_manifest
 
 
 def clean_dir(results_dir: Path) -> list[str]:
@@ -15,9 +15,12 @@ def clean_dir(results_dir: Path) -> list[str]:
     if not (results_dir / "run.json").is_file():
         raise InputError(f"{results_dir}: not a results directory (no run.json)")
     run = read_manifest(results_dir)
+    reserve = results_dir / RUN_JSON_RESERVE  # the disk a killed run had set aside
+    freed = [f"{reserve} (disk set aside for run.json)"] if reserve.is_file() else []
+    reserve.unlink(missing_ok=True)
     if run.status != "running" or not (run.server_process or run.ray_instance):
-        return []
-    done = reap_leftover(run.server_process) if run.server_process else []
+        return freed
+    done = freed + (reap_leftover(run.server_process) if run.server_process else [])
     if run.ray_instance:  # a distributed run's local Ray instance (its processes, its folder)
         done += reap_recorded(str(run.ray_instance.get("tmp_dir") or ""),
                               list(run.ray_instance.get("processes") or []))

@@ -39,3 +39,14 @@ def test_the_run_s_server_is_stopped() -> None:
     finally:
         if server.poll() is None:
             server.kill()
+
+
+def test_the_disk_a_killed_run_set_aside_is_freed(tmp_path: Path) -> None:
+    from harness.records.manifest import RUN_JSON_RESERVE, RunManifest
+    from harness.replay.clean import clean_dir
+
+    RunManifest(status="finished").write(tmp_path)
+    (tmp_path / RUN_JSON_RESERVE).write_bytes(bytes(1024))
+    assert clean_dir(tmp_path) == [f"{tmp_path / RUN_JSON_RESERVE} (disk set aside for run.json)"]
+    assert not (tmp_path / RUN_JSON_RESERVE).exists()
+    assert clean_dir(tmp_path) == []

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.cli import main
@@ -22,6 +21,7 @@ from harness.traces.context import context_lengths
 from harness.traces.importers import Imported, import_trace, import_traces
 from harness.traces.schema import COLUMNS, read_provenance
 from harness.traces.validate import check_frame, validate_file
+from tests.unit.fuzz_json import FUZZ_SETTINGS, imports_or_is_one_line, mutate
 
 FMT = "atif"
 LOGS = Path(__file__).resolve().parents[3] / "shared" / "traces" / "agent-logs"
@@ -340,19 +340,10 @@ def test_bad_options_references_and_files(tmp_path: Path) -> None:
         import_trace(FMT, d / "config.json", {})
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers(-3, 2**64) | st.floats()
-                    | st.text(max_size=4),
-                    lambda inner: st.lists(inner, max_size=3)
-                    | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=5)
 
 
-def _spots(d: Any, at: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Every place in a JSON document, as the keys leading to it."""
-    if isinstance(d, list):
-        d = dict(enumerate(d))
-    if not isinstance(d, dict):
-        return [at]
-    return [at] + [s for k, v in d.items() for s in _spots(v, (*at, k))]
+
+
 
 
 FUZZ = doc([step("user", "go", 0.0), agent(100, 10, ("read_file", "Task"), {
@@ -367,31 +358,14 @@ FUZZ = doc([step("user", "go", 0.0), agent(100, 10, ("read_file", "Task"), {
                                       agent(20, 2, at=5.0), agent(None, None, ("x",))]}])
 
 
-@settings(max_examples=int(os.environ.get("HARNESS_FUZZ_EXAMPLES", "100")), deadline=None,
-          derandomize=not os.environ.get("HARNESS_FUZZ_RANDOM"),
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@FUZZ_SETTINGS
 @given(data=st.data())
 def test_fuzzed_input_imports_or_is_one_line(tmp_path: Path, data: st.DataObject) -> None:
     d: Any = copy.deepcopy(FUZZ)
-    for _ in range(data.draw(st.integers(1, 3))):
-        spot = data.draw(st.sampled_from(_spots(d)))
-        if not spot:
-            continue
-        parent = d
-        for k in spot[:-1]:
-            parent = parent[k]
-        if data.draw(st.booleans()):
-            parent[spot[-1]] = data.draw(JSON)
-        else:
-            del parent[spot[-1]]
+    mutate(d, data)
     p = tmp_path / "f.json"
     p.write_text(json.dumps(d))
-    try:
-        imp = import_trace(FMT, p, {})
-    except InputError as exc:
-        assert str(exc) and "\n" not in str(exc)
-        return
-    assert check_frame(imp.steps, "imported") == []
+    imports_or_is_one_line(FMT, p)
 
 
 def test_cli_import_and_describe(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.cli import main
@@ -23,6 +22,7 @@ from harness.traces.context import context_lengths
 from harness.traces.importers import Imported, import_trace, import_traces
 from harness.traces.schema import COLUMNS, read_provenance
 from harness.traces.validate import check_frame, validate_file
+from tests.unit.fuzz_json import FUZZ_SETTINGS, imports_or_is_one_line, mutate
 
 FMT = "codex"
 SAMPLES = Path(__file__).resolve().parents[3] / "shared" / "traces" / "agent-logs" / "codex"
@@ -346,50 +346,13 @@ def test_no_response_and_bad_options(tmp_path: Path) -> None:
     assert import_trace(FMT, home, {}).provenance.extra["totals"]["files"] == 1
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers(-3, 2**64) | st.floats()
-                    | st.text(max_size=6),
-                    lambda inner: st.lists(inner, max_size=3)
-                    | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=5)
-
-
-def _spots(doc: Any, at_: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    if isinstance(doc, list):
-        doc = dict(enumerate(doc))
-    if not isinstance(doc, dict):
-        return [at_]
-    return [at_] + [s for k, v in doc.items() for s in _spots(v, (*at_, k))]
-
-
-def mutate(doc: Any, data: st.DataObject) -> Any:
-    """`doc` with one to four places replaced by random JSON or deleted."""
-    for _ in range(data.draw(st.integers(1, 4))):
-        spot = data.draw(st.sampled_from(_spots(doc)))
-        if not spot:
-            continue
-        parent = doc
-        for k in spot[:-1]:
-            parent = parent[k]
-        if data.draw(st.booleans()):
-            parent[spot[-1]] = data.draw(JSON)
-        else:
-            del parent[spot[-1]]
-    return doc
-
-
-@settings(max_examples=int(os.environ.get("HARNESS_FUZZ_EXAMPLES", "100")), deadline=None,
-          derandomize=not os.environ.get("HARNESS_FUZZ_RANDOM"),
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@FUZZ_SETTINGS
 @given(data=st.data())
 def test_fuzzed_rollout_imports_or_is_one_line(tmp_path: Path, data: st.DataObject) -> None:
-    doc = mutate(copy.deepcopy(BASIC), data)
+    doc = mutate(copy.deepcopy(BASIC), data, most=4)
     p = tmp_path / "f.jsonl"
     p.write_text("".join(json.dumps(x) + "\n" for x in doc))
-    try:
-        imp = import_trace(FMT, p, {})
-    except InputError as exc:
-        assert str(exc) and "\n" not in str(exc)
-        return
-    assert check_frame(imp.steps, "imported") == []
+    imports_or_is_one_line(FMT, p)
 
 
 # ---------------------------------------------------------------- the public samples

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.cli import main
@@ -25,6 +25,7 @@ from harness.traces.importers import Imported, import_trace, import_traces
 from harness.traces.importers._common import arrival_offsets
 from harness.traces.schema import COLUMNS, read_provenance
 from harness.traces.validate import check_frame, validate_file
+from tests.unit.fuzz_json import FUZZ_SETTINGS, imports_or_is_one_line, mutate
 
 FMT = "kv-cache-tester"
 KV = Path(__file__).resolve().parents[3] / "shared" / "traces" / "kv-cache-tester" / "traces"
@@ -389,47 +390,21 @@ def test_unreadable_is_one_line(tmp_path: Path, name: str, data: bytes, what: st
     assert str(exc.value).startswith(str(p)) and what in str(exc.value)
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers(-3, 2**64) | st.floats()
-                    | st.text(max_size=4),
-                    lambda inner: st.lists(inner, max_size=3)
-                    | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=5)
 
 
-def _spots(doc: Any, at: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Every place in a JSON document, as the keys leading to it."""
-    if isinstance(doc, list):
-        doc = dict(enumerate(doc))
-    if not isinstance(doc, dict):
-        return [at]
-    return [at] + [s for k, v in doc.items() for s in _spots(v, (*at, k))]
 
 
-@settings(max_examples=int(os.environ.get("HARNESS_FUZZ_EXAMPLES", "100")), deadline=None,
-          derandomize=not os.environ.get("HARNESS_FUZZ_RANDOM"),
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+
+@FUZZ_SETTINGS
 @given(data=st.data())
 def test_fuzzed_input_imports_or_is_one_line(tmp_path: Path, data: st.DataObject) -> None:
     doc: Any = {"id": "f", "block_size": 64, "tool_tokens": 5, "system_tokens": 5,
                 "requests": copy.deepcopy(SUBAGENTS)}
-    for _ in range(data.draw(st.integers(1, 3))):
-        spot = data.draw(st.sampled_from(_spots(doc)))
-        if not spot:
-            continue
-        parent = doc
-        for k in spot[:-1]:
-            parent = parent[k]
-        if data.draw(st.booleans()):
-            parent[spot[-1]] = data.draw(JSON)
-        else:
-            del parent[spot[-1]]
+    mutate(doc, data)
     p = tmp_path / "f.json"
     p.write_text(json.dumps(doc))
-    try:
-        imp = import_trace(FMT, p, {})
-    except InputError as exc:
-        assert str(exc) and "\n" not in str(exc)
-        return
-    assert check_frame(imp.steps, "imported") == []
+    imports_or_is_one_line(FMT, p)
 
 
 # ---------------------------------------------------------------- the public traces

@@ -173,12 +173,10 @@ def parse_answer(api: str, body: bytes, sse: bool) -> Answer:
     return ans
 
 
-def _chat_stream(events: list[Any]) -> Answer:
-    ans = Answer()
-    text: list[str] = []
-    calls: dict[int, dict[str, str]] = {}
-    usage: Any = None
-    timings: Any = None
+def _first_choices(events: list[Any], ans: Answer, raw: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The first choice of each OpenAI stream event (chat or completions), reading the
+    envelope on the way: the end marker and error into `ans`, the last usage and llama.cpp
+    timings into `raw`."""
     for obj in events:
         if obj is _DONE:
             ans.complete = True
@@ -187,27 +185,35 @@ def _chat_stream(events: list[Any]) -> Answer:
             continue
         ans.error_type = _error_type(obj) or ans.error_type
         ans.model = _str(obj.get("model")) or ans.model
-        usage = obj.get("usage") or usage
-        timings = obj.get("timings") or timings
+        raw["usage"] = obj.get("usage") or raw.get("usage")
+        raw["timings"] = obj.get("timings") or raw.get("timings")
         for ch in map(_dict, _list(obj.get("choices"))):
-            if ch.get("index", 0) != 0:
-                continue
-            d = _dict(ch.get("delta"))
-            if c := _str(d.get("content")):
-                text.append(c)
-                ans.token_events += 1
-            elif _str(d.get("reasoning_content")) or _str(d.get("refusal")):
-                ans.token_events += 1
-            for tc in map(_dict, _list(d.get("tool_calls"))):
-                idx = tc.get("index", 0)
-                slot = calls.setdefault(idx if isinstance(idx, int) else 0,
-                                        {"id": "", "name": "", "arguments": ""})
-                slot["id"] = _str(tc.get("id")) or slot["id"]
-                fn = _dict(tc.get("function"))
-                slot["name"] += _str(fn.get("name"))
-                slot["arguments"] += _str(fn.get("arguments"))
-                ans.token_events += 1
-            ans.finish = _str(ch.get("finish_reason")) or ans.finish
+            if ch.get("index", 0) == 0:
+                yield ch
+
+
+def _chat_stream(events: list[Any]) -> Answer:
+    ans = Answer()
+    text: list[str] = []
+    calls: dict[int, dict[str, str]] = {}
+    raw: dict[str, Any] = {}
+    for ch in _first_choices(events, ans, raw):
+        d = _dict(ch.get("delta"))
+        if c := _str(d.get("content")):
+            text.append(c)
+            ans.token_events += 1
+        elif _str(d.get("reasoning_content")) or _str(d.get("refusal")):
+            ans.token_events += 1
+        for tc in map(_dict, _list(d.get("tool_calls"))):
+            idx = tc.get("index", 0)
+            slot = calls.setdefault(idx if isinstance(idx, int) else 0,
+                                    {"id": "", "name": "", "arguments": ""})
+            slot["id"] = _str(tc.get("id")) or slot["id"]
+            fn = _dict(tc.get("function"))
+            slot["name"] += _str(fn.get("name"))
+            slot["arguments"] += _str(fn.get("arguments"))
+            ans.token_events += 1
+        ans.finish = _str(ch.get("finish_reason")) or ans.finish
     msg: dict[str, Any] = {"role": "assistant", "content": "".join(text) or None}
     if calls:
         msg["tool_calls"] = [{"id": c["id"], "type": "function",
@@ -215,7 +221,7 @@ def _chat_stream(events: list[Any]) -> Answer:
                              for _, c in sorted(calls.items())]
     ans.message = msg
     ans.tool_calls = [(c["id"], c["name"]) for _, c in sorted(calls.items())]
-    ans.usage = openai_usage(usage) or timings_usage(timings)
+    ans.usage = openai_usage(raw.get("usage")) or timings_usage(raw.get("timings"))
     ans.complete = ans.complete or ans.finish is not None
     return ans
 
@@ -223,26 +229,14 @@ def _chat_stream(events: list[Any]) -> Answer:
 def _completion_stream(events: list[Any]) -> Answer:
     ans = Answer()
     text: list[str] = []
-    usage: Any = None
-    timings: Any = None
-    for obj in events:
-        if obj is _DONE:
-            ans.complete = True
-            continue
-        if not isinstance(obj, dict):
-            continue
-        ans.error_type = _error_type(obj) or ans.error_type
-        ans.model = _str(obj.get("model")) or ans.model
-        usage = obj.get("usage") or usage
-        timings = obj.get("timings") or timings
-        for ch in map(_dict, _list(obj.get("choices"))):
-            if ch.get("index", 0) == 0:
-                if t := _str(ch.get("text")):
-                    text.append(t)
-                    ans.token_events += 1
-                ans.finish = _str(ch.get("finish_reason")) or ans.finish
+    raw: dict[str, Any] = {}
+    for ch in _first_choices(events, ans, raw):
+        if t := _str(ch.get("text")):
+            text.append(t)
+            ans.token_events += 1
+        ans.finish = _str(ch.get("finish_reason")) or ans.finish
     ans.message = "".join(text)
-    ans.usage = openai_usage(usage) or timings_usage(timings)
+    ans.usage = openai_usage(raw.get("usage")) or timings_usage(raw.get("timings"))
     ans.complete = ans.complete or ans.finish is not None
     return ans
 

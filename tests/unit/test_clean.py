@@ -8,6 +8,8 @@ import tempfile
 from pathlib import Path
 
 from harness.adapters.launchers.process import group_alive, reap_leftover
+from harness.records.manifest import RUN_JSON_RESERVE, RunManifest
+from harness.replay.clean import clean_dir
 
 
 def test_a_process_that_does_not_name_the_folder_is_left_alone() -> None:
@@ -42,9 +44,6 @@ def test_the_run_s_server_is_stopped() -> None:
 
 
 def test_the_disk_a_killed_run_set_aside_is_freed(tmp_path: Path) -> None:
-    from harness.records.manifest import RUN_JSON_RESERVE, RunManifest
-    from harness.replay.clean import clean_dir
-
     RunManifest(status="finished").write(tmp_path)
     (tmp_path / RUN_JSON_RESERVE).write_bytes(bytes(1024))
     assert clean_dir(tmp_path) == [f"{tmp_path / RUN_JSON_RESERVE} (disk set aside for run.json)"]

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from harness.cli import main
 from harness.metrics.summary import summarize_dir
+from harness.report.data import load_run
 
 BASELINE = Path(__file__).resolve().parents[2] / "reports" / "baseline" / "keep"
 
@@ -135,7 +136,6 @@ def test_report_of_what_reads(tmp_path: Path, damage: Callable[[Path], None],
 
 
 def summarize_dir_salvaged(d: Path) -> list[dict[str, str]]:
-    from harness.report.data import load_run
     return list(load_run(d, salvage=True).summary["health"])
 
 
@@ -143,7 +143,6 @@ def test_two_whole_parts_read_as_one(tmp_path: Path) -> None:
     """Splitting the records into parts is not damage: the same summary, nothing left out."""
     d = Path(shutil.copytree(BASELINE, tmp_path / "run"))
     _split_in_two(d)
-    from harness.report.data import load_run
     run = load_run(d, salvage=True)
     assert run.damage == []
     whole = load_run(BASELINE)

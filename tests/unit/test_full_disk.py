@@ -6,6 +6,7 @@ pyarrow's part writes and the text files, failing as they do (an OSError naming 
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import harness.replay.runner as runner
 from harness.cli import main
 from harness.records.store import read_records
 from harness.selftest import measure
+from tests.unit.test_damaged_results import BASELINE
 
 ENOSPC = 28
 
@@ -107,10 +109,6 @@ def _small_parts(cls: Any) -> Any:
 
 
 def test_full_under_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import shutil
-
-    from tests.unit.test_damaged_results import BASELINE
-
     run = Path(shutil.copytree(BASELINE, tmp_path / "run"))
     out = tmp_path / "r.html"
     out.write_text("the report before")

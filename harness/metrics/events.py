@@ -193,11 +193,15 @@ def read_events(results_dir: Path, damage: list[str] | None = None) -> Events:
             first_problem = first_problem or InputError(str(exc))
             damage.append(f"{str(exc).splitlines()[0][:240]}: left out")
             continue
-        if (repeated := int(sum(np.isin(seq, s).sum() for s in seen))):
+        # Parts hold disjoint runs of sequence numbers: only a part whose range meets an
+        # earlier one's is compared with it element by element.
+        lo, hi = (int(seq.min()), int(seq.max())) if seq.size else (0, -1)
+        if (repeated := int(sum(np.isin(seq, s).sum() for s in seen
+                                if s.size and s[0] <= hi and lo <= s[-1]))):
             damage.append(f"{part}: repeats {repeated:,} events an earlier part holds (a part "
                           "copied in twice?): left out")
             continue
-        seen.append(seq)
+        seen.append(np.sort(seq))  # sorted: its ends are its range
         reader.add(part)
     if damage is not None and first_problem is not None and not seen:
         raise first_problem  # nothing readable is left to report

@@ -45,7 +45,7 @@ from harness.replay.run import execute_run, to_stderr
 from harness.replay.runner import redact_url
 from harness.report.render import render_report
 from harness.report.repeats import repeat_dirs, write_repeats
-from harness.simulate.run import Arrivals, check_capacity, run_simulation
+from harness.simulate.run import FIRST_TOKEN_TIMEOUT_S, Arrivals, check_capacity, run_simulation
 from harness.simulate.server import ENGINES, Capacity
 
 # The advisor's pick and the capacity search judge each point over this window.
@@ -91,7 +91,8 @@ def simulate_like(real_dir: Path, trace: Path, policy: str, policy_args: dict[st
                   calibration: Path, out: Path) -> RunManifest:
     """The simulator on what a replay in `real_dir` ran: the same trace, policy, closed-loop
     agents and seed, and memory (llama.cpp: slots x context; vLLM, SGLang: the engine model on
-    the KV pool the server reported), its costs from `calibration` only."""
+    the KV pool the server reported), and the client's first-token timeout, its costs from
+    `calibration` only."""
     real = read_manifest(real_dir)
     if real.arrivals is None or real.seed is None:
         raise InputError(f"{real_dir}: run.json lacks the arrivals or seed to simulate it")
@@ -106,7 +107,16 @@ def simulate_like(real_dir: Path, trace: Path, policy: str, policy_args: dict[st
     arrivals = Arrivals("closed", int(real.arrivals.concurrency))
     return run_simulation(trace, policy, policy_args, cap, read_calibration(calibration),
                           calibration, arrivals, int(real.seed), out,
-                          token_scale=real.trace.token_scale if real.trace else 1.0)
+                          token_scale=real.trace.token_scale if real.trace else 1.0,
+                          first_token_timeout_s=replay_first_token_timeout(real))
+
+
+def replay_first_token_timeout(real: RunManifest) -> float:
+    """The first-token timeout the replay's client ran with (run.json http.timeouts_s), or
+    the client's default where run.json does not say."""
+    timeouts = (real.http or {}).get("timeouts_s") or {}
+    value = timeouts.get("first_byte_s")
+    return float(value) if isinstance(value, int | float) and value > 0 else FIRST_TOKEN_TIMEOUT_S
 
 
 def run_bench(plan: BenchPlan, echo: Callable[[str], None] = print

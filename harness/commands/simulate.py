@@ -16,7 +16,13 @@ from harness.model.calibration import DEFAULT_PRESET, resolve_calibration
 from harness.policies import parse_policy_args
 from harness.records.manifest import Outcome
 from harness.simulate.fleet import ROUND_ROBIN, ROUTERS, check_fleet, fleet_line
-from harness.simulate.run import DEFAULT_DEADLINE_S, Arrivals, check_capacity, run_simulation
+from harness.simulate.run import (
+    DEFAULT_DEADLINE_S,
+    FIRST_TOKEN_TIMEOUT_S,
+    Arrivals,
+    check_capacity,
+    run_simulation,
+)
 from harness.simulate.server import ENGINES, LLAMACPP
 
 # The counts that size the simulator's memory, bounded: (low, high) per flag.
@@ -91,6 +97,10 @@ def _float(flag: str, raw: str | None) -> float | None:
               help="Latencies per tool class a policy sees (0: all, as the replay).")
 @click.option("--default-deadline-s", default=str(DEFAULT_DEADLINE_S), show_default=True,
               help="Deadline of tool steps without one.")
+@click.option("--first-token-timeout", default=f"{FIRST_TOKEN_TIMEOUT_S:g}", show_default=True,
+              help="The client's, in seconds, as `harness run --first-token-timeout`: a call "
+                   "without its first token that long after it was sent fails its trajectory "
+                   "(what it holds is released); 'none': calls wait as long as it takes.")
 @click.option("--slot-handoff", default="fifo", show_default=True,
               help="Closed loop, slots: 'fifo' (as the replay: a freed slot goes to the longest "
                    "waiter) or 'agent' (an agent that ends a trajectory starts its next one on "
@@ -115,7 +125,8 @@ def simulate_command(trace: Path, policy: str, policy_args: tuple[str, ...],
                      ctx_per_slot: str | None, engine: str | None, block_size: str | None,
                      host_tokens: str | None, calibration: Path, concurrency: str | None,
                      rate: str | None, trace_timing: bool, seed: str, history_window: str,
-                     default_deadline_s: str, slot_handoff: str, token_scale: float,
+                     default_deadline_s: str, first_token_timeout: str, slot_handoff: str,
+                     token_scale: float,
                      servers: str, router: str, no_summary: bool, out: Path) -> None:
     """Simulate TRACE on a modelled server; writes the results directory a replay writes."""
     k = _servers(servers)
@@ -145,7 +156,8 @@ def simulate_command(trace: Path, policy: str, policy_args: tuple[str, ...],
                          _int("--history-window", history_window) or 0,
                          _float("--default-deadline-s", default_deadline_s) or 0.0,
                          write_summary=not no_summary, slot_handoff=slot_handoff,
-                         token_scale=token_scale, servers=k, router=router)
+                         token_scale=token_scale, servers=k, router=router,
+                         first_token_timeout_s=_timeout(first_token_timeout))
     o, s = run.outcome or Outcome(), run.simulator or {}
     click.echo(f"{policy}: {o.completed} completed, {o.cancelled} cancelled, "
                f"{o.failed} failed; {s['pauses']} pauses, {s['preemptions']} preemptions; "
@@ -156,6 +168,15 @@ def simulate_command(trace: Path, policy: str, policy_args: tuple[str, ...],
                    f"cache, {s['swaps_refused']} offloads refused (host tier full)")
     if "routing" in s:
         click.echo(fleet_line(k, router, s["routing"]))
+
+
+def _timeout(raw: str) -> float:
+    if raw.strip().lower() == "none":
+        return math.inf
+    value = _float("--first-token-timeout", raw)
+    if value is None or value <= 0:
+        raise InputError(f"--first-token-timeout must be seconds > 0 or 'none', got {raw!r}")
+    return value
 
 
 def _servers(raw: str) -> int:

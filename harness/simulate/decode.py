@@ -141,11 +141,15 @@ class _Part:
 
 
 class _CallEnds:
-    """The call_end rows: an overflow error (NaN prompt_n) or a call that ran."""
+    """The call_end rows: an error (NaN prompt_n; b: 0 a context overflow, 1 the client's
+    first-token timeout, whose message is text c) or a call that ran."""
 
     def __init__(self, p: _Part) -> None:
         end = p.sl[E_CALL_END]
         self.err = np.isnan(p.a[end])
+        self.timeout = self.err & (p.b[end] == 1)
+        self.overflow = self.err & ~self.timeout
+        self.message = p.c[end]  # a timeout's text
         self.steps = p.steps_of(E_CALL_END)
         self.prompt_n = p.a[end]  # NaN on an overflow error: the ok-only columns are null there
         self.nan_on_err = np.where(self.err, np.nan, 0.0)  # add it to null the error rows
@@ -175,7 +179,8 @@ def _label_columns(p: _Part, texts: pa.Array, ends: _CallEnds) -> list[pa.Array]
     w, a, b, c, d, sl = p.w, p.a, p.b, p.c, p.d, p.sl
     tools = {e: w.cls[p.steps_of(e)] for e in (E_TOOL_START, E_DECISION, E_TOOL_END)}
     dec_a = a[sl[E_DECISION]].astype(np.int64)
-    ok_or_err = np.where(ends.err, 1, 0)
+    # OUTCOMES: ok, error (an overflow), timeout
+    ok_or_err = np.where(ends.timeout, 2, np.where(ends.err, 1, 0))
     return [
         p.strings(tools, pa.array(w.classes, type=pa.string())),
         p.strings({E_TOOL_START: w.name[p.steps_of(E_TOOL_START)]},
@@ -236,8 +241,8 @@ def _time_columns(p: _Part, ends: _CallEnds) -> list[pa.Array]:
 
 
 def _detail_column(p: _Part, texts: pa.Array, ends: _CallEnds) -> pa.Array:
-    """detail: a decision's detail text, a trajectory_start's priority, an overflow's message."""
-    r, w, err, g_end = p.r, p.w, ends.err, ends.steps
+    """detail: a decision's detail text, a trajectory_start's priority, an error's message."""
+    r, w, err, g_end = p.r, p.w, ends.overflow, ends.steps
     overflow = [f"context overflow: {q} + {o} tokens exceed {r.ctx_limit}"
                 for q, o in zip(w.ctx[g_end[err]] - w.out[g_end[err]], w.out[g_end[err]],
                                 strict=True)]
@@ -245,6 +250,7 @@ def _detail_column(p: _Part, texts: pa.Array, ends: _CallEnds) -> pa.Array:
     n_text, n_prio = len(texts), len(r.priorities)
     err_detail = np.full(err.size, -1, dtype=np.int64)
     err_detail[err] = n_text + n_prio + np.arange(int(err.sum()))
+    err_detail[ends.timeout] = ends.message[ends.timeout].astype(np.int64)
     dec_a = p.a[p.sl[E_DECISION]].astype(np.int64)
     priority = n_text + r.prio[p.ti[p.sl[E_TRAJ_START]]]
     return p.strings({E_DECISION: dec_a // 8, E_TRAJ_START: priority, E_CALL_END: err_detail},

@@ -8,9 +8,11 @@ Memory: a call reserves its whole context (prompt + output) when admitted (no gr
 preemption of running calls); a kept KV keeps its reservation (its slot, in slot mode); with a
 prefix cache (vLLM, SGLang) the rest is cached, evictable (EngineState.grab). Admission is FCFS,
 but in a token pool a resumed trajectory holding KV grows first, and in a closed loop on slots
-an agent may take the slot it freed (see `simulate`). When the server is idle and the first
-resuming one cannot grow, the latest one behind it is preempted (dropped, recomputed when
-admitted): the only preemption. A slot freed by recompute is free when the running
+an agent may take the slot it freed (see `simulate`). A call without its first token within
+the client's first-token timeout fails its trajectory, which releases what it held: so a stall
+for memory ends, as on a server. Only without a timeout, when the server is idle and the first
+resuming trajectory cannot grow, the latest one behind it is preempted (dropped, recomputed
+when admitted). A slot freed by recompute is free when the running
 iteration ends (control tasks wait for it). Swaps use one FIFO link per direction (a host tier
 unbounded but with a prefix cache), not stalling compute. Policies decide through
 harness.policies with the context the replay builds (free/total slots or tokens; the class's
@@ -35,6 +37,7 @@ from typing import TYPE_CHECKING, Final
 import numpy as np
 
 from harness.policies.base import PausePolicy
+from harness.simulate.client import SENT, TIMEOUT
 from harness.simulate.engine_state import (
     A_EVICTABLE,
     A_KEEP,
@@ -43,7 +46,6 @@ from harness.simulate.engine_state import (
     DEADLINE,
     INF,
     NAN,
-    SENT,
     SWAP_IN_DONE,
     SWAP_OUT_DONE,
     T_DROP,
@@ -109,7 +111,8 @@ SLOT_HANDOFFS = ("agent", "fifo")
 def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolicy,
              arrival_s: np.ndarray | None, concurrency: int, sink: RecordSink, run_id: str,
              history_window: int = 1000, slot_handoff: str = "fifo",
-             fleet: Fleet | None = None, seed: int = 0) -> Counters:
+             fleet: Fleet | None = None, seed: int = 0,
+             first_token_timeout_s: float = INF) -> Counters:
     """Run every trajectory to its end; events go to `sink`. `arrival_s`: one arrival time per
     root (w.roots, in order), None: a closed loop of `concurrency` agents taking the roots in
     order. Sub-agents never arrive on their own: their parent's tool step starts them.
@@ -119,6 +122,8 @@ def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolic
     next one on the slot it just freed, ahead of the calls waiting for a slot.
     `fleet`: K servers like `server` and `cap` each, behind a router (None: one server).
     `seed`: the draws of request overheads where the server model has their distribution.
+    `first_token_timeout_s`: the client's, as a replay's: a call without its first token that
+    long after it was sent fails its trajectory (INF: it waits as long as it takes).
     """
     if slot_handoff not in SLOT_HANDOFFS:
         raise ValueError(f"slot_handoff must be one of {SLOT_HANDOFFS}, got {slot_handoff!r}")
@@ -134,7 +139,7 @@ def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolic
     engine: Engine | None = None
     try:
         engine = Engine(w, server, cap, policy, arrival_s is not None, sink, run_id,
-                        history_window, slot_handoff == "agent", seed)
+                        history_window, slot_handoff == "agent", seed, first_token_timeout_s)
         if fleet is not None:
             fleet.bind(engine)  # sets engine.fleet
         return engine.run(times)
@@ -152,9 +157,10 @@ class Engine(EngineState):
 
     def __init__(self, w: Workload, server: ServerModel, cap: Capacity, policy: PausePolicy,
                  open_loop: bool, sink: RecordSink, run_id: str, history_window: int,
-                 agent_handoff: bool, seed: int = 0) -> None:
+                 agent_handoff: bool, seed: int = 0,
+                 first_token_timeout_s: float = INF) -> None:
         super().__init__(w, server, cap, policy, open_loop, sink, run_id, history_window,
-                         agent_handoff, seed)
+                         agent_handoff, seed, first_token_timeout_s)
 
     def run(self, times: list[float]) -> Counters:
         """Root k arrives at `times[k]`; run the loop to its end, return the counters."""
@@ -187,16 +193,7 @@ class Engine(EngineState):
             self.next_rank += 1
         tr.due = t
         tr.state = DROPPED
-        self.request_call(tr, t)
-
-    def request_call(self, tr: Trajectory, t: float) -> None:
-        """`tr`'s client sends its next call at `t`: it reaches the engine the calibration's
-        request overhead later (this step's draw where the overhead has a distribution)."""
-        d = self.overheads[tr.pos] if self.overheads else self.overhead
-        if d > 0.0:
-            self.push(t + d, SENT, tr, tr.gen)
-        else:
-            self.send(tr, t)
+        self.client.request(tr, t)
 
     def send(self, tr: Trajectory, t: float) -> None:
         if self.fleet is None:
@@ -276,6 +273,7 @@ class Engine(EngineState):
 
     def start_call(self, tr: Trajectory, t: float) -> None:
         g = tr.pos
+        self.client.started(tr, t)
         if not self.fixed and g > tr.first and tr.state != KEPT:
             # a resumed call whose context was not held: a deciding policy sees its wait
             self.queue_delays.add(t - tr.ready)
@@ -300,6 +298,7 @@ class Engine(EngineState):
     def first_token(self, tr: Trajectory, t: float) -> None:
         """The scheduler's call: the prompt of `tr`'s call is done at `t`."""
         g = tr.pos
+        tr.awaiting = False
         self.stamp(g, F_FT_T, t)
         if self.out[g] <= 1:
             self.call_end(tr, t)
@@ -315,7 +314,7 @@ class Engine(EngineState):
                 self.release(tr, t, a, b)
             if tr.state == WAIT_DROP:
                 tr.state = DROPPED
-                self.request_call(tr, t)
+                self.client.request(tr, t)
             elif tr.state == DROPPING:
                 tr.state = DROPPED
             self.try_admit(t)
@@ -376,18 +375,6 @@ class Engine(EngineState):
             for ki in kids:
                 self.arrive(trajs[ki], t)
 
-    def swap_out(self, tr: Trajectory, t: float, reason: int) -> None:
-        if not self.reserve_host(tr):  # refused: pinned for the rest of the pause
-            return
-        tr.swap_reason = reason
-        tr.state = SWAPPING
-        self.sched.defer(T_SWAP_OUT, tr, 0, 0, t)
-
-    def drop(self, tr: Trajectory, t: float, reason: int) -> None:
-        tr.need_rc = self.kept[tr.pos]  # what the next call keeps: the rest is discarded
-        tr.state = DROPPING
-        self.sched.defer(T_DROP, tr, reason, tr.pos - tr.first, t)
-
     def finish(self, tr: Trajectory, t: float, status: int, reason: int) -> None:
         tr.gen += 1  # whatever is still scheduled for this trajectory is void
         tr.state = DONE
@@ -425,6 +412,9 @@ class Engine(EngineState):
             if key == tr.gen:
                 self.send(tr, t)
             return
+        if kind == TIMEOUT:
+            self.client.fire(t)
+            return
         if kind >= SWAP_OUT_DONE:
             self.inflight -= 1
             if key != tr.gen:
@@ -448,7 +438,7 @@ class Engine(EngineState):
             elif st == DROPPING:
                 tr.state = WAIT_DROP
             else:
-                self.request_call(tr, t)
+                self.client.request(tr, t)
         elif kind == SWAP_OUT_DONE:
             waiting = tr.state == WAIT_SWAPOUT
             step = g - tr.first - (1 if waiting else 0)
@@ -457,7 +447,7 @@ class Engine(EngineState):
             self.release(tr, t, reason, step, False)  # the device copy is discarded
             tr.state = SWAPPED
             if waiting:
-                self.request_call(tr, t)
+                self.client.request(tr, t)
             else:
                 self.try_admit(t)
         elif kind == SWAP_IN_DONE:

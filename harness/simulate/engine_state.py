@@ -30,6 +30,7 @@ from harness.policies.base import (
 from harness.policies.builtin import Keep, KeepEvictable, Recompute, Swap
 from harness.policies.history import RecentMean
 from harness.simulate.block_cache import BlockCache
+from harness.simulate.client import Client
 from harness.simulate.records import E_ERASE, E_KV_STATE, RecordSink
 from harness.simulate.scheduler import Event, Scheduler
 from harness.simulate.server import (
@@ -41,7 +42,16 @@ from harness.simulate.server import (
     context_factory,
     resolve,
 )
-from harness.simulate.trajectory import DONE, DROPPED, KEPT, RUNNING, STEP_WIDTH, Trajectory
+from harness.simulate.trajectory import (
+    DONE,
+    DROPPED,
+    DROPPING,
+    KEPT,
+    RUNNING,
+    STEP_WIDTH,
+    SWAPPING,
+    Trajectory,
+)
 from harness.simulate.workload import Workload
 
 if TYPE_CHECKING:
@@ -55,7 +65,7 @@ DEADLINE: Final = 2
 TTL: Final = 3
 SWAP_OUT_DONE: Final = 4  # swaps from here on (the in-flight count)
 SWAP_IN_DONE: Final = 5
-SENT: Final = 6  # a call reaches the engine, request_overhead_s after the client sent it
+# SENT (6: a call reaches the engine) and TIMEOUT (7) are harness.simulate.client's
 A_KEEP: Final = 0  # action codes (server.ACTION_CODE); anything else drops the KV
 A_SWAP: Final = 1
 A_EVICTABLE: Final = 4  # keep-evictable: left to the engine's prefix cache
@@ -123,7 +133,8 @@ class EngineState:
 
     def __init__(self, w: Workload, server: ServerModel, cap: Capacity, policy: PausePolicy,
                  open_loop: bool, sink: RecordSink, run_id: str, history_window: int,
-                 agent_handoff: bool, seed: int = 0) -> None:
+                 agent_handoff: bool, seed: int = 0,
+                 first_token_timeout_s: float = INF) -> None:
         self.open_loop = open_loop
         self.agent_handoff = agent_handoff and cap.slot_mode and not open_loop
         self.barge = False  # the agent that just freed a slot starts its next trajectory on it
@@ -151,8 +162,6 @@ class EngineState:
         self.bw_out: float = server.swap_out_bytes_per_s
         self.bw_in: float = server.swap_in_bytes_per_s
         self.rates: ServerRates = server.policy_rates()
-        self.overhead: float = server.request_overhead_s
-        self.overheads: list[float] = server.overhead_draws(len(self.inp), seed)  # per step
         self.make_ctx: Callable[..., PauseContext] = context_factory()
         self.policy = policy
         # program order: calls wait in their task's arrival order, not their own
@@ -183,6 +192,8 @@ class EngineState:
         self.r_end = sink.text("trajectory-end")
         self.r_preempted = sink.text("preempted")
         self.r_overflow = sink.text("context-overflow")
+        # the client's first-token timeout (INF: none)
+        self.fto = first_token_timeout_s
         self.texts: dict[str, int] = {}
         # running state
         self.ext: list[Event] = []
@@ -206,6 +217,11 @@ class EngineState:
         # subclass, is what it is built with)
         self.sched = Scheduler(cast("Engine", self), self.costs, self.slot_mode, self.out,
                                self.dcost, self.rb)
+        # the agents' client: request overheads, the first-token timeout and its message
+        self.client = Client(cast("Engine", self), server.request_overhead_s,
+                             server.overhead_draws(len(self.inp), seed), first_token_timeout_s,
+                             sink.text(f"timeout: no token within {first_token_timeout_s:g} s")
+                             if first_token_timeout_s < INF else 0, self.slot_mode)
 
     def emit(self, t: float, ev: int, ti: int, step: int, s: int, a: float, b: float,
              c: float) -> None:
@@ -291,6 +307,22 @@ class EngineState:
         cache.host_used += n
         tr.host = n
         return True
+
+    def swap_out(self, tr: Trajectory, t: float, reason: int) -> None:
+        """Offload `tr`'s paused KV (a slot save between iterations, then its link), unless
+        the host tier refuses it: then it stays pinned for the rest of the pause."""
+        if not self.reserve_host(tr):
+            return
+        tr.swap_reason = reason
+        tr.state = SWAPPING
+        self.sched.defer(T_SWAP_OUT, tr, 0, 0, t)
+
+    def drop(self, tr: Trajectory, t: float, reason: int) -> None:
+        """Erase `tr`'s paused KV between iterations; its next call recomputes what it
+        keeps (the rest is discarded)."""
+        tr.need_rc = self.kept[tr.pos]
+        tr.state = DROPPING
+        self.sched.defer(T_DROP, tr, reason, tr.pos - tr.first, t)
 
     def restored(self, tr: Trajectory) -> None:
         """`tr`'s KV is back from the host tier: with a prefix cache, its whole blocks (one
@@ -410,9 +442,12 @@ class EngineState:
 
     def preempt(self, t: float) -> bool:
         # Idle server, nothing in transfer, and the first resuming trajectory cannot grow:
-        # drop the KV of the latest one behind it (it recomputes when admitted).
+        # drop the KV of the latest one behind it (it recomputes when admitted). Only where
+        # nothing else ends the stall: with a first-token timeout, the waiting calls time out
+        # and fail, releasing what they hold, as on the engines (which never preempt a paused
+        # context: it is no running request).
         resume_q = self.resume_q
-        if not self.sched.idle() or self.inflight or len(resume_q) < 2:
+        if self.fto < INF or not self.sched.idle() or self.inflight or len(resume_q) < 2:
             return False
         head = resume_q[0]
         for tr in reversed(resume_q):

@@ -56,7 +56,8 @@ NS = 1_000_000_000
 PAYLOAD = {
     "trajectory_start": "a=planned arrival s",
     "call_start": "a=planned s (when the call was due)",
-    "call_end": "a=prompt_n (NaN: context overflow error), b=prefill ms, c=decode ms",
+    "call_end": "a=prompt_n (NaN: an error), b=prefill ms (an error: 0 context overflow, "
+                "1 first-token timeout), c=decode ms (a timeout: its message's text)",
     "pause_decision": "a=action code + 8 x detail text, b=predicted wait s, c=reason text",
     "swap_out": "a=retained tokens, b=transfer ms, c=reason text",
     "swap_in": "a=retained tokens, b=transfer ms",

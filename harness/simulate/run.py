@@ -49,6 +49,7 @@ from harness.traces.validate import load_trajectories
 __all__ = ["Arrivals", "arrival_times", "check_capacity", "run_simulation", "summarize_into"]
 
 DEFAULT_DEADLINE_S = 30.0  # as the replay plan's default injection
+FIRST_TOKEN_TIMEOUT_S = 600.0  # as the replay client's default (adapters.http.Timeouts)
 SERVER_MODEL_DOC = (
     "continuous batching in iterations: one token per generating call plus prompt chunks (slot "
     "order or arrival order) up to batch_tokens; iteration cost alpha + beta * tokens + "
@@ -129,14 +130,16 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
                    default_deadline_s: float = DEFAULT_DEADLINE_S,
                    write_summary: bool = True, slot_handoff: str = "fifo",
                    token_scale: float = 1.0, copies: int = 1, servers: int = 1,
-                   router: str = ROUND_ROBIN) -> RunManifest:
+                   router: str = ROUND_ROBIN,
+                   first_token_timeout_s: float = FIRST_TOKEN_TIMEOUT_S) -> RunManifest:
     """Simulate `trace` under a policy and write a results directory; returns run.json.
 
     `slot_handoff`: how a freed slot is handed on in a closed loop (see engine.simulate);
     `token_scale`: every token count of the trace times this, rounded up, as a replay does;
     `copies`: the trace repeated end to end (harness.traces.tile), as a bounded replay does;
     `servers`: K servers of `capacity` each behind `router` (harness.simulate.fleet); one
-    server (the default) runs no router."""
+    server (the default) runs no router; `first_token_timeout_s`: the client's (a call without
+    its first token that long after it was sent fails its trajectory; inf: none)."""
     check_fleet(servers, router)
     if slot_handoff not in SLOT_HANDOFFS:
         raise InputError(f"--slot-handoff must be one of {', '.join(SLOT_HANDOFFS)}")
@@ -144,6 +147,8 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
         raise InputError("--history-window must be >= 0 (0: every observation)")
     if not (math.isfinite(default_deadline_s) and default_deadline_s > 0):
         raise InputError("--default-deadline-s must be a finite number > 0")
+    if not first_token_timeout_s > 0:
+        raise InputError("--first-token-timeout must be a number of seconds > 0")
     if arrivals.time_scale != 1.0:
         raise InputError("the simulator runs the trace's own times: time scale 1 only")
     policy = make_policy(policy_name, policy_args)
@@ -183,6 +188,8 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
                      "iteration_costs": server.iteration_costs().to_dict(),
                      "history_window": history_window, "slot_handoff": slot_handoff,
                      "default_deadline_s": default_deadline_s,
+                     "first_token_timeout_s": (first_token_timeout_s
+                                               if math.isfinite(first_token_timeout_s) else None),
                      "servers": servers, "router": router if servers > 1 else None}
     out.mkdir(parents=True, exist_ok=True)
     run.write(out)
@@ -195,7 +202,8 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     try:
         counters: Counters = simulate(w, server, capacity, policy, arrival_s,
                                       arrivals.concurrency, sink, str(run.run_id),
-                                      history_window, slot_handoff, fleet, seed)
+                                      history_window, slot_handoff, fleet, seed,
+                                      first_token_timeout_s)
     finally:
         t_loop = time.perf_counter() - t1
         sink.close()  # whatever was simulated is on disk, even when the loop failed
@@ -203,8 +211,9 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
         raise InputError(
             f"{counters.stalled} trajectories never ended: they waited for something that never "
             "came (sub-agents waiting for KV memory that their paused parents keep, without a "
-            "deadline, or a tool that never returns without one); give the server more "
-            "capacity, lower --concurrency or choose a policy that frees KV during pauses")
+            "deadline and with --first-token-timeout none, or a tool that never returns "
+            "without one); give the server more capacity, lower --concurrency, set a "
+            "first-token timeout or choose a policy that frees KV during pauses")
     _record_end(run, counters, sink, (t_load, t_loop, time.perf_counter() - t0), fleet)
     run.write(out)
     if write_summary:

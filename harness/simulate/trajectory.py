@@ -43,6 +43,7 @@ class Trajectory:
         self.prefilling = False  # the running call's prompt has had a chunk
         self.kids_left = 0  # paused at a step that started sub-agents: those still running
         self.rank = 0  # its task's arrival order (program order)
+        self.awaiting = False  # its call was sent and has no first token yet (the timeout runs)
 
 
 # A step's row of the per-step record fields (harness.simulate.steps.StepColumns): the loop

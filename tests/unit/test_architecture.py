@@ -44,7 +44,8 @@ ADAPTER_SEAM = frozenset({"harness.adapters.base", "harness.adapters.http",
 # The one cycle allowed: the simulator's engine, its state, its scheduler and a fleet of
 # engines name each other's types, under TYPE_CHECKING only.
 ALLOWED_CYCLES = [frozenset({"harness.simulate.engine", "harness.simulate.engine_state",
-                             "harness.simulate.fleet", "harness.simulate.scheduler"})]
+                             "harness.simulate.fleet", "harness.simulate.scheduler",
+                             "harness.simulate.client"})]
 CLICK_ALLOWED = ("harness.commands", "harness.cli")
 
 

@@ -190,10 +190,14 @@ def test_ttl_expires_into_swap(tmp_path: Path) -> None:
     assert out_["t_ns"] / 1e9 - t_s(df, "pause_decision", "a") == pytest.approx(1.11)
 
 
-def test_preemption_breaks_a_token_pool_deadlock(tmp_path: Path) -> None:
+def test_preemption_breaks_a_token_pool_deadlock_without_a_timeout(tmp_path: Path) -> None:
     path = trace(tmp_path, {"a": [llm(100, 10), tool(1.0), llm(100, 10)],
                             "b": [llm(100, 10), tool(1.0), llm(100, 10)]})
-    df, run = sim(tmp_path, path, "keep", Capacity(tokens=250))
+    out = tmp_path / "out"
+    run = run_simulation(path, "keep", {}, Capacity(tokens=250), CAL, None,
+                         Arrivals("closed", 8), 0, out, write_summary=False,
+                         first_token_timeout_s=float("inf")).to_dict()
+    df = read_records(out)
     assert run["simulator"]["preemptions"] == 1
     assert run["simulator"]["record_writer"] == "thread"  # a small trace: no writer process
     assert ev(df, "erase")["reason"].tolist().count("preempted") == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -165,9 +166,11 @@ def test_k_servers_hold_what_overflows_one(tmp_path: Path) -> None:
     assert count(one, "slot_wait") > 0 and count(four, "slot_wait") == 0
     assert run4["duration_s"] < run1["duration_s"]
     pool = Capacity(tokens=70000)
-    _, run1 = sim(tmp_path, "pool1", "coding-agent.parquet", "keep", pool, 6)
+    # (without a first-token timeout, the model preempts where one server's pool stalls)
+    _, run1 = sim(tmp_path, "pool1", "coding-agent.parquet", "keep", pool, 6,
+                  first_token_timeout_s=math.inf)
     _, run2 = sim(tmp_path, "pool2", "coding-agent.parquet", "keep", pool, 6, servers=2,
-                  router="prefix-affinity")
+                  router="prefix-affinity", first_token_timeout_s=math.inf)
     assert run1["simulator"]["preemptions"] > 0 and run2["simulator"]["preemptions"] == 0
     # sub-agents waiting behind parents that keep every slot: cancelled on one server only
     sub = Capacity(slots=4, ctx_per_slot=4096)

@@ -1,0 +1,110 @@
+"""The agents' client in the simulation: when a call it sends reaches the engine, and when it
+gives up on one.
+
+A call reaches the engine the calibration's request overhead after the client sent it (this
+step's draw where the overhead has a distribution: harness.simulate.server). The client's
+first-token timeout (a replay's `--first-token-timeout`) fails a call without its first token
+that long after it was sent, and with it its trajectory, as a replay's client does; the engine
+aborts the call wherever it is and releases what the trajectory held. So a stall, every call
+waiting for memory that paused contexts pin, ends as it does on a server. A server that holds
+its calls' memory (a token pool: vLLM, SGLang) has them wait inside it, so their timeout runs
+from the send; on slots the replay takes a slot (and restores into it) before it sends the
+call, so there it runs from the call's start.
+
+Timeouts fall due in the order the calls were sent (one timeout for all): one TIMEOUT event at
+a time stands for them all, over a FIFO of the waiting calls, not one event per call.
+
+Compiled with mypyc together with harness.simulate.engine (see harness.simulate.native); it
+runs unchanged as plain Python.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Final
+
+from harness.simulate.decode import E_CALL_END
+from harness.simulate.trajectory import DONE, RUNNING, Trajectory
+
+if TYPE_CHECKING:
+    from harness.simulate.engine import Engine
+
+SENT: Final = 6  # external events (harness.simulate.engine_state): a call reaches the engine
+TIMEOUT: Final = 7  # ... the first-token timeouts' watch fires
+INF: Final = float("inf")
+NAN: Final = float("nan")
+TIMEOUT_ERROR: Final = 1  # an error call_end's b (NaN prompt_n): 1 a timeout, 0 an overflow
+
+
+class Client:
+    """The client's side of the engine's calls (see the module docstring). `timeout_text`: the
+    sink's text of the timeout's message, as a replay's client words it."""
+
+    def __init__(self, engine: Engine, overhead_s: float, overheads: list[float],
+                 timeout_s: float, timeout_text: int, slot_mode: bool) -> None:
+        self.engine = engine
+        self.overhead = overhead_s
+        self.overheads = overheads  # per step, where the overhead has a distribution
+        self.timeout_s = timeout_s
+        self.timeout_text = timeout_text
+        self.from_send = timeout_s < INF and not slot_mode
+        self.from_start = timeout_s < INF and slot_mode
+        self.waiting: deque[tuple[float, Trajectory, int]] = deque()  # (due, _, step), as sent
+        self.armed = False  # a TIMEOUT event is pending for the first of them
+
+    def request(self, tr: Trajectory, t: float) -> None:
+        """`tr`'s next call is sent at `t`: it reaches the engine the request overhead later."""
+        if self.from_send:
+            self.watch(tr, t)
+        d = self.overheads[tr.pos] if self.overheads else self.overhead
+        if d > 0.0:
+            self.engine.push(t + d, SENT, tr, tr.gen)
+        else:
+            self.engine.send(tr, t)
+
+    def started(self, tr: Trajectory, t: float) -> None:
+        """`tr`'s call starts on the engine at `t` (admitted, restored)."""
+        if self.from_start:
+            self.watch(tr, t)
+
+    def watch(self, tr: Trajectory, t: float) -> None:
+        """`tr`'s call waits for its first token from `t` on (Engine.first_token ends it)."""
+        tr.awaiting = True
+        due = t + self.timeout_s
+        self.waiting.append((due, tr, tr.pos))
+        if not self.armed:
+            self.armed = True
+            self.engine.push(due, TIMEOUT, tr, 0)
+
+    def fire(self, t: float) -> None:
+        """The watch fired at `t`: the calls due that still wait for their first token time
+        out, and the watch is set for the next one (a call sent meanwhile, by a timed-out
+        trajectory's successor, joins the FIFO)."""
+        q = self.waiting
+        while q:
+            due, tr, step = q[0]
+            if not tr.awaiting or tr.pos != step or tr.state == DONE:
+                q.popleft()  # it has had its first token, or its trajectory ended
+            elif due <= t:
+                q.popleft()
+                self.time_out(tr, t)
+            else:
+                self.engine.push(due, TIMEOUT, tr, 0)
+                return
+        self.armed = False
+
+    def time_out(self, tr: Trajectory, t: float) -> None:
+        """`tr`'s call had no first token in time: the engine aborts it wherever it is (waiting
+        for memory, restoring, in its prefill) and the trajectory fails."""
+        e = self.engine
+        tr.awaiting = False
+        e.use(tr)  # a fleet: its call's server
+        if tr.state == RUNNING:
+            e.sched.cancel(tr, t)
+        elif tr in e.queue:
+            e.queue.remove(tr)
+        elif tr in e.resume_q:
+            e.resume_q.remove(tr)
+        text = self.timeout_text
+        e.emit(t, E_CALL_END, tr.ti, tr.pos - tr.first, tr.slot, NAN, TIMEOUT_ERROR, text)
+        e.finish(tr, t, 2, text)

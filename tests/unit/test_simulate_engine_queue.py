@@ -1,0 +1,56 @@
+"""Admission in a token pool, on the engine model (vLLM, SGLang) as in llama.cpp's plain pool: a
+resumed call whose context is held (pinned) grows first, ahead of calls that came before it
+and do not fit; a stall ends by the first-token timeout, or, without one, by preemption."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from harness.records.store import read_records
+from harness.simulate.run import Arrivals, run_simulation
+from harness.simulate.server import Capacity
+from tests.unit.test_simulate import CAL, ev, llm, t_s, tool, trace
+
+# a pins 110 tokens through its pause and resumes at about 1.2 s needing 25 more; b holds 250
+# until about 2.2 s; c arrives at 1.1 s needing 70 of the 40 left.
+TRAJS = {"a": [llm(100, 10), tool(1.0), llm(20, 5)], "b": [llm(50, 200)], "c": [llm(60, 10)]}
+STARTS = {"a": 0.0, "b": 0.0, "c": 1.1}
+
+
+def run(tmp: Path, cap: Capacity, timeout_s: float = 600.0) -> pd.DataFrame:
+    out = tmp / "out"
+    run_simulation(trace(tmp, TRAJS, STARTS), "keep", {}, cap, CAL, None,
+                   Arrivals("trace", 8, 1.0), 0, out, write_summary=False,
+                   first_token_timeout_s=timeout_s)
+    return read_records(out)
+
+
+def test_a_pinned_resume_grows_ahead_of_an_earlier_call(tmp_path: Path) -> None:
+    for cap in (Capacity(tokens=400, engine="vllm", block_size=1), Capacity(tokens=400)):
+        df = run(tmp_path / cap.engine, cap)
+        assert t_s(df, "tool_end", "a") > 1.1  # c has been waiting since 1.1 s
+        assert t_s(df, "call_start", "a", 1) == t_s(df, "tool_end", "a")  # no wait
+        # c fits once a's trajectory ends and releases its 135 tokens (between iterations),
+        # before b's end
+        assert t_s(df, "call_end", "a", 1) <= t_s(df, "call_start", "c") < t_s(
+            df, "call_end", "b")
+        assert ev(df, "trajectory_end")["status"].tolist() == ["completed"] * 3
+
+
+def test_without_a_timeout_an_idle_engine_preempts(tmp_path: Path) -> None:
+    # Both pin 110 of a 250-token pool and cannot grow by the 110 their next call needs: with
+    # no first-token timeout to end the stall, the latest one that holds KV is dropped.
+    trajs = {"a": [llm(100, 10), tool(1.0), llm(100, 10)],
+             "b": [llm(100, 10), tool(2.0), llm(100, 10)]}
+    out = tmp_path / "out"
+    m = run_simulation(trace(tmp_path, trajs), "keep", {}, Capacity(
+        tokens=250, engine="vllm", block_size=1), CAL, None, Arrivals("closed", 8), 0, out,
+        write_summary=False, first_token_timeout_s=math.inf)
+    df = read_records(out)
+    assert m.simulator is not None and m.simulator["preemptions"] == 1
+    assert ev(df, "erase", "b")["reason"].tolist() == ["preempted", "trajectory-end"]
+    assert ev(df, "recompute", "b")["recomputed_tokens"].tolist() == [110]
+    assert m.outcome is not None and m.outcome.completed == 2

@@ -19,6 +19,13 @@ machine's speed moves by tens of percent within minutes):
   contexts cause, in a third of the simulated time), so its own ratio is printed beside it but
   the target is judged per pause.
 
+Every run goes without the client's first-token timeout: the workload is a saturated server
+(2,000 agents pinning their contexts), which the model keeps serving by preempting a pinned
+context when it stalls; with the client's 600-s timeout most of its agents would time out and
+fail instead, a different and much shorter run (this tree: 52% of the trajectories completed,
+61,288 s simulated), and references before the timeout cannot run that way. So both trees
+simulate the same events, and this tree's timeout costs one check per call.
+
 The reference is the commit's source extracted with `git archive` to a temporary directory and
 its event loop compiled there as `make setup` compiles it (mypyc; when the current tree runs
 pure Python, so does the reference); `--reference none` skips it. Exits 1 when a target is
@@ -51,9 +58,10 @@ CALIBRATION = dict(
 
 # One timed simulation, run in a fresh interpreter whose `harness` is the tree given (the
 # editable install's finder is taken out so that a reference tree is imported, not this one).
-# It uses only the API both trees have: run_simulation and check_capacity.
+# It uses only the API both trees have: run_simulation and check_capacity (and, where the tree
+# has it, no first-token timeout: the reference's behaviour, see the module docstring).
 CHILD = r"""
-import json, sys, time
+import inspect, json, sys, time
 tree, trace, out, policy, engine, tokens, conc, cal = sys.argv[1:9]
 sys.meta_path[:] = [f for f in sys.meta_path
                     if not type(f).__module__.startswith("__editable__")]
@@ -65,8 +73,10 @@ from harness.simulate.run import Arrivals, check_capacity, run_simulation
 cap = (check_capacity(int(tokens), None, None) if engine == "llamacpp"
        else check_capacity(int(tokens), None, None, engine))
 t0 = time.perf_counter()
+kw = ({"first_token_timeout_s": float("inf")}
+      if "first_token_timeout_s" in inspect.signature(run_simulation).parameters else {})
 run = run_simulation(Path(trace), policy, {}, cap, Calibration(**json.loads(cal)), None,
-                     Arrivals("closed", int(conc)), 0, Path(out), write_summary=False)
+                     Arrivals("closed", int(conc)), 0, Path(out), write_summary=False, **kw)
 wall = time.perf_counter() - t0
 s = run.simulator
 print(json.dumps({"timed": wall - s["wall_s"]["load"], "load": s["wall_s"]["load"],

@@ -47,25 +47,11 @@ class Client:
         self.overheads = overheads  # per step, where the overhead has a distribution
         self.timeout_s = timeout_s
         self.timeout_text = timeout_text
+        # where the timeout runs from (Engine.request_call, Engine.start_call read them)
         self.from_send = timeout_s < INF and not slot_mode
         self.from_start = timeout_s < INF and slot_mode
         self.waiting: deque[tuple[float, Trajectory, int]] = deque()  # (due, _, step), as sent
         self.armed = False  # a TIMEOUT event is pending for the first of them
-
-    def request(self, tr: Trajectory, t: float) -> None:
-        """`tr`'s next call is sent at `t`: it reaches the engine the request overhead later."""
-        if self.from_send:
-            self.watch(tr, t)
-        d = self.overheads[tr.pos] if self.overheads else self.overhead
-        if d > 0.0:
-            self.engine.push(t + d, SENT, tr, tr.gen)
-        else:
-            self.engine.send(tr, t)
-
-    def started(self, tr: Trajectory, t: float) -> None:
-        """`tr`'s call starts on the engine at `t` (admitted, restored)."""
-        if self.from_start:
-            self.watch(tr, t)
 
     def watch(self, tr: Trajectory, t: float) -> None:
         """`tr`'s call waits for its first token from `t` on (Engine.first_token ends it)."""

@@ -8,24 +8,23 @@ Memory: a call reserves its whole context (prompt + output) when admitted (no gr
 preemption of running calls); a kept KV keeps its reservation (its slot, in slot mode); with a
 prefix cache (vLLM, SGLang) the rest is cached, evictable (EngineState.grab). Admission is FCFS,
 but in a token pool a resumed trajectory holding KV grows first, and in a closed loop on slots
-an agent may take the slot it freed (see `simulate`). A call without its first token within
-the client's first-token timeout fails its trajectory, which releases what it held: so a stall
-for memory ends, as on a server. Only without a timeout, when the server is idle and the first
-resuming trajectory cannot grow, the latest one behind it is preempted (dropped, recomputed
-when admitted). A slot freed by recompute is free when the running
-iteration ends (control tasks wait for it). Swaps use one FIFO link per direction (a host tier
-unbounded but with a prefix cache), not stalling compute. Policies decide through
+an agent may take the slot it freed (see `simulate`). The client's first-token timeout ends a
+stall (harness.simulate.client); only without one, when the server is idle and the first
+resuming one cannot grow, the latest one behind it is preempted (recomputed when admitted).
+A slot freed by recompute is free when the running iteration ends (control tasks wait for it).
+Swaps use one FIFO link per direction (a host tier unbounded but with a prefix cache), not
+stalling compute. Policies decide through
 harness.policies with the context the replay builds (free/total slots or tokens; the class's
 latency history, its last `history_window` observations); only an oracle sees the true latency;
 the fixed policies (keep, keep-evictable, swap, recompute) are asked once.
 Sub-agents start at once at their parent's spawning step, which ends `latency_s` after the last
 ended (a deadline cancels what still runs). A held KV serves only what the next call keeps.
 
-A fleet (harness.simulate.fleet) runs K servers through the same transitions: its router picks
-each call's server, and a transition acts on its trajectory's server (`use`).
+A fleet (harness.simulate.fleet) runs K servers through the same transitions: its router
+picks each call's server, and a transition acts on its trajectory's server (`use`).
 
-Written as typed classes so that mypyc can compile it with harness.simulate.scheduler,
-.engine_state and .trajectory (see harness.simulate.native); it runs unchanged as plain Python.
+Typed classes, compiled by mypyc with .scheduler, .client, .engine_state and .trajectory
+(harness.simulate.native); it runs unchanged as plain Python.
 """
 
 from __future__ import annotations
@@ -122,8 +121,7 @@ def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolic
     next one on the slot it just freed, ahead of the calls waiting for a slot.
     `fleet`: K servers like `server` and `cap` each, behind a router (None: one server).
     `seed`: the draws of request overheads where the server model has their distribution.
-    `first_token_timeout_s`: the client's, as a replay's: a call without its first token that
-    long after it was sent fails its trajectory (INF: it waits as long as it takes).
+    `first_token_timeout_s`: the client's (harness.simulate.client; INF: none).
     """
     if slot_handoff not in SLOT_HANDOFFS:
         raise ValueError(f"slot_handoff must be one of {SLOT_HANDOFFS}, got {slot_handoff!r}")
@@ -157,8 +155,7 @@ class Engine(EngineState):
 
     def __init__(self, w: Workload, server: ServerModel, cap: Capacity, policy: PausePolicy,
                  open_loop: bool, sink: RecordSink, run_id: str, history_window: int,
-                 agent_handoff: bool, seed: int = 0,
-                 first_token_timeout_s: float = INF) -> None:
+                 agent_handoff: bool, seed: int = 0, first_token_timeout_s: float = INF) -> None:
         super().__init__(w, server, cap, policy, open_loop, sink, run_id, history_window,
                          agent_handoff, seed, first_token_timeout_s)
 
@@ -193,7 +190,18 @@ class Engine(EngineState):
             self.next_rank += 1
         tr.due = t
         tr.state = DROPPED
-        self.client.request(tr, t)
+        self.request_call(tr, t)
+
+    def request_call(self, tr: Trajectory, t: float) -> None:
+        """`tr`'s client sends its next call at `t` (harness.simulate.client)."""
+        client = self.client
+        if client.from_send:
+            client.watch(tr, t)
+        d = client.overheads[tr.pos] if client.overheads else client.overhead
+        if d > 0.0:
+            self.push(t + d, SENT, tr, tr.gen)
+        else:
+            self.send(tr, t)
 
     def send(self, tr: Trajectory, t: float) -> None:
         if self.fleet is None:
@@ -273,7 +281,9 @@ class Engine(EngineState):
 
     def start_call(self, tr: Trajectory, t: float) -> None:
         g = tr.pos
-        self.client.started(tr, t)
+        client = self.client
+        if client.from_start:  # on slots the timeout runs from here
+            client.watch(tr, t)
         if not self.fixed and g > tr.first and tr.state != KEPT:
             # a resumed call whose context was not held: a deciding policy sees its wait
             self.queue_delays.add(t - tr.ready)
@@ -314,7 +324,7 @@ class Engine(EngineState):
                 self.release(tr, t, a, b)
             if tr.state == WAIT_DROP:
                 tr.state = DROPPED
-                self.client.request(tr, t)
+                self.request_call(tr, t)
             elif tr.state == DROPPING:
                 tr.state = DROPPED
             self.try_admit(t)
@@ -438,7 +448,7 @@ class Engine(EngineState):
             elif st == DROPPING:
                 tr.state = WAIT_DROP
             else:
-                self.client.request(tr, t)
+                self.request_call(tr, t)
         elif kind == SWAP_OUT_DONE:
             waiting = tr.state == WAIT_SWAPOUT
             step = g - tr.first - (1 if waiting else 0)
@@ -447,7 +457,7 @@ class Engine(EngineState):
             self.release(tr, t, reason, step, False)  # the device copy is discarded
             tr.state = SWAPPED
             if waiting:
-                self.client.request(tr, t)
+                self.request_call(tr, t)
             else:
                 self.try_admit(t)
         elif kind == SWAP_IN_DONE:

@@ -14,7 +14,9 @@ real tool times and token counts):
 - `sim`: the engine model with vLLM's semantics and the declared preset
   `vllm-llama3.1-70b-h100x4` (published figures for that model on that hardware, not measured
   here), `--jobs` jobs with `--agents` at a time, every policy, `--replicates` times with the
-  jobs in a different seeded order (the makespan's spread);
+  jobs in a different seeded order (the makespan's spread), with no client timeout (the
+  paper's agents wait for their calls; with the harness client's 600 s most calls that wait
+  for memory behind pinned contexts would fail instead);
 - `live`: `harness run` against a local CPU vLLM with the project's connector and a KV
   pool of `--pool-tokens` (smaller than the agents' contexts), `--live-jobs` jobs token-scaled
   by `--token-scale`, `--live-agents` at a time, each policy stopped past `--live-bound-s`
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -134,8 +137,9 @@ def simulate_part(source: pd.DataFrame, out: Path, jobs: int, agents: int,
         for name, (policy, args) in POLICIES.items():
             d = out / f"{name}-{r}"
             t0 = time.perf_counter()
+            # no client timeout: the paper's agents wait for their calls as long as it takes
             run_simulation(trace, policy, args, cap, cal, None, Arrivals("closed", agents), r,
-                           d)
+                           d, first_token_timeout_s=math.inf)
             facts = run_facts(d)
             results[name].append(facts)
             print(f"sim replicate {r} {name}: JCT mean {np.mean(facts['jct']):,.0f} s, "

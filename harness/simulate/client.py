@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Final
 
-from harness.simulate.decode import E_CALL_END
-from harness.simulate.trajectory import DONE, RUNNING, Trajectory
+from harness.simulate.decode import E_CALL_END, TIMEOUT_ERROR
+from harness.simulate.trajectory import DONE, Trajectory
 
 if TYPE_CHECKING:
     from harness.simulate.engine import Engine
@@ -33,7 +33,6 @@ SENT: Final = 6  # external events (harness.simulate.engine_state): a call reach
 TIMEOUT: Final = 7  # ... the first-token timeouts' watch fires
 INF: Final = float("inf")
 NAN: Final = float("nan")
-TIMEOUT_ERROR: Final = 1  # an error call_end's b (NaN prompt_n): 1 a timeout, 0 an overflow
 
 
 class Client:
@@ -84,13 +83,7 @@ class Client:
         for memory, restoring, in its prefill) and the trajectory fails."""
         e = self.engine
         tr.awaiting = False
-        e.use(tr)  # a fleet: its call's server
-        if tr.state == RUNNING:
-            e.sched.cancel(tr, t)
-        elif tr in e.queue:
-            e.queue.remove(tr)
-        elif tr in e.resume_q:
-            e.resume_q.remove(tr)
+        e.withdraw(tr, t)
         text = self.timeout_text
         e.emit(t, E_CALL_END, tr.ti, tr.pos - tr.first, tr.slot, NAN, TIMEOUT_ERROR, text)
         e.finish(tr, t, 2, text)

@@ -28,6 +28,7 @@ EVENTS = ("trajectory_start", "call_start", "first_token", "call_end", "tool_sta
 ACTIONS = ("keep", "swap", "recompute", "ttl", "keep-evictable")
 KV_STATUSES = ("active", "paused", "released", "evictable")
 END_STATUSES = ("completed", "cancelled", "failed")
+TIMEOUT_ERROR = 1  # an error call_end's b (NaN prompt_n): 1 the client's timeout, 0 an overflow
 KV_STATUS_AT = len(OUTCOMES)  # where each group starts in the status vocabulary
 END_STATUS_AT = KV_STATUS_AT + len(KV_STATUSES)
 NS = 1_000_000_000
@@ -147,7 +148,7 @@ class _CallEnds:
     def __init__(self, p: _Part) -> None:
         end = p.sl[E_CALL_END]
         self.err = np.isnan(p.a[end])
-        self.timeout = self.err & (p.b[end] == 1)
+        self.timeout = self.err & (p.b[end] == TIMEOUT_ERROR)
         self.overflow = self.err & ~self.timeout
         self.message = p.c[end]  # a timeout's text
         self.steps = p.steps_of(E_CALL_END)

@@ -192,8 +192,6 @@ class EngineState:
         self.r_end = sink.text("trajectory-end")
         self.r_preempted = sink.text("preempted")
         self.r_overflow = sink.text("context-overflow")
-        # the client's first-token timeout (INF: none)
-        self.fto = first_token_timeout_s
         self.texts: dict[str, int] = {}
         # running state
         self.ext: list[Event] = []
@@ -447,7 +445,8 @@ class EngineState:
         # and fail, releasing what they hold, as on the engines (which never preempt a paused
         # context: it is no running request).
         resume_q = self.resume_q
-        if self.fto < INF or not self.sched.idle() or self.inflight or len(resume_q) < 2:
+        if (self.client.timeout_s < INF or not self.sched.idle() or self.inflight
+                or len(resume_q) < 2):
             return False
         head = resume_q[0]
         for tr in reversed(resume_q):
@@ -459,6 +458,17 @@ class EngineState:
                 return True
         return False
 
+    def withdraw(self, tr: Trajectory, t: float) -> None:
+        """Take `tr`'s call out of the batch or the queue it is in at `t` (on its own server,
+        in a fleet), so that it is never admitted: its trajectory is about to end."""
+        self.use(tr)
+        if tr.state == RUNNING:
+            self.sched.cancel(tr, t)
+        elif tr in self.queue:
+            self.queue.remove(tr)
+        elif tr in self.resume_q:
+            self.resume_q.remove(tr)
+
     def take_out(self, kids: list[int], t: float, out: list[Trajectory]) -> None:
         """Those of `kids` still running, and theirs, into `out` (parents first), each taken
         out of the batch or the queue it is in: their parent is cancelled at `t`, and none of
@@ -468,13 +478,7 @@ class EngineState:
             if c.state == DONE:
                 continue
             out.append(c)
-            self.use(c)  # a fleet: its own server's batch and queues
-            if c.state == RUNNING:
-                self.sched.cancel(c, t)
-            elif c in self.queue:
-                self.queue.remove(c)
-            elif c in self.resume_q:
-                self.resume_q.remove(c)
+            self.withdraw(c, t)
             nested = self.kids.get(c.pos) if c.kids_left else None
             if nested is not None:
                 self.take_out(nested, t, out)

@@ -165,7 +165,9 @@ def simulate_command(trace: Path, policy: str, policy_args: tuple[str, ...],
     if cap.prefix_cache:
         click.echo(f"{cap.engine} engine model, {cap.tokens:,}-token pool in blocks of "
                    f"{cap.block_size}: {s['evicted_tokens']:,} tokens evicted from its prefix "
-                   f"cache, {s['swaps_refused']} offloads refused (host tier full)")
+                   f"cache, {s['swaps_refused']} offloads refused (host tier full)"
+                   + (f", {s['preempted_calls']} running calls preempted for memory"
+                      if cap.engine == "vllm" else ""))
     if "routing" in s:
         click.echo(fleet_line(k, router, s["routing"]))
 

@@ -4,27 +4,24 @@ The server's iterations and the event loop are harness.simulate.scheduler; this 
 trajectories' side: arrivals, admission, calls, pauses, policies, swaps, records. What it knows
 and the record and event bookkeeping it shares are harness.simulate.engine_state.
 
-Memory: a call reserves its whole context (prompt + output) when admitted (no growth, so no
-preemption of running calls); a kept KV keeps its reservation (its slot, in slot mode); with a
-prefix cache (vLLM, SGLang) the rest is cached, evictable (EngineState.grab). Admission is FCFS,
-but in a token pool a resumed trajectory holding KV grows first, and in a closed loop on slots
-an agent may take the slot it freed (see `simulate`). The client's first-token timeout ends a
-stall (harness.simulate.client); only without one, when the server is idle and the first
-resuming one cannot grow, the latest one behind it is preempted (recomputed when admitted).
-A slot freed by recompute is free when the running iteration ends (control tasks wait for it).
-Swaps use one FIFO link per direction (a host tier unbounded but with a prefix cache), not
-stalling compute. Policies decide through
-harness.policies with the context the replay builds (free/total slots or tokens; the class's
-latency history, its last `history_window` observations); only an oracle sees the true latency;
-the fixed policies (keep, keep-evictable, swap, recompute) are asked once.
-Sub-agents start at once at their parent's spawning step, which ends `latency_s` after the last
-ended (a deadline cancels what still runs). A held KV serves only what the next call keeps.
+Memory: a call reserves its whole context (prompt + output) when admitted, except on vLLM,
+whose calls grow and are preempted (harness.simulate.growth); a kept KV keeps what it holds (a
+slot, in slot mode); with a prefix cache (vLLM, SGLang) the rest is cached, evictable
+(EngineState.grab). Admission is FCFS, but in a token pool a resumed trajectory holding KV
+grows first, and in a closed loop on slots an agent may take the slot it freed (`simulate`).
+The client's first-token timeout ends a stall (harness.simulate.client); only without one, when
+the server is idle and the first resuming one cannot grow, the latest one behind it is
+preempted. Swaps use one FIFO link per direction, not stalling compute. Policies decide through
+harness.policies with the context the replay builds; only an oracle sees the true latency; the
+fixed policies (keep, keep-evictable, swap, recompute) are asked once. Sub-agents start at once
+at their parent's spawning step, which ends `latency_s` after the last ended (a deadline
+cancels what still runs). A held KV serves only what the next call keeps.
 
 A fleet (harness.simulate.fleet) runs K servers through the same transitions: its router
 picks each call's server, and a transition acts on its trajectory's server (`use`).
 
-Typed classes, compiled by mypyc with .scheduler, .client, .engine_state and .trajectory
-(harness.simulate.native); it runs unchanged as plain Python.
+Typed classes, compiled by mypyc with the modules it imports (harness.simulate.native); it
+runs unchanged as plain Python.
 """
 
 from __future__ import annotations
@@ -89,6 +86,7 @@ from harness.simulate.trajectory import (
     F_TE_SLOT,
     F_TE_T,
     KEPT,
+    PREEMPTED,
     RESTORING,
     RUNNING,
     SWAPPED,
@@ -153,12 +151,6 @@ class Engine(EngineState):
     """The trajectories' side of one simulation (see the module docstring): the transitions of
     its trajectories over the state and bookkeeping of EngineState; `run` runs it."""
 
-    def __init__(self, w: Workload, server: ServerModel, cap: Capacity, policy: PausePolicy,
-                 open_loop: bool, sink: RecordSink, run_id: str, history_window: int,
-                 agent_handoff: bool, seed: int = 0, first_token_timeout_s: float = INF) -> None:
-        super().__init__(w, server, cap, policy, open_loop, sink, run_id, history_window,
-                         agent_handoff, seed, first_token_timeout_s)
-
     def run(self, times: list[float]) -> Counters:
         """Root k arrives at `times[k]`; run the loop to its end, return the counters."""
         for k, t in enumerate(times):
@@ -171,6 +163,7 @@ class Engine(EngineState):
         c = self.c
         c.pauses, c.preemptions, c.events, c.sim_time_s = (self.pauses, self.preemptions,
                                                            events, t_last)
+        c.preempted_calls = self.growth.preempted if self.growth is not None else 0
         # e.g. sub-agents waiting for memory that their paused parents keep, with no deadline
         c.stalled = sum(1 for tr in self.trajs if tr.state != DONE)
         for cache in ([self.cache] if fleet is None else fleet.caches()):
@@ -229,7 +222,7 @@ class Engine(EngineState):
                     self.barge = False
                     self.start_call(tr, t)
                     return
-            elif self.grab(tr, need):
+            elif self.grab(tr, self.adm[g], t):
                 self.start_call(tr, t)
                 return
         if self.barge and queue:  # the agent's next trajectory takes the slot it just freed
@@ -259,12 +252,14 @@ class Engine(EngineState):
                 if not self.free_slots:
                     return
                 tr.slot = self.free_slots.pop()
-            elif not self.grab(tr, self.ctx[tr.pos]):
+            elif not (self.grab(tr, self.adm[tr.pos], t) if tr.state != PREEMPTED
+                      else self.growth is not None and self.growth.readmit(tr, t)):
                 if q is resume_q and self.preempt(t):
                     continue
                 return
             q.popleft()
-            self.admit(tr, t)
+            if tr.state != RUNNING:  # else a preempted call (vLLM), readmitted
+                self.admit(tr, t)
 
     def admit(self, tr: Trajectory, t: float) -> None:
         if t > tr.ready:  # slot_wait
@@ -299,6 +294,8 @@ class Engine(EngineState):
         rb[row + F_DUE] = tr.due
         tr.state = RUNNING
         tr.prefilling = False
+        if self.growth is not None:
+            self.growth.admit(tr)
         m = work if work > 0 else 1
         tr.rem = m
         tr.ppos = self.ctx[g] - self.out[g] - m

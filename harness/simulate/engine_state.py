@@ -31,6 +31,7 @@ from harness.policies.builtin import Keep, KeepEvictable, Recompute, Swap
 from harness.policies.history import RecentMean
 from harness.simulate.block_cache import BlockCache
 from harness.simulate.client import Client
+from harness.simulate.growth import Growth, admission_tokens
 from harness.simulate.records import E_ERASE, E_KV_STATE, RecordSink
 from harness.simulate.scheduler import Event, Scheduler
 from harness.simulate.server import (
@@ -47,6 +48,7 @@ from harness.simulate.trajectory import (
     DROPPED,
     DROPPING,
     KEPT,
+    PREEMPTED,
     RUNNING,
     STEP_WIDTH,
     SWAPPING,
@@ -178,6 +180,12 @@ class EngineState:
         self.cache: BlockCache | None = BlockCache(
             cap.block_size, cap.host_tokens if cap.host_tokens is not None else 2**62
         ) if cap.prefix_cache and not self.slot_mode else None
+        # vLLM: a call's memory grows as it decodes (None: its whole context from admission);
+        # what a call is admitted with, per step
+        self.growth: Growth | None = Growth(cast("Engine", self), cap.block_size) if (
+            cap.engine == "vllm" and self.cache is not None) else None
+        self.adm: list[int] = (self.ctx if self.growth is None
+                               else admission_tokens(self.ctx, self.out, cap.block_size))
         # records
         self.sink = sink
         self.rows: list[float] = sink.rows
@@ -215,6 +223,8 @@ class EngineState:
         # subclass, is what it is built with)
         self.sched = Scheduler(cast("Engine", self), self.costs, self.slot_mode, self.out,
                                self.dcost, self.rb)
+        self.sched.growth = self.growth
+        self.sched.phase = [0] * cap.block_size
         # the agents' client: request overheads, the first-token timeout and its message
         self.client = Client(cast("Engine", self), server.request_overhead_s,
                              server.overhead_draws(len(self.inp), seed), first_token_timeout_s,
@@ -255,11 +265,12 @@ class EngineState:
         tr.held = 0
         tr.state = DROPPED  # its next call is admitted as a new one, reusing what is left
 
-    def grab(self, tr: Trajectory, need: int) -> bool:
+    def grab(self, tr: Trajectory, need: int, t: float) -> bool:
         """Token pool: make `tr` hold the `need` tokens of its next call (its step `tr.pos`),
-        if the pool has them; False (nothing changed) if not. With a prefix cache, what the
-        cache still holds of `tr`'s context is reused (whole blocks; the rest of what the call
-        keeps is recomputed: `need_rc`), and the cache is evicted for the rest."""
+        if the pool has them at `t`; False (nothing changed) if not. With a prefix cache, what
+        the cache still holds of `tr`'s context is reused (whole blocks; the rest of what the
+        call keeps is recomputed: `need_rc`), and the cache is evicted for the rest; where
+        calls grow, the decoding calls' next tokens come first (Growth.owed)."""
         cache = self.cache
         if cache is None:
             grow = need - tr.held
@@ -268,10 +279,12 @@ class EngineState:
             self.free_tok -= grow
             tr.held = need
             return True
-        if need - tr.held > self.free_tok + cache.tokens:
+        spare = self.free_tok + cache.tokens - need + tr.held
+        if spare < 0 or (self.growth is not None and spare < self.growth.owed(t, spare)):
             return False
         g = tr.pos
         kept = self.kept[g]
+        tr.pinned = cache.whole(tr.held)
         if tr.held:  # pinned through the pause: its whole blocks are matched
             tr.need_rc = kept - cache.reusable(kept, self.inp[g])
         elif not tr.host:  # not a swapped context, whose restore brings it back
@@ -453,8 +466,11 @@ class EngineState:
             if tr.held and tr is not head:
                 self.preemptions += 1
                 self.release(tr, t, self.r_preempted, tr.pos - tr.first)
-                tr.need_rc = self.kept[tr.pos]
-                tr.state = DROPPED
+                if tr.state == PREEMPTED:  # its call goes on, recomputing the pinned part too
+                    tr.pinned = 0
+                else:
+                    tr.need_rc = self.kept[tr.pos]
+                    tr.state = DROPPED
                 return True
         return False
 

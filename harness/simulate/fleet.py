@@ -113,10 +113,12 @@ class Fleet:
                                 e.cache)]
         c = e.cache
         for _ in range(self.k - 1):
+            sched = Scheduler(e, e.costs, e.slot_mode, e.out, e.dcost, e.rb)
+            sched.growth = e.growth  # it acts on the active server's state
+            sched.phase = [0] * len(e.sched.phase)
             self.servers.append(_Server(
-                Scheduler(e, e.costs, e.slot_mode, e.out, e.dcost, e.rb),
-                list(range(e.total - 1, -1, -1)) if e.slot_mode else [], e.total, deque(),
-                deque(), None if c is None else BlockCache(c.block, c.host_cap)))
+                sched, list(range(e.total - 1, -1, -1)) if e.slot_mode else [], e.total,
+                deque(), deque(), None if c is None else BlockCache(c.block, c.host_cap)))
         self.active = 0
         e.fleet = self
 

@@ -56,7 +56,8 @@ SERVER_MODEL_DOC = (
     "attention (tiled for prompt chunks of >= tiled_rows tokens, row by row otherwise), fitted "
     "from the calibration (harness.model.iteration); requests and control tasks (erase, slot "
     "save/restore, release at trajectory end) wait for the running iteration's end; KV reserved "
-    "for prompt + output at admission; FCFS admission, resumed trajectories holding KV grow "
+    "for prompt + output at admission (but vllm's, below); FCFS admission, resumed "
+    "trajectories holding KV grow "
     "first (token pool); swap over one FIFO link per direction; preemption (drop, recompute "
     "later) only of a resumed trajectory waiting to grow while the server is idle and the first "
     "one cannot grow (token pool); a call reaches the server the calibration's "
@@ -71,6 +72,11 @@ PREFIX_CACHE_DOC = (
     "expiry leave the blocks cached under a fresh salt (never matched); an offload discards "
     "the device blocks and needs room in a host tier of {host} tokens (else the context "
     "stays pinned)")
+VLLM_GROWTH_DOC = (
+    "; vllm's calls are admitted with their prompt's blocks (not the output's) and given a "
+    "block as they decode into it, running calls first; where a running call finds none, the "
+    "call admitted last is preempted: its blocks freed (cached, evictable; a pinned context "
+    "stays held), readmitted first in line, recomputing what is no longer cached")
 
 
 def arrival_times(arrivals: Arrivals, w: Workload, n_steps: int, seed: int
@@ -182,6 +188,8 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
         doc += PREFIX_CACHE_DOC.format(
             engine=capacity.engine, block=capacity.block_size,
             host="unbounded" if capacity.host_tokens is None else f"{capacity.host_tokens:,}")
+        if capacity.engine == "vllm":
+            doc += VLLM_GROWTH_DOC
     run.simulator = {"engine": f"{loop}, {native.ENGINE}",
                      "engine_semantics": capacity.engine,
                      "server_model": doc,
@@ -271,6 +279,7 @@ def _record_end(run: RunManifest, counters: Counters, sink: RecordSink,
     assert run.simulator is not None
     run.simulator.update({
         "pauses": counters.pauses, "preemptions": counters.preemptions,
+        "preempted_calls": counters.preempted_calls,
         "evicted_tokens": counters.evicted_tokens, "swaps_refused": counters.swaps_refused,
         "events": counters.events, "records": sink.n_rows, "record_writer": sink.writer,
         "wall_s": {"load": round(load, 3), "loop": round(loop, 3), "total": round(total, 3)},

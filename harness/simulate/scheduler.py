@@ -28,6 +28,7 @@ from harness.simulate.trajectory import F_PRE_T, STEP_WIDTH, Trajectory
 
 if TYPE_CHECKING:
     from harness.simulate.engine import Engine
+    from harness.simulate.growth import Growth
 
 IDLE: Final = 0  # what the server is running
 PREFILL: Final = 1
@@ -80,6 +81,13 @@ class Scheduler:
         self.step_s = 0.0  # a decode iteration's length
         self.n_d = 0  # decoding calls
         self.dsum = 0.0  # their decode cost per iteration
+        # vLLM: blocks allocated as calls grow (harness.simulate.growth: None, a call holds
+        # its whole context from its admission); its state on this server
+        self.growth: Growth | None = None
+        self.xq: list[tuple[int, int, Trajectory]] = []
+        self.phase: list[int] = []
+        self.n_phase = 0
+        self.charged = 0
 
     def wake(self, t: float) -> None:
         """Work or a task arrived at `t`: an idle server starts now, a decode run stops at its
@@ -110,6 +118,8 @@ class Scheduler:
             hd = self.hd
             rest = [e for e in hd if e[2] is not tr]
             if len(rest) < len(hd):
+                if self.growth is not None:
+                    self.growth.settle(tr, t)
                 hd[:] = rest
                 heapq.heapify(hd)
                 self.n_d -= 1
@@ -163,7 +173,10 @@ class Scheduler:
             self.t0 = t
             self.step_s = cost
             self.it0 = self.it
-            self.t_srv = t + (self.hd[0][0] - self.it) * cost
+            k = self.hd[0][0] - self.it
+            if self.growth is not None:
+                k = self.growth.run_length(self.it, k)
+            self.t_srv = t + k * cost
         else:
             self.mode = IDLE
             self.t_srv = INF
@@ -177,11 +190,16 @@ class Scheduler:
             self.it = self.it0 + round((t - self.t0) / self.step_s)
         it = self.it
         hd, dcost = self.hd, self.dcost
+        gr = self.growth
+        if gr is not None:  # the blocks the run's calls crossed into (it had room for them)
+            gr.charge(it)
         done: list[Trajectory] = []
         while hd and hd[0][0] <= it:
             tr = heapq.heappop(hd)[2]
             self.n_d -= 1
             self.dsum -= dcost[tr.pos]
+            if gr is not None:
+                gr.finish(tr, it)
             done.append(tr)
         if done and self.slot_mode:
             self.dec_set.difference_update(done)
@@ -195,9 +213,20 @@ class Scheduler:
                 if r:
                     tr.ppos += m
                     continue
-                firsts.append(tr)
                 g = tr.pos
-                o = out[g]
+                o = tr.oleft
+                if o:  # a preempted call, readmitted: it had its first token
+                    tr.oleft = 0
+                    if o == 1:
+                        done.append(tr)
+                else:
+                    firsts.append(tr)
+                    o = out[g]
+                if gr is not None:  # its tokens: the prompt and the first one sampled
+                    if o > 1:
+                        gr.start(tr, it, tr.ppos + m + 1, it + o - 1)
+                    else:
+                        gr.trim(tr, tr.ppos + m + 1)
                 if o > 1:
                     self.seq += 1
                     heapq.heappush(hd, (it + o - 1, self.seq, tr))
@@ -213,6 +242,8 @@ class Scheduler:
             else:
                 while pre and pre[0].rem == 0:
                     pre.popleft()
+        # vLLM: the decoding calls' next blocks, preempting the latest where the pool is full
+        preempted = gr is not None and gr.make_room(it)
         self.compose(t)
         engine = self.engine
         if self.tasks:
@@ -224,6 +255,8 @@ class Scheduler:
             engine.first_token(tr, t)
         for tr in done:
             engine.call_end(tr, t)
+        if preempted:  # a preempted call waits first in line: admitted if it fits now
+            engine.try_admit(t)
 
     def run(self, ext: list[Event]) -> tuple[int, float]:
         """Until nothing is left: external events (a heap) and iteration boundaries in time

@@ -117,7 +117,8 @@ class Counters:
     cancelled: int = 0
     failed: int = 0
     pauses: int = 0
-    preemptions: int = 0
+    preemptions: int = 0  # paused contexts preempted (an idle server without a timeout)
+    preempted_calls: int = 0  # running calls preempted for memory (vLLM's engine model)
     events: int = 0
     sim_time_s: float = 0.0
     stalled: int = 0  # trajectories that started and were still waiting when nothing was left

@@ -16,6 +16,7 @@ RESTORING: Final = 6
 DONE: Final = 7
 DROPPING: Final = 8  # an erase waits for the iteration's end
 WAIT_DROP: Final = 9  # ... and the tool has returned
+PREEMPTED: Final = 10  # its running call was preempted (vLLM): it waits to be readmitted
 
 
 class Trajectory:
@@ -44,6 +45,15 @@ class Trajectory:
         self.kids_left = 0  # paused at a step that started sub-agents: those still running
         self.rank = 0  # its task's arrival order (program order)
         self.awaiting = False  # its call was sent and has no first token yet (the timeout runs)
+        # memory allocated as calls grow (harness.simulate.growth)
+        self.dstart = 0  # the iteration its call started decoding at
+        self.dlast = 0  # ... and its last
+        self.tok0 = 0  # its tokens then
+        self.xseq = -1  # its first block crossing's entry in the scheduler's heap (-1: none)
+        self.phase = -1  # its later crossings' phase (-1: not counted)
+        self.admitted = 0  # its call's place in the order of admission
+        self.pinned = 0  # tokens of its held KV that a pause pinned (they survive a preemption)
+        self.oleft = 0  # a preempted call: the tokens it still has to produce
 
 
 # A step's row of the per-step record fields (harness.simulate.steps.StepColumns): the loop

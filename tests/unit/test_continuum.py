@@ -17,7 +17,7 @@ from harness.simulate.run import Arrivals
 from harness.simulate.server import Capacity
 from tests.unit.test_pause_seam import resumed_cached, run_unslotted
 from tests.unit.test_simulate import ev, llm, sim, t_s, tool, trace
-from tests.unit.test_simulate_prefix_cache import ONE, PRESSED, vllm
+from tests.unit.test_simulate_prefix_cache import ONE, PRESSED, paged
 
 RATES = ServerRates(prefill_tok_s=100.0, swap_bytes_per_s=1e6, kv_bytes_per_token=1000.0)
 
@@ -99,7 +99,7 @@ def test_ttl_leaving_the_context_to_the_cache_loses_it_to_pressure(tmp_path: Pat
 
 
 def test_simulated_ttl_leaves_the_context_to_the_cache_at_tau(tmp_path: Path) -> None:
-    df, _ = sim(tmp_path, trace(tmp_path, ONE), "ttl", vllm(1000),
+    df, _ = sim(tmp_path, trace(tmp_path, ONE), "ttl", paged(1000),
                 {"tau": "0.5", "after": "keep-evictable"})
     assert ev(df, "kv_state")["status"].tolist() == ["active", "paused", "evictable", "active",
                                                      "released"]
@@ -112,7 +112,7 @@ def test_simulated_ttl_leaves_the_context_to_the_cache_at_tau(tmp_path: Path) ->
 
 def test_simulated_pin_blocks_admission_until_its_ttl_expires(tmp_path: Path) -> None:
     path = trace(tmp_path, PRESSED, starts={"a": 0.0, "b": 1.0})
-    df, _ = sim(tmp_path, path, "ttl", vllm(960), {"tau": "5", "after": "keep-evictable"},
+    df, _ = sim(tmp_path, path, "ttl", paged(960), {"tau": "5", "after": "keep-evictable"},
                 arrivals=Arrivals("trace", 2))
     # b (900 tokens) fits only once a's pin ends, 5 s into a's pause
     assert t_s(df, "call_start", "b") == pytest.approx(t_s(df, "tool_start", "a") + 5.0)
@@ -143,7 +143,7 @@ def test_simulator_feeds_the_queueing_delay_of_contexts_it_lost(
             return Decision("recompute", "spy")
 
     monkeypatch.setattr("harness.simulate.run.make_policy", lambda name, args=None: Spy())
-    sim(tmp_path, trace(tmp_path, two), "recompute", vllm(1000))
+    sim(tmp_path, trace(tmp_path, two), "recompute", paged(1000))
     assert seen == [None, 0.0]
 
 
@@ -251,7 +251,7 @@ def test_simulated_program_order_admits_earlier_tasks_first(tmp_path: Path) -> N
     path = trace(tmp_path, three, starts={"a": 0.0, "b": 0.01, "c": 0.05})
 
     def order(policy: str, args: dict[str, str]) -> list[str]:
-        df, _ = sim(tmp_path, path, policy, vllm(960), args, arrivals=Arrivals("trace", 3),
+        df, _ = sim(tmp_path, path, policy, paged(960), args, arrivals=Arrivals("trace", 3),
                     name=policy)
         return ev(df, "call_start").sort_values("seq")["trajectory_id"].tolist()
 

@@ -29,7 +29,8 @@ def run(tmp: Path, cap: Capacity, timeout_s: float = 600.0) -> pd.DataFrame:
 
 
 def test_a_pinned_resume_grows_ahead_of_an_earlier_call(tmp_path: Path) -> None:
-    for cap in (Capacity(tokens=400, engine="vllm", block_size=1), Capacity(tokens=400)):
+    # (SGLang's engine model: vLLM's calls also grow as they decode, test_simulate_growth)
+    for cap in (Capacity(tokens=400, engine="sglang", block_size=1), Capacity(tokens=400)):
         df = run(tmp_path / cap.engine, cap)
         assert t_s(df, "tool_end", "a") > 1.1  # c has been waiting since 1.1 s
         assert t_s(df, "call_start", "a", 1) == t_s(df, "tool_end", "a")  # no wait

@@ -21,8 +21,10 @@ from harness.simulate.server import Capacity
 from tests.unit.test_simulate import ALPHA, BETA, CAL, ev, llm, sim, t_s, tool, trace
 
 
-def vllm(tokens: int, block: int = 16, host: int | None = None) -> Capacity:
-    return Capacity(tokens=tokens, engine="vllm", block_size=block, host_tokens=host)
+def paged(tokens: int, block: int = 16, host: int | None = None) -> Capacity:
+    """A paged prefix cache whose calls reserve their whole context at admission (SGLang's
+    engine model; vLLM's also grows its calls block by block: test_simulate_growth)."""
+    return Capacity(tokens=tokens, engine="sglang", block_size=block, host_tokens=host)
 
 
 # --- the cache alone ---------------------------------------------------------------------
@@ -64,7 +66,8 @@ ONE = {"a": [llm(100, 10), tool(1.0), llm(20, 5)]}
 
 
 def test_keep_evictable_reuses_whole_blocks_when_nothing_evicts(tmp_path: Path) -> None:
-    df, run = sim(tmp_path, trace(tmp_path, ONE), "keep-evictable", vllm(1000))
+    df, run = sim(tmp_path, trace(tmp_path, ONE), "keep-evictable",
+                  Capacity(tokens=1000, engine="vllm", block_size=16))
     end = ev(df, "call_end").iloc[1]
     # 110 tokens of context: 96 cached in 6 blocks, 14 recomputed with the 20 new ones
     assert (end["prompt_n"], end["cached_tokens"]) == (34, 96)
@@ -82,7 +85,7 @@ def test_keep_evictable_reuses_whole_blocks_when_nothing_evicts(tmp_path: Path) 
 
 
 def test_keep_pinned_resumes_its_whole_blocks_too(tmp_path: Path) -> None:
-    df, _ = sim(tmp_path, trace(tmp_path, ONE), "keep", vllm(1000))
+    df, _ = sim(tmp_path, trace(tmp_path, ONE), "keep", paged(1000))
     end = ev(df, "call_end").iloc[1]
     assert (end["prompt_n"], end["cached_tokens"]) == (34, 96)
     # SGLang's pages are single tokens: the whole context is reused
@@ -99,38 +102,38 @@ PRESSED = {"a": [llm(100, 10), tool(10.0), llm(20, 5)], "b": [llm(890, 10)]}
 def test_pressure_evicts_the_paused_context_but_not_a_pinned_one(tmp_path: Path) -> None:
     path = trace(tmp_path, PRESSED, starts={"a": 0.0, "b": 1.0})
     arrivals = Arrivals("trace", 2)
-    df, run = sim(tmp_path, path, "keep-evictable", vllm(1000), arrivals=arrivals)
+    df, run = sim(tmp_path, path, "keep-evictable", paged(1000), arrivals=arrivals)
     # b needs 900 of the 904 tokens neither held nor cached (a left 96 to the cache): a's
     # blocks survive; b's end leaves 896 dead tokens, of which a's resume (34 more than its
     # 96) evicts two blocks, 32, the 8 free not being enough
     assert ev(df, "call_end", "a")["cached_tokens"].iloc[1] == 96
     assert run["simulator"]["evicted_tokens"] == 32
-    df, run = sim(tmp_path, path, "keep-evictable", vllm(960), arrivals=arrivals, name="small")
+    df, run = sim(tmp_path, path, "keep-evictable", paged(960), arrivals=arrivals, name="small")
     # 960 - 96 = 864 free < 900: b evicts 36, in whole blocks (48) from a's tail; a's resume
     # then needs 82 with 16 free: 80 more of b's dead blocks
     end = ev(df, "call_end", "a").iloc[1]
     assert (end["prompt_n"], end["cached_tokens"]) == (82, 48)
     assert run["simulator"]["evicted_tokens"] == 48 + 80
-    df, run = sim(tmp_path, path, "keep", vllm(960), arrivals=arrivals, name="pinned")
+    df, run = sim(tmp_path, path, "keep", paged(960), arrivals=arrivals, name="pinned")
     # pinned: a holds its 110 tokens, b's 900 do not fit beside them until a ends
     assert t_s(df, "call_start", "b") == pytest.approx(t_s(df, "trajectory_end", "a"))
     assert ev(df, "call_end", "a")["cached_tokens"].iloc[1] == 96
 
 
 def test_recompute_leaves_dead_blocks_that_are_never_matched(tmp_path: Path) -> None:
-    df, run = sim(tmp_path, trace(tmp_path, ONE), "recompute", vllm(1000))
+    df, run = sim(tmp_path, trace(tmp_path, ONE), "recompute", paged(1000))
     end = ev(df, "call_end").iloc[1]
     assert (end["prompt_n"], end["cached_tokens"]) == (130, 0)
     assert ev(df, "recompute")["recomputed_tokens"].tolist() == [110]
 
 
 def test_swap_refused_when_the_host_tier_is_full(tmp_path: Path) -> None:
-    df, run = sim(tmp_path, trace(tmp_path, ONE), "swap", vllm(1000, host=95))
+    df, run = sim(tmp_path, trace(tmp_path, ONE), "swap", paged(1000, host=95))
     assert run["simulator"]["swaps_refused"] == 1
     assert ev(df, "swap_out").empty
     end = ev(df, "call_end").iloc[1]
     assert (end["prompt_n"], end["cached_tokens"]) == (34, 96)  # stayed pinned
-    df, run = sim(tmp_path, trace(tmp_path, ONE), "swap", vllm(1000, host=96), name="fits")
+    df, run = sim(tmp_path, trace(tmp_path, ONE), "swap", paged(1000, host=96), name="fits")
     assert run["simulator"]["swaps_refused"] == 0
     assert ev(df, "swap_in")["retained_tokens"].tolist() == [110]
     end = ev(df, "call_end").iloc[1]
@@ -143,7 +146,8 @@ def test_keep_evictable_needs_an_engine_with_a_prefix_cache(tmp_path: Path) -> N
 
 
 def test_capacity_checks() -> None:
-    assert check_capacity(2560, None, None, "vllm") == vllm(2560)
+    assert check_capacity(2560, None, None, "vllm") == Capacity(tokens=2560, engine="vllm",
+                                                                  block_size=16)
     assert check_capacity(2560, None, None, "sglang", host_tokens=0).block_size == 1
     with pytest.raises(InputError, match="token pool"):
         check_capacity(None, 4, 1024, "vllm")
@@ -183,7 +187,7 @@ def test_a_fleet_has_one_cache_per_server(tmp_path: Path) -> None:
     path = trace(tmp_path, {"a": [llm(100, 10), tool(1.0), llm(20, 5), tool(1.0), llm(20, 5)]})
     for router, cached in (("prefix-affinity", [0, 96, 128]), ("round-robin", [0, 0, 96])):
         out = tmp_path / router
-        run_simulation(path, "keep-evictable", {}, vllm(1000), CAL, None,
+        run_simulation(path, "keep-evictable", {}, paged(1000), CAL, None,
                        Arrivals("closed", 1), 0, out, write_summary=False, servers=2,
                        router=router)
         ends = ev(read_records(out), "call_end")
@@ -198,7 +202,7 @@ def test_whole_block_reuse_is_no_mismatch_and_counts_as_retained(tmp_path: Path)
     from harness.records.manifest import read_manifest
 
     out = tmp_path / "run"
-    run_simulation(trace(tmp_path, ONE), "keep-evictable", {}, vllm(1000, block=32), CAL, None,
+    run_simulation(trace(tmp_path, ONE), "keep-evictable", {}, paged(1000, block=32), CAL, None,
                    Arrivals("closed", 1), 0, out, write_summary=False)
     assert read_manifest(out).cache_block_tokens == 32
     s = summarize_dir(out)

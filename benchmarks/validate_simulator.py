@@ -56,7 +56,7 @@ from harness.model.run_rates import (
     waits_by_company,
 )
 from harness.records.manifest import read_manifest
-from harness.records.store import read_records
+from harness.records.store import read_records, read_server_metrics
 from harness.traces.schema import Provenance, write_trajectories
 from harness.traces.tile import tile_steps
 from harness.traces.validate import load_trajectories
@@ -92,6 +92,20 @@ def rel_error(sim: float | None, real: float | None) -> float | None:
     return sim / real - 1.0
 
 
+PREEMPTIONS = "vllm:num_preemptions_total"  # running requests vLLM preempted for memory
+
+
+def preempted_calls(real_dir: Path, sim_dir: Path) -> tuple[int, int] | None:
+    """Running calls preempted for memory during the replay (vLLM's counter, its rise over the
+    run) and in its simulation; None where the server does not count them."""
+    metrics = read_server_metrics(real_dir)
+    if metrics.empty or not (metrics["name"] == PREEMPTIONS).any():
+        return None
+    v = metrics.loc[metrics["name"] == PREEMPTIONS, "value"]
+    sim = read_manifest(sim_dir).simulator or {}
+    return int(v.max() - v.min()), int(sim.get("preempted_calls", 0))
+
+
 def row(root: Path, policy: str, runtime: str, sim_dir: str = "simulated"
         ) -> dict[str, Any] | None:
     """One policy's comparison with `<policy>-<sim_dir>`, or None when either side is missing."""
@@ -115,7 +129,8 @@ def row(root: Path, policy: str, runtime: str, sim_dir: str = "simulated"
             "measured": {q: rl.get(q) for q in errs},
             "measured_p95_ci95": (rl.get("ci95") or {}).get("p95"), "error": errs,
             "reuse_measured": reuse[0], "reuse_simulated": reuse[1], "reuse_points": points,
-            "server_time_measured_over_simulated": paired, "target_met": met}
+            "server_time_measured_over_simulated": paired, "target_met": met,
+            "preempted_calls": preempted_calls(root / policy, root / f"{policy}-{sim_dir}")}
 
 
 def simulate_again(root: Path, policy: str, calibration: Path, name: str) -> Path | None:
@@ -177,6 +192,11 @@ def _reuse(r: dict[str, Any]) -> str:
     return f"{r['reuse_measured'] * 100:.1f}% / {r['reuse_simulated'] * 100:.1f}%"
 
 
+def _preempted(r: dict[str, Any]) -> str:
+    p = r.get("preempted_calls")
+    return "-" if p is None else f"{p[0]} / {p[1]}"
+
+
 def _paired(r: dict[str, Any]) -> str:
     p = r.get("server_time_measured_over_simulated") or {}
     if not p.get("calls"):
@@ -197,15 +217,16 @@ def _pct(v: float | None) -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     out = ["| policy | resumes | simulated P50 / P95 / P99 ms | measured P50 / P95 / P99 ms | "
            "measured P95 95% CI | error P50 / P95 / P99 | reuse measured / simulated | "
-           "server time measured / simulated, same calls: prompt, decode | target |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "server time measured / simulated, same calls: prompt, decode | running calls "
+           "preempted measured / simulated | target |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         s, m, e, ci = r["simulated"], r["measured"], r["error"], r["measured_p95_ci95"]
         out.append(f"| {r['policy']} | {r['resumes']} | {_ms(s['p50'])} / {_ms(s['p95'])} / "
                    f"{_ms(s['p99'])} | {_ms(m['p50'])} / {_ms(m['p95'])} / {_ms(m['p99'])} | "
                    f"{'-' if not ci else _ms(ci[0]) + '-' + _ms(ci[1])} | {_pct(e['p50'])} / "
                    f"{_pct(e['p95'])} / {_pct(e['p99'])} | {_reuse(r)} | {_paired(r)} | "
-                   f"{'met' if r['target_met'] else 'MISSED'} |")
+                   f"{_preempted(r)} | {'met' if r['target_met'] else 'MISSED'} |")
     return "\n".join(out)
 
 

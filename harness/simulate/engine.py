@@ -8,14 +8,14 @@ Memory: a call reserves its whole context (prompt + output) when admitted, excep
 whose calls grow and are preempted (harness.simulate.growth); a kept KV keeps what it holds (a
 slot, in slot mode); with a prefix cache (vLLM, SGLang) the rest is cached, evictable
 (EngineState.grab). Admission is FCFS, but in a token pool a resumed trajectory holding KV
-grows first, and in a closed loop on slots an agent may take the slot it freed (`simulate`).
-The client's first-token timeout ends a stall (harness.simulate.client); only without one, when
-the server is idle and the first resuming one cannot grow, the latest one behind it is
-preempted. Swaps use one FIFO link per direction, not stalling compute. Policies decide through
-harness.policies with the context the replay builds; only an oracle sees the true latency; the
-fixed policies (keep, keep-evictable, swap, recompute) are asked once. Sub-agents start at once
-at their parent's spawning step, which ends `latency_s` after the last ended (a deadline
-cancels what still runs). A held KV serves only what the next call keeps.
+grows first (not on vLLM), and in a closed loop on slots an agent may take the slot it freed
+(`simulate`). The client's first-token timeout ends a stall (harness.simulate.client); only
+without one, when the server is idle and the first resuming one cannot grow, the latest one
+behind it is preempted. Swaps use one FIFO link per direction, not stalling compute. Policies
+decide through harness.policies with the context the replay builds; only an oracle sees the
+true latency; the fixed policies (keep, keep-evictable, swap, recompute) are asked once. Sub-
+agents start at once at their parent's spawning step, which ends `latency_s` after the last
+ended (a deadline cancels what still runs). A held KV serves only what the next call keeps.
 
 A fleet (harness.simulate.fleet) runs K servers through the same transitions: its router
 picks each call's server, and a transition acts on its trajectory's server (`use`).
@@ -231,7 +231,9 @@ class Engine(EngineState):
             queue.appendleft(tr)
         else:
             self.barge = False
-            q = self.resume_q if tr.held else queue
+            # a call onto a held context waits apart and is admitted first, but on vLLM, whose
+            # one waiting queue is first come first served
+            q = self.resume_q if tr.held and self.growth is None else queue
             if self.ordered:  # behind the calls of its own and earlier tasks
                 i = len(q)
                 while i and q[i - 1].rank > tr.rank:
@@ -254,7 +256,7 @@ class Engine(EngineState):
                 tr.slot = self.free_slots.pop()
             elif not (self.grab(tr, self.adm[tr.pos], t) if tr.state != PREEMPTED
                       else self.growth is not None and self.growth.readmit(tr, t)):
-                if q is resume_q and self.preempt(t):
+                if self.preempt(t):
                     continue
                 return
             q.popleft()

@@ -452,17 +452,16 @@ class EngineState:
         heapq.heappush(self.ext, (t, self.seq, kind, tr, key))
 
     def preempt(self, t: float) -> bool:
-        # Idle server, nothing in transfer, and the first resuming trajectory cannot grow:
-        # drop the KV of the latest one behind it (it recomputes when admitted). Only where
-        # nothing else ends the stall: with a first-token timeout, the waiting calls time out
-        # and fail, releasing what they hold, as on the engines (which never preempt a paused
-        # context: it is no running request).
-        resume_q = self.resume_q
-        if (self.client.timeout_s < INF or not self.sched.idle() or self.inflight
-                or len(resume_q) < 2):
+        # Idle server, nothing in transfer, and the first waiting call cannot be admitted:
+        # drop the KV of the latest one behind it that holds some (it recomputes when
+        # admitted). Only where nothing else ends the stall: with a first-token timeout, the
+        # waiting calls time out and fail, releasing what they hold, as on the engines (which
+        # never preempt a paused context: it is no running request).
+        q = self.resume_q if self.resume_q else self.queue
+        if self.client.timeout_s < INF or not self.sched.idle() or self.inflight or len(q) < 2:
             return False
-        head = resume_q[0]
-        for tr in reversed(resume_q):
+        head = q[0]
+        for tr in reversed(q):
             if tr.held and tr is not head:
                 self.preemptions += 1
                 self.release(tr, t, self.r_preempted, tr.pos - tr.first)

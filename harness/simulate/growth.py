@@ -6,11 +6,13 @@ prefix cache already holds) and gives a running call its next block when its tok
 it, the running calls before any waiting one at every step. When a running call finds no free
 block, the scheduler preempts the call it admitted last: that call's blocks are freed (their
 contents stay cached, evictable, so that its readmission hits what is left of them), it goes
-back to the head of the waiting queue, and once readmitted it computes its prompt and the tokens
-it had produced again, less what is still cached, and decodes the rest. A finished call's last,
-partial block is freed (only whole blocks are cached or pinned). A context a pause pinned (the
-project's connector holds one extra reference on its blocks) stays held through its call's
-preemption.
+back to the head of the waiting queue, and once readmitted it computes its prompt and the
+tokens it had produced again, less what is still cached, and decodes the rest. A finished
+call's last, partial block is freed (only whole blocks are cached or pinned). A context a pause
+pinned (the project's connector holds one extra reference on its blocks) stays held through its
+call's preemption. All calls wait in one first-come-first-served queue whose head blocks the
+rest (Engine.try_admit), calls resuming onto pinned blocks too: a request holds no computed
+tokens when it is queued, so vLLM queues it in `waiting`.
 
 A call crosses into a new block every block-size iterations after its first crossing, so the
 blocks an iteration needs are counted per phase (iteration modulo the block size), not per
@@ -228,9 +230,7 @@ class Growth:
         tr.held = pinned
         tr.ret = tr.tok0 + it - tr.dstart  # its tokens so far: its readmission's prompt
         tr.state = PREEMPTED
-        # first in line; one still holding a pinned context waits with the resumed calls that
-        # hold theirs (Engine.try_admit serves those first)
-        (e.resume_q if pinned else e.queue).appendleft(tr)
+        e.queue.appendleft(tr)  # first in line
         self.preempted += 1
 
     def readmit(self, tr: Trajectory, t: float) -> bool:

@@ -76,3 +76,24 @@ def test_a_preempted_call_keeps_its_pinned_context(tmp_path: Path) -> None:
     assert ev(df, "trajectory_end")["status"].tolist() == ["completed"] * 2
     # the pin is never erased by a preemption: a's only erase is its trajectory's end
     assert ev(df, "erase", "a")["reason"].tolist() == ["trajectory-end"]
+
+
+def test_on_vllm_a_pinned_resume_waits_behind_an_earlier_call(tmp_path: Path) -> None:
+    # a pins 110 tokens through its pause and resumes at about 1.26 s needing 21 more; c came
+    # at 1.1 s needing 201 of the pool b's decode is filling. vLLM serves one FCFS queue whose
+    # head blocks the rest: a waits behind c until b's end frees the pool; SGLang's model lets
+    # a's resume, which holds its context, grow first.
+    trajs = {"a": [llm(100, 10), tool(1.0), llm(20, 5)], "b": [llm(50, 200)],
+             "c": [llm(200, 10)]}
+    path = trace(tmp_path, trajs, {"a": 0.0, "b": 0.0, "c": 1.1})
+    for engine in ("vllm", "sglang"):
+        out = tmp_path / engine
+        run_simulation(path, "keep", {}, Capacity(tokens=400, engine=engine, block_size=1),
+                       CAL, None, Arrivals("trace", 8, 1.0), 0, out, write_summary=False)
+        df = read_records(out)
+        resumed = t_s(df, "call_start", "a", 1)
+        if engine == "vllm":
+            assert resumed == t_s(df, "call_start", "c") == t_s(df, "call_end", "b")
+        else:
+            assert resumed == t_s(df, "tool_end", "a") < t_s(df, "call_start", "c")
+        assert ev(df, "trajectory_end")["status"].tolist() == ["completed"] * 3

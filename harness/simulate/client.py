@@ -82,6 +82,7 @@ class Client:
         """`tr`'s call had no first token in time: the engine aborts it wherever it is (waiting
         for memory, restoring, in its prefill) and the trajectory fails."""
         e = self.engine
+        e.t_real = t
         tr.awaiting = False
         e.withdraw(tr, t)
         text = self.timeout_text

@@ -148,8 +148,7 @@ def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolic
 
 
 class Engine(EngineState):
-    """The trajectories' side of one simulation (see the module docstring): the transitions of
-    its trajectories over the state and bookkeeping of EngineState; `run` runs it."""
+    """The trajectories' transitions over EngineState's state and bookkeeping; `run` runs."""
 
     def run(self, times: list[float]) -> Counters:
         """Root k arrives at `times[k]`; run the loop to its end, return the counters."""
@@ -197,6 +196,7 @@ class Engine(EngineState):
             self.send(tr, t)
 
     def send(self, tr: Trajectory, t: float) -> None:
+        self.t_real = t
         if self.fleet is None:
             self.request_here(tr, t)
         else:  # the router picks the server, then calls request_here on it
@@ -417,12 +417,12 @@ class Engine(EngineState):
     def external(self, kind: int, tr: Trajectory, key: int, t: float) -> None:
         """The scheduler's call: an external event (kinds above); `key` as EngineState.push
         was given it."""
+        if kind == TIMEOUT:
+            self.client.fire(t)
+            return
         if kind == SENT:
             if key == tr.gen:
                 self.send(tr, t)
-            return
-        if kind == TIMEOUT:
-            self.client.fire(t)
             return
         if kind >= SWAP_OUT_DONE:
             self.inflight -= 1
@@ -430,6 +430,7 @@ class Engine(EngineState):
                 return  # scheduled for a trajectory that has ended since
         elif kind != ARRIVE and (key != tr.pos or tr.state == DONE):
             return  # scheduled for a pause that is over (or a trajectory that has ended)
+        self.t_real = t
         g = tr.pos
         if kind == TOOL_END:
             row = self.stamp(g, F_TE_T, t)

@@ -203,6 +203,7 @@ class EngineState:
         self.texts: dict[str, int] = {}
         # running state
         self.ext: list[Event] = []
+        self.t_real = 0.0  # the last external event that did something (not a void one)
         self.queue: deque[Trajectory] = deque()  # waiting for admission
         self.resume_q: deque[Trajectory] = deque()  # token pool: waiting to grow KV they hold
         self.c = Counters()

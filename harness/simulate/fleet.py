@@ -212,11 +212,11 @@ class Fleet:
     def run(self, ext: list[Event]) -> tuple[int, float]:
         """Scheduler.run over K servers: the external events (a heap) and every server's
         iteration boundaries in time order; at one instant external events first, then the
-        servers by index. Returns (events, last time)."""
+        servers by index. Returns (events, the last time anything happened)."""
         e, home, k_all = self.e, self.home, self.k
         scheds = [s.sched for s in self.servers]
         events = 0
-        t = 0.0
+        t_busy = 0.0
         while True:
             events += 1
             k, ts = 0, scheds[0].t_srv
@@ -231,14 +231,14 @@ class Fleet:
                     self.activate(h)
                 e.external(kind, tr, key, t)
             elif ts < INF:
-                t = ts
+                t_busy = ts
                 self.activate(k)
-                scheds[k].boundary(t)
+                scheds[k].boundary(ts)
             else:
                 break
             if not events % FLUSH_EVERY:
                 e.maybe_flush()
-        return events, t
+        return events, max(t_busy, e.t_real)
 
     def report(self) -> dict[str, Any]:
         """What the router did, for run.json's `simulator`: calls per server, and how many

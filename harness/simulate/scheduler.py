@@ -260,20 +260,21 @@ class Scheduler:
 
     def run(self, ext: list[Event]) -> tuple[int, float]:
         """Until nothing is left: external events (a heap) and iteration boundaries in time
-        order, events at a boundary's instant first. Returns (events, last time)."""
+        order, events at a boundary's instant first. Returns (events, the last time anything
+        happened: a void event, e.g. a first-token watch with nothing left to watch, is not)."""
         engine = self.engine
         events = 0
-        t = 0.0
+        t_busy = 0.0
         while True:
             events += 1
             if ext and ext[0][0] <= self.t_srv:
                 t, _, kind, tr, gn = heapq.heappop(ext)
                 engine.external(kind, tr, gn, t)
             elif self.t_srv < INF:
-                t = self.t_srv
-                self.boundary(t)
+                t_busy = self.t_srv
+                self.boundary(t_busy)
             else:
                 break
             if not events % FLUSH_EVERY:
                 engine.maybe_flush()
-        return events, t
+        return events, t_busy if t_busy > engine.t_real else engine.t_real

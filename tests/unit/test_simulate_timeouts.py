@@ -126,3 +126,13 @@ def test_cli_first_token_timeout(tmp_path: Path, value: str, ok: bool) -> None:
     else:
         assert res.exit_code == 2
         assert "--first-token-timeout" in res.output
+
+
+def test_the_watch_does_not_lengthen_the_run(tmp_path: Path) -> None:
+    # the last call's watch falls due 600 s after it was sent, with nothing left to watch: the
+    # run lasted until its last record, as without a timeout
+    path = trace(tmp_path, {"a": [llm(100, 10), tool(1.0), llm(20, 5)]})
+    for timeout_s in (FIRST_TOKEN_TIMEOUT_S, math.inf):
+        df, manifest = run(tmp_path / str(timeout_s), path, Capacity(tokens=1000), timeout_s)
+        assert manifest["duration_s"] == pytest.approx(df["t_ns"].max() / 1e9)
+        assert manifest["duration_s"] < 2.0

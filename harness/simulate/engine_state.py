@@ -224,8 +224,8 @@ class EngineState:
         # subclass, is what it is built with)
         self.sched = Scheduler(cast("Engine", self), self.costs, self.slot_mode, self.out,
                                self.dcost, self.rb)
-        self.sched.growth = self.growth
-        self.sched.phase = [0] * cap.block_size
+        if self.growth is not None:
+            self.growth.attach(self.sched)
         # the agents' client: request overheads, the first-token timeout and its message
         self.client = Client(cast("Engine", self), server.request_overhead_s,
                              server.overhead_draws(len(self.inp), seed), first_token_timeout_s,

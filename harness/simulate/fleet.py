@@ -114,8 +114,8 @@ class Fleet:
         c = e.cache
         for _ in range(self.k - 1):
             sched = Scheduler(e, e.costs, e.slot_mode, e.out, e.dcost, e.rb)
-            sched.growth = e.growth  # it acts on the active server's state
-            sched.phase = [0] * len(e.sched.phase)
+            if e.growth is not None:  # it acts on the active server's state
+                e.growth.attach(sched)
             self.servers.append(_Server(
                 sched, list(range(e.total - 1, -1, -1)) if e.slot_mode else [], e.total,
                 deque(), deque(), None if c is None else BlockCache(c.block, c.host_cap)))

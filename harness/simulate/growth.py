@@ -27,14 +27,13 @@ runs unchanged as plain Python.
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 from harness.simulate.trajectory import PREEMPTED, RUNNING, Trajectory
 
 if TYPE_CHECKING:
     from harness.simulate.engine import Engine
-
-DECODE: Final = 2  # harness.simulate.scheduler's mode of a decode run
+    from harness.simulate.scheduler import Scheduler
 
 
 def admission_tokens(ctx: list[int], out: list[int], block: int) -> list[int]:
@@ -62,11 +61,10 @@ class Growth:
         self.admitted += 1
         tr.admitted = self.admitted
 
-    def avail(self) -> int:
-        """Tokens an allocation can have now: free, or cached and evictable."""
-        e = self.engine
-        cache = e.cache
-        return e.free_tok + (cache.tokens if cache is not None else 0)
+    def attach(self, sched: Scheduler) -> None:
+        """Grow the calls of `sched`'s server (the engine's, or one of a fleet's)."""
+        sched.growth = self
+        sched.phase = [0] * self.block
 
     def take(self, n: int) -> None:
         """`n` tokens from the pool (evicting cached ones where none are free)."""
@@ -163,7 +161,7 @@ class Growth:
         s = self.engine.sched
         if not s.n_d:
             return 0
-        done = s.it0 + int((t - s.t0) / s.step_s) if s.mode == DECODE else s.it
+        done = s.done_by(t)
         span = done + 2 - s.charged
         if span <= 0:
             return 0
@@ -174,8 +172,7 @@ class Growth:
 
     def settle(self, tr: Trajectory, t: float) -> None:
         """`tr`'s decoding call leaves the batch at `t` (cancelled)."""
-        s = self.engine.sched
-        self.charge(s.it0 + int((t - s.t0) / s.step_s) if s.mode == DECODE else s.it)
+        self.charge(self.engine.sched.done_by(t))
         self.leave(tr)
 
     def run_length(self, it: int, k: int) -> int:
@@ -183,7 +180,7 @@ class Growth:
         short of the blocks its calls cross into."""
         s = self.engine.sched
         a = s.charged  # it + 1: make_room took the first iteration's
-        room = self.avail() // self.block
+        room = self.engine.free_units() // self.block
         if room >= self.periodic(a, it + k) + len(s.xq) * (1 + k // self.block):
             return k
         # at most a block's worth of iterations, where a first crossing is its call's only one
@@ -203,8 +200,9 @@ class Growth:
         there, preempting the call admitted last until the pool has them. Whether any was."""
         s = self.engine.sched
         any_preempted = False
-        if self.avail() < self.block * (s.n_phase + len(s.xq)):
-            while s.n_d and self.avail() < self.block * (
+        e = self.engine
+        if e.free_units() < self.block * (s.n_phase + len(s.xq)):
+            while s.n_d and e.free_units() < self.block * (
                     self.periodic(it, it + 1) + self.firsts(it + 1)):
                 self.preempt(max(s.hd, key=_admitted), it)
                 any_preempted = True
@@ -242,7 +240,7 @@ class Growth:
         known = tr.ret
         b = self.block
         need = -(-(known + 1) // b) * b
-        spare = self.avail() - (need - tr.held)
+        spare = e.free_units() - (need - tr.held)
         if spare < 0 or spare < self.owed(t, spare):
             return False
         own = cache.take(tr.ti) if cache is not None else 0
@@ -250,10 +248,7 @@ class Growth:
         used = own if own < cap else (cap if cap > 0 else 0)
         e.free_tok += own - used
         hit = tr.held + used
-        grow = need - hit
-        if grow > e.free_tok and cache is not None:
-            e.free_tok += cache.evict(grow - e.free_tok)
-        e.free_tok -= grow
+        self.take(need - hit)
         tr.held = need
         tr.rem = known - hit if known > hit else 1
         tr.ppos = known - tr.rem

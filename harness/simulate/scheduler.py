@@ -127,6 +127,12 @@ class Scheduler:
                 self.dec_set.discard(tr)
         self.wake(t)  # a decode run's iterations cost less from its next step on
 
+    def done_by(self, t: float) -> int:
+        """The iterations done by `t` (a decode run's as its steps end)."""
+        if self.mode == DECODE:
+            return self.it0 + int((t - self.t0) / self.step_s)
+        return self.it
+
     def idle(self) -> bool:
         """Nothing running, nothing waiting to run."""
         return self.mode == IDLE and not self.pre and not self.tasks

@@ -11,6 +11,14 @@ its calls' memory (a token pool: vLLM, SGLang) has them wait inside it, so their
 from the send; on slots the replay takes a slot (and restores into it) before it sends the
 call, so there it runs from the call's start.
 
+Where the server's pause controls are requests (vLLM through the harness's connector: a hold,
+unpin, drop or offload at every pause, a release at every trajectory's end), the client sends
+one at each pause and at each trajectory's end, a request overhead before it reaches the engine
+(drawn like a call's, from a stream of its own), where it runs as a one-token request in the
+iterations (harness.simulate.scheduler). The pause's tool runs meanwhile, as the replay's does;
+the release is awaited: a trajectory's successor (the agent's next trajectory, or its parent's
+resume) starts when the release is answered. A TTL's later action sends none in the model.
+
 Timeouts fall due in the order the calls were sent (one timeout for all): one TIMEOUT event at
 a time stands for them all, over a FIFO of the waiting calls, not one event per call.
 
@@ -31,6 +39,9 @@ if TYPE_CHECKING:
 
 SENT: Final = 6  # external events (harness.simulate.engine_state): a call reaches the engine
 TIMEOUT: Final = 7  # ... the first-token timeouts' watch fires
+CONTROL: Final = 8  # ... a control request reaches the engine (its key: PAUSE_CONTROL, RELEASE)
+PAUSE_CONTROL: Final = 0
+RELEASE: Final = 1
 INF: Final = float("inf")
 NAN: Final = float("nan")
 
@@ -40,10 +51,14 @@ class Client:
     sink's text of the timeout's message, as a replay's client words it."""
 
     def __init__(self, engine: Engine, overhead_s: float, overheads: list[float],
-                 timeout_s: float, timeout_text: int, slot_mode: bool) -> None:
+                 timeout_s: float, timeout_text: int, slot_mode: bool, controls: bool = False,
+                 control_overheads: list[float] | None = None) -> None:
         self.engine = engine
         self.overhead = overhead_s
         self.overheads = overheads  # per step, where the overhead has a distribution
+        self.controls = controls  # the server's pause controls are requests
+        self.ctl_overheads = control_overheads or []  # drawn in turn, where drawn
+        self.sent = 0  # control requests sent
         self.timeout_s = timeout_s
         self.timeout_text = timeout_text
         # where the timeout runs from (Engine.request_call, Engine.start_call read them)
@@ -88,3 +103,29 @@ class Client:
         text = self.timeout_text
         e.emit(t, E_CALL_END, tr.ti, tr.pos - tr.first, tr.slot, NAN, TIMEOUT_ERROR, text)
         e.finish(tr, t, 2, text)
+
+    def event(self, kind: int, tr: Trajectory, key: int, t: float) -> None:
+        """The engine's call: the client's external event (SENT, TIMEOUT, CONTROL) at `t`."""
+        if kind == TIMEOUT:
+            self.fire(t)
+        elif kind == CONTROL:
+            self.engine.sched.control(key, tr, t)
+        elif key == tr.gen:  # SENT, by the trajectory still running
+            self.engine.send(tr, t)
+
+    def control(self, kind: int, tr: Trajectory, t: float) -> bool:
+        """Send a control request about `tr` at `t` (PAUSE_CONTROL or RELEASE) where the
+        server's controls are requests; False where they are not (nothing sent)."""
+        if not self.controls:
+            return False
+        ov = self.ctl_overheads
+        d = ov[self.sent % len(ov)] if ov else self.overhead
+        self.sent += 1
+        self.engine.push(t + d, CONTROL, tr, kind)
+        return True
+
+    def answered(self, kind: int, tr: Trajectory, t: float) -> None:
+        """The scheduler's call: the engine answered a control request at `t`; a release's
+        answer lets the trajectory's successor start."""
+        if kind == RELEASE:
+            self.engine.successor(tr, t)

@@ -9,19 +9,16 @@ whose calls grow and are preempted (harness.simulate.growth); a kept KV keeps wh
 slot, in slot mode); with a prefix cache (vLLM, SGLang) the rest is cached, evictable
 (EngineState.grab). Admission is FCFS, but in a token pool a resumed trajectory holding KV
 grows first (not on vLLM), and in a closed loop on slots an agent may take the slot it freed
-(`simulate`). The client's first-token timeout ends a stall (harness.simulate.client); only
-without one, when the server is idle and the first resuming one cannot grow, the latest one
-behind it is preempted. Swaps use one FIFO link per direction, not stalling compute. Policies
-decide through harness.policies with the context the replay builds; only an oracle sees the
-true latency; the fixed policies (keep, keep-evictable, swap, recompute) are asked once. Sub-
+(`simulate`). The client's first-token timeout ends a stall, and sends vLLM's pause controls
+(harness.simulate.client); only without a timeout, when the server is idle and the first
+resuming one cannot grow, the latest one behind it is preempted. Swaps use one FIFO link per
+direction, not stalling compute. Policies decide through harness.policies with the context the
+replay builds; only an oracle sees the true latency; the fixed policies are asked once. Sub-
 agents start at once at their parent's spawning step, which ends `latency_s` after the last
 ended (a deadline cancels what still runs). A held KV serves only what the next call keeps.
-
 A fleet (harness.simulate.fleet) runs K servers through the same transitions: its router
 picks each call's server, and a transition acts on its trajectory's server (`use`).
-
-Typed classes, compiled by mypyc with the modules it imports (harness.simulate.native); it
-runs unchanged as plain Python.
+Typed classes, compiled by mypyc (harness.simulate.native); they run unchanged as Python.
 """
 
 from __future__ import annotations
@@ -33,7 +30,7 @@ from typing import TYPE_CHECKING, Final
 import numpy as np
 
 from harness.policies.base import PausePolicy
-from harness.simulate.client import SENT, TIMEOUT
+from harness.simulate.client import PAUSE_CONTROL, RELEASE, SENT
 from harness.simulate.engine_state import (
     A_EVICTABLE,
     A_KEEP,
@@ -107,9 +104,8 @@ SLOT_HANDOFFS = ("agent", "fifo")
 
 def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolicy,
              arrival_s: np.ndarray | None, concurrency: int, sink: RecordSink, run_id: str,
-             history_window: int = 1000, slot_handoff: str = "fifo",
-             fleet: Fleet | None = None, seed: int = 0,
-             first_token_timeout_s: float = INF) -> Counters:
+             history_window: int = 1000, slot_handoff: str = "fifo", fleet: Fleet | None = None,
+             seed: int = 0, first_token_timeout_s: float = INF) -> Counters:
     """Run every trajectory to its end; events go to `sink`. `arrival_s`: one arrival time per
     root (w.roots, in order), None: a closed loop of `concurrency` agents taking the roots in
     order. Sub-agents never arrive on their own: their parent's tool step starts them.
@@ -162,9 +158,9 @@ class Engine(EngineState):
         c = self.c
         c.pauses, c.preemptions, c.events, c.sim_time_s = (self.pauses, self.preemptions,
                                                            events, t_last)
-        c.preempted_calls = self.growth.preempted if self.growth is not None else 0
-        # e.g. sub-agents waiting for memory that their paused parents keep, with no deadline
-        c.stalled = sum(1 for tr in self.trajs if tr.state != DONE)
+        c.preempted_calls, c.control_requests = (
+            self.growth.preempted if self.growth is not None else 0, self.client.sent)
+        c.stalled = sum(1 for tr in self.trajs if tr.state != DONE)  # e.g. on parents' pins
         for cache in ([self.cache] if fleet is None else fleet.caches()):
             if cache is not None:
                 c.evicted_tokens += cache.evicted
@@ -379,6 +375,7 @@ class Engine(EngineState):
             self.leave_cached(tr)
         else:
             self.drop(tr, t, self.r_policy)
+        self.client.control(PAUSE_CONTROL, tr, t)  # the action's request, where it is one
         if kids is not None:  # all at once, as the pause starts (and after its own action)
             trajs = self.trajs
             for ki in kids:
@@ -403,6 +400,15 @@ class Engine(EngineState):
             self.emit(t, E_KV_STATE, tr.ti, -1, -1, 0, 2, 0)
         self.emit(t, E_TRAJ_END, tr.ti, -1, -1, status, reason, 0)
         self.count_end(tr, status)
+        if not self.client.control(RELEASE, tr, t):  # else once the release is answered
+            self.successor(tr, t)
+        self.barge = False
+        self.try_admit(t)
+
+    def successor(self, tr: Trajectory, t: float) -> None:
+        """`tr` has ended: its parent goes on after its last sub-agent, or its agent starts
+        the next trajectory (closed loop)."""
+        pi = self.parent[tr.ti]
         if pi >= 0:  # a sub-agent: its parent waits for it (it is not one of the agents)
             p = self.trajs[pi]
             p.kids_left -= 1
@@ -411,18 +417,12 @@ class Engine(EngineState):
         elif not self.open_loop and self.next_ti < self.n_roots:
             self.next_ti += 1
             self.arrive(self.trajs[self.roots[self.next_ti - 1]], t)
-        self.barge = False
-        self.try_admit(t)
 
     def external(self, kind: int, tr: Trajectory, key: int, t: float) -> None:
         """The scheduler's call: an external event (kinds above); `key` as EngineState.push
         was given it."""
-        if kind == TIMEOUT:
-            self.client.fire(t)
-            return
-        if kind == SENT:
-            if key == tr.gen:
-                self.send(tr, t)
+        if kind >= SENT:  # the client's: a call or control reaching the engine, timeouts
+            self.client.event(kind, tr, key, t)
             return
         if kind >= SWAP_OUT_DONE:
             self.inflight -= 1

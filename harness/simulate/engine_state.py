@@ -95,14 +95,10 @@ def step_lists(w: Workload) -> StepLists:
     """The workload's per-step columns the loop reads, as lists (a list's item is quicker to
     read than an array's): input, output, context and kept tokens, tool latency, deadline,
     class."""
-    inp: list[int] = w.inp.tolist()
-    out: list[int] = w.out.tolist()
-    ctx: list[int] = w.ctx.tolist()
-    kept: list[int] = w.kept.tolist()
+    ints: list[list[int]] = [w.inp.tolist(), w.out.tolist(), w.ctx.tolist(), w.kept.tolist()]
     lat: list[float] = w.lat.tolist()
     dl: list[float] = w.deadline.tolist()
-    cls: list[int] = w.cls.tolist()
-    return inp, out, ctx, kept, lat, dl, cls
+    return ints[0], ints[1], ints[2], ints[3], lat, dl, w.cls.tolist()
 
 
 def decode_costs(w: Workload, costs: IterationCosts) -> list[float]:
@@ -227,10 +223,12 @@ class EngineState:
         if self.growth is not None:
             self.growth.attach(self.sched)
         # the agents' client: request overheads, the first-token timeout and its message
+        controls = self.growth is not None  # vLLM's pause controls are requests (Client)
         self.client = Client(cast("Engine", self), server.request_overhead_s,
                              server.overhead_draws(len(self.inp), seed), first_token_timeout_s,
                              sink.text(f"timeout: no token within {first_token_timeout_s:g} s")
-                             if first_token_timeout_s < INF else 0, self.slot_mode)
+                             if first_token_timeout_s < INF else 0, self.slot_mode, controls,
+                             server.overhead_draws(len(self.inp), seed, 1) if controls else None)
 
     def emit(self, t: float, ev: int, ti: int, step: int, s: int, a: float, b: float,
              c: float) -> None:

@@ -280,6 +280,7 @@ def _record_end(run: RunManifest, counters: Counters, sink: RecordSink,
     run.simulator.update({
         "pauses": counters.pauses, "preemptions": counters.preemptions,
         "preempted_calls": counters.preempted_calls,
+        "control_requests": counters.control_requests,
         "evicted_tokens": counters.evicted_tokens, "swaps_refused": counters.swaps_refused,
         "events": counters.events, "records": sink.n_rows, "record_writer": sink.writer,
         "wall_s": {"load": round(load, 3), "loop": round(loop, 3), "total": round(total, 3)},

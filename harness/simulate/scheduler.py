@@ -10,7 +10,9 @@ iteration. A request that arrives while an iteration runs joins the next one (an
 starts at once); so does one sent in reaction to an iteration's end (a call's end, a freed slot),
 as a real client's would. Control tasks (erase, slot save and restore, the release at a
 trajectory's end) are served between iterations, as llama.cpp's task queue serves them. Runs of
-identical decode-only iterations are one event, not one per token.
+identical decode-only iterations are one event, not one per token. A server whose pause
+controls are requests (vLLM's, through the harness's connector: one prompt token, two generated)
+runs them in its iterations like any call, a token each, without memory (`control`).
 
 Written as typed classes so that mypyc can compile this module with harness.simulate.engine
 (see harness.simulate.native); it runs unchanged as plain Python.
@@ -88,6 +90,18 @@ class Scheduler:
         self.phase: list[int] = []
         self.n_phase = 0
         self.charged = 0
+        # control requests (kind, trajectory): arrived; in the running iteration's prompts; in
+        # its decodes (their last token: answered at its end)
+        self.ctl_wait: list[tuple[int, Trajectory]] = []
+        self.ctl_pre: list[tuple[int, Trajectory]] = []
+        self.ctl_dec: list[tuple[int, Trajectory]] = []
+
+    def control(self, kind: int, tr: Trajectory, t: float) -> None:
+        """A control request about `tr` reaches the engine at `t`: its one prompt token joins
+        the next iteration, its second token the one after; then it is answered
+        (Client.answered)."""
+        self.ctl_wait.append((kind, tr))
+        self.wake(t)
 
     def wake(self, t: float) -> None:
         """Work or a task arrived at `t`: an idle server starts now, a decode run stops at its
@@ -135,7 +149,7 @@ class Scheduler:
 
     def idle(self) -> bool:
         """Nothing running, nothing waiting to run."""
-        return self.mode == IDLE and not self.pre and not self.tasks
+        return self.mode == IDLE and not self.pre and not self.tasks and not self.ctl_wait
 
     def compose(self, t: float) -> None:
         # The next iteration, from the calls in the batch before `t`'s reactions.
@@ -157,6 +171,12 @@ class Scheduler:
         else:
             cost = self.alpha + self.dsum
             beta, a_tiled, a_row, tiled_rows = self.beta, self.a_tiled, self.a_row, self.tiled_rows
+            if self.ctl_wait or self.ctl_dec:  # control requests: a token each (at context 0)
+                n_ctl = len(self.ctl_wait) + len(self.ctl_dec)
+                budget -= n_ctl
+                cost += n_ctl * beta
+                self.ctl_pre = self.ctl_wait
+                self.ctl_wait = []
             for tr in self.pre:
                 if budget <= 0:
                     break
@@ -166,7 +186,7 @@ class Scheduler:
                 a = a_tiled if m >= tiled_rows else a_row  # IterationCosts.chunk_s, inlined
                 cost += m * beta + a * (m * tr.ppos + m * (m + 1) * 0.5)
                 chunks.append((tr, m))
-        if chunks:
+        if chunks or self.ctl_pre or self.ctl_dec:  # one iteration (not a run of decodes)
             for tr, _ in chunks:
                 if not tr.prefilling:  # the prompt's first chunk
                     tr.prefilling = True
@@ -195,6 +215,9 @@ class Scheduler:
         elif self.mode == DECODE:
             self.it = self.it0 + round((t - self.t0) / self.step_s)
         it = self.it
+        answered = self.ctl_dec  # control requests: their last token; the first for the next
+        self.ctl_dec = self.ctl_pre
+        self.ctl_pre = []
         hd, dcost = self.hd, self.dcost
         gr = self.growth
         if gr is not None:  # the blocks the run's calls crossed into (it had room for them)
@@ -261,6 +284,8 @@ class Scheduler:
             engine.first_token(tr, t)
         for tr in done:
             engine.call_end(tr, t)
+        for kind, tr in answered:
+            engine.client.answered(kind, tr, t)
         if preempted:  # a preempted call waits first in line: admitted if it fits now
             engine.try_admit(t)
 

@@ -57,14 +57,15 @@ class ServerModel:
                                    self.decode_points, self.append_points,
                                    batch_tokens=self.batch_tokens)
 
-    def overhead_draws(self, n: int, seed: int) -> list[float]:
+    def overhead_draws(self, n: int, seed: int, stream: int = 0) -> list[float]:
         """Each of `n` steps' request overhead (s), drawn uniformly from the samples by a
-        generator seeded by `seed` (the same draws for every policy of a seed); empty when
-        there are no samples (every call takes `request_overhead_s`)."""
+        generator seeded by `seed` (the same draws for every policy of a seed; `stream` > 0:
+        another sequence, e.g. the control requests'); empty when there are no samples (every
+        call takes `request_overhead_s`)."""
         samples = self.request_overhead_samples_s
         if not samples:
             return []
-        rng = np.random.default_rng([seed, 0x0E4D])
+        rng = np.random.default_rng([seed, 0x0E4D, stream] if stream else [seed, 0x0E4D])
         return [float(v) for v in rng.choice(np.asarray(samples, dtype=float), n)]
 
     def policy_rates(self) -> ServerRates:
@@ -119,6 +120,7 @@ class Counters:
     pauses: int = 0
     preemptions: int = 0  # paused contexts preempted (an idle server without a timeout)
     preempted_calls: int = 0  # running calls preempted for memory (vLLM's engine model)
+    control_requests: int = 0  # pause controls and releases sent as requests (vLLM's)
     events: int = 0
     sim_time_s: float = 0.0
     stalled: int = 0  # trajectories that started and were still waiting when nothing was left

@@ -286,6 +286,8 @@ class Scheduler:
             engine.call_end(tr, t)
         for kind, tr in answered:
             engine.client.answered(kind, tr, t)
+        if answered and self.idle():  # where nothing can run, the engine preempts (no timeout)
+            engine.try_admit(t)
         if preempted:  # a preempted call waits first in line: admitted if it fits now
             engine.try_admit(t)
 

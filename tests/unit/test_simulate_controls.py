@@ -74,3 +74,19 @@ def test_every_pause_and_every_end_sends_one(tmp_path: Path) -> None:
         assert m.simulator is not None
         assert m.simulator["control_requests"] == 3 + 2, policy  # 3 pauses, 2 ends
         assert ev(df, "trajectory_end")["status"].tolist() == ["completed"] * 2
+
+
+def test_a_stall_without_a_timeout_still_preempts_after_a_control(tmp_path: Path) -> None:
+    # two agents pin 12 blocks each of 32; each resumed call needs 11 more, 8 are free: without
+    # a client timeout the idle engine preempts a pinned context, once the controls are answered
+    # both calls end together and their unpins run two iterations (22 ms) from
+    # then; both tools return during them, so the queue fills while the engine is busy
+    trajs = {"a": [llm(200, 2), tool(0.001), llm(150, 2)],
+             "b": [llm(200, 2), tool(0.005), llm(150, 2)]}
+    out = tmp_path / "out"
+    m = run_simulation(trace(tmp_path, trajs), "keep", {}, Capacity(
+        tokens=512, engine="vllm", block_size=16), CAL, None, Arrivals("closed", 2), 0, out,
+        write_summary=False, first_token_timeout_s=float("inf"))
+    df = read_records(out)
+    assert ev(df, "trajectory_end")["status"].tolist() == ["completed"] * 2
+    assert m.simulator is not None and m.simulator["preemptions"] >= 1

@@ -89,6 +89,8 @@ class CompletionResult:
     prompt_n: int | None = None  # prompt tokens the server processed
     prompt_ms: float | None = None
     decode_ms: float | None = None
+    # the server's own report of the call's wait in its queue before it was first scheduled
+    queue_ms: float | None = None
     error: str | None = None
     served_by: str | None = None  # the server-side worker that served it, where it says
 

@@ -421,3 +421,5 @@ def _read_usage(chunk: dict[str, Any], result: CompletionResult) -> None:
         result.prompt_ms = float(metrics["time_to_first_token_ms"])
     if metrics.get("generation_time_ms") is not None:
         result.decode_ms = float(metrics["generation_time_ms"])
+    if metrics.get("queue_time_ms") is not None:  # queued in the engine -> scheduled
+        result.queue_ms = float(metrics["queue_time_ms"])

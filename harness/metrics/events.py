@@ -48,7 +48,7 @@ EVENT_COLUMNS: dict[str, tuple[str, ...]] = {
                    "appended_tokens", "is_resume", "kv_tokens", "status"),
     "first_token": (),
     "call_end": ("status", "output_tokens", "cached_tokens", "prompt_n", "server_ms",
-                 "decode_ms", "token_gaps", "reason"),
+                 "decode_ms", "token_gaps", "reason", "value_s"),
     "tool_start": ("trajectory_id", "step", "tool_class", "tool_name", "value_s", "deadline_s"),
     "pause_decision": ("trajectory_id", "step", "tool_class", "action", "reason",
                        "retained_tokens", "value_s", "status"),

@@ -26,7 +26,7 @@ NS_PER_MS = 1e6
 _CALL_COLS = ["seq", "t_ns", "trajectory_id", "traffic", "step", "planned_ns", "prompt_tokens",
               "appended_tokens", "is_resume"]
 _END_COLS = ["t_ns", "status", "output_tokens", "cached_tokens", "prompt_n", "server_ms",
-             "decode_ms", "token_gaps", "reason"]
+             "decode_ms", "token_gaps", "reason", "value_s"]
 
 
 @dataclass(frozen=True)
@@ -127,9 +127,11 @@ def _calls(ev: Events) -> pd.DataFrame:
     ends = ev.rows(["call_end"], ["_last_start"] + _END_COLS).dropna(subset=["_last_start"])
     ends = ends.drop_duplicates("_last_start", keep="last").set_index("_last_start")
     # a call_end's reason is the worker that served the call, where the runtime says
-    ends = ends.rename(columns={"t_ns": "end_ns", "reason": "served_by"})
+    # ... and its value_s the server's report of its wait in the engine's queue (vLLM)
+    ends = ends.rename(columns={"t_ns": "end_ns", "reason": "served_by", "value_s": "_queue_s"})
     calls["ft_ns"] = _num(ft.reindex(calls.index))
     calls = calls.join(ends, how="left")
+    calls["engine_queue_ms"] = _num(calls.pop("_queue_s")) * 1e3
     for col in ("start_ns", "end_ns", "output_tokens", "cached_tokens", "prompt_n", "server_ms",
                 "decode_ms", "prompt_tokens", "appended_tokens", "planned_ns"):
         calls[col] = _num(calls[col])

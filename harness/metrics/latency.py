@@ -36,10 +36,12 @@ def resume_latency(
 
 def resume_parts(calls: pd.DataFrame) -> dict[str, Any]:
     """Percentiles of the restore, queue, prefill and server-wait parts of resume latency
-    (server wait only over calls whose server reports its prompt time)."""
+    (server wait only over calls whose server reports its prompt time), and of the part of the
+    server wait spent in the engine's queue, as the server reports it (vLLM; the rest of the
+    server wait is the request's way to the engine and the first token's way back)."""
     has = calls["resume_ms"].notna() & ~calls["bystander"]
     return {part: pct(calls.loc[has, f"{part}_ms"].dropna())
-            for part in ("restore", "queue", "prefill", "server_wait")}
+            for part in ("restore", "queue", "prefill", "server_wait", "engine_queue")}
 
 
 def call_latency(calls: pd.DataFrame) -> dict[str, Any]:

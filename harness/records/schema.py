@@ -31,7 +31,9 @@ EVENTS: dict[str, str] = {
                 "prompt_n (tokens the server processed), server_ms (prompt ms), "
                 "decode_ms, detail (error text), reason (the worker that served it, where the "
                 "runtime says: Dynamo's worker id), token_gaps (the client's time between one "
-                "streamed chunk of tokens and the next, microseconds, little-endian uint32)",
+                "streamed chunk of tokens and the next, microseconds, little-endian uint32), "
+                "value_s (the server's own report of the call's wait in its queue before it "
+                "was first scheduled, s, where the runtime reports it: vLLM)",
     "tool_start": "step, tool_class, tool_name, value_s (planned latency; hidden from policies), "
                   "deadline_s",
     "tool_end": "step, tool_class, status (ok|error|timeout|abandoned), planned_ns (when the "

@@ -58,7 +58,8 @@ class Bystanders:
                          slot=st.slot, status=res.status, output_tokens=len(res.tokens),
                          cached_tokens=res.cached_tokens, prompt_n=res.prompt_n,
                          server_ms=res.prompt_ms, decode_ms=res.decode_ms, detail=res.error,
-                         token_gaps=chunks.gaps())
+                         token_gaps=chunks.gaps(),
+                         value_s=None if res.queue_ms is None else res.queue_ms / 1e3)
         finally:
             try:
                 await free_slot(ctx, st, "request-end", "bystander")

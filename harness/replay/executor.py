@@ -235,7 +235,8 @@ class Executor:
                      slot=st.slot, status=res.status, output_tokens=len(res.tokens),
                      cached_tokens=res.cached_tokens, prompt_n=res.prompt_n,
                      server_ms=res.prompt_ms, decode_ms=res.decode_ms, detail=res.error,
-                     reason=res.served_by, token_gaps=chunks.gaps())
+                     reason=res.served_by, token_gaps=chunks.gaps(),
+                     value_s=None if res.queue_ms is None else res.queue_ms / 1e3)
         learn_prefill(ctx, res.prompt_n, res.prompt_ms)
         st.pinned = ctx.hold_calls  # the call's end holds its context until the pause decides
         if evicted and chunks.first_ns is not None and res.prompt_ms is not None:

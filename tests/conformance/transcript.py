@@ -92,8 +92,9 @@ class Recording:
     async def complete(self, req: CompletionRequest, on_tokens: Callable[[], object]) -> Any:
         res = await self.inner.complete(req, on_tokens)
         got = asdict(res)
-        if got["served_by"] is None:  # only runtimes that name a worker record one
-            del got["served_by"]
+        for key in ("served_by", "queue_ms"):  # only runtimes that report one record it
+            if got[key] is None:
+                del got[key]
         self.results.append(["complete", got])
         return res
 

@@ -103,9 +103,11 @@ class Trajectory:
              out: int = 10, cached: int | None = 0, prompt_n: int | None = None,
              server_ms: float | None = None, decode_ms: float | None = None,
              status: str = "ok", gap: float = 0.0,
-             token_gaps_us: list[int] | None = None) -> Trajectory:
+             token_gaps_us: list[int] | None = None,
+             queue_ms: float | None = None) -> Trajectory:
         """One LLM call starting `gap` s from now; first token after ttft, end decode s later;
-        `token_gaps_us`: the client's chunk-to-chunk times, as the executor records them."""
+        `token_gaps_us`: the client's chunk-to-chunk times, as the executor records them;
+        `queue_ms`: the server's report of its wait in the engine's queue."""
         self.t += gap
         prompt = self.context + appended
         self._add("call_start", step=self.step, slot=0, planned_ns=ns(self.t),
@@ -119,7 +121,8 @@ class Trajectory:
         self._add("call_end", step=self.step, slot=0, status=status, output_tokens=out,
                   cached_tokens=cached, prompt_n=pn, server_ms=server_ms, decode_ms=decode_ms,
                   token_gaps=None if token_gaps_us is None else b"".join(
-                      g.to_bytes(4, "little") for g in token_gaps_us))
+                      g.to_bytes(4, "little") for g in token_gaps_us),
+                  value_s=None if queue_ms is None else queue_ms / 1e3)
         self.context = prompt + out
         self.step += 1
         self.resuming = False

@@ -122,6 +122,21 @@ def test_without_a_reported_prompt_time_prefill_is_the_remainder() -> None:
     s = summarize(b.frame(), default_run(), None)
     assert s["resume_parts_ms"]["prefill"]["p50"] == approx(30.0)
     assert s["resume_parts_ms"]["server_wait"]["n"] == 0
+    assert s["resume_parts_ms"]["engine_queue"]["n"] == 0
+
+
+def test_the_engines_reported_queue_time_is_a_part_of_the_server_wait() -> None:
+    # 30 ms to the first token: 12 ms of reported prompt time; of the 18 ms before it, the
+    # server says 5.5 were spent in its engine's queue (the rest: the way there and back)
+    b = Records()
+    t = b.agent("a")
+    t.call(appended=100, out=10, queue_ms=0.5)
+    t.tool(wait=1.0, action="keep")
+    t.call(ttft=0.03, appended=20, cached=110, server_ms=12.0, queue_ms=5.5).end()
+    s = summarize(b.frame(), default_run(), None)
+    assert s["resume_parts_ms"]["server_wait"]["p50"] == approx(18.0)
+    assert s["resume_parts_ms"]["engine_queue"]["p50"] == approx(5.5)
+    assert s["resume_parts_ms"]["engine_queue"]["n"] == 1  # resumed calls only
 
 
 def test_queue_part_from_slot_wait() -> None:

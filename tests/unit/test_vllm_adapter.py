@@ -136,6 +136,7 @@ def test_info_complete_and_block_granular_reuse() -> None:
         r1 = await ad.complete(CompletionRequest(p, 4), lambda: chunks.append(1))
         assert r1.status == "ok" and len(r1.tokens) == 4 and chunks == [1] * 4
         assert (r1.cached_tokens, r1.prompt_n, r1.prompt_ms, r1.decode_ms) == (0, 100, 2.5, 4.0)
+        assert r1.queue_ms == 0.1  # the engine's queue, as its per-request metrics say
         r2 = await ad.complete(CompletionRequest(p + r1.tokens + [700] * 16, 4, session="t",
                                                  hold=True), lambda: None)
         assert (r2.cached_tokens, r2.prompt_n) == (96, 24)  # three full 32-token blocks

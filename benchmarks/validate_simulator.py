@@ -231,14 +231,19 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def _waits(w: dict[str, dict[str, Any]]) -> str:
-    return " / ".join(f"{_ms(w[k]['p50'])} ({_ms(w[k]['p95'])})" for k in ("alone", "shared"))
+    text = " / ".join(f"{_ms(w[k]['p50'])} ({_ms(w[k]['p95'])})" for k in ("alone", "shared"))
+    if all(w[k].get("queue_p50") is not None for k in ("alone", "shared")):
+        text += " [" + " / ".join(f"{_ms(w[k]['queue_p50'])} ({_ms(w[k]['queue_p95'])})"
+                                  for k in ("alone", "shared")) + "]"
+    return text
 
 
 def rates_table(rows: list[dict[str, Any]]) -> str:
     out = ["| policy | from | server time / calibrated: prompt, decode | "
            "simulated at those rates P50 / P95 / P99 ms | error P50 / P95 / P99 | "
            "reuse measured / simulated | time to first token less the server's prompt time, "
-           "sent alone / with company, P50 (P95) ms: measured; simulated at the engine | "
+           "sent alone / with company, P50 (P95) ms: measured [of it in the engine's queue, "
+           "as the server reports it]; simulated at the engine | "
            "target |",
            "|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -150,6 +150,8 @@ class LocalVllmServer(ServerProcess):
                     "VLLM_CPU_KVCACHE_SPACE": str(c.kv_cache_gib), "VLLM_SERVER_DEV_MODE": "1",
                     "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                     "TMPDIR": str(self.tmp_dir)}
+        if c.server_cpus:  # its OpenMP threads on its own CPUs (else vLLM binds them to all)
+            self.env["VLLM_CPU_OMP_THREADS_BIND"] = c.server_cpus
         if c.pause_connector:
             self.flags += ["--kv-transfer-config", json.dumps({
                 "kv_connector": CONNECTOR_CLASS, "kv_connector_module_path": CONNECTOR_MODULE,
@@ -219,8 +221,10 @@ class VllmRuntime:
     every pause action per pause (SERVER_POLICIES)."""
 
     name = "vllm"
-    # vLLM's CPU backend binds its OpenMP threads to cores itself; it is never pinned here.
-    pins_local_server = False
+    # Pinned like every local server: the process to the server's CPUs and vLLM's CPU backend
+    # told to bind its OpenMP threads there (by default it binds them to every core, the
+    # harness's included, whose client then stalled 100-200 ms at a time).
+    pins_local_server = True
     per_slot_control = False
     server_policies: dict[str, str] = {}
     # Pinned against the engine's own evictable cache is what the connector adds to compare.

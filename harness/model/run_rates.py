@@ -175,8 +175,10 @@ def rescaled(cal: Calibration, f: RateFactors) -> Calibration:
 def waits_by_company(records: pd.DataFrame) -> dict[str, dict[str, float | int | None]]:
     """A call's time to first token less its server-reported prompt time (ms): the way to the
     engine and back plus any wait for the engine, split by whether another call was in flight
-    when it was sent (`alone`, `shared`); each {n, p50, p95}. In a simulated run it excludes
-    the request overhead (spent before a simulated call starts)."""
+    when it was sent (`alone`, `shared`); each {n, p50, p95}, and `queue_p50`, `queue_p95`:
+    of that wait, the time in the engine's queue as the server reports it (vLLM; None where it
+    does not). In a simulated run it excludes the request overhead (spent before a simulated
+    call starts)."""
     calls = _ended_calls(records)
     c = calls[calls["t_first"].notna()]
     t0 = c["t0"].to_numpy(dtype=np.int64)
@@ -187,12 +189,16 @@ def waits_by_company(records: pd.DataFrame) -> dict[str, dict[str, float | int |
     ended_by = np.searchsorted(np.sort(t1), t0, side="right")
     busy = (started_before - ended_by) > 0
     wait = (c["t_first"].to_numpy(dtype=float) - t0) / 1e6 - c["server_ms"].to_numpy(dtype=float)
+    queue = c["engine_queue_ms"].to_numpy(dtype=float)
     out: dict[str, dict[str, float | int | None]] = {}
     for name, mask in (("alone", ~busy), ("shared", busy)):
         w = wait[mask & np.isfinite(wait)]
+        q = queue[mask & np.isfinite(wait) & np.isfinite(queue)]
         out[name] = {"n": int(w.size),
                      "p50": float(np.percentile(w, 50)) if w.size else None,
-                     "p95": float(np.percentile(w, 95)) if w.size else None}
+                     "p95": float(np.percentile(w, 95)) if w.size else None,
+                     "queue_p50": float(np.percentile(q, 50)) if q.size else None,
+                     "queue_p95": float(np.percentile(q, 95)) if q.size else None}
     return out
 
 

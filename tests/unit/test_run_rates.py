@@ -31,14 +31,16 @@ COSTS = IterationCosts(alpha=0.002, beta=0.0001, a_tiled=0.0, a_row=0.0)
 
 def call(tid: str, t0: float, t1: float, *, prompt: int = 100, computed: int = 100,
          server_ms: float = 12.0, out: int = 11, decode_ms: float = 21.0,
-         ttft_ms: float = 20.0, status: str = "ok") -> list[dict[str, Any]]:
-    """A call's three events, times in ms."""
+         ttft_ms: float = 20.0, status: str = "ok",
+         queue_ms: float | None = None) -> list[dict[str, Any]]:
+    """A call's three events, times in ms (`queue_ms`: the server's report of its queue)."""
     base = {"trajectory_id": tid, "step": 0.0}
     return [{**base, "event": "call_start", "t_ns": int(t0 * 1e6), "prompt_tokens": prompt},
             {**base, "event": "first_token", "t_ns": int((t0 + ttft_ms) * 1e6)},
             {**base, "event": "call_end", "t_ns": int(t1 * 1e6), "status": status,
              "prompt_n": computed, "server_ms": server_ms, "output_tokens": out,
-             "decode_ms": decode_ms, "prompt_tokens": None}]
+             "decode_ms": decode_ms, "prompt_tokens": None,
+             "value_s": None if queue_ms is None else queue_ms / 1e3}]
 
 
 def frame(*calls: list[dict[str, Any]]) -> pd.DataFrame:
@@ -133,8 +135,20 @@ def test_waits_are_split_by_whether_another_call_was_in_flight() -> None:
                call("b", 40, 90, ttft_ms=30.0, server_ms=10.0),  # a in flight: 20 ms
                call("c", 100, 150, ttft_ms=15.0, server_ms=12.0))  # a and b ended: 3 ms
     got = waits_by_company(df)
-    assert got["alone"] == {"n": 2, "p50": pytest.approx(5.5), "p95": pytest.approx(7.75)}
-    assert got["shared"] == {"n": 1, "p50": pytest.approx(20.0), "p95": pytest.approx(20.0)}
+    assert got["alone"] == {"n": 2, "p50": pytest.approx(5.5), "p95": pytest.approx(7.75),
+                            "queue_p50": None, "queue_p95": None}
+    assert got["shared"] == {"n": 1, "p50": pytest.approx(20.0), "p95": pytest.approx(20.0),
+                             "queue_p50": None, "queue_p95": None}
+
+
+def test_waits_name_the_part_the_server_says_was_its_queue() -> None:
+    df = frame(call("a", 0, 50, ttft_ms=20.0, server_ms=12.0, queue_ms=1.0),
+               call("b", 40, 90, ttft_ms=30.0, server_ms=10.0, queue_ms=9.0),
+               call("c", 100, 150, ttft_ms=15.0, server_ms=12.0, queue_ms=2.0))
+    got = waits_by_company(df)
+    assert (got["alone"]["queue_p50"], got["alone"]["queue_p95"]) == (
+        pytest.approx(1.5), pytest.approx(1.95))
+    assert (got["shared"]["queue_p50"], got["shared"]["queue_p95"]) == (9.0, 9.0)
 
 
 def test_paired_ratios_compare_the_same_calls_server_times() -> None:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import shutil
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
@@ -426,8 +427,18 @@ def test_launcher_loads_the_connector(tmp_path: Path) -> None:
                            tmp_path / "log2", python=Path("/usr/bin/python3"))
     try:
         assert "--kv-transfer-config" not in bare.flags and "PYTHONPATH" not in bare.env
+        # unpinned: vLLM binds its OpenMP threads itself
+        assert "VLLM_CPU_OMP_THREADS_BIND" not in bare.env
     finally:
         bare.stop()
+    pinned = LocalVllmServer(VllmServerConfig(model=model, server_cpus="1"), tmp_path / "log3",
+                             python=Path("/usr/bin/python3"))
+    try:  # the process and its OpenMP threads on the server's CPUs, not the harness's
+        assert pinned.env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+        if shutil.which("taskset"):
+            assert pinned.command()[:3] == ["taskset", "-c", "1"]
+    finally:
+        pinned.stop()
 
 
 @contextlib.contextmanager

@@ -155,6 +155,9 @@ class LocalSglangServer(ServerProcess):
                     "PYTHONPATH": str(STAND_IN) + (os.pathsep + path if path else ""),
                     "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "DO_NOT_TRACK": "1",
                     "TMPDIR": str(self.tmp_dir)}
+        if c.server_cpus:  # its OpenMP threads on its own CPUs (else SGLang binds them to all;
+            # with them named it sizes no KV memory itself: --max-total-tokens always does)
+            self.env["SGLANG_CPU_OMP_THREADS_BIND"] = c.server_cpus
 
     def command(self) -> list[str]:
         return pinned([str(self.python), "-m", "sglang.launch_server", *self.flags],
@@ -196,8 +199,9 @@ class SglangRuntime:
     recompute per pause; swap only as a server's HiCache; keep-preferred as radix sessions."""
 
     name = "sglang"
-    # SGLang's CPU engine binds its threads to cores itself; it is never pinned here.
-    pins_local_server = False
+    # Pinned like every local server: the process to the server's CPUs and its CPU engine's
+    # OpenMP threads bound there (by default it binds them to every core, the harness's too).
+    pins_local_server = True
     per_slot_control = False
     server_policies: dict[str, str] = {KEEP_PREFERRED: "keep-evictable"}
     default_policies = ("keep", "keep-evictable", "swap", "recompute")

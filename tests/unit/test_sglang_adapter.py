@@ -336,6 +336,13 @@ def test_launcher_flags_env_and_cleanup(tmp_path: Path) -> None:
                               tmp_path / "log3", python=Path("/usr/bin/python3"))
     radix.stop()
     assert "--enable-session-radix-cache" in radix.flags
+    assert "SGLANG_CPU_OMP_THREADS_BIND" not in default.env  # unpinned: SGLang binds itself
+    pinned = LocalSglangServer(SglangServerConfig(model=tmp_path, server_cpus="1"),
+                               tmp_path / "log4", python=Path("/usr/bin/python3"))
+    pinned.stop()
+    # its threads on the server's CPUs; its KV pool sized by the flag, as always
+    assert pinned.env["SGLANG_CPU_OMP_THREADS_BIND"] == "1"
+    assert "--max-total-tokens" in pinned.flags
 
 
 def test_stand_in_assigns_each_request_its_locations() -> None:

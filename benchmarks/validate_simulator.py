@@ -49,8 +49,10 @@ from typing import Any
 from harness.bench.run import simulate_like
 from harness.model.calibration import read_calibration
 from harness.model.run_rates import (
+    IN_FLIGHT,
     RateFactors,
     paired_ratios,
+    paired_waits,
     rescaled,
     server_speed,
     waits_by_company,
@@ -181,9 +183,11 @@ def run_rates_row(root: Path, policy: str, runtime: str) -> dict[str, Any] | Non
         return None
     # A simulated call starts at the engine, its request overhead spent before: its wait is
     # the engine's alone (for an iteration to end), the measured one holds both.
+    sim_records = read_records(sim)
     return {**again, "rate_factors": {**factors.to_dict(), "source": source},
             "waits_ms": {"measured": waits_by_company(records),
-                         "simulated_engine_only": waits_by_company(read_records(sim))}}
+                         "simulated_engine_only": waits_by_company(sim_records)},
+            "paired_waits_ms": paired_waits(records, sim_records)}
 
 
 def _reuse(r: dict[str, Any]) -> str:
@@ -256,6 +260,21 @@ def rates_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def waits_table(rows: list[dict[str, Any]]) -> str:
+    """The same calls' waits beyond the prompt time, by what was in flight when sent."""
+    out = ["| policy | " + " | ".join(
+        f"{name}: measured; simulated at the engine, P50 (P95) ms (calls)"
+        for name in ("nothing in flight", "only decoding calls", "a call's prompt in flight"))
+        + " |", "|---|---|---|---|"]
+    for r in rows:
+        w = r.get("paired_waits_ms") or {}
+        cells = [f"{_ms(g['measured_p50'])} ({_ms(g['measured_p95'])}); "
+                 f"{_ms(g['simulated_p50'])} ({_ms(g['simulated_p95'])}) ({g['n']})"
+                 if (g := w.get(k)) and g["n"] else "-" for k in IN_FLIGHT]
+        out.append(f"| {r['policy']} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def write_tables(out: Path, doc: dict[str, Any], again: bool = False) -> int:
     """Both tables from the bench under `out` (`again`: its simulations redone first):
     validation.json and validation.md; the exit status (0: every target met with the
@@ -270,7 +289,10 @@ def write_tables(out: Path, doc: dict[str, Any], again: bool = False) -> int:
     doc = {**doc, "rows": rows, "at_run_rates": at_run_rates}
     (out / "validation.json").write_text(json.dumps(doc, indent=2) + "\n")
     text = (table(rows) + "\n\nAt the rates the server ran at during each replay:\n\n"
-            + rates_table(at_run_rates) + "\n")
+            + rates_table(at_run_rates) + "\n\nThe same calls' time to first token less the "
+            "server's prompt time, by what was in flight on the server when the replay sent "
+            "them (simulated at the replay's rates, without the request overhead):\n\n"
+            + waits_table(at_run_rates) + "\n")
     (out / "validation.md").write_text(text)
     print(text)
     if not rows:

@@ -13,6 +13,7 @@ from harness.model.iteration import IterationCosts
 from harness.model.run_rates import (
     RateFactors,
     paired_ratios,
+    paired_waits,
     rate_factors,
     rescaled,
     server_speed,
@@ -159,3 +160,26 @@ def test_paired_ratios_compare_the_same_calls_server_times() -> None:
                 call("b", 40, 80, server_ms=10.0, decode_ms=10.0, out=6),  # another length
                 call("c", 100, 150, server_ms=6.0, decode_ms=7.0))
     assert paired_ratios(real, sim) == {"calls": 1, "prompt": 2.0, "decode": 2.0}
+
+
+def test_paired_waits_group_the_same_calls_by_what_was_in_flight() -> None:
+    # a alone; b sent while a decodes (a's first token at 20 ms); c sent while d's prompt runs
+    real = frame(call("a", 0, 50, ttft_ms=20.0, server_ms=12.0),          # 8 ms
+                 call("b", 30, 80, ttft_ms=25.0, server_ms=10.0),         # 15 ms
+                 call("d", 100, 160, ttft_ms=30.0, server_ms=20.0),       # 10 ms
+                 call("c", 110, 150, ttft_ms=40.0, server_ms=12.0),       # 28 ms
+                 call("e", 200, 250, ttft_ms=20.0, server_ms=12.0, status="error"))
+    sim = frame(call("a", 0, 50, ttft_ms=12.0, server_ms=12.0),           # 0 ms
+                call("b", 30, 80, ttft_ms=13.0, server_ms=10.0),          # 3 ms
+                call("d", 100, 160, ttft_ms=21.0, server_ms=20.0),        # 1 ms
+                call("c", 110, 150, ttft_ms=17.0, server_ms=12.0),        # 5 ms
+                call("e", 200, 250, ttft_ms=20.0, server_ms=12.0))
+    got = paired_waits(real, sim)
+    assert got["alone"] == {"n": 2, "measured_p50": pytest.approx(9.0),
+                            "measured_p95": pytest.approx(9.9),
+                            "simulated_p50": pytest.approx(0.5),
+                            "simulated_p95": pytest.approx(0.95)}  # a and d; e failed
+    assert (got["decoding"]["n"], got["decoding"]["measured_p50"],
+            got["decoding"]["simulated_p50"]) == (1, pytest.approx(15.0), pytest.approx(3.0))
+    assert (got["prompt"]["n"], got["prompt"]["measured_p50"],
+            got["prompt"]["simulated_p50"]) == (1, pytest.approx(28.0), pytest.approx(5.0))

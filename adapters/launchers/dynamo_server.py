@@ -16,6 +16,7 @@ mode, and session affinity. Per pause the harness can keep, or recompute with a 
 
 from __future__ import annotations
 
+import http.client
 import json
 import random
 import socket
@@ -201,7 +202,8 @@ class LocalDynamo(ServerProcess):
                 with urllib.request.urlopen(f"{self.url}/v1/models/{SERVED_NAME}/ready",
                                             timeout=2.0) as r:
                     seen = ready_workers(json.loads(r.read()))
-            except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
+            except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError,
+                    http.client.HTTPException):  # no HTTP answer (yet) on the port
                 seen = None
             if seen is not None and seen >= self.config.workers:
                 return

@@ -4,6 +4,7 @@ its process group and removing the shared memory it leaked."""
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import shutil
 import signal
@@ -45,8 +46,8 @@ def wait_healthy(proc: subprocess.Popen[bytes], url: str, name: str, timeout_s: 
             with urllib.request.urlopen(url, timeout=probe_timeout_s) as r:
                 if r.status == 200:
                     return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
+        except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException):
+            pass  # not up yet, or not (yet) an HTTP server on that port: e.g. a ZMQ socket
         time.sleep(poll_s)
     raise ServerError(f"{name} not healthy after {timeout_s:.0f}s; last log lines:\n{tail()}")
 

@@ -13,6 +13,7 @@ offloads to host memory and drops a paused context per pause (`SERVER_POLICIES`)
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import secrets
@@ -185,7 +186,7 @@ def release_all(url: str, scope: str, timeout_s: float = 10.0) -> dict[str, Any]
         with urllib.request.urlopen(req, timeout=timeout_s) as r:
             answer = json.loads(r.read()).get("kv_transfer_params") or {}
     except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError, KeyError,
-            IndexError, TypeError, AttributeError):
+            IndexError, TypeError, AttributeError, http.client.HTTPException):
         return None
     found = answer.get(CONNECTOR_KEY) if isinstance(answer, dict) else None
     return found if isinstance(found, dict) else None

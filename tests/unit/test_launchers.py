@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -103,3 +106,31 @@ def test_a_forced_exit_kills_live_groups_and_removes_their_folders(tmp_path: Pat
     assert proc.wait(timeout=10) == -9
     assert not folder.exists()
     assert proc.pid not in process.LIVE_GROUPS and proc.pid not in process.LIVE_DIRS
+
+
+def test_a_port_that_answers_something_other_than_http_is_not_healthy() -> None:
+    # e.g. another process's ZMQ socket on the port the server was to take: its greeting is no
+    # HTTP status line (http.client.BadStatusLine), which must read as "not healthy", never
+    # escape as a traceback
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+
+    def greet() -> None:
+        srv.settimeout(3.0)
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = srv.accept()
+                with conn:
+                    conn.sendall(b"\xff\x00\x00\x00\x00\x00\x00\x00\x01\x7f")
+
+    t = threading.Thread(target=greet, daemon=True)
+    t.start()
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with pytest.raises(ServerError, match="demo not healthy after 1s"):
+            wait_healthy(proc, f"http://127.0.0.1:{port}/health", "demo", 1.0,
+                         lambda: "(no log)", poll_s=0.1)
+    finally:
+        proc.kill()
+        proc.wait()
+        srv.close()

@@ -25,15 +25,20 @@ def test_a_server_that_exits_is_reported_with_its_log(tmp_path: Path) -> None:
                      lambda: log_tail(log))
 
 
-def test_a_server_that_never_answers_times_out(tmp_path: Path) -> None:
+def never_healthy(port: int) -> None:
+    """wait_healthy on `port` for a process that runs on: a clear ServerError after 1 s."""
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         with pytest.raises(ServerError, match="demo not healthy after 1s"):
-            wait_healthy(proc, f"http://127.0.0.1:{free_port()}/health", "demo", 1.0,
+            wait_healthy(proc, f"http://127.0.0.1:{port}/health", "demo", 1.0,
                          lambda: "(no log)", poll_s=0.1)
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_server_that_never_answers_times_out() -> None:
+    never_healthy(free_port())
 
 
 def test_log_tail_filters_and_survives_a_missing_file(tmp_path: Path) -> None:
@@ -123,14 +128,8 @@ def test_a_port_that_answers_something_other_than_http_is_not_healthy() -> None:
                 with conn:
                     conn.sendall(b"\xff\x00\x00\x00\x00\x00\x00\x00\x01\x7f")
 
-    t = threading.Thread(target=greet, daemon=True)
-    t.start()
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    threading.Thread(target=greet, daemon=True).start()
     try:
-        with pytest.raises(ServerError, match="demo not healthy after 1s"):
-            wait_healthy(proc, f"http://127.0.0.1:{port}/health", "demo", 1.0,
-                         lambda: "(no log)", poll_s=0.1)
+        never_healthy(port)
     finally:
-        proc.kill()
-        proc.wait()
         srv.close()

@@ -16,12 +16,10 @@ mode, and session affinity. Per pause the harness can keep, or recompute with a 
 
 from __future__ import annotations
 
-import http.client
 import json
 import random
 import socket
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,7 +38,7 @@ from harness.adapters.dynamo import DynamoAdapter, ready_workers
 from harness.adapters.http import HttpClient
 from harness.adapters.launchers.installs import LAUNCHERS, script_output, tiny_model
 from harness.adapters.launchers.openai_server import realisation
-from harness.adapters.launchers.process import ServerProcess, pinned
+from harness.adapters.launchers.process import PROBE_ERRORS, ServerProcess, pinned
 from harness.adapters.models import hf_geometry, local_vocab, model_record
 from harness.errors import ServerError
 
@@ -202,8 +200,7 @@ class LocalDynamo(ServerProcess):
                 with urllib.request.urlopen(f"{self.url}/v1/models/{SERVED_NAME}/ready",
                                             timeout=2.0) as r:
                     seen = ready_workers(json.loads(r.read()))
-            except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError,
-                    http.client.HTTPException):  # no HTTP answer (yet) on the port
+            except PROBE_ERRORS + (ValueError,):
                 seen = None
             if seen is not None and seen >= self.config.workers:
                 return

@@ -32,6 +32,12 @@ def log_tail(path: Path, n: int = 15, keep: Callable[[str], bool] = lambda _: Tr
     return "\n".join([ln for ln in lines if keep(ln)][-n:])
 
 
+# What an HTTP probe of a server (urllib) meets while the server is not up, or when the port
+# answers something other than HTTP (e.g. a ZMQ socket's greeting: http.client.BadStatusLine).
+PROBE_ERRORS: tuple[type[Exception], ...] = (urllib.error.URLError, ConnectionError,
+                                             TimeoutError, http.client.HTTPException)
+
+
 def wait_healthy(proc: subprocess.Popen[bytes], url: str, name: str, timeout_s: float,
                  tail: Callable[[], str], poll_s: float = 0.5, probe_timeout_s: float = 2.0
                  ) -> None:
@@ -46,8 +52,8 @@ def wait_healthy(proc: subprocess.Popen[bytes], url: str, name: str, timeout_s: 
             with urllib.request.urlopen(url, timeout=probe_timeout_s) as r:
                 if r.status == 200:
                     return
-        except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException):
-            pass  # not up yet, or not (yet) an HTTP server on that port: e.g. a ZMQ socket
+        except PROBE_ERRORS:
+            pass  # not up yet, or not (yet) an HTTP server on that port
         time.sleep(poll_s)
     raise ServerError(f"{name} not healthy after {timeout_s:.0f}s; last log lines:\n{tail()}")
 

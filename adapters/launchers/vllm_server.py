@@ -13,11 +13,9 @@ offloads to host memory and drops a paused context per pause (`SERVER_POLICIES`)
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import secrets
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,7 +32,7 @@ from harness.adapters.base import (
 )
 from harness.adapters.http import HttpClient
 from harness.adapters.launchers.installs import script_output, tiny_model
-from harness.adapters.launchers.process import ServerProcess, pinned
+from harness.adapters.launchers.process import PROBE_ERRORS, ServerProcess, pinned
 from harness.adapters.models import hf_geometry, local_vocab, model_record
 from harness.adapters.vllm import (
     CONNECTOR_CLASS,
@@ -185,8 +183,7 @@ def release_all(url: str, scope: str, timeout_s: float = 10.0) -> dict[str, Any]
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=timeout_s) as r:
             answer = json.loads(r.read()).get("kv_transfer_params") or {}
-    except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError, KeyError,
-            IndexError, TypeError, AttributeError, http.client.HTTPException):
+    except PROBE_ERRORS + (ValueError, KeyError, IndexError, TypeError, AttributeError):
         return None
     found = answer.get(CONNECTOR_KEY) if isinstance(answer, dict) else None
     return found if isinstance(found, dict) else None

@@ -172,6 +172,19 @@ def rescaled(cal: Calibration, f: RateFactors) -> Calibration:
                                f" time, decode x{d:.3f})")
 
 
+def _in_flight(c: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """For each call of `c` (`_ended_calls`' columns, each with a first token): how many of the
+    others were in flight when it was sent (started before it, strictly, and not yet ended), and
+    how many of those were still before their first token. A call's first token comes after its
+    start and no later than its end, so counts of starts, first tokens and ends up to the send
+    give both."""
+    t0 = c["t0"].to_numpy(dtype=np.int64)
+    started_before = np.searchsorted(np.sort(t0), t0, side="left")
+    ended_by = np.searchsorted(np.sort(c["t1"].to_numpy(dtype=np.int64)), t0, side="right")
+    first_by = np.searchsorted(np.sort(c["t_first"].to_numpy(dtype=np.int64)), t0, side="right")
+    return started_before - ended_by, started_before - first_by
+
+
 def waits_by_company(records: pd.DataFrame) -> dict[str, dict[str, float | int | None]]:
     """A call's time to first token less its server-reported prompt time (ms): the way to the
     engine and back plus any wait for the engine, split by whether another call was in flight
@@ -181,13 +194,8 @@ def waits_by_company(records: pd.DataFrame) -> dict[str, dict[str, float | int |
     call starts)."""
     calls = _ended_calls(records)
     c = calls[calls["t_first"].notna()]
+    busy = _in_flight(c)[0] > 0
     t0 = c["t0"].to_numpy(dtype=np.int64)
-    t1 = c["t1"].to_numpy(dtype=np.int64)
-    order = np.argsort(t0, kind="stable")
-    # calls in flight at each start: started before it (strictly) and not yet ended
-    started_before = np.searchsorted(t0[order], t0, side="left")
-    ended_by = np.searchsorted(np.sort(t1), t0, side="right")
-    busy = (started_before - ended_by) > 0
     wait = (c["t_first"].to_numpy(dtype=float) - t0) / 1e6 - c["server_ms"].to_numpy(dtype=float)
     queue = c["engine_queue_ms"].to_numpy(dtype=float)
     out: dict[str, dict[str, float | int | None]] = {}
@@ -238,13 +246,11 @@ def paired_waits(real: pd.DataFrame, simulated: pd.DataFrame) -> dict[str, dict[
     def waits(records: pd.DataFrame) -> pd.DataFrame:
         c = _ended_calls(records)
         c = c[(c["status"] == "ok") & c["t_first"].notna()]
-        t0, t1 = c["t0"].to_numpy(dtype=np.int64), c["t1"].to_numpy(dtype=np.int64)
+        on, before_first = _in_flight(c)
+        t0 = c["t0"].to_numpy(dtype=np.int64)
         tf = c["t_first"].to_numpy(dtype=np.int64)
-        group = []
-        for i in range(len(c)):
-            on = (t0 < t0[i]) & (t1 > t0[i])
-            group.append(IN_FLIGHT[2] if (on & (tf > t0[i])).any()
-                         else IN_FLIGHT[1] if on.any() else IN_FLIGHT[0])
+        group = np.where(before_first > 0, IN_FLIGHT[2],
+                         np.where(on > 0, IN_FLIGHT[1], IN_FLIGHT[0]))
         return pd.DataFrame({"trajectory_id": c["trajectory_id"].to_numpy(),
                              "step": c["step"].to_numpy(), "group": group,
                              "wait": (tf - t0) / 1e6 - c["server_ms"].to_numpy(dtype=float)})

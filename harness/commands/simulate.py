@@ -167,7 +167,7 @@ def simulate_command(trace: Path, policy: str, policy_args: tuple[str, ...],
                    f"{cap.block_size}: {s['evicted_tokens']:,} tokens evicted from its prefix "
                    f"cache, {s['swaps_refused']} offloads refused (host tier full)"
                    + (f", {s['preempted_calls']} running calls preempted for memory, "
-                      f"{s.get('control_requests', 0)} pause controls sent as requests"
+                      f"{s['control_requests']} pause controls sent as requests"
                       if cap.engine == "vllm" else ""))
     if "routing" in s:
         click.echo(fleet_line(k, router, s["routing"]))

@@ -95,10 +95,8 @@ def step_lists(w: Workload) -> StepLists:
     """The workload's per-step columns the loop reads, as lists (a list's item is quicker to
     read than an array's): input, output, context and kept tokens, tool latency, deadline,
     class."""
-    ints: list[list[int]] = [w.inp.tolist(), w.out.tolist(), w.ctx.tolist(), w.kept.tolist()]
-    lat: list[float] = w.lat.tolist()
-    dl: list[float] = w.deadline.tolist()
-    return ints[0], ints[1], ints[2], ints[3], lat, dl, w.cls.tolist()
+    return (w.inp.tolist(), w.out.tolist(), w.ctx.tolist(), w.kept.tolist(), w.lat.tolist(),
+            w.deadline.tolist(), w.cls.tolist())
 
 
 def decode_costs(w: Workload, costs: IterationCosts) -> list[float]:

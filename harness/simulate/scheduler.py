@@ -286,9 +286,9 @@ class Scheduler:
             engine.call_end(tr, t)
         for kind, tr in answered:
             engine.client.answered(kind, tr, t)
-        if answered and self.idle():  # where nothing can run, the engine preempts (no timeout)
-            engine.try_admit(t)
-        if preempted:  # a preempted call waits first in line: admitted if it fits now
+        # a preempted call waits first in line: admitted if it fits now; an engine idle after
+        # its controls preempts where nothing can run (no timeout), as after a call
+        if preempted or (answered and self.idle()):
             engine.try_admit(t)
 
     def run(self, ext: list[Event]) -> tuple[int, float]:

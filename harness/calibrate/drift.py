@@ -32,6 +32,8 @@ def drift(cal: Calibration, again: Measured) -> dict[str, Any]:
         add(f"decode_tok_s@{n}", dict(cal.decode_points).get(n), now)
     for n, now in again.append_points:
         add(f"append_tok_s@{n}", dict(cal.append_points).get(n), now)
+    for n, now in again.long_append_points:
+        add(f"long_append_tok_s@{n}", dict(cal.long_append_points).get(n), now)
     add("decode_tok_s", cal.decode_tok_s, again.decode_tok_s)
     worst = max(rates.items(), key=lambda kv: abs(kv[1]["drift_pct"]), default=None)
     return {"calibrated_at": cal.measured_at,

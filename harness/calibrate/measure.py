@@ -10,7 +10,9 @@ llama.cpp is measured through slot 0 (erased before each cold prefill; slot save
 timings; every dump file deleted afterwards). vLLM and SGLang are measured through their
 prefix caches: each cold prefill sends token ids no earlier request sent under a cache salt of
 this calibration alone, and the server's count of cached tokens must say 0; the append resends
-the same prefix, which the prefix cache reuses, with APPEND_TOKENS new ones. vLLM's swap goes
+the same prefix, which the prefix cache reuses, with APPEND_TOKENS new ones, then with
+LONG_APPEND_TOKENS others (how a paged engine's prompt cost grows with the context a chunk
+reads, harness.model.iteration). vLLM's swap goes
 through the project's KV connector (a pinned context offloaded to host memory, then loaded back
 by the resumed call, both timed by the connector); SGLang's engine has no per-request swap, so
 its swap rates are recorded as none (null).
@@ -18,10 +20,11 @@ its swap rates are recorded as none (null).
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -39,6 +42,7 @@ from harness.adapters.base import (
 )
 from harness.adapters.http import connect
 from harness.adapters.runtimes import get_runtime
+from harness.calibrate.wake import WAKE_CONTEXT, WAKE_GAPS_S, wake_from
 from harness.errors import InputError, ServerError
 from harness.model.calibration import (
     RUNTIME_ENGINES,
@@ -46,7 +50,7 @@ from harness.model.calibration import (
     overhead_samples,
     write_calibration,
 )
-from harness.model.iteration import APPEND_TOKENS
+from harness.model.iteration import APPEND_TOKENS, LONG_APPEND_TOKENS
 from harness.plan.tokens import stable_seed, token_ids
 from harness.policies.base import SWAP
 from harness.records.manifest import CpuPinning
@@ -82,6 +86,8 @@ class Measured:
     swap_note: str | None = None
     request_overhead_ms: float | None = None  # client TTFT less the server's prompt time
     request_overhead_samples_ms: tuple[float, ...] = ()  # its distribution
+    long_append_points: list[tuple[int, float]] = field(default_factory=list)  # engines only
+    wake_s: tuple[float, float] | None = None  # the first iteration after idle (engines only)
 
 
 def _count(value: Any) -> int | None:
@@ -264,6 +270,27 @@ async def _warm(ad: Adapter, ids: list[int], salt: str, overheads: list[float],
     return res.prompt_n / (res.prompt_ms / 1000.0), res.cached_tokens
 
 
+async def _wake(ad: Adapter, vocab: int, salt: str, repeats: int
+                ) -> tuple[float, float] | None:
+    """(wake, tau) s of the first iteration after idle time (harness.calibrate.wake): the same
+    append after WAKE_CONTEXT cached tokens, sent after each of WAKE_GAPS_S of idle time."""
+    times: dict[float, list[float]] = {g: [] for g in WAKE_GAPS_S}
+    for r in range(repeats):
+        for g in WAKE_GAPS_S:
+            seed = stable_seed("cal-wake", r, int(g * 1000))
+            prefix = token_ids(seed, WAKE_CONTEXT, vocab)
+            own = f"{salt}-wake-{r}-{int(g * 1000)}"
+            await _cold(ad, prefix, own, 1)
+            await asyncio.sleep(g)
+            warm = await _warm(ad, prefix + token_ids(stable_seed("cal-wake-append", seed),
+                                                      APPEND_TOKENS, vocab), own, [])
+            if warm is not None:
+                times[g].append(APPEND_TOKENS / warm[0])
+    if not all(times.values()):
+        return None
+    return wake_from(*(statistics.median(times[g]) for g in WAKE_GAPS_S))
+
+
 async def measure_engine(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS, repeats: int = 3,
                          decode_tokens: int = 32, swap: bool = True) -> Measured:
     """Measure a vLLM or SGLang server through its prefix cache (see the module docstring);
@@ -273,15 +300,15 @@ async def measure_engine(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS, repe
     block, capacity, batch = server_kv(info)
     salt = f"calibration-{secrets.token_hex(6)}"
     vocab = info.vocab_size
-    limit = (info.ctx_per_slot or 4096) - decode_tokens - APPEND_TOKENS - 8
+    limit = (info.ctx_per_slot or 4096) - decode_tokens - LONG_APPEND_TOKENS - 8
     fits = [c for c in contexts if c <= limit]
     if fits:  # a first request is slower (the engine's first shapes): measured, not kept
         await _cold(ad, token_ids(stable_seed("cal-warm-up"), max(fits), vocab),
                     f"{salt}-warm-up", decode_tokens)
-    points, decode_points, append_points = [], [], []
+    points, decode_points, append_points, long_points = [], [], [], []
     overheads: list[float] = []
     for n in fits:
-        got, appended = [], []
+        got, appended, long_appended = [], [], []
         for r in range(repeats):
             seed = stable_seed("cal", n, r)
             prefix = token_ids(seed, n, vocab)
@@ -292,10 +319,17 @@ async def measure_engine(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS, repe
                                                       APPEND_TOKENS, vocab), own, overheads)
             if warm is not None:
                 appended.append(warm[0])
+            # other tokens after the same prefix: only the prefix is cached (no overhead kept)
+            warm = await _warm(ad, prefix + token_ids(stable_seed("cal-long-append", seed),
+                                                      LONG_APPEND_TOKENS, vocab), own, [])
+            if warm is not None:
+                long_appended.append(warm[0])
         points.append((n, statistics.median(p for p, _ in got)))
         decode_points.append((n, statistics.median(d or 0.0 for _, d in got)))
         if appended:
             append_points.append((n, statistics.median(appended)))
+        if long_appended:
+            long_points.append((n, statistics.median(long_appended)))
     if not points:
         raise InputError(f"calibrate: no context of {', '.join(map(str, contexts))} fits the "
                          f"server's {info.ctx_per_slot} tokens")
@@ -324,7 +358,9 @@ async def measure_engine(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS, repe
     return Measured(points, decode_points, append_points, statistics.median(decode),
                     _median(outs), _median(ins), _median(per_token), info.server_version,
                     info.model, block, capacity, batch, note, _median(overheads),
-                    overhead_samples(overheads))
+                    overhead_samples(overheads), long_points,
+                    # a short re-check (swap False) measures neither swap nor the wake
+                    await _wake(ad, vocab, salt, max(repeats, 5)) if swap else None)
 
 
 async def _no_swap(ad: Adapter) -> str:
@@ -398,10 +434,13 @@ def to_calibration(m: Measured, kv_bytes_per_token: float | None,
         measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
         prefill_points=tuple(m.prefill_points),
         decode_points=tuple(p for p in m.decode_points if p[1] > 0),
-        append_points=tuple(m.append_points), engine=RUNTIME_ENGINES.get(runtime),
+        append_points=tuple(m.append_points), long_append_points=tuple(m.long_append_points),
+        engine=RUNTIME_ENGINES.get(runtime),
         block_size=m.block_size, kv_capacity_tokens=m.kv_capacity_tokens,
         batch_tokens=m.batch_tokens, request_overhead_ms=m.request_overhead_ms,
-        request_overhead_samples_ms=m.request_overhead_samples_ms)
+        request_overhead_samples_ms=m.request_overhead_samples_ms,
+        wake_ms=None if m.wake_s is None else m.wake_s[0] * 1e3,
+        wake_tau_ms=None if m.wake_s is None else m.wake_s[1] * 1e3)
 
 
 def _measure_on(runtime: Runtime, options: ServerOptions, out: Path, repeats: int,

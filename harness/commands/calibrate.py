@@ -11,7 +11,7 @@ from harness.calibrate.measure import CALIBRATED_RUNTIMES, Measured, calibrate
 from harness.commands.options import Command, runtime_option, url_option
 from harness.errors import InputError
 from harness.model.calibration import Calibration, preset_names, resolve_calibration
-from harness.model.iteration import APPEND_TOKENS
+from harness.model.iteration import APPEND_TOKENS, LONG_APPEND_TOKENS
 
 
 @click.command("calibrate", cls=Command)
@@ -44,6 +44,9 @@ def summary(cal: Calibration, measured: Measured) -> str:
     pts = ", ".join(f"{n}: {r:,.0f}" for n, r in cal.prefill_points)
     dec = ", ".join(f"{n}: {r:,.1f}" for n, r in cal.decode_points)
     app = ", ".join(f"{n}: {r:,.1f}" for n, r in cal.append_points)
+    long = ", ".join(f"{n}: {r:,.1f}" for n, r in cal.long_append_points)
+    if long:
+        app += f"; {LONG_APPEND_TOKENS}-token: {long}"
     if cal.has_swap:
         swap = (f"swap out {cal.swap_out_bytes_per_s / 2**30:.2f} GiB/s, in "
                 f"{cal.swap_in_bytes_per_s / 2**30:.2f} GiB/s")
@@ -59,6 +62,9 @@ def summary(cal: Calibration, measured: Measured) -> str:
     overhead = ("" if cal.request_overhead_ms is None else
                 f"; request overhead {cal.request_overhead_ms:.1f} ms"
                 + (f" (P95 {q[95 * (len(q) - 1) // 100]:.1f} ms)" if q else ""))
+    if cal.wake_ms is not None:
+        overhead += (f"; the first iteration after idle time +{cal.wake_ms:.1f} ms (time "
+                     f"constant {cal.wake_tau_ms:.0f} ms)")
     return (f"{cal.engine_kind or cal.runtime}: prefill tok/s by context ({pts}); decode tok/s "
             f"by context ({dec}); {APPEND_TOKENS}-token append tok/s by context ({app}); "
             f"{swap}; KV {cal.kv_bytes_per_token:,.0f} B/token{dumped}; the server's KV pool: "

@@ -8,6 +8,7 @@ JSON with these keys (all rates positive and finite):
      "decode_tok_s": 30.0, "swap_out_bytes_per_s": 5e9, "swap_in_bytes_per_s": 6e9,
      "decode_points": [[64, 30.0], [1024, 21.0]],       # (context_len, tok_s), optional
      "append_points": [[64, 90.0], [1024, 40.0]],       # (context_len, tok_s), optional
+     "long_append_points": [[64, 80.0], [1024, 60.0]],  # (context_len, tok_s), optional
      "measured_at": "2026-11-29T21:00:00Z",
      # optional, the engine and its KV pool as the server reports them:
      "engine": "llamacpp",            # llamacpp | vllm | sglang (default: from runtime)
@@ -15,14 +16,16 @@ JSON with these keys (all rates positive and finite):
      "kv_capacity_tokens": 4096,      # the KV pool in tokens
      "batch_tokens": 2048,            # the most tokens one iteration takes
      "request_overhead_ms": 1.2,      # a call's time outside the engine's compute (median)
+     "wake_ms": 1.4, "wake_tau_ms": 40.0,  # the first iteration after idle time (below)
      "declared": "..."}               # sources: figures published elsewhere, not measured
 
 `prefill_tok_s` is the headline rate; `prefill_points` give it by context length when measured,
 and `prefill_tok_s_at` interpolates between them (clamped at both ends). `decode_points` give one
 sequence's decode rate by context length; `append_points` the rate of a 32-token prompt
-appended to a cached context of that length (a kept request's resume). The simulator's iteration
-model (harness.model.iteration) uses them, when present, for the cost of attention in decode
-steps and short prompt chunks.
+appended to a cached context of that length (a kept request's resume), `long_append_points` of a
+256-token one (measured on vLLM and SGLang, whose prompt cost grows with the context a chunk
+reads). The simulator's iteration model (harness.model.iteration) uses them, when present, for
+the cost of attention in decode steps and prompt chunks.
 
 An engine without per-request swap (SGLang's CPU engine) records both swap rates as null: the
 calibration then holds 0.0 for them (`has_swap` False), policies price a restore as never
@@ -35,6 +38,13 @@ max_num_batched_tokens; SGLang: page_size, max_total_num_tokens, chunked_prefill
 llama.cpp: 1, slots x n_ctx and n_batch). `declared` is present only on a calibration whose
 figures come from published measurements rather than from this project's own (a shipped
 preset): it cites the sources, and whatever prints or records it says DECLARED_NOTE.
+
+`wake_ms` (optional, with `wake_tau_ms`) is what the first iteration after the server idled
+adds to it: an engine that idled for t computes its next iteration wake_ms (1 - e^(-t /
+wake_tau_ms)) slower. Measured on the pinned CPU vLLM server (a 48-token append after 512 cached
+tokens, 10 each): 3.2 ms right after other work, 3.5 after 10 ms idle, 4.0 after 30, 4.4 after
+60, 4.6 after 100 and 4.6-4.7 after 200-500 ms; a cold 300-token prompt 4.7 -> 6.2 ms. A
+calibration measures its appends back to back, an agent's resume comes after a tool's wait.
 
 `request_overhead_ms` is what a call spends outside the engine's own compute: the client's
 time to first token less the prompt time the server reports, median over short appended
@@ -75,6 +85,17 @@ ENGINES = ("llamacpp", "vllm", "sglang")
 RUNTIME_ENGINES = {"llamacpp": "llamacpp", "llama.cpp": "llamacpp", "vllm": "vllm",
                    "sglang": "sglang"}
 DECLARED_NOTE = "declared, not measured here"
+
+
+def _wake(wake_ms: Any, tau_ms: Any, where: str) -> None:
+    """wake_ms (finite, >= 0) and wake_tau_ms (finite, > 0): both or neither."""
+    if (wake_ms is None) != (tau_ms is None):
+        raise InputError(f"{where}: wake_ms and wake_tau_ms are given together")
+    for key, v, low in (("wake_ms", wake_ms, 0.0), ("wake_tau_ms", tau_ms, 1e-9)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)
+                              or not math.isfinite(v) or v < low):
+            raise InputError(f"{where}: {key} must be a finite number "
+                             f"{'>= 0' if low == 0 else '> 0'}, got {v!r}")
 
 
 def _overhead(value: Any, where: str) -> float | None:
@@ -186,6 +207,7 @@ class Calibration:
     prefill_points: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     decode_points: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     append_points: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    long_append_points: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     engine: str | None = None  # llamacpp | vllm | sglang; None: from runtime (engine_kind)
     block_size: int | None = None  # the KV block / page size in tokens, as the server reports
     kv_capacity_tokens: int | None = None  # the KV pool in tokens, as the server reports
@@ -194,6 +216,8 @@ class Calibration:
     request_overhead_ms: float | None = None  # outside the engine's compute, per call
     # the measured overheads, ascending (empty: the median for every call)
     request_overhead_samples_ms: tuple[float, ...] = ()
+    wake_ms: float | None = None  # the first iteration after idle time: at most this slower
+    wake_tau_ms: float | None = None  # its time constant
 
     def __post_init__(self) -> None:
         self.validate("calibration")
@@ -222,6 +246,15 @@ class Calibration:
         _check_points(self.prefill_points, where)
         _check_points(self.decode_points, where, "decode_points")
         _check_points(self.append_points, where, "append_points")
+        _check_points(self.long_append_points, where, "long_append_points")
+        _wake(self.wake_ms, self.wake_tau_ms, where)
+
+    def wake(self) -> tuple[float, float] | None:
+        """(seconds, time constant in seconds) of the first iteration after idle time, or None
+        where not measured."""
+        if self.wake_ms is None or self.wake_tau_ms is None:
+            return None
+        return self.wake_ms / 1e3, self.wake_tau_ms / 1e3
 
     @property
     def engine_kind(self) -> str | None:
@@ -263,7 +296,8 @@ class Calibration:
             d[key] = getattr(self, key)
         for key in _SWAP_KEYS:
             d[key] = getattr(self, key) if self.has_swap else None
-        for key in ("engine", *_INT_KEYS, "declared", "request_overhead_ms"):
+        for key in ("engine", *_INT_KEYS, "declared", "request_overhead_ms", "wake_ms",
+                    "wake_tau_ms"):
             if getattr(self, key) is not None:
                 d[key] = getattr(self, key)
         d["prefill_points"] = [[c, r] for c, r in self.prefill_points]
@@ -271,6 +305,8 @@ class Calibration:
             d["decode_points"] = [[c, r] for c, r in self.decode_points]
         if self.append_points:
             d["append_points"] = [[c, r] for c, r in self.append_points]
+        if self.long_append_points:
+            d["long_append_points"] = [[c, r] for c, r in self.long_append_points]
         if self.request_overhead_samples_ms:
             d["request_overhead_samples_ms"] = list(self.request_overhead_samples_ms)
         return d
@@ -280,9 +316,11 @@ class Calibration:
         """Build and validate from parsed JSON; unknown keys are refused by name."""
         if not isinstance(data, dict):
             raise InputError(f"{where}: expected a JSON object")
-        known = {"version", "prefill_points", "decode_points", "append_points", *_TEXT_KEYS,
+        known = {"version", "prefill_points", "decode_points", "append_points",
+                 "long_append_points", *_TEXT_KEYS,
                  *_RATE_KEYS, *_SWAP_KEYS, "engine", *_INT_KEYS, "declared",
-                 "request_overhead_ms", "request_overhead_samples_ms"}
+                 "request_overhead_ms", "request_overhead_samples_ms", "wake_ms",
+                 "wake_tau_ms"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InputError(f"{where}: unknown key(s) {', '.join(unknown)}")
@@ -311,11 +349,14 @@ class Calibration:
                    model=data["model"], measured_at=data["measured_at"],
                    prefill_points=_parse_points(data, "prefill_points", where),
                    decode_points=_parse_points(data, "decode_points", where),
-                   append_points=_parse_points(data, "append_points", where), engine=engine,
+                   append_points=_parse_points(data, "append_points", where),
+                   long_append_points=_parse_points(data, "long_append_points", where),
+                   engine=engine,
                    declared=declared,
                    request_overhead_ms=_overhead(data.get("request_overhead_ms"), where),
                    request_overhead_samples_ms=_samples(
                        data.get("request_overhead_samples_ms"), where),
+                   wake_ms=data.get("wake_ms"), wake_tau_ms=data.get("wake_tau_ms"),
                    swap_out_bytes_per_s=_swap_rate(data["swap_out_bytes_per_s"],
                                                    "swap_out_bytes_per_s", where),
                    swap_in_bytes_per_s=_swap_rate(data["swap_in_bytes_per_s"],

@@ -32,19 +32,33 @@ Fitted from a calibration (harness.model.calibration), never from a trace:
   token. The two differ on CPUs: a decode row streams the whole cache from memory once per
   token, while the rows of a chunk reuse it from the caches (measured on the development VM:
   about 25 us per cell for a 32-token chunk at 1,500 tokens of context, 40-55 us for decode).
+
+A paged engine (vLLM, SGLang) has no row/tiled split: its prompt kernels cost smoothly in the
+chunk's size and in the context it reads. Measured alone on the CPU servers (k new tokens after
+c cached, k 8-512, c 0-1,536, each alone): vLLM's prompt time is alpha + beta k + a (k c +
+k (k + 1) / 2) + 0.6 us per cached token (median error 2.5%, P95 12%), where the split above
+underestimates a 128-token chunk at 1,536 cached tokens 1.6x (a_tiled fits 0 there); SGLang's
+adds a term in c^2 (7 ns per squared cached token, so 8 tokens after 1,536 take 30 ms against
+3.6 ms after none; median error 2.8%, P95 8.5%). So a calibration that also measured
+`long_append_points` (LONG_APPEND_TOKENS appended to each context) is fitted the paged way
+(`fit_paged_costs`): every prompt chunk at `a_tiled` per cell (tiled_rows 1), plus
+`a_context` per cached token and `a_context_sq` per squared cached token it reads.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import numpy as np
+from scipy.optimize import nnls
 
 DECODE_CONTEXT = 80  # harness calibrate decodes 32 tokens after a 64-token prompt
 TILED_ROWS = 64  # query rows of one sequence from which attention runs tiled (ggml CPU)
 BATCH_TOKENS = 2048  # tokens per iteration (llama.cpp's default n_batch)
 UBATCH_TOKENS = 512  # tokens per forward pass (llama.cpp's default n_ubatch)
 APPEND_TOKENS = 32  # harness calibrate's appended prompt (shorter than TILED_ROWS: row by row)
+LONG_APPEND_TOKENS = 256  # its long appended prompt (paged engines: splits cells from context)
 
 
 @dataclass(frozen=True)
@@ -59,6 +73,22 @@ class IterationCosts:
     batch_tokens: int = BATCH_TOKENS
     ubatch_tokens: int = UBATCH_TOKENS
     a_decode: float | None = None  # per cell of a decode token; None: a_row
+    a_context: float = 0.0  # per cached token a prompt chunk reads (paged engines)
+    a_context_sq: float = 0.0  # per squared cached token a prompt chunk reads (SGLang's CPU)
+    alpha_decode: float | None = None  # an iteration of decode tokens only; None: alpha
+    wake: float = 0.0  # what the first iteration after the server idled adds, at most
+    wake_tau: float = 0.04  # how fast that grows with the idle time (1 - e^(-idle / tau))
+
+    def wake_after(self, idle_s: float) -> float:
+        """Seconds the first iteration after `idle_s` of idle time adds (`wake`)."""
+        if self.wake <= 0.0 or idle_s <= 0.0:
+            return 0.0
+        return self.wake * (1.0 - math.exp(-idle_s / self.wake_tau))
+
+    @property
+    def decode_alpha(self) -> float:
+        """Seconds of an iteration that computes decode tokens only, before its tokens."""
+        return self.alpha if self.alpha_decode is None else self.alpha_decode
 
     @property
     def decode_cell(self) -> float:
@@ -68,7 +98,8 @@ class IterationCosts:
     def chunk_s(self, position: int, tokens: int) -> float:
         """Prompt tokens [position, position + tokens) of one sequence, without `alpha`."""
         a = self.a_tiled if tokens >= self.tiled_rows else self.a_row
-        return tokens * self.beta + a * (tokens * position + tokens * (tokens + 1) * 0.5)
+        return (tokens * self.beta + a * (tokens * position + tokens * (tokens + 1) * 0.5)
+                + position * (self.a_context + self.a_context_sq * position))
 
     def decode_s(self, context: float) -> float:
         """One decode token at `context` cached tokens, without `alpha`."""
@@ -82,6 +113,9 @@ class IterationCosts:
         return {"alpha_ms": self.alpha * 1e3, "beta_ms": self.beta * 1e3,
                 "a_tiled_us": self.a_tiled * 1e6, "a_row_us": self.a_row * 1e6,
                 "a_decode_us": self.decode_cell * 1e6,
+                "a_context_us": self.a_context * 1e6, "a_context_sq_us": self.a_context_sq * 1e6,
+                "alpha_decode_ms": self.decode_alpha * 1e3, "wake_ms": self.wake * 1e3,
+                "wake_tau_ms": self.wake_tau * 1e3,
                 "tiled_rows": self.tiled_rows, "batch_tokens": self.batch_tokens,
                 "ubatch_tokens": self.ubatch_tokens}
 
@@ -152,3 +186,59 @@ def fit_iteration_costs(prefill_tok_s: float, decode_tok_s: float,
             a_decode, row = row, fitted
     return IterationCosts(float(alpha), float(beta), float(a_tiled), float(row), tiled_rows,
                           batch_tokens, ubatch_tokens, a_decode)
+
+
+def fit_paged_costs(decode_tok_s: float, prefill_points: tuple[tuple[int, float], ...],
+                    decode_points: tuple[tuple[int, float], ...],
+                    append_points: tuple[tuple[int, float], ...],
+                    long_append_points: tuple[tuple[int, float], ...],
+                    batch_tokens: int = BATCH_TOKENS) -> IterationCosts:
+    """A paged engine's iteration costs (module docstring) from a calibration that measured
+    cold prompts (`prefill_points`, context 0), APPEND_TOKENS and LONG_APPEND_TOKENS appended
+    to cached contexts, and decode by context: nonnegative least squares of each prompt's time
+    T(k, c) = alpha + beta k + a_tiled (k c + k (k + 1) / 2) + a_context c + a_context_sq c^2.
+    A decode token at context c adds beta + a_decode c to an iteration, and an iteration of
+    decode tokens only has a fixed cost of its own, `alpha_decode` (the decode points' intercept
+    less beta): the engines' decode steps and prompt iterations differ there (measured on the
+    CPU servers: SGLang 5.2 ms a decode step at context 0 against 3.4-3.6 ms for an 8-token
+    prompt; vLLM 2.4 against 2.7)."""
+    step, a_decode = 1.0 / decode_tok_s, 0.0
+    if len(decode_points) >= 2:
+        c = np.array([p for p, _ in decode_points], dtype=float)
+        slope, icept = np.polyfit(c, 1.0 / np.array([r for _, r in decode_points]), 1)
+        a_decode = max(float(slope), 0.0)
+        step = float(icept) if slope > 0 else step
+    rows, times = [], []
+    for k, points in ((None, prefill_points), (APPEND_TOKENS, append_points),
+                      (LONG_APPEND_TOKENS, long_append_points)):
+        for n, rate in points:
+            new, ctx = (n, 0) if k is None else (k, n)
+            rows.append([1.0, new, new * ctx + new * (new + 1) / 2, ctx, ctx * ctx])
+            times.append(new / rate)
+    x, y = np.array(rows, dtype=float), np.array(times, dtype=float)
+    scale = np.abs(x).max(axis=0)
+    scale[scale == 0] = 1.0
+    coef = nnls(x / scale, y)[0] / scale
+    alpha, beta, a, a_ctx, a_sq = (float(v) for v in coef)
+    return IterationCosts(alpha, beta, a, a, 1, batch_tokens, batch_tokens,
+                          a_decode if a_decode > 0 else None, a_ctx, a_sq,
+                          max(step - beta, 0.0))
+
+
+def fit_costs(prefill_tok_s: float, decode_tok_s: float,
+              prefill_points: tuple[tuple[int, float], ...] = (),
+              decode_points: tuple[tuple[int, float], ...] = (),
+              append_points: tuple[tuple[int, float], ...] = (),
+              long_append_points: tuple[tuple[int, float], ...] = (),
+              batch_tokens: int = BATCH_TOKENS,
+              wake: tuple[float, float] | None = None) -> IterationCosts:
+    """The iteration costs a calibration's rates give: the paged fit where it measured long
+    appends beside cold prompts and short appends (vLLM, SGLang), else the row/tiled one;
+    `wake`: (seconds, time constant) of the first iteration after idle time, where measured."""
+    if long_append_points and append_points and prefill_points:
+        costs = fit_paged_costs(decode_tok_s, prefill_points, decode_points, append_points,
+                                long_append_points, batch_tokens)
+    else:
+        costs = fit_iteration_costs(prefill_tok_s, decode_tok_s, prefill_points, decode_points,
+                                    append_points, batch_tokens=batch_tokens)
+    return costs if wake is None else replace(costs, wake=wake[0], wake_tau=wake[1])

@@ -30,7 +30,7 @@ import pandas as pd
 
 from harness.metrics.frames import build_frames
 from harness.model.calibration import Calibration, overhead_samples
-from harness.model.iteration import BATCH_TOKENS, IterationCosts, fit_iteration_costs
+from harness.model.iteration import BATCH_TOKENS, IterationCosts, fit_costs
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,8 @@ def _ended_calls(records: pd.DataFrame) -> pd.DataFrame:
 
 def solo_calls(records: pd.DataFrame) -> pd.DataFrame:
     """The calls (status ok; `_ended_calls`' columns) no other call overlapped, from their
-    call_start to their call_end; bystander traffic counts as a call."""
+    call_start to their call_end; bystander traffic counts as a call. `idle_s`: how long no
+    call had been running when each was sent (since the run's first call for the first)."""
     calls = _ended_calls(records)
     if calls.empty:
         return calls
@@ -75,6 +76,7 @@ def solo_calls(records: pd.DataFrame) -> pd.DataFrame:
     ended_before = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(t1)[:-1]])
     next_start = np.concatenate([t0[1:], [np.iinfo(np.int64).max]])
     alone = (ended_before <= t0) & (next_start >= t1)
+    calls["idle_s"] = (t0 - np.maximum(ended_before, t0[0])) / 1e9
     return calls[alone & (calls["status"] == "ok").to_numpy()]
 
 
@@ -92,6 +94,7 @@ def rate_factors(records: pd.DataFrame, costs: IterationCosts, per_pass: int) ->
         return solo[name].to_numpy(dtype=float, na_value=np.nan)
 
     prompt, computed, server_ms = col("prompt_tokens"), col("prompt_n"), col("server_ms")
+    idle = col("idle_s")
     out, decode_ms = col("output_tokens"), col("decode_ms")
     t0, t_first = col("t0"), col("t_first")
     pre: list[float] = []
@@ -99,14 +102,15 @@ def rate_factors(records: pd.DataFrame, costs: IterationCosts, per_pass: int) ->
     lag: list[float] = []
     for i in range(len(solo)):
         if math.isfinite(server_ms[i] + prompt[i] + computed[i]) and computed[i] > 0:
-            want = _prefill_s(costs, int(prompt[i] - computed[i]), int(computed[i]), per_pass)
+            want = (_prefill_s(costs, int(prompt[i] - computed[i]), int(computed[i]), per_pass)
+                    + costs.wake_after(idle[i]))  # an engine that idled wakes slower
             if want > 0:
                 pre.append(server_ms[i] / 1e3 / want)
             if math.isfinite(t_first[i]):
                 lag.append((t_first[i] - t0[i]) / 1e6 - server_ms[i])
         if math.isfinite(decode_ms[i] + out[i] + prompt[i]) and out[i] >= 2:
             # One iteration per token after the first (the prefill's), at its mean context.
-            step = costs.alpha + costs.decode_s(prompt[i] + out[i] / 2.0)
+            step = costs.decode_alpha + costs.decode_s(prompt[i] + out[i] / 2.0)
             dec.append(decode_ms[i] / 1e3 / ((out[i] - 1) * step))
     calls = int(min(len(pre), len(dec)))
     return RateFactors(float(np.median(pre)) if pre else None,
@@ -121,9 +125,9 @@ SERVER_SPEED_JSON = "server_speed.json"
 def server_speed(records: pd.DataFrame, cal: Calibration) -> RateFactors:
     """`rate_factors` of a replay's records against the iteration costs the simulator fits to
     `cal` (llama.cpp: prompts in micro-batches; vLLM, SGLang: in iterations of batch_tokens)."""
-    costs = fit_iteration_costs(cal.prefill_tok_s, cal.decode_tok_s, cal.prefill_points,
-                                cal.decode_points, cal.append_points,
-                                batch_tokens=cal.batch_tokens or BATCH_TOKENS)
+    costs = fit_costs(cal.prefill_tok_s, cal.decode_tok_s, cal.prefill_points,
+                      cal.decode_points, cal.append_points, cal.long_append_points,
+                      cal.batch_tokens or BATCH_TOKENS, cal.wake())
     slots = cal.engine_kind in (None, "llamacpp")
     return rate_factors(records, costs, costs.ubatch_tokens if slots else costs.batch_tokens)
 
@@ -162,6 +166,7 @@ def rescaled(cal: Calibration, f: RateFactors) -> Calibration:
     return replace(cal, prefill_tok_s=cal.prefill_tok_s / p,
                    prefill_points=_scaled(cal.prefill_points, p),
                    append_points=_scaled(cal.append_points, p),
+                   long_append_points=_scaled(cal.long_append_points, p),
                    decode_tok_s=cal.decode_tok_s / d,
                    decode_points=_scaled(cal.decode_points, d),
                    request_overhead_ms=(cal.request_overhead_ms if f.overhead_ms is None

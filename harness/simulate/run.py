@@ -240,7 +240,9 @@ def server_model(calibration: Calibration) -> ServerModel:
                        **({"batch_tokens": int(batch)} if batch else {}),
                        request_overhead_s=(calibration.request_overhead_ms or 0.0) / 1000.0,
                        request_overhead_samples_s=tuple(
-                           q / 1000.0 for q in calibration.request_overhead_samples_ms))
+                           q / 1000.0 for q in calibration.request_overhead_samples_ms),
+                       long_append_points=calibration.long_append_points,
+                       wake=calibration.wake())
 
 
 def _manifest(trace: Path, ref: TraceRef, policy_name: str, policy_args: dict[str, str],

@@ -21,6 +21,7 @@ Written as typed classes so that mypyc can compile this module with harness.simu
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from typing import TYPE_CHECKING, Any, Final
 
@@ -60,11 +61,17 @@ class Scheduler:
         self.engine = engine
         self.costs = costs
         self.alpha: float = costs.alpha
+        self.alpha_dec: float = costs.decode_alpha  # an iteration of decode tokens only
         self.beta: float = costs.beta
         self.batch_tokens: int = costs.batch_tokens
         self.a_tiled: float = costs.a_tiled
         self.a_row: float = costs.a_row
         self.tiled_rows: int = costs.tiled_rows
+        self.a_ctx: float = costs.a_context
+        self.a_ctx_sq: float = costs.a_context_sq
+        self.wake_s: float = costs.wake  # the first iteration after idle time: its extra cost
+        self.wake_tau: float = costs.wake_tau
+        self.idle_since = -INF  # the server idled before the run
         self.slot_mode = slot_mode
         self.out = out
         self.dcost = dcost
@@ -169,8 +176,9 @@ class Scheduler:
             dec = sorted([(tr.slot, dcost[tr.pos]) for tr in self.dec_set])
             cost = slot_iteration_s(self.costs, dec, prompts)
         else:
-            cost = self.alpha + self.dsum
+            cost = self.alpha_dec + self.dsum
             beta, a_tiled, a_row, tiled_rows = self.beta, self.a_tiled, self.a_row, self.tiled_rows
+            a_ctx, a_ctx_sq = self.a_ctx, self.a_ctx_sq
             if self.ctl_wait or self.ctl_dec:  # control requests: a token each (at context 0)
                 n_ctl = len(self.ctl_wait) + len(self.ctl_dec)
                 budget -= n_ctl
@@ -184,8 +192,13 @@ class Scheduler:
                 m = r if r <= budget else budget
                 budget -= m
                 a = a_tiled if m >= tiled_rows else a_row  # IterationCosts.chunk_s, inlined
-                cost += m * beta + a * (m * tr.ppos + m * (m + 1) * 0.5)
+                p = tr.ppos
+                cost += m * beta + a * (m * p + m * (m + 1) * 0.5) + p * (a_ctx + a_ctx_sq * p)
                 chunks.append((tr, m))
+            if chunks or self.ctl_pre:  # a prompt iteration's own fixed cost
+                cost += self.alpha - self.alpha_dec
+        if self.mode == IDLE and self.wake_s > 0.0:  # the engine idled: it wakes slower
+            cost += self.wake_s * (1.0 - math.exp((self.idle_since - t) / self.wake_tau))
         if chunks or self.ctl_pre or self.ctl_dec:  # one iteration (not a run of decodes)
             for tr, _ in chunks:
                 if not tr.prefilling:  # the prompt's first chunk
@@ -206,6 +219,7 @@ class Scheduler:
         else:
             self.mode = IDLE
             self.t_srv = INF
+            self.idle_since = t
 
     def boundary(self, t: float) -> None:
         # The running iteration (or decode run) ends at `t`: tokens, then the next iteration,

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from harness.errors import InputError
-from harness.model.iteration import BATCH_TOKENS, IterationCosts, fit_iteration_costs
+from harness.model.iteration import BATCH_TOKENS, IterationCosts, fit_costs
 from harness.policies import check_slot_model_action
 from harness.policies.base import (
     KEEP,
@@ -47,15 +47,17 @@ class ServerModel:
     decode_points: tuple[tuple[int, float], ...] = ()
     append_points: tuple[tuple[int, float], ...] = ()
     batch_tokens: int = BATCH_TOKENS
+    long_append_points: tuple[tuple[int, float], ...] = ()
+    wake: tuple[float, float] | None = None  # the first iteration after idle: (s, tau s)
     request_overhead_s: float = 0.0  # a call's way to the engine (HTTP, API server, hand-over)
     # its distribution: measured overheads to draw from (empty: the constant for every call)
     request_overhead_samples_s: tuple[float, ...] = ()
 
     def iteration_costs(self) -> IterationCosts:
         """What an iteration costs (harness.model.iteration), fitted to these rates."""
-        return fit_iteration_costs(self.prefill_tok_s, self.decode_tok_s, self.prefill_points,
-                                   self.decode_points, self.append_points,
-                                   batch_tokens=self.batch_tokens)
+        return fit_costs(self.prefill_tok_s, self.decode_tok_s, self.prefill_points,
+                         self.decode_points, self.append_points, self.long_append_points,
+                         self.batch_tokens, self.wake)
 
     def overhead_draws(self, n: int, seed: int, stream: int = 0) -> list[float]:
         """Each of `n` steps' request overhead (s), drawn uniformly from the samples by a

@@ -4,6 +4,7 @@ the servers' timings, the KV pool they report, and the drift check's arithmetic.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,10 @@ def test_vllm_is_measured_cold_then_appended_through_its_prefix_cache() -> None:
                                 (512, pytest.approx(512 / 0.0025))]
     assert m.append_points == [(128, pytest.approx(32 / 0.0025)),
                                (512, pytest.approx(32 / 0.0025))]
+    assert m.long_append_points == [(128, pytest.approx(256 / 0.0025)),
+                                    (512, pytest.approx(256 / 0.0025))]
+    assert to_calibration(m, 512.0, runtime="vllm").long_append_points == \
+        tuple(m.long_append_points)
     assert m.decode_tok_s == pytest.approx(3 / 0.004)
     assert (m.block_size, m.kv_capacity_tokens) == (32, 32 * 1024)
     assert m.swap_out_bytes_per_s is None and m.swap_note is not None
@@ -163,6 +168,7 @@ def test_sglang_records_swap_as_unsupported_and_its_pool() -> None:
     assert m.decode_tok_s == pytest.approx(3 / 0.004)
     assert (m.block_size, m.kv_capacity_tokens, m.batch_tokens) == (1, 65536, 4096)
     assert m.swap_out_bytes_per_s is None and m.swap_in_bytes_per_s is None
+    assert m.wake_s is None  # the fake answers as fast after idle time as after work
     assert m.swap_note is not None and m.swap_note.startswith("unsupported: SGLang has no")
     cal = to_calibration(m, 512.0, runtime="sglang")
     assert not cal.has_swap and cal.engine == "sglang" and cal.block_size == 1
@@ -192,3 +198,18 @@ def test_overhead_samples_are_refused_unless_ascending_finite_numbers(
     doc = {**to_calibration(m, 1.0, "b1").to_dict(), "request_overhead_samples_ms": value}
     with pytest.raises(InputError, match=f"request_overhead_samples_ms must .*{why}"):
         Calibration.from_dict(doc)
+
+
+def test_the_wake_is_read_from_the_three_idle_times() -> None:
+    from harness.calibrate.wake import WAKE_MID_S, wake_from
+    # 3.2 ms busy, 4.6 ms idle: wake 1.4 ms; 30 ms of idle gave half of it: tau = 30 / ln 2
+    got = wake_from(0.0032, 0.0039, 0.0046)
+    assert got is not None
+    assert got[0] == pytest.approx(0.0014)
+    assert got[1] == pytest.approx(WAKE_MID_S / math.log(2))
+    assert wake_from(0.0032, 0.0031, 0.0031) is None  # idling cost nothing: no wake
+    # a middle point outside the range is clamped (tau stays finite and positive)
+    low, high = wake_from(0.003, 0.002, 0.004), wake_from(0.003, 0.005, 0.004)
+    assert low is not None and high is not None
+    assert low[1] == pytest.approx(-WAKE_MID_S / math.log(0.95))
+    assert high[1] == pytest.approx(-WAKE_MID_S / math.log(0.05))

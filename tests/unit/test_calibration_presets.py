@@ -47,6 +47,8 @@ def base(**kw: Any) -> dict[str, Any]:
      "block_size": 1, "kv_capacity_tokens": 65_536, "batch_tokens": 4096},
     {"declared": "declared, not measured here: https://example.org/a"},
     {"decode_points": [[128, 200.0]], "append_points": [[128, 4000.0], [512, 3000.0]]},
+    {"append_points": [[128, 4000.0]], "long_append_points": [[128, 9000.0], [512, 7000.0]]},
+    {"wake_ms": 1.4, "wake_tau_ms": 40.0},
     {"request_overhead_ms": 7.0, "request_overhead_samples_ms": [5.0, 7.0, 17.0, 40.0]},
 ])
 def test_round_trips_are_exact(extra: dict[str, Any], tmp_path: Path) -> None:

@@ -99,15 +99,17 @@ def test_rescaled_divides_the_rates_and_takes_the_runs_overhead() -> None:
                                                                                  2.0)
 
 
-@pytest.mark.parametrize("engine", ["llamacpp", "vllm"])
+@pytest.mark.parametrize("engine", ["llamacpp", "vllm", "sglang"])
 def test_a_simulated_run_reads_back_at_its_own_calibration(tmp_path: Path, engine: str) -> None:
     # Staggered agents, so that some calls run alone and some share iterations.
     trajs = {f"t{i}": [llm(100 + 30 * i, 8), tool(0.5 + 0.3 * i), llm(40, 6), tool(1.0),
                        llm(25, 9)] for i in range(6)}
     starts = {f"t{i}": 0.7 * i for i in range(6)}
     cap = (Capacity(slots=4, ctx_per_slot=1024) if engine == "llamacpp" else
-           Capacity(tokens=4096, engine="vllm", block_size=16))
+           Capacity(tokens=4096, engine=engine, block_size=16))
     cal = dataclasses.replace(CAL, prefill_points=((64, 800.0), (512, 1200.0)), engine=engine)
+    if engine == "sglang":  # the first iteration after idle time slower: read back too
+        cal = dataclasses.replace(cal, wake_ms=20.0, wake_tau_ms=300.0)
     out = tmp_path / "run"
     run_simulation(trace(tmp_path, trajs, starts), "keep", {}, cap, cal, None,
                    Arrivals("closed", 6), 0, out, write_summary=False)

@@ -3,7 +3,9 @@ requests and control tasks waiting for the running iteration, the replay's slot 
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -13,8 +15,11 @@ from harness.model.calibration import Calibration, read_calibration
 from harness.model.iteration import (
     APPEND_TOKENS,
     DECODE_CONTEXT,
+    LONG_APPEND_TOKENS,
     IterationCosts,
+    fit_costs,
     fit_iteration_costs,
+    fit_paged_costs,
 )
 from harness.records.store import read_records
 from harness.simulate.batch import slot_iteration_s
@@ -54,6 +59,41 @@ def test_fit_recovers_the_costs_that_made_the_calibration() -> None:
     # No points at all: the headline prefill rate prices every token.
     bare = fit_iteration_costs(1000.0, 100.0)
     assert (bare.alpha, bare.beta, bare.a_tiled) == pytest.approx((ALPHA, BETA, 0.0))
+
+
+def test_paged_fit_recovers_the_costs_that_made_the_calibration() -> None:
+    # vLLM-like: a smooth per-cell cost for every chunk and a read of the cached context,
+    # decode steps cheaper than a prompt iteration; and SGLang-like: a term in the squared
+    # context, decode steps dearer.
+    for true in (IterationCosts(alpha=0.0027, beta=6e-6, a_tiled=15e-9, a_row=15e-9,
+                                tiled_rows=1, a_decode=0.26e-6, a_context=0.6e-6,
+                                alpha_decode=0.0024),
+                 IterationCosts(alpha=0.003, beta=10e-6, a_tiled=12e-9, a_row=12e-9,
+                                tiled_rows=1, a_decode=0.18e-6, a_context_sq=7e-9,
+                                alpha_decode=0.005)):
+        prefill = tuple((n, n / (true.alpha + true.chunk_s(0, n))) for n in (128, 512, 1024))
+        append = tuple((c, APPEND_TOKENS / (true.alpha + true.chunk_s(c, APPEND_TOKENS)))
+                       for c in (128, 512, 1024))
+        long = tuple((c, LONG_APPEND_TOKENS / (true.alpha + true.chunk_s(c, LONG_APPEND_TOKENS)))
+                     for c in (128, 512, 1024))
+        decode = tuple((c, 1 / (true.decode_alpha + true.decode_s(c))) for c in (128, 512, 1024))
+        fit = fit_paged_costs(decode[0][1], prefill, decode, append, long)
+        for got, want in ((fit.alpha, true.alpha), (fit.beta, true.beta),
+                          (fit.a_tiled, true.a_tiled), (fit.a_context, true.a_context),
+                          (fit.a_context_sq, true.a_context_sq),
+                          (fit.decode_cell, true.decode_cell),
+                          (fit.decode_alpha, true.decode_alpha)):
+            assert got == pytest.approx(want, rel=1e-4, abs=1e-12)
+        assert fit.tiled_rows == 1  # no row path: a 63-token chunk costs like a 64-token one
+        # the calibration's own points come back, and fit_costs takes this fit for them
+        assert fit_costs(prefill[-1][1], decode[0][1], prefill, decode, append,
+                         long) == fit
+        for c, rate in long:
+            assert LONG_APPEND_TOKENS / (fit.alpha + fit.chunk_s(c, LONG_APPEND_TOKENS)) \
+                == pytest.approx(rate, rel=1e-6)
+    # without the long appends: the row/tiled fit, as before
+    assert fit_costs(prefill[-1][1], decode[0][1], prefill, decode, append) == \
+        fit_iteration_costs(prefill[-1][1], decode[0][1], prefill, decode, append)
 
 
 def test_llama_cpp_micro_batches() -> None:
@@ -119,3 +159,59 @@ def test_unknown_slot_handoff_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="slot-handoff"):
         run_simulation(path, "keep", {}, check_capacity(None, 1, 100), CAL, None,
                        Arrivals("closed", 1), 0, tmp_path / "o", slot_handoff="lifo")
+
+
+def test_a_paged_engine_prices_a_resume_by_the_context_it_reads(tmp_path: Path) -> None:
+    # A calibration fitted the paged way (a read of the cached context, a term in its square):
+    # the engine model's prompt iteration of a resume served from the prefix cache costs
+    # exactly alpha + chunk_s(cached, new), the resume with the cached context read included.
+    true = IterationCosts(alpha=0.003, beta=1e-4, a_tiled=1e-7, a_row=1e-7, tiled_rows=1,
+                          a_decode=1e-6, a_context=2e-5, a_context_sq=1e-7, alpha_decode=0.004)
+
+    def rates(k: int | None, ctxs: tuple[int, ...]) -> tuple[tuple[int, float], ...]:
+        return tuple((c, (k or c) / (true.alpha + true.chunk_s(0 if k is None else c,
+                                                               k or c))) for c in ctxs)
+
+    decode = tuple((c, 1 / (true.decode_alpha + true.decode_s(c))) for c in (128, 512))
+    cal = dataclasses.replace(CAL, prefill_points=rates(None, (128, 512)), decode_points=decode,
+                              append_points=rates(APPEND_TOKENS, (128, 512)),
+                              long_append_points=rates(LONG_APPEND_TOKENS, (128, 512)),
+                              engine="vllm")
+    out = tmp_path / "out"
+    run_simulation(trace(tmp_path, {"a": [llm(200, 2), tool(1.0), llm(40, 2)]}),
+                   "keep-evictable", {}, Capacity(tokens=4096, engine="vllm", block_size=16),
+                   cal, None, Arrivals("closed", 1), 0, out, write_summary=False)
+    ends = read_records(out)
+    ends = ends[ends["event"] == "call_end"].reset_index(drop=True)
+    resume = ends.iloc[1]
+    cached = int(resume["cached_tokens"])
+    assert cached > 0  # served from the prefix cache
+    new = 200 + 2 + 40 - cached
+    assert resume["server_ms"] == pytest.approx((true.alpha + true.chunk_s(cached, new)) * 1e3,
+                                                rel=1e-6)
+    # the context read is what makes it dearer than the same tokens cold
+    assert true.chunk_s(cached, new) > true.chunk_s(0, new) + cached * true.a_context
+    # its one decode step after the first token: an iteration of decode tokens only
+    decode_ms = (true.decode_alpha + true.decode_s(200 + 2 + 40 + 1)) * 1e3
+    assert resume["decode_ms"] == pytest.approx(decode_ms, rel=1e-6)
+
+
+def test_the_first_iteration_after_idle_time_pays_the_wake(tmp_path: Path) -> None:
+    # CAL's costs (ALPHA + BETA per prompt token, no attention term) with a wake of 5 ms, time
+    # constant 100 ms, on SGLang's engine (no control requests): the first call meets a server
+    # idle since before the run (the whole wake); the resume, 50 ms of tool time after the
+    # call's end, 5 (1 - e^-0.5) ms.
+    cal = dataclasses.replace(CAL, wake_ms=5.0, wake_tau_ms=100.0, engine="sglang")
+    out = tmp_path / "out"
+    run_simulation(trace(tmp_path, {"a": [llm(10, 2), tool(0.05), llm(40, 2)]}),
+                   "keep-evictable", {}, Capacity(tokens=4096, engine="sglang", block_size=1),
+                   cal, None, Arrivals("closed", 1), 0, out, write_summary=False)
+    ends = read_records(out)
+    ends = ends[ends["event"] == "call_end"].reset_index(drop=True)
+    first, resume = ends.iloc[0], ends.iloc[1]
+    assert first["server_ms"] == pytest.approx((ALPHA + 10 * BETA + 0.005) * 1e3, rel=1e-9)
+    wake = 0.005 * (1 - math.exp(-0.05 / 0.1))
+    assert resume["server_ms"] == pytest.approx(
+        (ALPHA + int(resume["prompt_n"]) * BETA + wake) * 1e3, rel=1e-9)
+    # the decode step after the first token follows a prompt iteration: no wake
+    assert resume["decode_ms"] == pytest.approx((ALPHA + BETA) * 1e3, rel=1e-9)

@@ -42,11 +42,12 @@ from harness.adapters.base import (
 )
 from harness.adapters.http import connect
 from harness.adapters.runtimes import get_runtime
-from harness.calibrate.wake import WAKE_CONTEXT, WAKE_GAPS_S, wake_from
+from harness.calibrate import wake
 from harness.errors import InputError, ServerError
 from harness.model.calibration import (
     RUNTIME_ENGINES,
     Calibration,
+    noise_from,
     overhead_samples,
     write_calibration,
 )
@@ -88,6 +89,7 @@ class Measured:
     request_overhead_samples_ms: tuple[float, ...] = ()  # its distribution
     long_append_points: list[tuple[int, float]] = field(default_factory=list)  # engines only
     wake_s: tuple[float, float] | None = None  # the first iteration after idle (engines only)
+    noise: tuple[float, ...] = ()  # iteration times over their median, ascending (engines)
 
 
 def _count(value: Any) -> int | None:
@@ -270,15 +272,15 @@ async def _warm(ad: Adapter, ids: list[int], salt: str, overheads: list[float],
     return res.prompt_n / (res.prompt_ms / 1000.0), res.cached_tokens
 
 
-async def _wake(ad: Adapter, vocab: int, salt: str, repeats: int
-                ) -> tuple[float, float] | None:
-    """(wake, tau) s of the first iteration after idle time (harness.calibrate.wake): the same
-    append after WAKE_CONTEXT cached tokens, sent after each of WAKE_GAPS_S of idle time."""
-    times: dict[float, list[float]] = {g: [] for g in WAKE_GAPS_S}
-    for r in range(repeats):
-        for g in WAKE_GAPS_S:
+async def _spread(ad: Adapter, vocab: int, salt: str
+                  ) -> tuple[tuple[float, float] | None, tuple[float, ...]]:
+    """The iteration times' spread (harness.calibrate.wake): (wake, tau) s of the first
+    iteration after idle time, and the noise of the same append repeated after other work."""
+    times: dict[float, list[float]] = {g: [] for g in wake.WAKE_GAPS_S}
+    for g in wake.WAKE_GAPS_S:
+        for r in range(wake.NOISE_REPEATS if g == 0 else wake.WAKE_REPEATS):
             seed = stable_seed("cal-wake", r, int(g * 1000))
-            prefix = token_ids(seed, WAKE_CONTEXT, vocab)
+            prefix = token_ids(seed, wake.WAKE_CONTEXT, vocab)
             own = f"{salt}-wake-{r}-{int(g * 1000)}"
             await _cold(ad, prefix, own, 1)
             await asyncio.sleep(g)
@@ -286,9 +288,10 @@ async def _wake(ad: Adapter, vocab: int, salt: str, repeats: int
                                                       APPEND_TOKENS, vocab), own, [])
             if warm is not None:
                 times[g].append(APPEND_TOKENS / warm[0])
+    noise = noise_from(times[0.0])
     if not all(times.values()):
-        return None
-    return wake_from(*(statistics.median(times[g]) for g in WAKE_GAPS_S))
+        return None, noise
+    return wake.wake_from(*(statistics.median(times[g]) for g in wake.WAKE_GAPS_S)), noise
 
 
 async def measure_engine(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS, repeats: int = 3,
@@ -355,12 +358,12 @@ async def measure_engine(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS, repe
             outs.append(out_bps)
             ins.append(in_bps)
             per_token.append(bpt)
+    # a short re-check (swap False) measures neither swap nor the iteration times' spread
+    after_idle, noise = await _spread(ad, vocab, salt) if swap else (None, ())
     return Measured(points, decode_points, append_points, statistics.median(decode),
                     _median(outs), _median(ins), _median(per_token), info.server_version,
                     info.model, block, capacity, batch, note, _median(overheads),
-                    overhead_samples(overheads), long_points,
-                    # a short re-check (swap False) measures neither swap nor the wake
-                    await _wake(ad, vocab, salt, max(repeats, 5)) if swap else None)
+                    overhead_samples(overheads), long_points, after_idle, noise)
 
 
 async def _no_swap(ad: Adapter) -> str:
@@ -440,7 +443,8 @@ def to_calibration(m: Measured, kv_bytes_per_token: float | None,
         batch_tokens=m.batch_tokens, request_overhead_ms=m.request_overhead_ms,
         request_overhead_samples_ms=m.request_overhead_samples_ms,
         wake_ms=None if m.wake_s is None else m.wake_s[0] * 1e3,
-        wake_tau_ms=None if m.wake_s is None else m.wake_s[1] * 1e3)
+        wake_tau_ms=None if m.wake_s is None else m.wake_s[1] * 1e3,
+        iteration_noise_samples=m.noise)
 
 
 def _measure_on(runtime: Runtime, options: ServerOptions, out: Path, repeats: int,

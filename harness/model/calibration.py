@@ -17,6 +17,7 @@ JSON with these keys (all rates positive and finite):
      "batch_tokens": 2048,            # the most tokens one iteration takes
      "request_overhead_ms": 1.2,      # a call's time outside the engine's compute (median)
      "wake_ms": 1.4, "wake_tau_ms": 40.0,  # the first iteration after idle time (below)
+     "iteration_noise_samples": [0.9, 1.0, 1.3],  # one iteration's times / their median
      "declared": "..."}               # sources: figures published elsewhere, not measured
 
 `prefill_tok_s` is the headline rate; `prefill_points` give it by context length when measured,
@@ -45,6 +46,10 @@ wake_tau_ms)) slower. Measured on the pinned CPU vLLM server (a 48-token append 
 tokens, 10 each): 3.2 ms right after other work, 3.5 after 10 ms idle, 4.0 after 30, 4.4 after
 60, 4.6 after 100 and 4.6-4.7 after 200-500 ms; a cold 300-token prompt 4.7 -> 6.2 ms. A
 calibration measures its appends back to back, an agent's resume comes after a tool's wait.
+
+`iteration_noise_samples` (optional): the same iteration's measured times over their median,
+ascending (at least 2; harness.calibrate.wake). The simulator multiplies each iteration's time
+by a factor drawn from them (seeded), so its tails carry the server's own spread.
 
 `request_overhead_ms` is what a call spends outside the engine's own compute: the client's
 time to first token less the prompt time the server reports, median over short appended
@@ -117,14 +122,24 @@ def overhead_samples(samples: list[float]) -> tuple[float, ...]:
     return tuple(sorted(round(max(float(v), 0.0), 3) for v in samples))
 
 
-def _samples(value: Any, where: str) -> tuple[float, ...]:
-    """request_overhead_samples_ms: absent, or at least 2 finite ascending numbers >= 0."""
+def noise_from(times: list[float]) -> tuple[float, ...]:
+    """Noise samples as a calibration keeps them: each of the same measurement's times over
+    their median, ascending, to 1e-4; empty with fewer than 2 (or a median of 0)."""
+    mid = float(np.median(times)) if len(times) >= 2 else 0.0
+    if mid <= 0:
+        return ()
+    return tuple(sorted(round(float(t) / mid, 4) for t in times))
+
+
+def _samples(value: Any, where: str, key: str = "request_overhead_samples_ms"
+             ) -> tuple[float, ...]:
+    """request_overhead_samples_ms (or `key`): absent, or at least 2 finite ascending numbers
+    >= 0."""
     if value is None:
         return ()
-    key = "request_overhead_samples_ms"
     if (not isinstance(value, list) or len(value) < 2
             or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
-        raise InputError(f"{where}: {key} must be a list of at least 2 numbers (ms)")
+        raise InputError(f"{where}: {key} must be a list of at least 2 numbers")
     qs = tuple(float(v) for v in value)
     if not all(math.isfinite(v) and v >= 0 for v in qs) or list(qs) != sorted(qs):
         raise InputError(f"{where}: {key} must be finite, >= 0 and ascending")
@@ -218,6 +233,8 @@ class Calibration:
     request_overhead_samples_ms: tuple[float, ...] = ()
     wake_ms: float | None = None  # the first iteration after idle time: at most this slower
     wake_tau_ms: float | None = None  # its time constant
+    # the same iteration's measured times over their median, ascending (empty: not measured)
+    iteration_noise_samples: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         self.validate("calibration")
@@ -248,6 +265,7 @@ class Calibration:
         _check_points(self.append_points, where, "append_points")
         _check_points(self.long_append_points, where, "long_append_points")
         _wake(self.wake_ms, self.wake_tau_ms, where)
+        _samples(list(self.iteration_noise_samples) or None, where, "iteration_noise_samples")
 
     def wake(self) -> tuple[float, float] | None:
         """(seconds, time constant in seconds) of the first iteration after idle time, or None
@@ -309,6 +327,8 @@ class Calibration:
             d["long_append_points"] = [[c, r] for c, r in self.long_append_points]
         if self.request_overhead_samples_ms:
             d["request_overhead_samples_ms"] = list(self.request_overhead_samples_ms)
+        if self.iteration_noise_samples:
+            d["iteration_noise_samples"] = list(self.iteration_noise_samples)
         return d
 
     @classmethod
@@ -320,7 +340,7 @@ class Calibration:
                  "long_append_points", *_TEXT_KEYS,
                  *_RATE_KEYS, *_SWAP_KEYS, "engine", *_INT_KEYS, "declared",
                  "request_overhead_ms", "request_overhead_samples_ms", "wake_ms",
-                 "wake_tau_ms"}
+                 "wake_tau_ms", "iteration_noise_samples"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InputError(f"{where}: unknown key(s) {', '.join(unknown)}")
@@ -357,6 +377,8 @@ class Calibration:
                    request_overhead_samples_ms=_samples(
                        data.get("request_overhead_samples_ms"), where),
                    wake_ms=data.get("wake_ms"), wake_tau_ms=data.get("wake_tau_ms"),
+                   iteration_noise_samples=_samples(data.get("iteration_noise_samples"), where,
+                                                    "iteration_noise_samples"),
                    swap_out_bytes_per_s=_swap_rate(data["swap_out_bytes_per_s"],
                                                    "swap_out_bytes_per_s", where),
                    swap_in_bytes_per_s=_swap_rate(data["swap_in_bytes_per_s"],

@@ -58,6 +58,7 @@ TILED_ROWS = 64  # query rows of one sequence from which attention runs tiled (g
 BATCH_TOKENS = 2048  # tokens per iteration (llama.cpp's default n_batch)
 UBATCH_TOKENS = 512  # tokens per forward pass (llama.cpp's default n_ubatch)
 APPEND_TOKENS = 32  # harness calibrate's appended prompt (shorter than TILED_ROWS: row by row)
+NOISE_DRAWS = 1 << 16  # iteration noise factors a simulated server draws once, used in turn
 LONG_APPEND_TOKENS = 256  # its long appended prompt (paged engines: splits cells from context)
 
 

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from harness.metrics.frames import build_frames
-from harness.model.calibration import Calibration, overhead_samples
+from harness.model.calibration import Calibration, noise_from, overhead_samples
 from harness.model.iteration import BATCH_TOKENS, IterationCosts, fit_costs
 
 
@@ -43,11 +43,15 @@ class RateFactors:
     calls: int
     overhead_ms: float | None = None  # the client's time to first token less server_ms
     overhead_samples_ms: tuple[float, ...] = ()  # each call's, ascending (overhead_samples)
+    # each call's prompt factor over their median, ascending: the server's spread around
+    # the model (the simulator's iteration noise at the run's own rates)
+    noise_samples: tuple[float, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"prefill": self.prefill, "decode": self.decode, "calls": self.calls,
                 "overhead_ms": self.overhead_ms,
-                "overhead_samples_ms": list(self.overhead_samples_ms)}
+                "overhead_samples_ms": list(self.overhead_samples_ms),
+                "noise_samples": list(self.noise_samples)}
 
 
 
@@ -116,7 +120,7 @@ def rate_factors(records: pd.DataFrame, costs: IterationCosts, per_pass: int) ->
     return RateFactors(float(np.median(pre)) if pre else None,
                        float(np.median(dec)) if dec else None, calls,
                        max(0.0, float(np.median(lag))) if lag else None,
-                       overhead_samples(lag))
+                       overhead_samples(lag), noise_from(pre))
 
 
 SERVER_SPEED_JSON = "server_speed.json"
@@ -173,6 +177,7 @@ def rescaled(cal: Calibration, f: RateFactors) -> Calibration:
                                         else f.overhead_ms),
                    request_overhead_samples_ms=(f.overhead_samples_ms
                                                   or cal.request_overhead_samples_ms),
+                   iteration_noise_samples=f.noise_samples or cal.iteration_noise_samples,
                    measured_at=f"{cal.measured_at} (rates rescaled to a run's: prefill x{p:.3f}"
                                f" time, decode x{d:.3f})")
 

@@ -218,6 +218,7 @@ class EngineState:
         # subclass, is what it is built with)
         self.sched = Scheduler(cast("Engine", self), self.costs, self.slot_mode, self.out,
                                self.dcost, self.rb)
+        self.sched.noise = server.noise_draws(seed)
         if self.growth is not None:
             self.growth.attach(self.sched)
         # the agents' client: request overheads, the first-token timeout and its message

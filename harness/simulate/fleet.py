@@ -48,6 +48,7 @@ from harness.simulate.trajectory import DROPPED, F_SRV, STEP_WIDTH, Trajectory
 ROUND_ROBIN = "round-robin"
 PREFIX_AFFINITY = "prefix-affinity"
 ROUTERS = (ROUND_ROBIN, PREFIX_AFFINITY)
+NOISE_STRIDE = 7919  # a prime: where each server starts in the drawn noise
 MOVED_REASON = "router-moved"  # the erase of a KV left behind on the server a call moved from
 
 
@@ -112,8 +113,10 @@ class Fleet:
         self.servers = [_Server(e.sched, e.free_slots, e.free_tok, e.queue, e.resume_q,
                                 e.cache)]
         c = e.cache
-        for _ in range(self.k - 1):
+        for n in range(1, self.k):
             sched = Scheduler(e, e.costs, e.slot_mode, e.out, e.dcost, e.rb)
+            # the same drawn noise, from another place in it (servers not in step)
+            sched.noise, sched.noise_i = e.sched.noise, n * NOISE_STRIDE
             if e.growth is not None:  # it acts on the active server's state
                 e.growth.attach(sched)
             self.servers.append(_Server(

@@ -242,7 +242,8 @@ def server_model(calibration: Calibration) -> ServerModel:
                        request_overhead_samples_s=tuple(
                            q / 1000.0 for q in calibration.request_overhead_samples_ms),
                        long_append_points=calibration.long_append_points,
-                       wake=calibration.wake())
+                       wake=calibration.wake(),
+                       noise_samples=calibration.iteration_noise_samples)
 
 
 def _manifest(trace: Path, ref: TraceRef, policy_name: str, policy_args: dict[str, str],

@@ -25,7 +25,7 @@ import math
 from collections import deque
 from typing import TYPE_CHECKING, Any, Final
 
-from harness.model.iteration import IterationCosts
+from harness.model.iteration import NOISE_DRAWS, IterationCosts
 from harness.simulate.batch import slot_iteration_s
 from harness.simulate.trajectory import F_PRE_T, STEP_WIDTH, Trajectory
 
@@ -38,6 +38,7 @@ PREFILL: Final = 1
 DECODE: Final = 2
 FLUSH_EVERY: Final = 4096  # loop events between two checks for records to flush
 INF: Final = float("inf")
+NOISE_MASK: Final = NOISE_DRAWS - 1
 Event = tuple[float, int, int, Trajectory, int]  # (time, tie-break, kind, trajectory, its gen)
 
 
@@ -72,6 +73,10 @@ class Scheduler:
         self.wake_s: float = costs.wake  # the first iteration after idle time: its extra cost
         self.wake_tau: float = costs.wake_tau
         self.idle_since = -INF  # the server idled before the run
+        # each iteration's time over the model's, drawn from the measured spread (the
+        # server's own noise: harness.simulate.server.noise_draws); empty: none
+        self.noise: list[float] = []
+        self.noise_i = 0
         self.slot_mode = slot_mode
         self.out = out
         self.dcost = dcost
@@ -199,6 +204,9 @@ class Scheduler:
                 cost += self.alpha - self.alpha_dec
         if self.mode == IDLE and self.wake_s > 0.0:  # the engine idled: it wakes slower
             cost += self.wake_s * (1.0 - math.exp((self.idle_since - t) / self.wake_tau))
+        if self.noise:  # a run of decodes draws once: its steps as long as each other
+            cost *= self.noise[self.noise_i & NOISE_MASK]
+            self.noise_i += 1
         if chunks or self.ctl_pre or self.ctl_dec:  # one iteration (not a run of decodes)
             for tr, _ in chunks:
                 if not tr.prefilling:  # the prompt's first chunk

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from harness.errors import InputError
-from harness.model.iteration import BATCH_TOKENS, IterationCosts, fit_costs
+from harness.model.iteration import BATCH_TOKENS, NOISE_DRAWS, IterationCosts, fit_costs
 from harness.policies import check_slot_model_action
 from harness.policies.base import (
     KEEP,
@@ -49,6 +49,8 @@ class ServerModel:
     batch_tokens: int = BATCH_TOKENS
     long_append_points: tuple[tuple[int, float], ...] = ()
     wake: tuple[float, float] | None = None  # the first iteration after idle: (s, tau s)
+    # the server's own spread: measured times over their median, ascending (empty: none)
+    noise_samples: tuple[float, ...] = ()
     request_overhead_s: float = 0.0  # a call's way to the engine (HTTP, API server, hand-over)
     # its distribution: measured overheads to draw from (empty: the constant for every call)
     request_overhead_samples_s: tuple[float, ...] = ()
@@ -58,6 +60,16 @@ class ServerModel:
         return fit_costs(self.prefill_tok_s, self.decode_tok_s, self.prefill_points,
                          self.decode_points, self.append_points, self.long_append_points,
                          self.batch_tokens, self.wake)
+
+    def noise_draws(self, seed: int, server: int = 0) -> list[float]:
+        """Factors on each iteration's time (NOISE_DRAWS of them, used in turn), drawn
+        uniformly from `noise_samples` by a generator seeded by `seed` and the server's index
+        in a fleet; empty without samples (every iteration as the model prices it)."""
+        if not self.noise_samples:
+            return []
+        rng = np.random.default_rng([seed, 0x0E4D, 2, server])
+        return [float(v) for v in rng.choice(np.asarray(self.noise_samples, dtype=float),
+                                             NOISE_DRAWS)]
 
     def overhead_draws(self, n: int, seed: int, stream: int = 0) -> list[float]:
         """Each of `n` steps' request overhead (s), drawn uniformly from the samples by a

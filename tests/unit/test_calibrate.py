@@ -169,6 +169,7 @@ def test_sglang_records_swap_as_unsupported_and_its_pool() -> None:
     assert (m.block_size, m.kv_capacity_tokens, m.batch_tokens) == (1, 65536, 4096)
     assert m.swap_out_bytes_per_s is None and m.swap_in_bytes_per_s is None
     assert m.wake_s is None  # the fake answers as fast after idle time as after work
+    assert m.noise == (1.0,) * 30  # and always in the same time: no spread
     assert m.swap_note is not None and m.swap_note.startswith("unsupported: SGLang has no")
     cal = to_calibration(m, 512.0, runtime="sglang")
     assert not cal.has_swap and cal.engine == "sglang" and cal.block_size == 1
@@ -213,3 +214,9 @@ def test_the_wake_is_read_from_the_three_idle_times() -> None:
     assert low is not None and high is not None
     assert low[1] == pytest.approx(-WAKE_MID_S / math.log(0.95))
     assert high[1] == pytest.approx(-WAKE_MID_S / math.log(0.05))
+
+
+def test_noise_is_each_time_over_the_median() -> None:
+    from harness.model.calibration import noise_from
+    assert noise_from([0.004, 0.002, 0.003, 0.006]) == (0.5714, 0.8571, 1.1429, 1.7143)
+    assert noise_from([0.003]) == () and noise_from([0.0, 0.0]) == ()

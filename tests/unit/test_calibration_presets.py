@@ -48,7 +48,7 @@ def base(**kw: Any) -> dict[str, Any]:
     {"declared": "declared, not measured here: https://example.org/a"},
     {"decode_points": [[128, 200.0]], "append_points": [[128, 4000.0], [512, 3000.0]]},
     {"append_points": [[128, 4000.0]], "long_append_points": [[128, 9000.0], [512, 7000.0]]},
-    {"wake_ms": 1.4, "wake_tau_ms": 40.0},
+    {"wake_ms": 1.4, "wake_tau_ms": 40.0, "iteration_noise_samples": [0.9, 1.0, 1.0, 1.6]},
     {"request_overhead_ms": 7.0, "request_overhead_samples_ms": [5.0, 7.0, 17.0, 40.0]},
 ])
 def test_round_trips_are_exact(extra: dict[str, Any], tmp_path: Path) -> None:

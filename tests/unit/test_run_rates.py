@@ -67,6 +67,8 @@ def test_factors_are_measured_over_predicted_time_of_calls_alone() -> None:
     assert (f.prefill, f.decode, f.calls, f.overhead_ms) == pytest.approx((2.0, 3.0, 2, 6.0))
     # the overhead's distribution: the two calls' own, ascending
     assert f.overhead_samples_ms == pytest.approx((5.0, 7.0))
+    # the spread of their prompt factors around the median: none here
+    assert f.noise_samples == (1.0, 1.0)
 
 
 def test_a_resume_is_predicted_from_where_its_computed_tokens_start() -> None:
@@ -90,8 +92,10 @@ def test_rescaled_divides_the_rates_and_takes_the_runs_overhead() -> None:
         500.0, ((128, 500.0),), ((64, 250.0),))
     assert (got.decode_tok_s, got.decode_points) == (25.0, ((64, 25.0), (512, 20.0)))
     assert got.request_overhead_ms == 7.0
-    with_q = rescaled(cal, RateFactors(2.0, 4.0, 10, 7.0, (5.0, 7.0, 20.0)))
+    with_q = rescaled(cal, RateFactors(2.0, 4.0, 10, 7.0, (5.0, 7.0, 20.0), (0.8, 1.0, 1.5)))
     assert with_q.request_overhead_samples_ms == (5.0, 7.0, 20.0)
+    assert with_q.iteration_noise_samples == (0.8, 1.0, 1.5)  # the run's own spread
+    assert got.iteration_noise_samples == ()  # none measured: none taken
     assert (got.swap_in_bytes_per_s, got.kv_bytes_per_token) == (cal.swap_in_bytes_per_s,
                                                                   cal.kv_bytes_per_token)
     same = rescaled(cal, RateFactors(None, None, 0))

@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from harness.errors import InputError
@@ -215,3 +216,28 @@ def test_the_first_iteration_after_idle_time_pays_the_wake(tmp_path: Path) -> No
         (ALPHA + int(resume["prompt_n"]) * BETA + wake) * 1e3, rel=1e-9)
     # the decode step after the first token follows a prompt iteration: no wake
     assert resume["decode_ms"] == pytest.approx((ALPHA + BETA) * 1e3, rel=1e-9)
+
+
+def test_each_iteration_takes_a_drawn_factor_of_the_servers_spread(tmp_path: Path) -> None:
+    # noise samples of 1 and 3: every iteration (each prompt, each decode run) takes one of
+    # them, drawn by the seed; the same seed draws the same
+    cal = dataclasses.replace(CAL, iteration_noise_samples=(1.0, 3.0), engine="sglang")
+    trajs = {"a": [llm(10, 2), tool(0.05), llm(40, 2), tool(0.05), llm(20, 2)]}
+
+    def run(seed: int, name: str) -> pd.DataFrame:
+        out = tmp_path / name
+        run_simulation(trace(tmp_path, trajs), "keep-evictable", {},
+                       Capacity(tokens=4096, engine="sglang", block_size=1), cal, None,
+                       Arrivals("closed", 1), seed, out, write_summary=False)
+        ends = read_records(out)
+        return ends[ends["event"] == "call_end"].reset_index(drop=True)
+
+    ends = run(0, "a")
+    factors = {round(float(e["server_ms"]) / ((ALPHA + int(e["prompt_n"]) * BETA) * 1e3), 9)
+               for _, e in ends.iterrows()}
+    factors |= {round(float(e["decode_ms"]) / ((ALPHA + BETA) * 1e3), 9)
+                for _, e in ends.iterrows()}
+    assert factors <= {1.0, 3.0}
+    assert run(0, "b")[["server_ms", "decode_ms"]].equals(ends[["server_ms", "decode_ms"]])
+    draws = [run(seed, f"s{seed}")["server_ms"].tolist() for seed in range(1, 6)]
+    assert len({tuple(d) for d in draws}) > 1  # other seeds, other draws

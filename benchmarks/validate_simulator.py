@@ -52,10 +52,10 @@ from harness.model.run_rates import (
     IN_FLIGHT,
     RateFactors,
     paired_ratios,
-    paired_waits,
     rescaled,
     server_speed,
     waits_by_company,
+    waits_in_flight,
 )
 from harness.records.manifest import read_manifest
 from harness.records.store import read_records, read_server_metrics
@@ -187,7 +187,8 @@ def run_rates_row(root: Path, policy: str, runtime: str) -> dict[str, Any] | Non
     return {**again, "rate_factors": {**factors.to_dict(), "source": source},
             "waits_ms": {"measured": waits_by_company(records),
                          "simulated_engine_only": waits_by_company(sim_records)},
-            "paired_waits_ms": paired_waits(records, sim_records)}
+            "waits_in_flight_ms": {"measured": waits_in_flight(records),
+                                   "simulated_engine_only": waits_in_flight(sim_records)}}
 
 
 def _reuse(r: dict[str, Any]) -> str:
@@ -261,16 +262,20 @@ def rates_table(rows: list[dict[str, Any]]) -> str:
 
 
 def waits_table(rows: list[dict[str, Any]]) -> str:
-    """The same calls' waits beyond the prompt time, by what was in flight when sent."""
+    """Each run's waits beyond the prompt time, by what was in flight when its calls were sent
+    (each run by its own company: harness.model.run_rates.waits_in_flight)."""
     out = ["| policy | " + " | ".join(
-        f"{name}: measured; simulated at the engine, P50 (P95) ms (calls)"
+        f"{name}: measured (calls); simulated at the engine (calls), P50 (P95) ms"
         for name in ("nothing in flight", "only decoding calls", "a call's prompt in flight"))
         + " |", "|---|---|---|---|"]
+
+    def cell(g: dict[str, Any] | None) -> str:
+        return f"{_ms(g['p50'])} ({_ms(g['p95'])}) ({g['n']})" if g and g["n"] else "- (0)"
+
     for r in rows:
-        w = r.get("paired_waits_ms") or {}
-        cells = [f"{_ms(g['measured_p50'])} ({_ms(g['measured_p95'])}); "
-                 f"{_ms(g['simulated_p50'])} ({_ms(g['simulated_p95'])}) ({g['n']})"
-                 if (g := w.get(k)) and g["n"] else "-" for k in IN_FLIGHT]
+        w = r.get("waits_in_flight_ms") or {}
+        m, s = w.get("measured") or {}, w.get("simulated_engine_only") or {}
+        cells = [f"{cell(m.get(k))}; {cell(s.get(k))}" for k in IN_FLIGHT]
         out.append(f"| {r['policy']} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -289,9 +294,10 @@ def write_tables(out: Path, doc: dict[str, Any], again: bool = False) -> int:
     doc = {**doc, "rows": rows, "at_run_rates": at_run_rates}
     (out / "validation.json").write_text(json.dumps(doc, indent=2) + "\n")
     text = (table(rows) + "\n\nAt the rates the server ran at during each replay:\n\n"
-            + rates_table(at_run_rates) + "\n\nThe same calls' time to first token less the "
-            "server's prompt time, by what was in flight on the server when the replay sent "
-            "them (simulated at the replay's rates, without the request overhead):\n\n"
+            + rates_table(at_run_rates) + "\n\nTime to first token less the server's prompt "
+            "time, by what was in flight on the server when each call was sent, each run by "
+            "its own company (simulated at the replay's rates, without the request "
+            "overhead):\n\n"
             + waits_table(at_run_rates) + "\n")
     (out / "validation.md").write_text(text)
     print(text)

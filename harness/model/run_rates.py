@@ -246,33 +246,24 @@ def paired_ratios(real: pd.DataFrame, simulated: pd.DataFrame) -> dict[str, floa
 IN_FLIGHT = ("alone", "decoding", "prompt")  # what was on the server when a call was sent
 
 
-def paired_waits(real: pd.DataFrame, simulated: pd.DataFrame) -> dict[str, dict[str, Any]]:
-    """Where a simulation's waits part from a replay's: the same calls (trajectory, step; ok
-    with a first token in both), grouped by what was in flight on the server when the replay
-    sent them (`alone`: nothing; `decoding`: only calls past their first token; `prompt`: a
-    call still before its first token), each group's {n, measured p50/p95, simulated p50/p95}
-    of the time to first token less the server's prompt time (ms). The simulated side excludes
-    the request overhead (spent before a simulated call starts)."""
-    def waits(records: pd.DataFrame) -> pd.DataFrame:
-        c = _ended_calls(records)
-        c = c[(c["status"] == "ok") & c["t_first"].notna()]
-        on, before_first = _in_flight(c)
-        t0 = c["t0"].to_numpy(dtype=np.int64)
-        tf = c["t_first"].to_numpy(dtype=np.int64)
-        group = np.where(before_first > 0, IN_FLIGHT[2],
-                         np.where(on > 0, IN_FLIGHT[1], IN_FLIGHT[0]))
-        return pd.DataFrame({"trajectory_id": c["trajectory_id"].to_numpy(),
-                             "step": c["step"].to_numpy(), "group": group,
-                             "wait": (tf - t0) / 1e6 - c["server_ms"].to_numpy(dtype=float)})
-
-    m = waits(real).merge(waits(simulated), on=["trajectory_id", "step"],
-                          suffixes=("_r", "_s"))
+def waits_in_flight(records: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """A run's calls (ok, with a first token) grouped by what was in flight on the server when
+    each was sent (`alone`: nothing; `decoding`: only calls past their first token; `prompt`: a
+    call still before its first token): each group's {n, p50, p95} of the time to first token
+    less the server's prompt time (ms). Each run by its own company: a simulation's calls meet
+    other company than the same calls of the replay it simulates (its timeline drifts from the
+    replay's), so pairing them by the replay's company compares different situations. In a
+    simulated run the wait excludes the request overhead (spent before a call starts)."""
+    c = _ended_calls(records)
+    c = c[(c["status"] == "ok") & c["t_first"].notna()]
+    on, before_first = _in_flight(c)
+    group = np.where(before_first > 0, IN_FLIGHT[2], np.where(on > 0, IN_FLIGHT[1], IN_FLIGHT[0]))
+    wait = ((c["t_first"].to_numpy(dtype=float) - c["t0"].to_numpy(dtype=float)) / 1e6
+            - c["server_ms"].to_numpy(dtype=float))
     out: dict[str, dict[str, Any]] = {}
     for name in IN_FLIGHT:
-        g = m[(m["group_r"] == name) & np.isfinite(m["wait_r"]) & np.isfinite(m["wait_s"])]
-        def q(col: str, p: float, g: pd.DataFrame = g) -> float | None:
-            return float(np.percentile(g[col], p)) if len(g) else None
-        out[name] = {"n": int(len(g)), "measured_p50": q("wait_r", 50),
-                     "measured_p95": q("wait_r", 95), "simulated_p50": q("wait_s", 50),
-                     "simulated_p95": q("wait_s", 95)}
+        w = wait[(group == name) & np.isfinite(wait)]
+        out[name] = {"n": int(w.size),
+                     "p50": float(np.percentile(w, 50)) if w.size else None,
+                     "p95": float(np.percentile(w, 95)) if w.size else None}
     return out

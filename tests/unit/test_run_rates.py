@@ -13,7 +13,6 @@ from harness.model.iteration import IterationCosts
 from harness.model.run_rates import (
     RateFactors,
     paired_ratios,
-    paired_waits,
     rate_factors,
     rescaled,
     server_speed,
@@ -21,6 +20,7 @@ from harness.model.run_rates import (
     speed_doc,
     speed_line,
     waits_by_company,
+    waits_in_flight,
 )
 from harness.records.store import read_records
 from harness.simulate.run import Arrivals, run_simulation
@@ -168,24 +168,21 @@ def test_paired_ratios_compare_the_same_calls_server_times() -> None:
     assert paired_ratios(real, sim) == {"calls": 1, "prompt": 2.0, "decode": 2.0}
 
 
-def test_paired_waits_group_the_same_calls_by_what_was_in_flight() -> None:
+def test_waits_are_grouped_by_what_was_in_flight_in_each_run() -> None:
     # a alone; b sent while a decodes (a's first token at 20 ms); c sent while d's prompt runs
     real = frame(call("a", 0, 50, ttft_ms=20.0, server_ms=12.0),          # 8 ms
                  call("b", 30, 80, ttft_ms=25.0, server_ms=10.0),         # 15 ms
                  call("d", 100, 160, ttft_ms=30.0, server_ms=20.0),       # 10 ms
                  call("c", 110, 150, ttft_ms=40.0, server_ms=12.0),       # 28 ms
                  call("e", 200, 250, ttft_ms=20.0, server_ms=12.0, status="error"))
-    sim = frame(call("a", 0, 50, ttft_ms=12.0, server_ms=12.0),           # 0 ms
-                call("b", 30, 80, ttft_ms=13.0, server_ms=10.0),          # 3 ms
-                call("d", 100, 160, ttft_ms=21.0, server_ms=20.0),        # 1 ms
-                call("c", 110, 150, ttft_ms=17.0, server_ms=12.0),        # 5 ms
-                call("e", 200, 250, ttft_ms=20.0, server_ms=12.0))
-    got = paired_waits(real, sim)
-    assert got["alone"] == {"n": 2, "measured_p50": pytest.approx(9.0),
-                            "measured_p95": pytest.approx(9.9),
-                            "simulated_p50": pytest.approx(0.5),
-                            "simulated_p95": pytest.approx(0.95)}  # a and d; e failed
-    assert (got["decoding"]["n"], got["decoding"]["measured_p50"],
-            got["decoding"]["simulated_p50"]) == (1, pytest.approx(15.0), pytest.approx(3.0))
-    assert (got["prompt"]["n"], got["prompt"]["measured_p50"],
-            got["prompt"]["simulated_p50"]) == (1, pytest.approx(28.0), pytest.approx(5.0))
+    got = waits_in_flight(real)
+    assert got["alone"] == {"n": 2, "p50": pytest.approx(9.0),
+                            "p95": pytest.approx(9.9)}  # a and d; e failed
+    assert got["decoding"] == {"n": 1, "p50": pytest.approx(15.0), "p95": pytest.approx(15.0)}
+    assert got["prompt"] == {"n": 1, "p50": pytest.approx(28.0), "p95": pytest.approx(28.0)}
+    # a run whose calls all ran alone: the other groups are empty
+    apart = waits_in_flight(frame(call("a", 0, 50, ttft_ms=20.0, server_ms=12.0),
+                                  call("b", 100, 150, ttft_ms=13.0, server_ms=10.0)))
+    assert apart["alone"]["n"] == 2
+    assert apart["prompt"] == {"n": 0, "p50": None, "p95": None}
+

@@ -162,6 +162,19 @@ def test_unknown_slot_handoff_is_refused(tmp_path: Path) -> None:
                        Arrivals("closed", 1), 0, tmp_path / "o", slot_handoff="lifo")
 
 
+SGLANG = Capacity(tokens=4096, engine="sglang", block_size=1)
+
+
+def call_ends(tmp: Path, trajs: dict[str, list[tuple[object, ...]]], cal: Calibration,
+              cap: Capacity, seed: int = 0, name: str = "out") -> pd.DataFrame:
+    """The call_end records of one closed-loop agent's keep-evictable simulation."""
+    out = tmp / name
+    run_simulation(trace(tmp, trajs), "keep-evictable", {}, cap, cal, None,
+                   Arrivals("closed", 1), seed, out, write_summary=False)
+    ends = read_records(out)
+    return ends[ends["event"] == "call_end"].reset_index(drop=True)
+
+
 def test_a_paged_engine_prices_a_resume_by_the_context_it_reads(tmp_path: Path) -> None:
     # A calibration fitted the paged way (a read of the cached context, a term in its square):
     # the engine model's prompt iteration of a resume served from the prefix cache costs
@@ -178,13 +191,8 @@ def test_a_paged_engine_prices_a_resume_by_the_context_it_reads(tmp_path: Path) 
                               append_points=rates(APPEND_TOKENS, (128, 512)),
                               long_append_points=rates(LONG_APPEND_TOKENS, (128, 512)),
                               engine="vllm")
-    out = tmp_path / "out"
-    run_simulation(trace(tmp_path, {"a": [llm(200, 2), tool(1.0), llm(40, 2)]}),
-                   "keep-evictable", {}, Capacity(tokens=4096, engine="vllm", block_size=16),
-                   cal, None, Arrivals("closed", 1), 0, out, write_summary=False)
-    ends = read_records(out)
-    ends = ends[ends["event"] == "call_end"].reset_index(drop=True)
-    resume = ends.iloc[1]
+    resume = call_ends(tmp_path, {"a": [llm(200, 2), tool(1.0), llm(40, 2)]}, cal,
+                       Capacity(tokens=4096, engine="vllm", block_size=16)).iloc[1]
     cached = int(resume["cached_tokens"])
     assert cached > 0  # served from the prefix cache
     new = 200 + 2 + 40 - cached
@@ -203,12 +211,7 @@ def test_the_first_iteration_after_idle_time_pays_the_wake(tmp_path: Path) -> No
     # idle since before the run (the whole wake); the resume, 50 ms of tool time after the
     # call's end, 5 (1 - e^-0.5) ms.
     cal = dataclasses.replace(CAL, wake_ms=5.0, wake_tau_ms=100.0, engine="sglang")
-    out = tmp_path / "out"
-    run_simulation(trace(tmp_path, {"a": [llm(10, 2), tool(0.05), llm(40, 2)]}),
-                   "keep-evictable", {}, Capacity(tokens=4096, engine="sglang", block_size=1),
-                   cal, None, Arrivals("closed", 1), 0, out, write_summary=False)
-    ends = read_records(out)
-    ends = ends[ends["event"] == "call_end"].reset_index(drop=True)
+    ends = call_ends(tmp_path, {"a": [llm(10, 2), tool(0.05), llm(40, 2)]}, cal, SGLANG)
     first, resume = ends.iloc[0], ends.iloc[1]
     assert first["server_ms"] == pytest.approx((ALPHA + 10 * BETA + 0.005) * 1e3, rel=1e-9)
     wake = 0.005 * (1 - math.exp(-0.05 / 0.1))
@@ -225,12 +228,7 @@ def test_each_iteration_takes_a_drawn_factor_of_the_servers_spread(tmp_path: Pat
     trajs = {"a": [llm(10, 2), tool(0.05), llm(40, 2), tool(0.05), llm(20, 2)]}
 
     def run(seed: int, name: str) -> pd.DataFrame:
-        out = tmp_path / name
-        run_simulation(trace(tmp_path, trajs), "keep-evictable", {},
-                       Capacity(tokens=4096, engine="sglang", block_size=1), cal, None,
-                       Arrivals("closed", 1), seed, out, write_summary=False)
-        ends = read_records(out)
-        return ends[ends["event"] == "call_end"].reset_index(drop=True)
+        return call_ends(tmp_path, trajs, cal, SGLANG, seed, name)
 
     ends = run(0, "a")
     factors = {round(float(e["server_ms"]) / ((ALPHA + int(e["prompt_n"]) * BETA) * 1e3), 9)

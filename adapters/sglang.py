@@ -338,6 +338,8 @@ def _read_meta(meta: dict[str, Any], result: CompletionResult) -> None:
         result.cached_tokens = int(meta["cached_tokens"])
     if meta.get("prompt_tokens") is not None:
         result.prompt_n = int(meta["prompt_tokens"]) - (result.cached_tokens or 0)
+    if meta.get("queue_time") is not None:  # s in the scheduler's queue: waiting -> forward
+        result.queue_ms = float(meta["queue_time"]) * 1000.0
     entry, prefilled = meta.get("forward_entry_time"), meta.get("prefill_finished_time")
     if entry and prefilled:  # scheduled into a batch -> prefill done
         result.prompt_ms = max(0.0, (float(prefilled) - float(entry)) * 1000.0)

@@ -109,7 +109,8 @@ def make_app(cfg: FakeSglangConfig) -> web.Application:
         cached = cached_tokens(prompt, key)
         meta: dict[str, Any] = {"id": f"req-{index}", "prompt_tokens": len(prompt),
                                 "cached_tokens": cached, "finish_reason": None,
-                                "forward_entry_time": 1000.0, "prefill_finished_time": 1000.0025}
+                                "forward_entry_time": 1000.0, "prefill_finished_time": 1000.0025,
+                                "queue_time": 0.0004}  # seconds, as SGLang streams it
         generated: list[int] = []
         state.running += 1
         try:

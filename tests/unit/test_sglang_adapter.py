@@ -80,6 +80,7 @@ def test_info_complete_and_token_granular_reuse() -> None:
         assert r1.status == "ok" and len(r1.tokens) == 4 and chunks == [1] * 4
         assert (r1.cached_tokens, r1.prompt_n) == (0, 100)
         assert r1.prompt_ms == pytest.approx(2.5) and r1.decode_ms == pytest.approx(4.0)
+        assert r1.queue_ms == pytest.approx(0.4)  # SGLang's queue_time, in seconds
         r2 = await ad.complete(CompletionRequest(p + r1.tokens + [700] * 16, 4), lambda: None)
         assert (r2.cached_tokens, r2.prompt_n) == (103, 17)  # all but the last generated token
         sent = state.requests[-1]

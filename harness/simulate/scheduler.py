@@ -225,9 +225,10 @@ class Scheduler:
                 k = self.growth.run_length(self.it, k)
             self.t_srv = t + k * cost
         else:
+            if self.mode != IDLE:  # idle from its last iteration's end (not from a wake-up
+                self.idle_since = t  # that found nothing it could run)
             self.mode = IDLE
             self.t_srv = INF
-            self.idle_since = t
 
     def boundary(self, t: float) -> None:
         # The running iteration (or decode run) ends at `t`: tokens, then the next iteration,

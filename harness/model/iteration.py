@@ -121,6 +121,17 @@ class IterationCosts:
                 "ubatch_tokens": self.ubatch_tokens}
 
 
+def _decode_line(decode_points: tuple[tuple[int, float], ...]) -> tuple[float, float] | None:
+    """(slope, intercept) of one decode token's time by context, from 2+ decode points, or
+    None (fewer points, or a time that does not grow with the context)."""
+    if len(decode_points) < 2:
+        return None
+    c = np.array([p for p, _ in decode_points], dtype=float)
+    t = 1.0 / np.array([r for _, r in decode_points], dtype=float)
+    slope, icept = np.polyfit(c, t, 1)
+    return (float(slope), float(icept)) if slope > 0 else None
+
+
 def _lstsq_nonneg(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Least squares y ~ x @ c with c >= 0 (two columns: drop a negative one and refit)."""
     c = np.linalg.lstsq(x, y, rcond=None)[0]
@@ -146,13 +157,10 @@ def fit_iteration_costs(prefill_tok_s: float, decode_tok_s: float,
     """The iteration cost model that reproduces a calibration's measurements (least squares)."""
     step = 1.0 / decode_tok_s  # one decode token alone at DECODE_CONTEXT
     a_row: float | None = None
-    if len(decode_points) >= 2:
-        c = np.array([p for p, _ in decode_points], dtype=float)
-        t = 1.0 / np.array([r for _, r in decode_points], dtype=float)
-        slope, icept = np.polyfit(c, t, 1)
-        if slope > 0:
-            a_row = float(slope)
-            step = float(icept) + a_row * DECODE_CONTEXT
+    line = _decode_line(decode_points)
+    if line is not None:
+        a_row = line[0]
+        step = line[1] + a_row * DECODE_CONTEXT
     if prefill_points:
         n = np.array([p for p, _ in prefill_points], dtype=float)
         total = n / np.array([r for _, r in prefill_points], dtype=float)
@@ -204,11 +212,9 @@ def fit_paged_costs(decode_tok_s: float, prefill_points: tuple[tuple[int, float]
     CPU servers: SGLang 5.2 ms a decode step at context 0 against 3.4-3.6 ms for an 8-token
     prompt; vLLM 2.4 against 2.7)."""
     step, a_decode = 1.0 / decode_tok_s, 0.0
-    if len(decode_points) >= 2:
-        c = np.array([p for p, _ in decode_points], dtype=float)
-        slope, icept = np.polyfit(c, 1.0 / np.array([r for _, r in decode_points]), 1)
-        a_decode = max(float(slope), 0.0)
-        step = float(icept) if slope > 0 else step
+    line = _decode_line(decode_points)
+    if line is not None:
+        a_decode, step = line
     rows, times = [], []
     for k, points in ((None, prefill_points), (APPEND_TOKENS, append_points),
                       (LONG_APPEND_TOKENS, long_append_points)):

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from harness.arrays import FloatArray
 from harness.metrics.frames import build_frames
 from harness.model.calibration import Calibration, noise_from, overhead_samples
 from harness.model.iteration import BATCH_TOKENS, IterationCosts, fit_costs
@@ -205,19 +206,26 @@ def waits_by_company(records: pd.DataFrame) -> dict[str, dict[str, float | int |
     calls = _ended_calls(records)
     c = calls[calls["t_first"].notna()]
     busy = _in_flight(c)[0] > 0
-    t0 = c["t0"].to_numpy(dtype=np.int64)
-    wait = (c["t_first"].to_numpy(dtype=float) - t0) / 1e6 - c["server_ms"].to_numpy(dtype=float)
+    wait = _wait_ms(c)
     queue = c["engine_queue_ms"].to_numpy(dtype=float)
     out: dict[str, dict[str, float | int | None]] = {}
     for name, mask in (("alone", ~busy), ("shared", busy)):
         w = wait[mask & np.isfinite(wait)]
         q = queue[mask & np.isfinite(wait) & np.isfinite(queue)]
-        out[name] = {"n": int(w.size),
-                     "p50": float(np.percentile(w, 50)) if w.size else None,
-                     "p95": float(np.percentile(w, 95)) if w.size else None,
-                     "queue_p50": float(np.percentile(q, 50)) if q.size else None,
-                     "queue_p95": float(np.percentile(q, 95)) if q.size else None}
+        out[name] = {"n": int(w.size), "p50": _pct(w, 50), "p95": _pct(w, 95),
+                     "queue_p50": _pct(q, 50), "queue_p95": _pct(q, 95)}
     return out
+
+
+def _wait_ms(c: pd.DataFrame) -> FloatArray:
+    """Each call's time to first token less its server-reported prompt time (ms)."""
+    t_first, t0 = c["t_first"].to_numpy(dtype=float), c["t0"].to_numpy(dtype=float)
+    wait: FloatArray = (t_first - t0) / 1e6 - c["server_ms"].to_numpy(dtype=float)
+    return wait
+
+
+def _pct(x: FloatArray, q: float) -> float | None:
+    return float(np.percentile(x, q)) if x.size else None
 
 
 def paired_ratios(real: pd.DataFrame, simulated: pd.DataFrame) -> dict[str, float | int | None]:
@@ -258,12 +266,9 @@ def waits_in_flight(records: pd.DataFrame) -> dict[str, dict[str, Any]]:
     c = c[(c["status"] == "ok") & c["t_first"].notna()]
     on, before_first = _in_flight(c)
     group = np.where(before_first > 0, IN_FLIGHT[2], np.where(on > 0, IN_FLIGHT[1], IN_FLIGHT[0]))
-    wait = ((c["t_first"].to_numpy(dtype=float) - c["t0"].to_numpy(dtype=float)) / 1e6
-            - c["server_ms"].to_numpy(dtype=float))
+    wait = _wait_ms(c)
     out: dict[str, dict[str, Any]] = {}
     for name in IN_FLIGHT:
         w = wait[(group == name) & np.isfinite(wait)]
-        out[name] = {"n": int(w.size),
-                     "p50": float(np.percentile(w, 50)) if w.size else None,
-                     "p95": float(np.percentile(w, 95)) if w.size else None}
+        out[name] = {"n": int(w.size), "p50": _pct(w, 50), "p95": _pct(w, 95)}
     return out

@@ -17,8 +17,6 @@ mode, and session affinity. Per pause the harness can keep, or recompute with a 
 from __future__ import annotations
 
 import json
-import random
-import socket
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -38,7 +36,7 @@ from harness.adapters.dynamo import DynamoAdapter, ready_workers
 from harness.adapters.http import HttpClient
 from harness.adapters.launchers.installs import LAUNCHERS, script_output, tiny_model
 from harness.adapters.launchers.openai_server import realisation
-from harness.adapters.launchers.process import PROBE_ERRORS, ServerProcess, pinned
+from harness.adapters.launchers.process import PROBE_ERRORS, ServerProcess, free_port, pinned
 from harness.adapters.models import hf_geometry, local_vocab, model_record
 from harness.errors import ServerError
 
@@ -47,25 +45,6 @@ WORKERS = 2
 BLOCK_SIZE = 16  # the mocker's KV block (its vLLM default is 64): finer-grained reuse
 SESSION_TTL_S = 600  # an idle session's binding to its worker lasts this long
 MODEL_ENV = "HARNESS_DYNAMO_MODEL"
-# Dynamo 1.6 reads its port settings (DYN_SYSTEM_PORT, ...) as 16-bit signed integers, so every
-# port it is given lies below 32768, where the kernel hands out no ephemeral ports.
-PORT_RANGE = (20000, 32767)
-
-
-def low_port(rng: random.Random | None = None) -> int:
-    """A TCP port on 127.0.0.1 in PORT_RANGE that nothing listens on now."""
-    rng = rng or random.SystemRandom()
-    for _ in range(200):
-        port = rng.randint(*PORT_RANGE)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise ServerError(f"no free port in {PORT_RANGE[0]}-{PORT_RANGE[1]} on 127.0.0.1")
-
-
 @dataclass(frozen=True)
 class DynamoPolicy:
     """How one policy name is realised on Dynamo: the per-pause policy, the router mode and
@@ -137,12 +116,14 @@ class LocalDynamo(ServerProcess):
         self.python = python or dynamo_python()
         self.startup_timeout_s = startup_timeout_s
         super().__init__("Dynamo", log_dir / "server.log", "harness-dynamo-", ())
-        self.port = low_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         c, tmp = config, self.tmp_dir
         for sub in ("home", "tmp", "discovery"):
             (tmp / sub).mkdir(mode=0o700)
-        broker = [low_port(), low_port()]
+        ports = [self.port]  # every port the deployment listens on, each one different
+        def new_port() -> int:
+            ports.append(free_port(taken=ports))
+            return ports[-1]
+        broker = [new_port(), new_port()]
         self.env = {
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HOME": str(tmp / "home"),
             "TMPDIR": str(tmp / "tmp"), "DYN_DISCOVERY_BACKEND": "file",
@@ -157,17 +138,17 @@ class LocalDynamo(ServerProcess):
         self.worker_flags = ["--model-path", str(c.model), "--model-name", SERVED_NAME,
                              "--block-size", str(c.block_size), "--max-model-len",
                              str(c.max_model_len), "--speedup-ratio", f"{c.speedup_ratio:g}"]
-        self.system_ports = [low_port() for _ in range(c.workers)]
+        self.system_ports = [new_port() for _ in range(c.workers)]
         py = str(self.python)
         procs: list[dict[str, Any]] = [{
             "name": "frontend", "cmd": [py, "-m", "dynamo.frontend", *self.flags],
-            "env": {"DYN_TCP_RESPONSE_STREAM_PORT": str(low_port())},
+            "env": {"DYN_TCP_RESPONSE_STREAM_PORT": str(new_port())},
             "log": str(log_dir / "dynamo-frontend.log")}]
         for i, port in enumerate(self.system_ports):
             procs.append({"name": f"worker-{i}", "cmd": [py, "-m", "dynamo.mocker",
                                                          *self.worker_flags],
                           "env": {"DYN_SYSTEM_PORT": str(port),
-                                  "DYN_TCP_RPC_PORT": str(low_port())},
+                                  "DYN_TCP_RPC_PORT": str(new_port())},
                           "log": str(log_dir / f"dynamo-worker-{i}.log")})
         self.spec = {"broker": broker, "processes": procs}
         self.spec_path = tmp / "stack.json"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
+import random
 import shutil
 import signal
 import socket
@@ -13,8 +14,9 @@ import subprocess
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -38,16 +40,32 @@ PROBE_ERRORS: tuple[type[Exception], ...] = (urllib.error.URLError, ConnectionEr
                                              TimeoutError, http.client.HTTPException)
 
 
+# What a server's log says when its listening port was taken (uvicorn for vLLM and SGLang,
+# llama-server): some go on running without listening, so start-up stops at once on it.
+PORT_TAKEN_MARKERS = ("address already in use", "couldn't bind http server socket")
+
+
+def port_taken(tail: str, port: str) -> bool:
+    """Whether a log's tail says the server could not listen on `port` (a line naming both
+    the failure and the port: another socket's failure is the server's own business)."""
+    return any(port in line and any(m in line.lower() for m in PORT_TAKEN_MARKERS)
+               for line in tail.splitlines())
+
+
 def wait_healthy(proc: subprocess.Popen[bytes], url: str, name: str, timeout_s: float,
                  tail: Callable[[], str], poll_s: float = 0.5, probe_timeout_s: float = 2.0
                  ) -> None:
-    """Poll `url` until HTTP 200; ServerError with the log's tail if the process exits first
-    or `timeout_s` passes."""
+    """Poll `url` until HTTP 200; ServerError with the log's tail if the process exits first,
+    its log says its port was taken, or `timeout_s` passes."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise ServerError(f"{name} exited with code {proc.returncode} during start-up; "
                               f"last log lines:\n{tail()}")
+        if port_taken(last := tail(), str(urllib.parse.urlsplit(url).port)):
+            raise ServerError(f"{name} could not listen on {urllib.parse.urlsplit(url).netloc}: "
+                              f"another process took the port during start-up; last log "
+                              f"lines:\n{last}")
         try:
             with urllib.request.urlopen(url, timeout=probe_timeout_s) as r:
                 if r.status == 200:
@@ -111,11 +129,44 @@ def kill_live_groups() -> None:
 signals.at_force_exit(kill_live_groups)
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+# Servers listen on ports below the kernel's ephemeral range: a port the kernel handed out
+# (bind to port 0) goes back into that range when its test socket closes, and any outgoing
+# connection made before the server binds it (a server's own processes open dozens while
+# they start) may take it as its source port; below the range only a listener can.
+# 32767 at most: Dynamo reads its port settings as 16-bit signed integers.
+LOW_PORT_FLOOR = 20000
+LOW_PORT_CEILING = 32767
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def low_port_range(range_file: Path = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
+    """The ports servers are given: from LOW_PORT_FLOOR up to the first ephemeral port (or
+    LOW_PORT_CEILING) exclusive, where the kernel never picks a port by itself."""
+    try:
+        first_ephemeral = int(range_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        first_ephemeral = LOW_PORT_CEILING + 1  # Linux's default range starts at 32768
+    ceiling = min(LOW_PORT_CEILING, first_ephemeral - 1)
+    if ceiling < LOW_PORT_FLOOR + 100:  # an unusually wide ephemeral range: no room below it
+        return LOW_PORT_FLOOR, LOW_PORT_CEILING
+    return LOW_PORT_FLOOR, ceiling
+
+
+def free_port(rng: random.Random | None = None, taken: Collection[int] = ()) -> int:
+    """A TCP port on 127.0.0.1 below the ephemeral range that nothing listens on now and
+    that is not one of `taken` (ports already handed to a server that has not bound them)."""
+    rng = rng or random.SystemRandom()  # not a measurement: no seed wanted
+    low, high = low_port_range()
+    for _ in range(200):
+        if (port := rng.randint(low, high)) in taken:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise ServerError(f"no free port in {low}-{high} on 127.0.0.1")
 
 
 def shm_entries(shm_dir: Path = SHM_DIR) -> set[str]:

@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.adapters.launchers.process import free_port, log_tail, wait_healthy
+from harness.adapters.launchers.process import (
+    free_port,
+    log_tail,
+    low_port_range,
+    port_taken,
+    wait_healthy,
+)
 from harness.errors import ServerError
 
 
@@ -39,6 +45,76 @@ def never_healthy(port: int) -> None:
 
 def test_a_server_that_never_answers_times_out() -> None:
     never_healthy(free_port())
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    ("32768\t60999\n", (20000, 32767)),  # Linux's default: everything up to it
+    ("30000 60999\n", (20000, 29999)),  # a lower range: stop below it
+    ("40000 60999\n", (20000, 32767)),  # a higher one: Dynamo's 16-bit limit still holds
+    ("20050 60999\n", (20000, 32767)),  # no room below it: the usual range, best effort
+    ("garbage\n", (20000, 32767)),
+])
+def test_servers_get_ports_below_the_ephemeral_range(tmp_path: Path, content: str,
+                                                      expected: tuple[int, int]) -> None:
+    f = tmp_path / "ip_local_port_range"
+    f.write_text(content)
+    assert low_port_range(f) == expected
+    assert low_port_range(tmp_path / "missing") == (20000, 32767)
+
+
+class Picks:
+    """A stand-in for random.Random whose randint returns the given ports in order."""
+
+    def __init__(self, *ports: int) -> None:
+        self.ports = list(ports)
+
+    def randint(self, low: int, high: int) -> int:
+        port = self.ports.pop(0)
+        assert low <= port <= high
+        return port
+
+
+def test_free_port_passes_over_listening_and_handed_out_ports() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        busy_port = free_port()
+        busy.bind(("127.0.0.1", busy_port))
+        busy.listen()
+        handed_out = free_port(taken=[busy_port])
+        other = free_port(taken=[busy_port, handed_out])
+        assert free_port(Picks(busy_port, handed_out, other),  # type: ignore[arg-type]
+                         taken=[handed_out]) == other
+    low, high = low_port_range()
+    assert low <= other <= high and other not in (busy_port, handed_out)
+
+
+def test_port_taken_reads_only_the_servers_own_port() -> None:
+    uvicorn = ("ERROR:    [Errno 98] error while attempting to bind on address "
+               "('127.0.0.1', 37125): address already in use")
+    llama = "couldn't bind HTTP server socket, hostname: 127.0.0.1, port: 28001"
+    assert port_taken(f"starting\n{uvicorn}\nWaiting for application shutdown.", "37125")
+    assert port_taken(llama, "28001")
+    assert not port_taken(uvicorn, "28001")  # another socket of the server: its own business
+    assert not port_taken("Uvicorn running on http://127.0.0.1:37125", "37125")
+
+
+def test_a_server_whose_port_was_taken_stops_waiting_at_once(tmp_path: Path) -> None:
+    """SGLang runs on after uvicorn failed to bind: the wait ends with the cause, not after
+    the whole start-up timeout."""
+    port = free_port()
+    log = tmp_path / "server.log"
+    log.write_text(f"Application startup complete.\nERROR:    [Errno 98] error while attempting "
+                   f"to bind on address ('127.0.0.1', {port}): address already in use\n")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with pytest.raises(ServerError, match=rf"demo could not listen on 127.0.0.1:{port}: "
+                                              "another process took the port"):
+            wait_healthy(proc, f"http://127.0.0.1:{port}/health", "demo", 50.0,
+                         lambda: log_tail(log), poll_s=0.1)
+        assert proc.poll() is None  # it raised while the process still ran: not a timeout
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_log_tail_filters_and_survives_a_missing_file(tmp_path: Path) -> None:

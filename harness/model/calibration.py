@@ -77,6 +77,7 @@ import numpy as np
 
 from harness.arrays import FloatArray
 from harness.errors import InputError
+from harness.model.iteration import BATCH_TOKENS, IterationCosts, fit_costs
 from harness.policies.base import ServerRates
 from harness.records.store import write_json
 
@@ -273,6 +274,13 @@ class Calibration:
         if self.wake_ms is None or self.wake_tau_ms is None:
             return None
         return self.wake_ms / 1e3, self.wake_tau_ms / 1e3
+
+    def iteration_costs(self) -> IterationCosts:
+        """What an iteration costs on this server (harness.model.iteration), fitted to these
+        points; without a measured iteration budget, the default one."""
+        return fit_costs(self.prefill_tok_s, self.decode_tok_s, self.prefill_points,
+                         self.decode_points, self.append_points, self.long_append_points,
+                         self.batch_tokens or BATCH_TOKENS, self.wake())
 
     @property
     def engine_kind(self) -> str | None:

@@ -31,7 +31,7 @@ import pandas as pd
 from harness.arrays import FloatArray
 from harness.metrics.frames import build_frames
 from harness.model.calibration import Calibration, noise_from, overhead_samples
-from harness.model.iteration import BATCH_TOKENS, IterationCosts, fit_costs
+from harness.model.iteration import IterationCosts
 
 
 @dataclass(frozen=True)
@@ -130,9 +130,7 @@ SERVER_SPEED_JSON = "server_speed.json"
 def server_speed(records: pd.DataFrame, cal: Calibration) -> RateFactors:
     """`rate_factors` of a replay's records against the iteration costs the simulator fits to
     `cal` (llama.cpp: prompts in micro-batches; vLLM, SGLang: in iterations of batch_tokens)."""
-    costs = fit_costs(cal.prefill_tok_s, cal.decode_tok_s, cal.prefill_points,
-                      cal.decode_points, cal.append_points, cal.long_append_points,
-                      cal.batch_tokens or BATCH_TOKENS, cal.wake())
+    costs = cal.iteration_costs()
     slots = cal.engine_kind in (None, "llamacpp")
     return rate_factors(records, costs, costs.ubatch_tokens if slots else costs.batch_tokens)
 

@@ -200,3 +200,13 @@ def test_a_missing_file_is_named_as_a_file() -> None:
     for raw in ("/nonexistent.json", "results/cal", "cal.json"):
         with pytest.raises(InputError, match="calibration file does not exist"):
             resolve_calibration(raw)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_the_simulator_and_the_speed_check_price_a_calibration_alike(name: str) -> None:
+    """The simulator's server model and a replay's speed factors (run_rates.server_speed)
+    fit one set of iteration costs to a calibration: both from Calibration.iteration_costs."""
+    from harness.simulate.run import server_model
+
+    cal = resolve_calibration(name)
+    assert server_model(cal).iteration_costs() == cal.iteration_costs()

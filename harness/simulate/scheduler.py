@@ -202,12 +202,14 @@ class Scheduler:
                 chunks.append((tr, m))
             if chunks or self.ctl_pre:  # a prompt iteration's own fixed cost
                 cost += self.alpha - self.alpha_dec
-        if self.mode == IDLE and self.wake_s > 0.0:  # the engine idled: it wakes slower
-            cost += self.wake_s * (1.0 - math.exp((self.idle_since - t) / self.wake_tau))
-        if self.noise:  # a run of decodes draws once: its steps as long as each other
-            cost *= self.noise[self.noise_i & NOISE_MASK]
-            self.noise_i += 1
-        if chunks or self.ctl_pre or self.ctl_dec:  # one iteration (not a run of decodes)
+        prompt = bool(chunks or self.ctl_pre or self.ctl_dec)
+        if prompt or self.n_d:  # an iteration runs (a wake-up that finds none draws nothing)
+            if self.mode == IDLE and self.wake_s > 0.0:  # the engine idled: it wakes slower
+                cost += self.wake_s * (1.0 - math.exp((self.idle_since - t) / self.wake_tau))
+            if self.noise:  # a run of decodes draws once: its steps as long as each other
+                cost *= self.noise[self.noise_i & NOISE_MASK]
+                self.noise_i += 1
+        if prompt:  # one iteration (not a run of decodes)
             for tr, _ in chunks:
                 if not tr.prefilling:  # the prompt's first chunk
                     tr.prefilling = True

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from harness.cli import main
 from harness.errors import InputError
 from harness.model.calibration import Calibration, read_calibration
+from harness.model.iteration import NOISE_DRAWS
 from harness.policies import make_policy
 from harness.records.store import RECORDS_DIR, RUN_JSON, SUMMARY_JSON, read_records
 from harness.simulate import native
@@ -270,3 +271,19 @@ def test_compiled_and_pure_loops_route_alike(tmp_path: Path) -> None:
         records.append(read_records(out))
     assert records[0]["reason"].isin([server_name(k) for k in range(3)]).sum() > 0
     pd.testing.assert_frame_equal(records[0], records[1])
+
+
+def test_a_wake_up_that_runs_nothing_draws_no_spread_and_keeps_the_idle_time(
+        tmp_path: Path) -> None:
+    """The scheduler prices the wake and draws the next spread factor only for an iteration
+    it runs: a wake-up that finds nothing to run leaves both for the next real iteration."""
+    fleet = Fleet(2, "round-robin")
+    engine_run(tmp_path, "coding-subagents.parquet", "keep", {}, Capacity(tokens=6000), 4,
+               fleet)
+    fleet.activate(0)
+    sched = fleet.e.sched
+    assert sched.idle()
+    sched.noise = [2.0] * NOISE_DRAWS
+    drawn, idle_since = sched.noise_i, sched.idle_since
+    sched.compose(idle_since + 10.0)
+    assert (sched.noise_i, sched.idle_since, sched.t_srv) == (drawn, idle_since, math.inf)

@@ -4,7 +4,8 @@ policy): the simulator against a live server, every policy, with enough resumes 
 
     python benchmarks/validate_simulator.py --runtime vllm --pool-tokens 2560 \\
         [--trace traces/bench-small.parquet] [--min-resumes 400] [--policies P,...] \\
-        [--ctx-per-slot 2048] [--concurrency 6] [--token-scale 1] [--out DIR]
+        [--ctx-per-slot 2048] [--concurrency 6] [--token-scale 1] [--scrape-interval 0.2] \\
+        [--out DIR]
 
 The trace is repeated end to end (harness.traces.tile) until it holds at least --min-resumes
 resumed calls, written beside the results, and given to `harness bench --calibrate`: the
@@ -319,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ctx-per-slot", type=int, default=2048)
     ap.add_argument("--concurrency", type=int, default=6)
     ap.add_argument("--token-scale", type=float, default=1.0)
+    ap.add_argument("--scrape-interval", type=float, default=0.2,
+                    help="seconds between the replays' server-metrics samples")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--from", dest="again", type=Path,
                     help="a finished validation's folder: redo its tables, replay nothing")
@@ -351,13 +354,15 @@ def main(argv: list[str] | None = None) -> int:
            str(tiled), "--policies", policies, "--calibrate", "--concurrency",
            str(args.concurrency), "--ctx-per-slot", str(args.ctx_per_slot), "--slots",
            str(args.slots), "--token-scale", str(args.token_scale), "--first-token-timeout",
-           "120", "--out", str(out / "bench"), *server_args(args.runtime, args.pool_tokens)]
+           "120", "--scrape-interval", str(args.scrape_interval), "--out", str(out / "bench"),
+           *server_args(args.runtime, args.pool_tokens)]
     print(f"{args.trace.name} x {copies} ({per_copy * copies} resumes): {' '.join(cmd[1:])}",
           flush=True)
     rc = subprocess.run(cmd, cwd=ROOT, check=False).returncode
     doc = {"runtime": args.runtime, "trace": str(args.trace), "copies": copies,
            "pool_tokens": args.pool_tokens, "concurrency": args.concurrency,
-           "bench_exit": rc, "policies": policies.split(",")}
+           "scrape_interval_s": args.scrape_interval, "bench_exit": rc,
+           "policies": policies.split(",")}
     return write_tables(out, doc)
 
 

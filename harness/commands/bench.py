@@ -25,6 +25,7 @@ from harness.commands.options import (
     auth_options,
     check_run_flags,
     runtime_option,
+    scrape_interval_option,
     seed_option,
     timeout_options,
     token_scale_option,
@@ -58,6 +59,7 @@ from harness.selftest.result import read_selftest
 @seed_option
 @click.option("--slots", type=int, default=4, show_default=True)
 @click.option("--ctx-per-slot", type=int, default=4096, show_default=True)
+@scrape_interval_option
 @click.option("--calibration", type=click.Path(path_type=Path),
               help="Rates from `harness calibrate`, or a shipped preset's name (harness "
                    "calibrate --list): policies price actions with them, each "
@@ -92,7 +94,8 @@ from harness.selftest.result import read_selftest
 def bench_command(runtime: str, url: str | None, trace_path: Path | None,
                   policies: str | None, policy_args: tuple[str, ...], inject: str,
                   concurrency: int, time_scale: float, seed: int, slots: int,
-                  ctx_per_slot: int, calibration: Path | None, calibrate_first: bool,
+                  ctx_per_slot: int, scrape_interval: float, calibration: Path | None,
+                  calibrate_first: bool,
                   server_args: tuple[str, ...], out: Path | None, selftest: Path | None,
                   repeats: int, timeouts: Timeouts, headers: dict[str, str],
                   skip_oversized: bool, token_scale: float, slo_spec: str | None,
@@ -102,12 +105,13 @@ def bench_command(runtime: str, url: str | None, trace_path: Path | None,
         raise InputError("--capacity needs --slo (e.g. --slo resume_p95=2000ms)")
     slo = parse_slo(slo_spec or DEFAULT_PICK_SLO)
     capacity_s = parse_span("--capacity-budget", capacity_budget, 60.0, 7 * 86_400.0)
-    check_run_flags(slots=slots, ctx_per_slot=ctx_per_slot, time_scale=time_scale)
+    check_run_flags(slots=slots, ctx_per_slot=ctx_per_slot, time_scale=time_scale,
+                    scrape_interval=scrape_interval)
     base = RunOptions(trace=Path(), policy="", out=Path(), inject=inject, timeouts=timeouts,
                       headers=headers, skip_oversized=skip_oversized, token_scale=token_scale,
                       arrivals=arrivals_from_flags(concurrency, None, False, time_scale),
                       seed=seed, slots=slots, ctx_per_slot=ctx_per_slot,
-                      server_args=server_args,
+                      scrape_interval_s=scrape_interval, server_args=server_args,
                       instrument_error=read_selftest(selftest) if selftest else None)
     plan = plan_bench(runtime, url, trace_path, policies, policy_args, base, calibration,
                       calibrate_first, out, repeats=repeats, slo=slo,

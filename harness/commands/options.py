@@ -106,6 +106,15 @@ def check_url(url: str | None) -> None:
         raise InputError(f"--url must be http://host[:port] or https://..., got {url[:80]!r}")
 
 
+def scrape_interval_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """--scrape-interval: seconds between the server-metrics samples of a replay (checked
+    with the other run flags, RUN_FLAG_RANGES)."""
+    return click.option("--scrape-interval", type=float, default=0.2, show_default=True,
+                        help="Seconds between /metrics (and /slots) samples of the server. "
+                             "Each sample costs the server CPU time, which on a server "
+                             "sharing few cores widens its iteration times.")(f)
+
+
 def token_scale_option(f: Callable[..., Any]) -> Callable[..., Any]:
     """--token-scale: every token count of the trace times F (rounded up), so long real
     sessions fit a small local model; recorded in run.json (trace.token_scale). Checked."""

@@ -17,6 +17,7 @@ from harness.commands.options import (
     check_run_flags,
     check_window,
     runtime_option,
+    scrape_interval_option,
     seed_option,
     timeout_options,
     token_scale_option,
@@ -63,7 +64,7 @@ def _err(message: str) -> None:
 @click.option("--model", "model_path", type=click.Path(path_type=Path),
               help="Local server: GGUF model (default: SmolLM2-135M-Instruct); --runtime "
               "openai: the served model's name (default: the first /v1/models lists).")
-@click.option("--scrape-interval", type=float, default=0.2, show_default=True)
+@scrape_interval_option
 @click.option("--calibration", type=click.Path(path_type=Path),
               help="Rates from `harness calibrate` (a file, or a shipped preset's name) for "
                    "the policies to price actions with.")

@@ -28,7 +28,8 @@ def test_run_refuses_a_flag_out_of_range(flag: str, value: str, tmp_path: Path) 
 
 
 @pytest.mark.parametrize(("flag", "value"), [("--concurrency", "0"), ("--slots", "0"),
-                                             ("--time-scale", "inf")])
+                                             ("--time-scale", "inf"),
+                                             ("--scrape-interval", "0")])
 def test_bench_refuses_a_flag_out_of_range(flag: str, value: str, tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["bench", "--url", "http://127.0.0.1:9", "--out",
                                     str(tmp_path / "b"), flag, value])

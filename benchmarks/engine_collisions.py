@@ -1,14 +1,18 @@
 """Collisions (not part of `make perf`: it needs a live server, about 2 minutes): what a call
 waits when it reaches a vLLM or SGLang server while another call's prompt is being computed.
 
-    python benchmarks/engine_collisions.py --runtime vllm|sglang [--trials 8] [--out DIR]
+    python benchmarks/engine_collisions.py --runtime vllm|sglang|llamacpp [--trials 8] \
+        [--out DIR]
 
 The engine model (harness.simulate.scheduler) has such a call wait for the running iteration:
 the other prompt's remaining time, then its own prompt. This measures that on a local server,
 pinned as the replays pin it. Per trial, two prefixes are cached first (A: 1,536 tokens, B:
 512), the server idles 200 ms, then A is sent with 512 new tokens and B, `offset` ms later,
 with 48 (each under a cache salt of its own, 4 tokens generated). B alone, and A alone, are
-timed the same way. Per offset it reports:
+timed the same way. On llama.cpp (slot mode: the whole batch of prompt tokens is one
+iteration) A and B each have a slot of their own, which caches its prefix, and the sizes are a
+third (A: 512 cached and 176 new, B: 176 and 16): its small model computes slowly on a CPU.
+Per offset it reports:
 
 - B's wait: its time to first token at the client less the prompt time the server reports;
 - B's extra wait: that wait less B's median wait when sent alone (its request overhead);
@@ -42,7 +46,21 @@ from harness.plan.tokens import stable_seed, token_ids
 from harness.replay import loop, pinning
 from harness.replay.runner import server_info
 
-A_CACHED, A_NEW, B_CACHED, B_NEW = 1536, 512, 512, 48
+
+@dataclass(frozen=True)
+class Sizes:
+    """Tokens: A's cached prefix and new tokens, B's; the slots A and B use (None: the
+    engine's prefix cache, under a cache salt per trial)."""
+
+    a_cached: int
+    a_new: int
+    b_cached: int
+    b_new: int
+    slots: tuple[int, int] | None = None
+
+
+SIZES = {"vllm": Sizes(1536, 512, 512, 48), "sglang": Sizes(1536, 512, 512, 48),
+         "llamacpp": Sizes(512, 176, 176, 16, (0, 1))}
 OUTPUT_TOKENS = 4
 IDLE_S = 0.2
 OFFSETS_MS = (0.0, 5.0, 10.0, 20.0)
@@ -62,37 +80,40 @@ class Timed:
         return (self.first_s - self.sent_s) * 1e3 - self.prompt_ms
 
 
-async def timed(ad: Adapter, ids: list[int], salt: str, delay_s: float = 0.0) -> Timed:
-    """`ids` sent after `delay_s` (4 tokens generated); ServerError unless it answered with
-    its prompt time."""
+async def timed(ad: Adapter, ids: list[int], salt: str, slot: int | None,
+                delay_s: float = 0.0) -> Timed:
+    """`ids` sent after `delay_s` (4 tokens generated) on `slot` (None: any); ServerError
+    unless it answered with its prompt time."""
     await asyncio.sleep(delay_s)
     first: list[float] = []
     sent = time.perf_counter()
-    res = await ad.complete(CompletionRequest(ids, OUTPUT_TOKENS, cache_salt=salt),
+    res = await ad.complete(CompletionRequest(ids, OUTPUT_TOKENS, slot, cache_salt=salt),
                             lambda: first.append(time.perf_counter()) if not first else None)
     if res.status != "ok" or not first or res.prompt_ms is None:
         raise ServerError(f"a call of {len(ids)} tokens failed: {res.error or 'no prompt time'}")
     return Timed(sent, first[0], res.prompt_ms, res.cached_tokens or 0)
 
 
-async def trial(ad: Adapter, vocab: int, n: int, offset_ms: float | None, a: bool
-                ) -> dict[str, object]:
+async def trial(ad: Adapter, vocab: int, size: Sizes, n: int, offset_ms: float | None,
+                a: bool) -> dict[str, object]:
     """One trial: `offset_ms` None sends only A (`a`) or only B; else both, B offset_ms after
     A."""
     salt = f"collide-{n}-{offset_ms}-{a}-{time.time_ns()}"
-    pa = token_ids(stable_seed("collide-a", n, str(offset_ms)), A_CACHED, vocab)
-    pb = token_ids(stable_seed("collide-b", n, str(offset_ms)), B_CACHED, vocab)
-    for prefix in (pa, pb):
-        await timed(ad, prefix, salt)
+    slot_a, slot_b = size.slots or (None, None)
+    pa = token_ids(stable_seed("collide-a", n, str(offset_ms)), size.a_cached, vocab)
+    pb = token_ids(stable_seed("collide-b", n, str(offset_ms)), size.b_cached, vocab)
+    await timed(ad, pa, salt, slot_a)
+    await timed(ad, pb, salt, slot_b)
     await asyncio.sleep(IDLE_S)
-    ids_a = pa + token_ids(stable_seed("collide-a-new", n), A_NEW, vocab)
-    ids_b = pb + token_ids(stable_seed("collide-b-new", n), B_NEW, vocab)
+    ids_a = pa + token_ids(stable_seed("collide-a-new", n), size.a_new, vocab)
+    ids_b = pb + token_ids(stable_seed("collide-b-new", n), size.b_new, vocab)
     row: dict[str, object] = {"trial": n, "offset_ms": offset_ms}
     if offset_ms is None:
-        row["a" if a else "b"] = asdict(await timed(ad, ids_a if a else ids_b, salt))
+        row["a" if a else "b"] = asdict(await timed(ad, ids_a if a else ids_b, salt,
+                                                    slot_a if a else slot_b))
         return row
-    ta, tb = await asyncio.gather(timed(ad, ids_a, salt), timed(ad, ids_b, salt,
-                                                                 offset_ms / 1e3))
+    ta, tb = await asyncio.gather(timed(ad, ids_a, salt, slot_a),
+                                  timed(ad, ids_b, salt, slot_b, offset_ms / 1e3))
     row["a"], row["b"] = asdict(ta), asdict(tb)
     row["a_remaining_ms"] = (ta.first_s - tb.sent_s) * 1e3
     return row
@@ -134,7 +155,9 @@ def measure(runtime: str, trials: int, out: Path) -> list[dict[str, object]]:
     rt = get_runtime(runtime)
     pin = pinning.decide(pinning.available_cpus(), True, rt.pins_local_server)
     pinning.apply(pin)
-    options = ServerOptions(policy="keep-evictable", run_id="collisions", url=None, slots=1,
+    size = SIZES[runtime]
+    options = ServerOptions(policy="keep" if size.slots else "keep-evictable",
+                            run_id="collisions", url=None, slots=2 if size.slots else 1,
                             ctx_per_slot=4096, model=None, server_args=(),
                             server_cpus=pin.server if pin else None)
 
@@ -146,7 +169,7 @@ def measure(runtime: str, trials: int, out: Path) -> list[dict[str, object]]:
             for n in range(trials):
                 for off in (None, *OFFSETS_MS):
                     for a in ((False, True) if off is None else (True,)):
-                        rows.append(await trial(ad, vocab, n, off, a))
+                        rows.append(await trial(ad, vocab, size, n, off, a))
             return rows
 
     with rt.start(options, out / "server") as session:
@@ -155,7 +178,7 @@ def measure(runtime: str, trials: int, out: Path) -> list[dict[str, object]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runtime", choices=("vllm", "sglang"), required=True)
+    ap.add_argument("--runtime", choices=sorted(SIZES), required=True)
     ap.add_argument("--trials", type=int, default=8)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)

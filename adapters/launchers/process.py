@@ -58,14 +58,15 @@ def wait_healthy(proc: subprocess.Popen[bytes], url: str, name: str, timeout_s: 
     """Poll `url` until HTTP 200; ServerError with the log's tail if the process exits first,
     its log says its port was taken, or `timeout_s` passes."""
     deadline = time.monotonic() + timeout_s
+    address = urllib.parse.urlsplit(url)
+    port = str(address.port)
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise ServerError(f"{name} exited with code {proc.returncode} during start-up; "
                               f"last log lines:\n{tail()}")
-        if port_taken(last := tail(), str(urllib.parse.urlsplit(url).port)):
-            raise ServerError(f"{name} could not listen on {urllib.parse.urlsplit(url).netloc}: "
-                              f"another process took the port during start-up; last log "
-                              f"lines:\n{last}")
+        if port_taken(last := tail(), port):
+            raise ServerError(f"{name} could not listen on {address.netloc}: another process "
+                              f"took the port during start-up; last log lines:\n{last}")
         try:
             with urllib.request.urlopen(url, timeout=probe_timeout_s) as r:
                 if r.status == 200:

@@ -38,6 +38,8 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
+
 from harness.adapters.base import Adapter, CompletionRequest, RuntimeSession, ServerOptions
 from harness.adapters.http import connect
 from harness.adapters.runtimes import get_runtime
@@ -146,8 +148,7 @@ def table(rows: list[dict[str, object]]) -> str:
 
 
 def pct(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(
-        values) > 1 else values[0]
+    return float(np.percentile(values, q))
 
 
 def measure(runtime: str, trials: int, out: Path) -> list[dict[str, object]]:

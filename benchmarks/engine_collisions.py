@@ -22,8 +22,8 @@ Per offset it reports:
   alone (A's first token still has its way back to the client after A's prefill ends, which
   B's prefill may overlap); above 0, B waited for something the model does not have.
 
-It writes `collisions.json` (every trial) and `collisions.md` (the table) under --out, and
-exits 2 or 3 (bad input, server problem) as the harness does.
+It writes `collisions.json` (every trial, saved as each ends) and `collisions.md` (the table)
+under --out, and exits 2 or 3 (bad input, server problem) as the harness does.
 """
 
 from __future__ import annotations
@@ -151,8 +151,17 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q))
 
 
+def save(rows: list[dict[str, object]], path: Path) -> None:
+    """Every trial so far, replacing the file whole (a crash or kill leaves the last complete
+    one)."""
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(rows, indent=1))
+    tmp.replace(path)
+
+
 def measure(runtime: str, trials: int, out: Path) -> list[dict[str, object]]:
-    """Start a local server (pinned as the replays pin it) and run every trial on it."""
+    """Start a local server (pinned as the replays pin it) and run every trial on it, saving
+    the trials to `out`/collisions.json as they end."""
     rt = get_runtime(runtime)
     pin = pinning.decide(pinning.available_cpus(), True, rt.pins_local_server)
     pinning.apply(pin)
@@ -171,6 +180,7 @@ def measure(runtime: str, trials: int, out: Path) -> list[dict[str, object]]:
                 for off in (None, *OFFSETS_MS):
                     for a in ((False, True) if off is None else (True,)):
                         rows.append(await trial(ad, vocab, size, n, off, a))
+                        save(rows, out / "collisions.json")
             return rows
 
     with rt.start(options, out / "server") as session:
@@ -194,7 +204,6 @@ def main(argv: list[str] | None = None) -> int:
     except HarnessError as exc:
         print(f"engine_collisions: {exc}", file=sys.stderr)
         return exc.exit_code
-    (out / "collisions.json").write_text(json.dumps(rows, indent=1))
     md = table(rows)
     (out / "collisions.md").write_text(md)
     print(md, end="")

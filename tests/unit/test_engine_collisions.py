@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -44,3 +45,12 @@ def test_the_table_reads_each_wait_from_the_timed_calls() -> None:
     # offset 10: B's first token 57 ms after its send, less its 10-ms prompt: a 47-ms wait,
     # 43 beyond its overhead, against A's remaining 45 ms: excess -2
     assert lines[6] == "| 10 ms | 2 | 47.0 (47.0) | 43.0 (43.0) | 45.0 (45.0) | -2.0 (-2.0) |"
+
+
+def test_save_replaces_the_file_whole(tmp_path: Path) -> None:
+    b = bench()
+    path = tmp_path / "collisions.json"
+    b.save([{"trial": 0}], path)
+    b.save([{"trial": 0}, {"trial": 1}], path)
+    assert json.loads(path.read_text()) == [{"trial": 0}, {"trial": 1}]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["collisions.json"]

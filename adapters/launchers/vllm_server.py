@@ -48,6 +48,9 @@ SERVED_NAME = "tiny"
 LEAKED_SHM = ("sem.mp-", "psm_")  # shared-memory names its processes leave when killed
 # The folder put on the server's PYTHONPATH: it holds the connector package alone.
 CONNECTOR_DIR = Path(__file__).resolve().parent / "vllm_connector"
+# Always on the server's PYTHONPATH: a sitecustomize that lets its processes use AMX tiles (vLLM's
+# CPU attention kernel does on CPUs that have them, without asking Linux first: SIGILL).
+SITE_DIR = Path(__file__).resolve().parent / "vllm_site"
 PIN_TTL_S = 900.0  # a pin's or host copy's expiry when the harness sets none (a safety net)
 HOST_CAP_BYTES = 1 << 30  # host memory for offloaded contexts
 
@@ -151,13 +154,16 @@ class LocalVllmServer(ServerProcess):
                     "TMPDIR": str(self.tmp_dir)}
         if c.server_cpus:  # its OpenMP threads on its own CPUs (else vLLM binds them to all)
             self.env["VLLM_CPU_OMP_THREADS_BIND"] = c.server_cpus
+        paths = [str(SITE_DIR)]
         if c.pause_connector:
             self.flags += ["--kv-transfer-config", json.dumps({
                 "kv_connector": CONNECTOR_CLASS, "kv_connector_module_path": CONNECTOR_MODULE,
                 "kv_role": "kv_both", "kv_connector_extra_config": {
                     "default_ttl_s": c.pin_ttl_s, "host_cap_bytes": c.host_cap_bytes}})]
-            path = os.environ.get("PYTHONPATH")
-            self.env["PYTHONPATH"] = str(CONNECTOR_DIR) + (os.pathsep + path if path else "")
+            paths.append(str(CONNECTOR_DIR))
+        if os.environ.get("PYTHONPATH"):
+            paths.append(os.environ["PYTHONPATH"])
+        self.env["PYTHONPATH"] = os.pathsep.join(paths)
         self.flags += c.extra_args
 
     def command(self) -> list[str]:

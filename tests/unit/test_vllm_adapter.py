@@ -7,7 +7,11 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
+import platform
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
@@ -34,6 +38,7 @@ from harness.adapters.launchers.vllm_server import (
     CONNECTOR_DIR,
     RUNTIME,
     SERVER_POLICIES,
+    SITE_DIR,
     LocalVllmServer,
     VllmServerConfig,
     realisation,
@@ -393,6 +398,33 @@ def test_server_policies_are_labelled() -> None:
     assert server_policy("threshold").harness_policy == "threshold"
 
 
+AMX_PERMISSION = """
+import ctypes, sys
+granted = ctypes.c_ulong(0)
+ctypes.CDLL(None).syscall(158, 0x1022, ctypes.byref(granted))  # ARCH_GET_XCOMP_PERM
+print("sitecustomize" in sys.modules, granted.value >> 18 & 1)  # XFEATURE_XTILEDATA
+"""
+
+
+def _amx_permission(pythonpath: str | None) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    return subprocess.run([sys.executable, "-c", AMX_PERMISSION], env=env, check=True,
+                          capture_output=True, text=True).stdout.split()
+
+
+def test_every_server_process_may_use_amx_tiles() -> None:
+    """vLLM's CPU attention kernel uses AMX without asking Linux for it (its worker dies of
+    SIGILL at the first decode); the sitecustomize on the server's path asks in every process."""
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        pytest.skip("AMX permission is a Linux x86_64 system call")
+    if "amx_tile" not in Path("/proc/cpuinfo").read_text().split():
+        pytest.skip("this CPU has no AMX tiles: there is no permission to ask for")
+    assert _amx_permission(None) == ["False", "0"]  # a process on its own is not allowed
+    assert _amx_permission(str(SITE_DIR)) == ["True", "1"]
+
+
 def test_launcher_loads_the_connector(tmp_path: Path) -> None:
     model = tmp_path / "m"
     model.mkdir()
@@ -411,9 +443,11 @@ def test_launcher_loads_the_connector(tmp_path: Path) -> None:
                       "kv_connector_module_path": CONNECTOR_MODULE, "kv_role": "kv_both",
                       "kv_connector_extra_config": {"default_ttl_s": 30.0,
                                                     "host_cap_bytes": 1 << 20}}
-        # only the connector's own folder goes on the path (never adapters/, whose http.py
-        # would shadow the standard library's)
-        assert srv.env["PYTHONPATH"].split(":")[0] == str(CONNECTOR_DIR)
+        # only the AMX sitecustomize's and the connector's own folders go on the path (never
+        # adapters/, whose http.py would shadow the standard library's)
+        assert srv.env["PYTHONPATH"].split(":")[:2] == [str(SITE_DIR), str(CONNECTOR_DIR)]
+        assert sorted(p.name for p in SITE_DIR.iterdir()
+                      if not p.name.startswith("__")) == ["sitecustomize.py"]
         assert sorted(p.name for p in CONNECTOR_DIR.iterdir()
                       if not p.name.startswith("__")) == ["harness_pause_connector"]
         assert (CONNECTOR_DIR / "harness_pause_connector" / "connector.py").exists()
@@ -426,7 +460,9 @@ def test_launcher_loads_the_connector(tmp_path: Path) -> None:
     bare = LocalVllmServer(VllmServerConfig(model=model, pause_connector=False),
                            tmp_path / "log2", python=Path("/usr/bin/python3"))
     try:
-        assert "--kv-transfer-config" not in bare.flags and "PYTHONPATH" not in bare.env
+        assert "--kv-transfer-config" not in bare.flags
+        assert bare.env["PYTHONPATH"].split(":")[0] == str(SITE_DIR)
+        assert str(CONNECTOR_DIR) not in bare.env["PYTHONPATH"].split(":")
         # unpinned: vLLM binds its OpenMP threads itself
         assert "VLLM_CPU_OMP_THREADS_BIND" not in bare.env
     finally:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import secrets
 import statistics
-import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,7 +31,6 @@ from typing import Any, Literal
 from harness.adapters.base import (
     Adapter,
     CompletionRequest,
-    CompletionResult,
     PausedKv,
     Runtime,
     RuntimeSession,
@@ -42,7 +40,7 @@ from harness.adapters.base import (
 )
 from harness.adapters.http import connect
 from harness.adapters.runtimes import get_runtime
-from harness.calibrate import wake
+from harness.calibrate import calls, wake
 from harness.errors import InputError, ServerError
 from harness.model.calibration import (
     RUNTIME_ENGINES,
@@ -90,6 +88,8 @@ class Measured:
     long_append_points: list[tuple[int, float]] = field(default_factory=list)  # engines only
     wake_s: tuple[float, float] | None = None  # the first iteration after idle (engines only)
     noise: tuple[float, ...] = ()  # iteration times over their median, ascending (engines)
+    # (idle s, server s, way s) the first call after each idle time adds (engines only)
+    wake_curve: tuple[tuple[float, float, float], ...] = ()
 
 
 def _count(value: Any) -> int | None:
@@ -140,26 +140,13 @@ async def _prefill(ad: Adapter, n: int, vocab: int, seed: int,
     return res.prompt_n / (res.prompt_ms / 1000.0), decode
 
 
-async def _timed(ad: Adapter, req: CompletionRequest, overheads: list[float]
-                 ) -> CompletionResult:
-    """`req`'s result; the client's time to its first token less the prompt time the server
-    reports (what the call spent outside the engine's compute) goes to `overheads`."""
-    first: list[float] = []
-    t0 = time.perf_counter()
-    res = await ad.complete(req, lambda: first.append(time.perf_counter()) if not first
-                            else None)
-    if res.status == "ok" and first and res.prompt_ms:
-        overheads.append(max((first[0] - t0) * 1000.0 - res.prompt_ms, 0.0))
-    return res
-
-
 async def _append(ad: Adapter, n: int, vocab: int, seed: int, overheads: list[float]
                   ) -> float | None:
     """APPEND_TOKENS new prompt tokens after the n cached by `_prefill(n, seed)`: tokens/s, or
     None when the server did not reuse the cached prefix."""
     ids = token_ids(seed, n, vocab) + token_ids(stable_seed("cal-append", seed), APPEND_TOKENS,
                                                 vocab)
-    res = await _timed(ad, CompletionRequest(ids, 1, slot=0), overheads)
+    res = await calls.timed(ad, CompletionRequest(ids, 1, slot=0), overheads)
     if res.status != "ok" or res.prompt_n != APPEND_TOKENS or not res.prompt_ms:
         return None
     return APPEND_TOKENS / (res.prompt_ms / 1000.0)
@@ -169,7 +156,7 @@ async def _overheads(ad: Adapter, req: CompletionRequest, overheads: list[float]
     """OVERHEAD_SAMPLES times the same short request (after the first, a cached prompt and
     one token): enough overheads for the distribution's tail (each is its own sample)."""
     for _ in range(OVERHEAD_SAMPLES):
-        await _timed(ad, req, overheads)
+        await calls.timed(ad, req, overheads)
 
 
 async def measure(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS,
@@ -240,58 +227,34 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-async def _cold(ad: Adapter, ids: list[int], salt: str, decode_tokens: int
-                ) -> tuple[float, float | None]:
-    """A prefill of `ids` that no cached prefix may shorten (ServerError when the server says
-    it reused any), then `decode_tokens` generated: (prefill tok/s, decode tok/s or None)."""
-    res = await ad.complete(CompletionRequest(ids, decode_tokens, cache_salt=salt),
-                            lambda: None)
-    if res.status != "ok" or not res.prompt_n or not res.prompt_ms:
-        raise ServerError(f"calibration prefill of {len(ids)} tokens failed: "
-                          f"{res.error or 'the server reported no prompt timing'}")
-    if res.cached_tokens is None:
-        raise ServerError(f"{ad.runtime}: the server reports no cached tokens, so a cold "
-                          "prefill cannot be checked (vLLM: --enable-prompt-tokens-details)")
-    if res.cached_tokens:
-        raise ServerError(f"calibration: a cold prefill of {len(ids)} tokens reused "
-                          f"{res.cached_tokens} cached tokens; its rate would be wrong")
-    # The server's decode time runs from the first token (the prefill's) to the last.
-    decode = ((len(res.tokens) - 1) / (res.decode_ms / 1000.0)
-              if len(res.tokens) > 1 and res.decode_ms else None)
-    return res.prompt_n / (res.prompt_ms / 1000.0), decode
-
-
-async def _warm(ad: Adapter, ids: list[int], salt: str, overheads: list[float],
-                session: str | None = None) -> tuple[float, int] | None:
-    """The new tokens at the end of `ids` after a cached prefix: (tok/s, tokens cached), or
-    None when the server reused nothing."""
-    res = await _timed(ad, CompletionRequest(ids, 1, cache_salt=salt, session=session),
-                       overheads)
-    if res.status != "ok" or not res.cached_tokens or not res.prompt_n or not res.prompt_ms:
-        return None
-    return res.prompt_n / (res.prompt_ms / 1000.0), res.cached_tokens
-
-
 async def _spread(ad: Adapter, vocab: int, salt: str
-                  ) -> tuple[tuple[float, float] | None, tuple[float, ...]]:
+                  ) -> tuple[tuple[float, float] | None, tuple[float, ...],
+                             tuple[tuple[float, float, float], ...]]:
     """The iteration times' spread (harness.calibrate.wake): (wake, tau) s of the first
-    iteration after idle time, and the noise of the same append repeated after other work."""
+    iteration after idle time, the noise of the same append repeated after other work, and the
+    wake's curve (idle s, server s, way s) at each of wake.WAKE_CURVE_GAPS_S."""
     times: dict[float, list[float]] = {g: [] for g in wake.WAKE_GAPS_S}
+    ways: dict[float, list[float]] = {g: [] for g in wake.WAKE_GAPS_S}  # ms
     for g in wake.WAKE_GAPS_S:
-        for r in range(wake.NOISE_REPEATS if g == 0 else wake.WAKE_REPEATS):
+        for r in range(wake.repeats(g)):
             seed = stable_seed("cal-wake", r, int(g * 1000))
             prefix = token_ids(seed, wake.WAKE_CONTEXT, vocab)
             own = f"{salt}-wake-{r}-{int(g * 1000)}"
-            await _cold(ad, prefix, own, 1)
+            await calls.cold(ad, prefix, own, 1)
             await asyncio.sleep(g)
-            warm = await _warm(ad, prefix + token_ids(stable_seed("cal-wake-append", seed),
-                                                      APPEND_TOKENS, vocab), own, [])
-            if warm is not None:
+            way: list[float] = []
+            warm = await calls.warm(ad, prefix + token_ids(stable_seed("cal-wake-append", seed),
+                                                      APPEND_TOKENS, vocab), own, way)
+            if warm is not None and way:
                 times[g].append(APPEND_TOKENS / warm[0])
+                ways[g].append(way[0] / 1000.0)
     noise = noise_from(times[0.0])
     if not all(times.values()):
-        return None, noise
-    return wake.wake_from(*(statistics.median(times[g]) for g in wake.WAKE_GAPS_S)), noise
+        return None, noise, ()
+    med = {g: (statistics.median(times[g]), statistics.median(ways[g])) for g in times}
+    after_idle = wake.wake_from(med[0.0][0], med[wake.WAKE_MID_S][0], med[wake.WAKE_IDLE_S][0])
+    return after_idle, noise, wake.wake_curve(med[0.0], {g: med[g] for g in
+                                                          wake.WAKE_CURVE_GAPS_S})
 
 
 async def measure_engine(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS, repeats: int = 3,
@@ -306,7 +269,7 @@ async def measure_engine(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS, repe
     limit = (info.ctx_per_slot or 4096) - decode_tokens - LONG_APPEND_TOKENS - 8
     fits = [c for c in contexts if c <= limit]
     if fits:  # a first request is slower (the engine's first shapes): measured, not kept
-        await _cold(ad, token_ids(stable_seed("cal-warm-up"), max(fits), vocab),
+        await calls.cold(ad, token_ids(stable_seed("cal-warm-up"), max(fits), vocab),
                     f"{salt}-warm-up", decode_tokens)
     points, decode_points, append_points, long_points = [], [], [], []
     overheads: list[float] = []
@@ -317,13 +280,13 @@ async def measure_engine(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS, repe
             prefix = token_ids(seed, n, vocab)
             # a salt per prefix: not even a first token is shared with another request
             own = f"{salt}-{n}-{r}"
-            got.append(await _cold(ad, prefix, own, decode_tokens))
-            warm = await _warm(ad, prefix + token_ids(stable_seed("cal-append", seed),
+            got.append(await calls.cold(ad, prefix, own, decode_tokens))
+            warm = await calls.warm(ad, prefix + token_ids(stable_seed("cal-append", seed),
                                                       APPEND_TOKENS, vocab), own, overheads)
             if warm is not None:
                 appended.append(warm[0])
             # other tokens after the same prefix: only the prefix is cached (no overhead kept)
-            warm = await _warm(ad, prefix + token_ids(stable_seed("cal-long-append", seed),
+            warm = await calls.warm(ad, prefix + token_ids(stable_seed("cal-long-append", seed),
                                                       LONG_APPEND_TOKENS, vocab), own, [])
             if warm is not None:
                 long_appended.append(warm[0])
@@ -340,7 +303,7 @@ async def measure_engine(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS, repe
                                            cache_salt=f"{salt}-overhead"), overheads)
     decode = []
     for r in range(repeats):
-        _, d = await _cold(ad, token_ids(stable_seed("cal-decode", r), 64, vocab),
+        _, d = await calls.cold(ad, token_ids(stable_seed("cal-decode", r), 64, vocab),
                            f"{salt}-decode-{r}", decode_tokens)
         if d is None:
             raise ServerError("calibration decode: the server reported no decode timing")
@@ -359,11 +322,11 @@ async def measure_engine(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS, repe
             ins.append(in_bps)
             per_token.append(bpt)
     # a short re-check (swap False) measures neither swap nor the iteration times' spread
-    after_idle, noise = await _spread(ad, vocab, salt) if swap else (None, ())
+    after_idle, noise, curve = await _spread(ad, vocab, salt) if swap else (None, (), ())
     return Measured(points, decode_points, append_points, statistics.median(decode),
                     _median(outs), _median(ins), _median(per_token), info.server_version,
                     info.model, block, capacity, batch, note, _median(overheads),
-                    overhead_samples(overheads), long_points, after_idle, noise)
+                    overhead_samples(overheads), long_points, after_idle, noise, curve)
 
 
 async def _no_swap(ad: Adapter) -> str:
@@ -395,7 +358,7 @@ async def _engine_swap(ad: Adapter, n: int, vocab: int, salt: str, r: int
         except Unsupported as exc:
             raise ServerError(f"calibration swap: the offload was refused: {exc}") from None
         before = await _loads(ad)
-        resumed = await _warm(ad, ids + token_ids(stable_seed("cal-swap-append", r),
+        resumed = await calls.warm(ad, ids + token_ids(stable_seed("cal-swap-append", r),
                                                   APPEND_TOKENS, vocab), salt, [],
                                session)  # its time includes the load: not an overhead
         after = await _loads(ad)
@@ -444,7 +407,9 @@ def to_calibration(m: Measured, kv_bytes_per_token: float | None,
         request_overhead_samples_ms=m.request_overhead_samples_ms,
         wake_ms=None if m.wake_s is None else m.wake_s[0] * 1e3,
         wake_tau_ms=None if m.wake_s is None else m.wake_s[1] * 1e3,
-        iteration_noise_samples=m.noise)
+        iteration_noise_samples=m.noise,
+        wake_curve_ms=tuple((round(i * 1e3, 3), round(v * 1e3, 4), round(w * 1e3, 4))
+                            for i, v, w in m.wake_curve))
 
 
 def _measure_on(runtime: Runtime, options: ServerOptions, out: Path, repeats: int,

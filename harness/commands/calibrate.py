@@ -65,6 +65,9 @@ def summary(cal: Calibration, measured: Measured) -> str:
     if cal.wake_ms is not None:
         overhead += (f"; the first iteration after idle time +{cal.wake_ms:.1f} ms (time "
                      f"constant {cal.wake_tau_ms:.0f} ms)")
+    if cal.wake_curve_ms:
+        overhead += "; the first call after idle time, server + way: " + ", ".join(
+            f"{i / 1e3:g} s +{v:.1f} + {w:.1f} ms" for i, v, w in cal.wake_curve_ms)
     return (f"{cal.engine_kind or cal.runtime}: prefill tok/s by context ({pts}); decode tok/s "
             f"by context ({dec}); {APPEND_TOKENS}-token append tok/s by context ({app}); "
             f"{swap}; KV {cal.kv_bytes_per_token:,.0f} B/token{dumped}; the server's KV pool: "

@@ -47,6 +47,15 @@ tokens, 10 each): 3.2 ms right after other work, 3.5 after 10 ms idle, 4.0 after
 60, 4.6 after 100 and 4.6-4.7 after 200-500 ms; a cold 300-token prompt 4.7 -> 6.2 ms. A
 calibration measures its appends back to back, an agent's resume comes after a tool's wait.
 
+`wake_curve_ms` (optional): the wake measured at several idle times, as [idle_ms, server_ms,
+way_ms] triples by ascending idle time, each part >= 0 and non-decreasing: what the first call
+after that much idle time added to the server's prompt time and to its way there and back (the
+client's time to first token less that). Where present the simulator adds both parts, linearly
+interpolated in the idle time (flat past the last point), to the first iteration after idle
+time, in place of the wake_ms form. Measured on a 2-core Xeon VM's pinned vLLM server: server
++1.7, +2.9, +6.2, +14.6, +28.4 ms and way +0.1, +2.1, +7.7, +23.4, +52.9 ms after 10 ms, 30 ms,
+300 ms, 1 s and 3 s (harness.calibrate.wake).
+
 `iteration_noise_samples` (optional): the same iteration's measured times over their median,
 ascending (at least 2; harness.calibrate.wake). The simulator multiplies each iteration's time
 by a factor drawn from them (seeded), so its tails carry the server's own spread.
@@ -66,7 +75,6 @@ would spread it over a whole band of draws.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -77,6 +85,17 @@ import numpy as np
 
 from harness.arrays import FloatArray
 from harness.errors import InputError
+from harness.model.calibration_values import (
+    check_points,
+    check_wake,
+    parse_count,
+    parse_overhead,
+    parse_points,
+    parse_samples,
+    parse_swap_rate,
+    parse_wake_curve,
+    positive_number,
+)
 from harness.model.iteration import BATCH_TOKENS, IterationCosts, fit_costs
 from harness.policies.base import ServerRates
 from harness.records.store import write_json
@@ -91,28 +110,6 @@ ENGINES = ("llamacpp", "vllm", "sglang")
 RUNTIME_ENGINES = {"llamacpp": "llamacpp", "llama.cpp": "llamacpp", "vllm": "vllm",
                    "sglang": "sglang"}
 DECLARED_NOTE = "declared, not measured here"
-
-
-def _wake(wake_ms: Any, tau_ms: Any, where: str) -> None:
-    """wake_ms (finite, >= 0) and wake_tau_ms (finite, > 0): both or neither."""
-    if (wake_ms is None) != (tau_ms is None):
-        raise InputError(f"{where}: wake_ms and wake_tau_ms are given together")
-    for key, v, low in (("wake_ms", wake_ms, 0.0), ("wake_tau_ms", tau_ms, 1e-9)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)
-                              or not math.isfinite(v) or v < low):
-            raise InputError(f"{where}: {key} must be a finite number "
-                             f"{'>= 0' if low == 0 else '> 0'}, got {v!r}")
-
-
-def _overhead(value: Any, where: str) -> float | None:
-    """request_overhead_ms: None, or a finite number >= 0."""
-    if value is None:
-        return None
-    if (isinstance(value, bool) or not isinstance(value, int | float)
-            or not math.isfinite(value) or value < 0):
-        raise InputError(f"{where}: request_overhead_ms must be a finite number >= 0, got "
-                         f"{value!r}")
-    return float(value)
 
 
 def overhead_samples(samples: list[float]) -> tuple[float, ...]:
@@ -132,43 +129,6 @@ def noise_from(times: list[float]) -> tuple[float, ...]:
     return tuple(sorted(round(float(t) / mid, 4) for t in times))
 
 
-def _samples(value: Any, where: str, key: str = "request_overhead_samples_ms"
-             ) -> tuple[float, ...]:
-    """request_overhead_samples_ms (or `key`): absent, or at least 2 finite ascending numbers
-    >= 0."""
-    if value is None:
-        return ()
-    if (not isinstance(value, list) or len(value) < 2
-            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
-        raise InputError(f"{where}: {key} must be a list of at least 2 numbers")
-    qs = tuple(float(v) for v in value)
-    if not all(math.isfinite(v) and v >= 0 for v in qs) or list(qs) != sorted(qs):
-        raise InputError(f"{where}: {key} must be finite, >= 0 and ascending")
-    return qs
-
-
-def _positive(value: Any, key: str, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InputError(f"{where}: {key} must be a number, got {value!r}")
-    v = float(value)
-    if not math.isfinite(v) or v <= 0:
-        raise InputError(f"{where}: {key} must be finite and > 0, got {value!r}")
-    return v
-
-
-def _swap_rate(value: Any, key: str, where: str) -> float:
-    """A swap rate: positive, or None (the engine has no swap), held as 0.0."""
-    return 0.0 if value is None else _positive(value, key, where)
-
-
-def _count(value: Any, key: str, where: str) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InputError(f"{where}: {key} must be a positive integer, got {value!r}")
-    return value
-
-
 def prefill_rate_at(points: tuple[tuple[int, float], ...], default: float,
                     context_len: FloatArray) -> FloatArray:
     """Prefill rate at each context length: linear between points, clamped; `default` if none."""
@@ -178,33 +138,6 @@ def prefill_rate_at(points: tuple[tuple[int, float], ...], default: float,
     ys = np.array([r for _, r in points], dtype=float)
     rates: FloatArray = np.interp(context_len, xs, ys)
     return rates
-
-
-def _check_points(points: tuple[tuple[int, float], ...] | list[tuple[int, float]],
-                  where: str, key: str = "prefill_points") -> None:
-    last = 0
-    for i, point in enumerate(points):
-        if len(point) != 2:
-            raise InputError(f"{where}: {key}[{i}] must be [context_len, tok_s]")
-        ctx, rate = point
-        if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx <= last:
-            raise InputError(f"{where}: {key}[{i}] context_len must be a positive "
-                             "integer, increasing")
-        _positive(rate, f"{key}[{i}] tok_s", where)
-        last = ctx
-
-
-def _parse_points(data: dict[str, Any], key: str, where: str) -> tuple[tuple[int, float], ...]:
-    raw = data.get(key) or []
-    if not isinstance(raw, list):
-        raise InputError(f"{where}: {key} must be a list of [context_len, tok_s]")
-    points: list[tuple[int, float]] = []
-    for i, pt in enumerate(raw):
-        if not isinstance(pt, list | tuple) or len(pt) != 2:
-            raise InputError(f"{where}: {key}[{i}] must be [context_len, tok_s]")
-        points.append((pt[0], pt[1]))
-    _check_points(points, where, key)
-    return tuple(points)
 
 
 @dataclass(frozen=True)
@@ -236,6 +169,8 @@ class Calibration:
     wake_tau_ms: float | None = None  # its time constant
     # the same iteration's measured times over their median, ascending (empty: not measured)
     iteration_noise_samples: tuple[float, ...] = ()
+    # (idle ms, server ms, way ms) of the first call after idle time, ascending (empty: none)
+    wake_curve_ms: tuple[tuple[float, float, float], ...] = ()
 
     def __post_init__(self) -> None:
         self.validate("calibration")
@@ -246,27 +181,28 @@ class Calibration:
             if not isinstance(getattr(self, key), str):
                 raise InputError(f"{where}: {key} must be a string")
         for key in _RATE_KEYS:
-            _positive(getattr(self, key), key, where)
+            positive_number(getattr(self, key), key, where)
         swaps = [getattr(self, k) for k in _SWAP_KEYS]
         if swaps != [0.0, 0.0]:  # both 0.0: no swap (null in the file)
             for key in _SWAP_KEYS:
-                _positive(getattr(self, key), key, where)
+                positive_number(getattr(self, key), key, where)
         if self.engine is not None and self.engine not in ENGINES:
             raise InputError(f"{where}: engine must be one of {', '.join(ENGINES)}, got "
                              f"{self.engine!r}")
         for key in _INT_KEYS:
-            _count(getattr(self, key), key, where)
+            parse_count(getattr(self, key), key, where)
         if self.declared is not None and (not isinstance(self.declared, str)
                                           or not self.declared.strip()):
             raise InputError(f"{where}: declared must be a non-empty string citing sources")
-        _overhead(self.request_overhead_ms, where)
-        _samples(list(self.request_overhead_samples_ms) or None, where)
-        _check_points(self.prefill_points, where)
-        _check_points(self.decode_points, where, "decode_points")
-        _check_points(self.append_points, where, "append_points")
-        _check_points(self.long_append_points, where, "long_append_points")
-        _wake(self.wake_ms, self.wake_tau_ms, where)
-        _samples(list(self.iteration_noise_samples) or None, where, "iteration_noise_samples")
+        parse_overhead(self.request_overhead_ms, where)
+        parse_samples(list(self.request_overhead_samples_ms) or None, where)
+        check_points(self.prefill_points, where)
+        check_points(self.decode_points, where, "decode_points")
+        check_points(self.append_points, where, "append_points")
+        check_points(self.long_append_points, where, "long_append_points")
+        check_wake(self.wake_ms, self.wake_tau_ms, where)
+        parse_samples(list(self.iteration_noise_samples) or None, where, "iteration_noise_samples")
+        parse_wake_curve(list(self.wake_curve_ms) or None, where)
 
     def wake(self) -> tuple[float, float] | None:
         """(seconds, time constant in seconds) of the first iteration after idle time, or None
@@ -275,12 +211,18 @@ class Calibration:
             return None
         return self.wake_ms / 1e3, self.wake_tau_ms / 1e3
 
-    def iteration_costs(self) -> IterationCosts:
+    def wake_curve(self, way: bool = True) -> tuple[tuple[float, float], ...]:
+        """(idle s, extra s) of the first iteration after idle time, ascending: its server and
+        way parts together (`way` False: the server's part alone); empty where not measured."""
+        return tuple((i / 1e3, (v + (w if way else 0.0)) / 1e3) for i, v, w in self.wake_curve_ms)
+
+    def iteration_costs(self, way: bool = True) -> IterationCosts:
         """What an iteration costs on this server (harness.model.iteration), fitted to these
-        points; without a measured iteration budget, the default one."""
+        points; without a measured iteration budget, the default one. `way` False: a wake
+        curve's server part alone (what the server reports as its prompt time)."""
         return fit_costs(self.prefill_tok_s, self.decode_tok_s, self.prefill_points,
                          self.decode_points, self.append_points, self.long_append_points,
-                         self.batch_tokens or BATCH_TOKENS, self.wake())
+                         self.batch_tokens or BATCH_TOKENS, self.wake(), self.wake_curve(way))
 
     @property
     def engine_kind(self) -> str | None:
@@ -337,6 +279,8 @@ class Calibration:
             d["request_overhead_samples_ms"] = list(self.request_overhead_samples_ms)
         if self.iteration_noise_samples:
             d["iteration_noise_samples"] = list(self.iteration_noise_samples)
+        if self.wake_curve_ms:
+            d["wake_curve_ms"] = [list(row) for row in self.wake_curve_ms]
         return d
 
     @classmethod
@@ -348,7 +292,7 @@ class Calibration:
                  "long_append_points", *_TEXT_KEYS,
                  *_RATE_KEYS, *_SWAP_KEYS, "engine", *_INT_KEYS, "declared",
                  "request_overhead_ms", "request_overhead_samples_ms", "wake_ms",
-                 "wake_tau_ms", "iteration_noise_samples"}
+                 "wake_tau_ms", "iteration_noise_samples", "wake_curve_ms"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InputError(f"{where}: unknown key(s) {', '.join(unknown)}")
@@ -362,7 +306,7 @@ class Calibration:
         for k in _TEXT_KEYS:
             if not isinstance(data[k], str):
                 raise InputError(f"{where}: {k} must be a string")
-        rates = {k: _positive(data[k], k, where) for k in _RATE_KEYS}
+        rates = {k: positive_number(data[k], k, where) for k in _RATE_KEYS}
         if (data["swap_out_bytes_per_s"] is None) != (data["swap_in_bytes_per_s"] is None):
             raise InputError(f"{where}: swap_out_bytes_per_s and swap_in_bytes_per_s are both "
                              "null (the engine has no swap) or both rates")
@@ -375,26 +319,27 @@ class Calibration:
             raise InputError(f"{where}: declared must be a non-empty string citing sources")
         return cls(runtime=data["runtime"], server_version=data["server_version"],
                    model=data["model"], measured_at=data["measured_at"],
-                   prefill_points=_parse_points(data, "prefill_points", where),
-                   decode_points=_parse_points(data, "decode_points", where),
-                   append_points=_parse_points(data, "append_points", where),
-                   long_append_points=_parse_points(data, "long_append_points", where),
+                   prefill_points=parse_points(data, "prefill_points", where),
+                   decode_points=parse_points(data, "decode_points", where),
+                   append_points=parse_points(data, "append_points", where),
+                   long_append_points=parse_points(data, "long_append_points", where),
                    engine=engine,
                    declared=declared,
-                   request_overhead_ms=_overhead(data.get("request_overhead_ms"), where),
-                   request_overhead_samples_ms=_samples(
+                   request_overhead_ms=parse_overhead(data.get("request_overhead_ms"), where),
+                   request_overhead_samples_ms=parse_samples(
                        data.get("request_overhead_samples_ms"), where),
                    wake_ms=data.get("wake_ms"), wake_tau_ms=data.get("wake_tau_ms"),
-                   iteration_noise_samples=_samples(data.get("iteration_noise_samples"), where,
+                   iteration_noise_samples=parse_samples(data.get("iteration_noise_samples"), where,
                                                     "iteration_noise_samples"),
-                   swap_out_bytes_per_s=_swap_rate(data["swap_out_bytes_per_s"],
+                   wake_curve_ms=parse_wake_curve(data.get("wake_curve_ms"), where),
+                   swap_out_bytes_per_s=parse_swap_rate(data["swap_out_bytes_per_s"],
                                                    "swap_out_bytes_per_s", where),
-                   swap_in_bytes_per_s=_swap_rate(data["swap_in_bytes_per_s"],
+                   swap_in_bytes_per_s=parse_swap_rate(data["swap_in_bytes_per_s"],
                                                   "swap_in_bytes_per_s", where),
-                   block_size=_count(data.get("block_size"), "block_size", where),
-                   kv_capacity_tokens=_count(data.get("kv_capacity_tokens"),
+                   block_size=parse_count(data.get("block_size"), "block_size", where),
+                   kv_capacity_tokens=parse_count(data.get("kv_capacity_tokens"),
                                              "kv_capacity_tokens", where),
-                   batch_tokens=_count(data.get("batch_tokens"), "batch_tokens", where),
+                   batch_tokens=parse_count(data.get("batch_tokens"), "batch_tokens", where),
                    **rates)
 
 

@@ -79,10 +79,18 @@ class IterationCosts:
     alpha_decode: float | None = None  # an iteration of decode tokens only; None: alpha
     wake: float = 0.0  # what the first iteration after the server idled adds, at most
     wake_tau: float = 0.04  # how fast that grows with the idle time (1 - e^(-idle / tau))
+    # (idle s, extra s) measured, ascending: where given, the wake instead of wake / wake_tau
+    wake_curve: tuple[tuple[float, float], ...] = ()
 
     def wake_after(self, idle_s: float) -> float:
-        """Seconds the first iteration after `idle_s` of idle time adds (`wake`)."""
-        if self.wake <= 0.0 or idle_s <= 0.0:
+        """Seconds the first iteration after `idle_s` of idle time adds: `wake_curve`
+        interpolated (linearly from 0 at no idle time, flat past its last point) where
+        measured, else `wake` (1 - e^(-idle / wake_tau))."""
+        if idle_s <= 0.0:
+            return 0.0
+        if self.wake_curve:
+            return curve_at(self.wake_curve, idle_s)
+        if self.wake <= 0.0:
             return 0.0
         return self.wake * (1.0 - math.exp(-idle_s / self.wake_tau))
 
@@ -119,6 +127,17 @@ class IterationCosts:
                 "wake_tau_ms": self.wake_tau * 1e3,
                 "tiled_rows": self.tiled_rows, "batch_tokens": self.batch_tokens,
                 "ubatch_tokens": self.ubatch_tokens}
+
+
+def curve_at(curve: tuple[tuple[float, float], ...], x: float) -> float:
+    """`curve` ((x, y) ascending in x, from (0, 0) implied) at `x`: linear between its points,
+    its last y past them."""
+    x0 = y0 = 0.0
+    for x1, y1 in curve:
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        x0, y0 = x1, y1
+    return y0
 
 
 def _decode_line(decode_points: tuple[tuple[int, float], ...]) -> tuple[float, float] | None:
@@ -238,14 +257,18 @@ def fit_costs(prefill_tok_s: float, decode_tok_s: float,
               append_points: tuple[tuple[int, float], ...] = (),
               long_append_points: tuple[tuple[int, float], ...] = (),
               batch_tokens: int = BATCH_TOKENS,
-              wake: tuple[float, float] | None = None) -> IterationCosts:
+              wake: tuple[float, float] | None = None,
+              wake_curve: tuple[tuple[float, float], ...] = ()) -> IterationCosts:
     """The iteration costs a calibration's rates give: the paged fit where it measured long
     appends beside cold prompts and short appends (vLLM, SGLang), else the row/tiled one;
-    `wake`: (seconds, time constant) of the first iteration after idle time, where measured."""
+    `wake`: (seconds, time constant) of the first iteration after idle time, where measured;
+    `wake_curve`: the same measured at several idle times ((idle s, extra s), ascending)."""
     if long_append_points and append_points and prefill_points:
         costs = fit_paged_costs(decode_tok_s, prefill_points, decode_points, append_points,
                                 long_append_points, batch_tokens)
     else:
         costs = fit_iteration_costs(prefill_tok_s, decode_tok_s, prefill_points, decode_points,
                                     append_points, batch_tokens=batch_tokens)
-    return costs if wake is None else replace(costs, wake=wake[0], wake_tau=wake[1])
+    if wake is not None:
+        costs = replace(costs, wake=wake[0], wake_tau=wake[1])
+    return replace(costs, wake_curve=wake_curve) if wake_curve else costs

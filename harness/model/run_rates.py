@@ -129,8 +129,9 @@ SERVER_SPEED_JSON = "server_speed.json"
 
 def server_speed(records: pd.DataFrame, cal: Calibration) -> RateFactors:
     """`rate_factors` of a replay's records against the iteration costs the simulator fits to
-    `cal` (llama.cpp: prompts in micro-batches; vLLM, SGLang: in iterations of batch_tokens)."""
-    costs = cal.iteration_costs()
+    `cal` (llama.cpp: prompts in micro-batches; vLLM, SGLang: in iterations of batch_tokens;
+    a wake curve's server part alone: the server's prompt time holds no way to it)."""
+    costs = cal.iteration_costs(way=False)
     slots = cal.engine_kind in (None, "llamacpp")
     return rate_factors(records, costs, costs.ubatch_tokens if slots else costs.batch_tokens)
 
@@ -163,7 +164,8 @@ def _scaled(points: tuple[tuple[int, float], ...], f: float) -> tuple[tuple[int,
 def rescaled(cal: Calibration, f: RateFactors) -> Calibration:
     """`cal` with its prompt rates (prefill, append) divided by `f.prefill`, its decode rates
     by `f.decode` and its request overhead (median and distribution) the run's (a missing
-    figure leaves the calibration's); swap rates and sizes unchanged."""
+    figure leaves the calibration's), a wake curve without its way part (the run's overheads
+    hold the way after idle time); swap rates and sizes unchanged."""
     p = f.prefill or 1.0
     d = f.decode or 1.0
     return replace(cal, prefill_tok_s=cal.prefill_tok_s / p,
@@ -177,6 +179,9 @@ def rescaled(cal: Calibration, f: RateFactors) -> Calibration:
                    request_overhead_samples_ms=(f.overhead_samples_ms
                                                   or cal.request_overhead_samples_ms),
                    iteration_noise_samples=f.noise_samples or cal.iteration_noise_samples,
+                   wake_curve_ms=(tuple((i, v, 0.0) for i, v, _ in cal.wake_curve_ms)
+                                  if f.overhead_samples_ms or f.overhead_ms is not None
+                                  else cal.wake_curve_ms),
                    measured_at=f"{cal.measured_at} (rates rescaled to a run's: prefill x{p:.3f}"
                                f" time, decode x{d:.3f})")
 

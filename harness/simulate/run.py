@@ -242,7 +242,7 @@ def server_model(calibration: Calibration) -> ServerModel:
                        request_overhead_samples_s=tuple(
                            q / 1000.0 for q in calibration.request_overhead_samples_ms),
                        long_append_points=calibration.long_append_points,
-                       wake=calibration.wake(),
+                       wake=calibration.wake(), wake_curve=calibration.wake_curve(),
                        noise_samples=calibration.iteration_noise_samples)
 
 

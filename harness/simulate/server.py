@@ -49,6 +49,8 @@ class ServerModel:
     batch_tokens: int = BATCH_TOKENS
     long_append_points: tuple[tuple[int, float], ...] = ()
     wake: tuple[float, float] | None = None  # the first iteration after idle: (s, tau s)
+    # the same measured at several idle times: (idle s, extra s), ascending (empty: none)
+    wake_curve: tuple[tuple[float, float], ...] = ()
     # the server's own spread: measured times over their median, ascending (empty: none)
     noise_samples: tuple[float, ...] = ()
     request_overhead_s: float = 0.0  # a call's way to the engine (HTTP, API server, hand-over)
@@ -59,7 +61,7 @@ class ServerModel:
         """What an iteration costs (harness.model.iteration), fitted to these rates."""
         return fit_costs(self.prefill_tok_s, self.decode_tok_s, self.prefill_points,
                          self.decode_points, self.append_points, self.long_append_points,
-                         self.batch_tokens, self.wake)
+                         self.batch_tokens, self.wake, self.wake_curve)
 
     def noise_draws(self, seed: int, server: int = 0) -> list[float]:
         """Factors on each iteration's time (NOISE_DRAWS of them, used in turn), drawn

@@ -19,14 +19,15 @@ from harness.adapters.http import HttpClient, connect
 from harness.adapters.llamacpp import LlamaCppAdapter
 from harness.adapters.sglang import SglangAdapter
 from harness.adapters.vllm import VllmAdapter
+from harness.calibrate.calls import cold
 from harness.calibrate.drift import drift, drift_lines
 from harness.calibrate.measure import (
     OVERHEAD_SAMPLES,
     Measured,
-    _cold,
     measure,
     to_calibration,
 )
+from harness.calibrate.wake import WAKE_CURVE_GAPS_S, wake_curve
 from harness.cli import main
 from harness.errors import InputError, ServerError
 from harness.model.calibration import (
@@ -150,9 +151,9 @@ def test_a_cold_prefill_the_server_served_from_cache_is_refused() -> None:
                 ad = VllmAdapter(http, vocab_size=2048)
                 await ad.server_info()
                 ids = token_ids(1, 128, 2048)
-                await _cold(ad, ids, "s", 2)
+                await cold(ad, ids, "s", 2)
                 with pytest.raises(ServerError, match="reused 96 cached tokens"):
-                    await _cold(ad, ids[:100] + token_ids(2, 28, 2048), "s", 2)
+                    await cold(ad, ids[:100] + token_ids(2, 28, 2048), "s", 2)
         finally:
             await server.close()
 
@@ -169,6 +170,9 @@ def test_sglang_records_swap_as_unsupported_and_its_pool() -> None:
     assert (m.block_size, m.kv_capacity_tokens, m.batch_tokens) == (1, 65536, 4096)
     assert m.swap_out_bytes_per_s is None and m.swap_in_bytes_per_s is None
     assert m.wake_s is None  # the fake answers as fast after idle time as after work
+    # its prompt time never grows after idle time; the way there may (this machine's own wake)
+    assert all(v == 0.0 for _, v, _ in m.wake_curve)
+    assert [i for i, _, _ in m.wake_curve] in ([], list(WAKE_CURVE_GAPS_S))
     assert m.noise == (1.0,) * 30  # and always in the same time: no spread
     assert m.swap_note is not None and m.swap_note.startswith("unsupported: SGLang has no")
     cal = to_calibration(m, 512.0, runtime="sglang")
@@ -214,6 +218,31 @@ def test_the_wake_is_read_from_the_three_idle_times() -> None:
     assert low is not None and high is not None
     assert low[1] == pytest.approx(-WAKE_MID_S / math.log(0.95))
     assert high[1] == pytest.approx(-WAKE_MID_S / math.log(0.05))
+
+
+def test_the_wake_curve_is_what_each_idle_time_added_never_less_than_a_shorter_one() -> None:
+    busy = (0.0048, 0.0057)  # server s, way s, right after other work
+    after = {3.0: (0.0332, 0.0586), 0.01: (0.0065, 0.0056), 0.3: (0.0110, 0.0134),
+             1.0: (0.0101, 0.0290)}
+    got = wake_curve(busy, after)
+    assert [i for i, _, _ in got] == [0.01, 0.3, 1.0, 3.0]
+    assert [round(v * 1e3, 6) for _, v, _ in got] == [1.7, 6.2, 6.2, 28.4]  # 1 s dipped: held
+    assert [round(w * 1e3, 6) for _, _, w in got] == [0.0, 7.7, 23.3, 52.9]  # 10 ms: less, 0
+    assert wake_curve(busy, {0.3: (0.0047, 0.0050), 3.0: (0.0048, 0.0057)}) == ()
+
+
+def test_a_wake_curve_round_trips_and_a_malformed_one_is_refused_by_name() -> None:
+    m = Measured([(512, 100.0)], [(512, 10.0)], [], 10.0, None, None, None, "v", "tiny",
+                 wake_curve=((0.03, 0.0029, 0.0021), (3.0, 0.0284, 0.0529)))
+    cal = to_calibration(m, 1.0, "b1")
+    assert cal.wake_curve_ms == ((30.0, 2.9, 2.1), (3000.0, 28.4, 52.9))
+    assert Calibration.from_dict(cal.to_dict()) == cal
+    assert [(i, round(v, 9)) for i, v in cal.wake_curve()] == [(0.03, 0.005), (3.0, 0.0813)]
+    assert cal.iteration_costs().wake_curve == cal.wake_curve()
+    for bad in ([[30, 2, 1], [30, 3, 1]], [[30, 2, 1], [300, 1, 1]], [[30, -1, 0]],
+                [[30, 2]], [], [[30, 2, float("nan")]], [[0, 0, 0]]):
+        with pytest.raises(InputError, match="wake_curve_ms must be"):
+            Calibration.from_dict({**cal.to_dict(), "wake_curve_ms": bad})
 
 
 def test_noise_is_each_time_over_the_median() -> None:

@@ -101,6 +101,22 @@ def test_rescaled_divides_the_rates_and_takes_the_runs_overhead() -> None:
     same = rescaled(cal, RateFactors(None, None, 0))
     assert (same.prefill_tok_s, same.decode_tok_s, same.request_overhead_ms) == (1000.0, 100.0,
                                                                                  2.0)
+    # a wake curve keeps its server part; its way part goes with the run's overheads, which
+    # hold the way after idle time already
+    curved = dataclasses.replace(cal, wake_curve_ms=((30.0, 2.0, 1.0), (3000.0, 20.0, 50.0)))
+    assert rescaled(curved, RateFactors(2.0, 4.0, 10, 7.0)).wake_curve_ms == (
+        (30.0, 2.0, 0.0), (3000.0, 20.0, 0.0))
+    assert rescaled(curved, RateFactors(None, None, 0)).wake_curve_ms == curved.wake_curve_ms
+
+
+def test_the_wake_curves_server_part_alone_is_what_a_servers_prompt_time_holds() -> None:
+    # 10 ms of idle time before the call: the server part +1 ms, the way +4 ms; the server's
+    # prompt time holds only the first
+    cal = dataclasses.replace(CAL, wake_curve_ms=((10.0, 1.0, 4.0),))
+    costs = cal.iteration_costs(way=False)
+    assert costs.wake_after(0.01) == pytest.approx(0.001)
+    assert cal.iteration_costs().wake_after(0.01) == pytest.approx(0.005)
+    assert costs.wake_after(0.005) == pytest.approx(0.0005)  # halfway: half of it
 
 
 @pytest.mark.parametrize("engine", ["llamacpp", "vllm", "sglang"])

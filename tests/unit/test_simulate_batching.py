@@ -221,6 +221,22 @@ def test_the_first_iteration_after_idle_time_pays_the_wake(tmp_path: Path) -> No
     assert resume["decode_ms"] == pytest.approx((ALPHA + BETA) * 1e3, rel=1e-9)
 
 
+def test_a_measured_wake_curve_is_interpolated_in_the_idle_time(tmp_path: Path) -> None:
+    # server + way: 2 ms after 10 ms of idle time, 6 ms after 100 ms and more; the first call
+    # meets a server idle since before the run (past the curve: 6 ms), the resume, 50 ms of tool
+    # time later, 2 + 4 (40 / 90) ms. The curve replaces the (wake, tau) form where both exist.
+    cal = dataclasses.replace(CAL, wake_ms=50.0, wake_tau_ms=100.0, engine="sglang",
+                              wake_curve_ms=((10.0, 1.5, 0.5), (100.0, 4.0, 2.0)))
+    ends = call_ends(tmp_path, {"a": [llm(10, 2), tool(0.05), llm(40, 2)]}, cal, SGLANG)
+    first, resume = ends.iloc[0], ends.iloc[1]
+    assert first["server_ms"] == pytest.approx((ALPHA + 10 * BETA + 0.006) * 1e3, rel=1e-9)
+    wake = 0.002 + 0.004 * 40 / 90
+    assert resume["server_ms"] == pytest.approx(
+        (ALPHA + int(resume["prompt_n"]) * BETA + wake) * 1e3, rel=1e-9)
+    assert cal.iteration_costs().wake_after(0.05) == pytest.approx(wake, rel=1e-12)
+    assert resume["decode_ms"] == pytest.approx((ALPHA + BETA) * 1e3, rel=1e-9)
+
+
 def test_each_iteration_takes_a_drawn_factor_of_the_servers_spread(tmp_path: Path) -> None:
     # noise samples of 1 and 3: every iteration (each prompt, each decode run) takes one of
     # them, drawn by the seed; the same seed draws the same

@@ -116,11 +116,11 @@ PROBE_MARGIN = 2.0  # a probe must pass SATURATED_MS this many times over (one r
 
 def saturating_rate(work: Path, rate: float, seconds: float, own: str | None) -> float:
     """The first of rate, 1.25 rate, ... (SEARCH_STEPS more at most) at which one process's
-    client lag P99 passes PROBE_MARGIN x SATURATED_MS; the last tried if none does (the check
-    on the rounds then says so)."""
-    for step in range(SEARCH_STEPS + 1):
+    client lag P99 passes PROBE_MARGIN x SATURATED_MS; the highest, unprobed, if none before it
+    does (the check on the rounds then says whether it saturates)."""
+    for _ in range(SEARCH_STEPS):
         probe = leg(work, f"probe-{rate:g}", rate, seconds, 1, own, None)
-        if probe["lag_p99_ms"] > PROBE_MARGIN * SATURATED_MS or step == SEARCH_STEPS:
+        if probe["lag_p99_ms"] > PROBE_MARGIN * SATURATED_MS:
             return rate
         rate *= SEARCH_FACTOR
     return rate

@@ -57,7 +57,6 @@ def wake_from(busy_s: float, mid_s: float, idle_s: float) -> tuple[float, float]
     return wake, -WAKE_MID_S / math.log(1.0 - frac)
 
 
-
 def wake_curve(busy: tuple[float, float], after: dict[float, tuple[float, float]]
                ) -> tuple[tuple[float, float, float], ...]:
     """(idle s, server s, way s) per idle time of `after`, ascending: what the append's server

@@ -21,7 +21,6 @@ Written as typed classes so that mypyc can compile this module with harness.simu
 from __future__ import annotations
 
 import heapq
-import math
 from collections import deque
 from typing import TYPE_CHECKING, Any, Final
 
@@ -70,12 +69,8 @@ class Scheduler:
         self.tiled_rows: int = costs.tiled_rows
         self.a_ctx: float = costs.a_context
         self.a_ctx_sq: float = costs.a_context_sq
-        self.wake_s: float = costs.wake  # the first iteration after idle time: its extra cost
-        self.wake_tau: float = costs.wake_tau
-        # the wake measured at several idle times (IterationCosts.wake_curve): where given, it
-        # replaces wake_s / wake_tau; its idle times and extras, with (0, 0) first
-        self.wk_x: list[float] = [0.0] + [x for x, _ in costs.wake_curve]
-        self.wk_y: list[float] = [0.0] + [y for _, y in costs.wake_curve]
+        # the first iteration after idle time costs more (IterationCosts.wake_after): measured
+        self.wakes: bool = costs.wake > 0.0 or bool(costs.wake_curve)
         self.idle_since = -INF  # the server idled before the run
         # each iteration's time over the model's, drawn from the measured spread (the
         # server's own noise: harness.simulate.server.noise_draws); empty: none
@@ -111,14 +106,6 @@ class Scheduler:
         self.ctl_wait: list[tuple[int, Trajectory]] = []
         self.ctl_pre: list[tuple[int, Trajectory]] = []
         self.ctl_dec: list[tuple[int, Trajectory]] = []
-
-    def _wake_curve(self, idle: float) -> float:
-        """The measured wake after `idle` s (IterationCosts.curve_at, over wk_x / wk_y)."""
-        xs, ys = self.wk_x, self.wk_y
-        for i in range(1, len(xs)):
-            if idle <= xs[i]:
-                return ys[i - 1] + (ys[i] - ys[i - 1]) * (idle - xs[i - 1]) / (xs[i] - xs[i - 1])
-        return ys[-1]
 
     def control(self, kind: int, tr: Trajectory, t: float) -> None:
         """A control request about `tr` reaches the engine at `t`: its one prompt token joins
@@ -216,11 +203,8 @@ class Scheduler:
                 cost += self.alpha - self.alpha_dec
         prompt = bool(chunks or self.ctl_pre or self.ctl_dec)
         if prompt or self.n_d:  # an iteration runs (a wake-up that finds none draws nothing)
-            if self.mode == IDLE:  # the engine idled: it wakes slower
-                if len(self.wk_x) > 1:
-                    cost += self._wake_curve(t - self.idle_since)
-                elif self.wake_s > 0.0:
-                    cost += self.wake_s * (1.0 - math.exp((self.idle_since - t) / self.wake_tau))
+            if self.mode == IDLE and self.wakes:  # the engine idled: it wakes slower
+                cost += self.costs.wake_after(t - self.idle_since)
             if self.noise:  # a run of decodes draws once: its steps as long as each other
                 cost *= self.noise[self.noise_i & NOISE_MASK]
                 self.noise_i += 1

@@ -9,10 +9,12 @@ no queueing or batching to model, and compares each one's server-reported prompt
 (`server_ms`) and decode time (`decode_ms`) with what the calibration's iteration costs give for
 the same call alone: the factor is measured over predicted, the median over those calls (2.0:
 the server computed half as fast as calibrated). Their time to first token less the prompt
-time is the request's way to the engine and back (HTTP, the API server): the run's own request
-overhead. `rescaled` divides a calibration's rates by the factors and takes that overhead, so
-that a simulation with it runs at the run's own speed, and whatever error is left is the
-model's.
+time is the request's way to the engine and back (HTTP, the API server), less what the
+calibration's wake curve adds to that way after the call's idle time: the run's own request
+overhead on a busy server. A call's idle time counts from the server's last work, calls and
+the pauses' requests to it alike. `rescaled` divides a calibration's rates by the factors and
+takes that overhead, so that a simulation with it runs at the run's own speed, and whatever
+error is left is the model's.
 
 The same estimator on a simulated run's records gives factors of 1 (to rounding): what the
 simulator writes for a call alone is what these costs predict. (Its overhead there reads 0: a
@@ -66,10 +68,28 @@ def _ended_calls(records: pd.DataFrame) -> pd.DataFrame:
                                  "tid": "trajectory_id"}).reset_index(drop=True)
 
 
+# Records written when a server-side control ends: a slot's erase, save or restore, and where
+# the server's pause controls are requests (vLLM's connector, SGLang's sessions) a context's
+# hold, unpin or release (its kv_state after the request's answer). The server worked until
+# then, so it was not idle.
+CONTROL_END_EVENTS = ("erase", "swap_out", "swap_in")
+CONTROL_END_STATES = ("paused", "evictable", "released")
+
+
+def control_ends_ns(records: pd.DataFrame) -> np.ndarray:
+    """When each server-side control of the run ended (its record's t_ns), ascending."""
+    event = records["event"]
+    ends = event.isin(CONTROL_END_EVENTS) | (
+        (event == "kv_state") & records["status"].isin(CONTROL_END_STATES))
+    return np.sort(records.loc[ends, "t_ns"].to_numpy(dtype=np.int64))
+
+
 def solo_calls(records: pd.DataFrame) -> pd.DataFrame:
     """The calls (status ok; `_ended_calls`' columns) no other call overlapped, from their
-    call_start to their call_end; bystander traffic counts as a call. `idle_s`: how long no
-    call had been running when each was sent (since the run's first call for the first)."""
+    call_start to their call_end; bystander traffic counts as a call. `idle_s`: how long the
+    server had had nothing to do when each was sent: since the later of the last call's end
+    and the last server-side control's (`control_ends_ns`: a pause's request to the server
+    keeps it busy between two calls; since the run's first call for the first)."""
     calls = _ended_calls(records)
     if calls.empty:
         return calls
@@ -81,7 +101,11 @@ def solo_calls(records: pd.DataFrame) -> pd.DataFrame:
     ended_before = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(t1)[:-1]])
     next_start = np.concatenate([t0[1:], [np.iinfo(np.int64).max]])
     alone = (ended_before <= t0) & (next_start >= t1)
-    calls["idle_s"] = (t0 - np.maximum(ended_before, t0[0])) / 1e9
+    # the latest control's end at or before each send (a sentinel before the first)
+    controls = np.concatenate([[np.iinfo(np.int64).min], control_ends_ns(records)])
+    control_before = controls[np.searchsorted(controls, t0, side="right") - 1]
+    busy_until = np.maximum(np.maximum(ended_before, control_before), t0[0])
+    calls["idle_s"] = np.maximum(t0 - busy_until, 0) / 1e9
     return calls[alone & (calls["status"] == "ok").to_numpy()]
 
 
@@ -89,9 +113,14 @@ def _prefill_s(costs: IterationCosts, position: int, tokens: int, per_pass: int)
     return costs.alpha * max(1, -(-tokens // per_pass)) + costs.chunk_s(position, tokens)
 
 
-def rate_factors(records: pd.DataFrame, costs: IterationCosts, per_pass: int) -> RateFactors:
+def rate_factors(records: pd.DataFrame, costs: IterationCosts, per_pass: int,
+                 with_way: IterationCosts | None = None) -> RateFactors:
     """The factors of a run's records against `costs`; `per_pass` is the most prompt tokens one
-    forward pass takes (llama.cpp's micro-batch, an engine's iteration budget)."""
+    forward pass takes (llama.cpp's micro-batch, an engine's iteration budget). `with_way`:
+    the same costs with a wake curve's way part (Calibration.iteration_costs()): what it adds
+    over `costs` after a call's idle time is the slower way there and back after that idle
+    time, taken out of the call's overhead, so that the overheads are the busy server's and
+    the curve adds the rest per call, as at the calibrated rates."""
     solo = solo_calls(records)
     if solo.empty:
         return RateFactors(None, None, 0)
@@ -112,7 +141,9 @@ def rate_factors(records: pd.DataFrame, costs: IterationCosts, per_pass: int) ->
             if want > 0:
                 pre.append(server_ms[i] / 1e3 / want)
             if math.isfinite(t_first[i]):
-                lag.append((t_first[i] - t0[i]) / 1e6 - server_ms[i])
+                way = (0.0 if with_way is None
+                       else with_way.wake_after(idle[i]) - costs.wake_after(idle[i]))
+                lag.append((t_first[i] - t0[i]) / 1e6 - server_ms[i] - way * 1e3)
         if math.isfinite(decode_ms[i] + out[i] + prompt[i]) and out[i] >= 2:
             # One iteration per token after the first (the prefill's), at its mean context.
             step = costs.decode_alpha + costs.decode_s(prompt[i] + out[i] / 2.0)
@@ -130,10 +161,12 @@ SERVER_SPEED_JSON = "server_speed.json"
 def server_speed(records: pd.DataFrame, cal: Calibration) -> RateFactors:
     """`rate_factors` of a replay's records against the iteration costs the simulator fits to
     `cal` (llama.cpp: prompts in micro-batches; vLLM, SGLang: in iterations of batch_tokens;
-    a wake curve's server part alone: the server's prompt time holds no way to it)."""
+    a wake curve's server part alone: the server's prompt time holds no way to it; its way
+    part comes out of the overheads)."""
     costs = cal.iteration_costs(way=False)
     slots = cal.engine_kind in (None, "llamacpp")
-    return rate_factors(records, costs, costs.ubatch_tokens if slots else costs.batch_tokens)
+    return rate_factors(records, costs, costs.ubatch_tokens if slots else costs.batch_tokens,
+                        cal.iteration_costs())
 
 
 def speed_doc(f: RateFactors, calibration: str) -> dict[str, Any]:
@@ -164,8 +197,8 @@ def _scaled(points: tuple[tuple[int, float], ...], f: float) -> tuple[tuple[int,
 def rescaled(cal: Calibration, f: RateFactors) -> Calibration:
     """`cal` with its prompt rates (prefill, append) divided by `f.prefill`, its decode rates
     by `f.decode` and its request overhead (median and distribution) the run's (a missing
-    figure leaves the calibration's), a wake curve without its way part (the run's overheads
-    hold the way after idle time); swap rates and sizes unchanged."""
+    figure leaves the calibration's; the busy server's, `rate_factors`: the wake curve, kept
+    whole, adds the way after idle time); swap rates and sizes unchanged."""
     p = f.prefill or 1.0
     d = f.decode or 1.0
     return replace(cal, prefill_tok_s=cal.prefill_tok_s / p,
@@ -179,9 +212,6 @@ def rescaled(cal: Calibration, f: RateFactors) -> Calibration:
                    request_overhead_samples_ms=(f.overhead_samples_ms
                                                   or cal.request_overhead_samples_ms),
                    iteration_noise_samples=f.noise_samples or cal.iteration_noise_samples,
-                   wake_curve_ms=(tuple((i, v, 0.0) for i, v, _ in cal.wake_curve_ms)
-                                  if f.overhead_samples_ms or f.overhead_ms is not None
-                                  else cal.wake_curve_ms),
                    measured_at=f"{cal.measured_at} (rates rescaled to a run's: prefill x{p:.3f}"
                                f" time, decode x{d:.3f})")
 

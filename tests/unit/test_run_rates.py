@@ -79,6 +79,37 @@ def test_a_resume_is_predicted_from_where_its_computed_tokens_start() -> None:
     assert rate_factors(df, with_attention, per_pass=512).prefill == pytest.approx(1.5)
 
 
+def control_end(tid: str, t: float, event: str = "kv_state",
+                status: str | None = "evictable") -> list[dict[str, Any]]:
+    """A server-side control's end at `t` ms (its record after the server answered)."""
+    return [{"trajectory_id": tid, "event": event, "t_ns": int(t * 1e6), "status": status}]
+
+
+def test_a_calls_idle_time_counts_from_the_servers_last_call_or_control() -> None:
+    df = frame(call("a", 0, 50), control_end("a", 60),  # a's pause: a request to the server
+               call("b", 100, 150), control_end("b", 155, "erase", None),
+               control_end("b", 160, "kv_state", "active"),  # no request: the client's own
+               call("c", 400, 450), control_end("a", 500, "kv_state", "paused"),
+               control_end("c", 520, "swap_out", None), call("d", 600, 650))
+    got = solo_calls(df)
+    assert got["trajectory_id"].tolist() == ["a", "b", "c", "d"]
+    # since the run's first call; since a's control (not a's end); since b's erase; since
+    # c's swap (the later of two controls)
+    assert got["idle_s"].tolist() == pytest.approx([0.0, 0.040, 0.245, 0.080])
+
+
+def test_the_overhead_leaves_the_way_a_wake_curve_adds_after_idle_time() -> None:
+    # a curve: 10 ms of idle time adds 1 ms to the server and 4 ms to the way; 5 ms half
+    cal = dataclasses.replace(CAL, wake_curve_ms=((10.0, 1.0, 4.0),))
+    server = cal.iteration_costs(way=False)
+    # b after 5 ms of idle time: 20 ms to its first token less 12 ms of prompt, less 2 ms of
+    # way: 6; a (the first call: no idle time) 8 ms
+    df = frame(call("a", 0, 50, ttft_ms=20.0), call("b", 55, 100, ttft_ms=20.0))
+    got = rate_factors(df, server, 512, cal.iteration_costs())
+    assert got.overhead_samples_ms == pytest.approx((6.0, 8.0))
+    assert rate_factors(df, server, 512).overhead_samples_ms == pytest.approx((8.0, 8.0))
+
+
 def test_no_call_alone_gives_no_factors() -> None:
     df = frame(call("a", 0, 50), call("b", 40, 90))
     assert rate_factors(df, COSTS, per_pass=512) == RateFactors(None, None, 0)
@@ -101,12 +132,11 @@ def test_rescaled_divides_the_rates_and_takes_the_runs_overhead() -> None:
     same = rescaled(cal, RateFactors(None, None, 0))
     assert (same.prefill_tok_s, same.decode_tok_s, same.request_overhead_ms) == (1000.0, 100.0,
                                                                                  2.0)
-    # a wake curve keeps its server part; its way part goes with the run's overheads, which
-    # hold the way after idle time already
+    # a wake curve stays whole: the run's overheads are the busy server's (rate_factors takes
+    # the curve's way part out of them), the curve adds the way after idle time per call
     curved = dataclasses.replace(cal, wake_curve_ms=((30.0, 2.0, 1.0), (3000.0, 20.0, 50.0)))
     assert rescaled(curved, RateFactors(2.0, 4.0, 10, 7.0)).wake_curve_ms == (
-        (30.0, 2.0, 0.0), (3000.0, 20.0, 0.0))
-    assert rescaled(curved, RateFactors(None, None, 0)).wake_curve_ms == curved.wake_curve_ms
+        (30.0, 2.0, 1.0), (3000.0, 20.0, 50.0))
 
 
 def test_the_wake_curves_server_part_alone_is_what_a_servers_prompt_time_holds() -> None:

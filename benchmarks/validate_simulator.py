@@ -18,7 +18,10 @@ A local server is started per policy: llama.cpp with --slots/--ctx-per-slot, vLL
 
 It writes `validation.md` (a table for docs/results.md) and `validation.json` beside the
 bench's results: per policy, the simulated and measured resume latency at P50/P95/P99 with the
-measured side's bootstrap 95% interval, the error, the measured and simulated reuse, and
+measured side's bootstrap 95% interval at each, the simulated side's range over --seeds seeds
+of the server model's draws (its iteration noise and request overheads; the replay's seed, then
+seed + 1, ...; the workload stays the replay's), whose median per quantile is the simulated
+figure, the error, the measured and simulated reuse, and
 whether the targets hold: on llama.cpp within 6% at P50 and 10% at P95 and P99; on vLLM and
 SGLang within 15% at P95 and 5 points of reuse. Exits 1 when a target is missed (the table
 says which), 2 or 3 when the bench could not run.
@@ -41,6 +44,7 @@ import argparse
 import json
 import math
 import shutil
+import statistics
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -65,6 +69,8 @@ from harness.traces.tile import tile_steps
 from harness.traces.validate import load_trajectories
 
 ROOT = Path(__file__).resolve().parent.parent
+QUANTILES = ("p50", "p95", "p99")
+DRAW_SEEDS = 10  # simulations per replay and calibration: 0.2-1 s each here
 DEFAULT_POLICIES = {"llamacpp": "keep,swap,recompute,ttl",
                     "vllm": "keep,keep-evictable,swap,recompute,ttl",
                     "sglang": "keep,keep-evictable,recompute,ttl"}
@@ -109,15 +115,56 @@ def preempted_calls(real_dir: Path, sim_dir: Path) -> tuple[int, int] | None:
     return int(v.max() - v.min()), int(sim.get("preempted_calls", 0))
 
 
-def row(root: Path, policy: str, runtime: str, sim_dir: str = "simulated"
-        ) -> dict[str, Any] | None:
-    """One policy's comparison with `<policy>-<sim_dir>`, or None when either side is missing."""
+def resume_quantiles(run_dir: Path) -> dict[str, float | None]:
+    """A run's resume latency at QUANTILES (ms), from its summary.json."""
+    lat = json.loads((run_dir / "summary.json").read_text()).get("resume_latency_ms") or {}
+    return {q: lat.get(q) for q in QUANTILES}
+
+
+def seed_runs(root: Path, policy: str, calibration: Path, name: str, seeds: int
+              ) -> list[dict[str, float | None]]:
+    """Resume latency quantiles of `<policy>-<name>` (simulated with the replay's seed) and of
+    the same simulation with `seeds` - 1 other seeds of the server model's draws (the replay's
+    seed + 1, + 2, ...; arrivals, trace and memory stay the replay's): the model's own spread on
+    the replay's workload. Empty where the simulation or the replay is missing."""
+    first = root / f"{policy}-{name}"
+    found = replay_and_trace(root, policy)
+    if found is None or not (first / "summary.json").exists():
+        return []
+    runs = [resume_quantiles(first)]
+    real_dir, trace = found
+    real = read_manifest(real_dir)
+    scratch = root / f".{policy}-{name}-seeds"
+    shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        for k in range(1, seeds):
+            simulate_like(real_dir, trace, policy, dict(real.policy_args), calibration,
+                          scratch / str(k), draws_seed=int(real.seed or 0) + k)
+            runs.append(resume_quantiles(scratch / str(k)))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return runs
+
+
+def _median(values: list[float | None]) -> float | None:
+    v = [x for x in values if x is not None]
+    return float(statistics.median(v)) if v else None
+
+
+def row(root: Path, policy: str, runtime: str, sim_dir: str = "simulated",
+        runs: list[dict[str, float | None]] | None = None) -> dict[str, Any] | None:
+    """One policy's comparison with `<policy>-<sim_dir>`, or None when either side is missing;
+    with `runs` (seed_runs), the simulated figures are their medians and their range is kept."""
     real_p, sim_p = root / policy / "summary.json", root / f"{policy}-{sim_dir}" / "summary.json"
     if not (real_p.exists() and sim_p.exists()):
         return None
     real, sim = json.loads(real_p.read_text()), json.loads(sim_p.read_text())
     rl, sl = real.get("resume_latency_ms") or {}, sim.get("resume_latency_ms") or {}
-    errs = {q: rel_error(sl.get(q), rl.get(q)) for q in ("p50", "p95", "p99")}
+    runs = runs or [{q: sl.get(q) for q in QUANTILES}]
+    sl = {**sl, **{q: _median([r[q] for r in runs]) for q in QUANTILES}}
+    spread = {q: [min(v), max(v)] if (v := [x for r in runs if (x := r[q]) is not None])
+              else None for q in QUANTILES}
+    errs = {q: rel_error(sl.get(q), rl.get(q)) for q in QUANTILES}
     reuse = [(s.get("reuse") or {}).get("hit_rate") for s in (real, sim)]
     r0, r1 = reuse
     points = None if r0 is None or r1 is None else abs(r1 - r0) * 100.0
@@ -130,7 +177,9 @@ def row(root: Path, policy: str, runtime: str, sim_dir: str = "simulated"
     paired = paired_ratios(read_records(root / policy), read_records(root / f"{policy}-{sim_dir}"))
     return {"policy": policy, "resumes": rl.get("n"), "simulated": {q: sl.get(q) for q in errs},
             "measured": {q: rl.get(q) for q in errs},
-            "measured_p95_ci95": (rl.get("ci95") or {}).get("p95"), "error": errs,
+            "measured_p95_ci95": (rl.get("ci95") or {}).get("p95"),
+            "measured_ci95": {q: (rl.get("ci95") or {}).get(q) for q in QUANTILES},
+            "simulated_seeds": {"runs": len(runs), **spread}, "error": errs,
             "reuse_measured": reuse[0], "reuse_simulated": reuse[1], "reuse_points": points,
             "server_time_measured_over_simulated": paired, "target_met": met,
             "preempted_calls": preempted_calls(root / policy, root / f"{policy}-{sim_dir}")}
@@ -140,6 +189,20 @@ def simulate_again(root: Path, policy: str, calibration: Path, name: str) -> Pat
     """The replay `<policy>` simulated (again, with this version of the simulator) at
     `calibration`, into `<policy>-<name>` (what an earlier pass left there replaced); None
     when the replay or its trace is missing."""
+    found = replay_and_trace(root, policy)
+    if found is None:
+        return None
+    real_dir, trace = found
+    sim = root / f"{policy}-{name}"
+    if sim.exists():
+        shutil.rmtree(sim)
+    simulate_like(real_dir, trace, policy, dict(read_manifest(real_dir).policy_args),
+                  calibration, sim)
+    return sim
+
+
+def replay_and_trace(root: Path, policy: str) -> tuple[Path, Path] | None:
+    """The policy's replay folder and the trace it replayed; None where either is missing."""
     real_dir = root / policy
     if not (real_dir / "run.json").exists():
         return None
@@ -147,14 +210,11 @@ def simulate_again(root: Path, policy: str, calibration: Path, name: str) -> Pat
     trace = None if real.trace is None else ROOT / real.trace.path  # relative: the bench's cwd
     if trace is None or not trace.exists():
         return None
-    sim = root / f"{policy}-{name}"
-    if sim.exists():
-        shutil.rmtree(sim)
-    simulate_like(real_dir, trace, policy, dict(real.policy_args), calibration, sim)
-    return sim
+    return real_dir, trace
 
 
-def run_rates_row(root: Path, policy: str, runtime: str) -> dict[str, Any] | None:
+def run_rates_row(root: Path, policy: str, runtime: str, seeds: int = DRAW_SEEDS
+                  ) -> dict[str, Any] | None:
     """The server's speed during the policy's replay against the bench's calibration, and the
     simulation rerun at that speed (written to `<policy>-simulated-run-rates`); None when the
     replay or the calibration is missing. Where no call ran alone (a server never idle), the
@@ -179,7 +239,8 @@ def run_rates_row(root: Path, policy: str, runtime: str) -> dict[str, Any] | Non
     sim = simulate_again(root, policy, scaled, "simulated-run-rates")
     if sim is None:
         return None
-    again = row(root, policy, runtime, "simulated-run-rates")
+    again = row(root, policy, runtime, "simulated-run-rates",
+                seed_runs(root, policy, scaled, "simulated-run-rates", seeds))
     if again is None:
         return None
     # A simulated call starts at the engine, its request overhead spent before: its wait is
@@ -220,17 +281,28 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v * 100:+.0f}%"
 
 
+def _ranges(spans: dict[str, Any] | None) -> str:
+    """'a-b / c-d / e-f' of a {p50: [lo, hi], ...} mapping ('-' for a missing one)."""
+    return " / ".join("-" if not (v := (spans or {}).get(q)) else f"{_ms(v[0])}-{_ms(v[1])}"
+                      for q in QUANTILES)
+
+
+def _seeds(r: dict[str, Any]) -> str:
+    spans = r.get("simulated_seeds") or {}
+    return f"{_ranges(spans)} ({spans.get('runs', 1)})"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    out = ["| policy | resumes | simulated P50 / P95 / P99 ms | measured P50 / P95 / P99 ms | "
-           "measured P95 95% CI | error P50 / P95 / P99 | reuse measured / simulated | "
-           "server time measured / simulated, same calls: prompt, decode | running calls "
-           "preempted measured / simulated | target |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| policy | resumes | simulated P50 / P95 / P99 ms | simulated range over draw seeds "
+           "(runs) | measured P50 / P95 / P99 ms | measured 95% CI P50 / P95 / P99 | error P50 "
+           "/ P95 / P99 | reuse measured / simulated | server time measured / simulated, same "
+           "calls: prompt, decode | running calls preempted measured / simulated | target |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        s, m, e, ci = r["simulated"], r["measured"], r["error"], r["measured_p95_ci95"]
+        s, m, e = r["simulated"], r["measured"], r["error"]
         out.append(f"| {r['policy']} | {r['resumes']} | {_ms(s['p50'])} / {_ms(s['p95'])} / "
-                   f"{_ms(s['p99'])} | {_ms(m['p50'])} / {_ms(m['p95'])} / {_ms(m['p99'])} | "
-                   f"{'-' if not ci else _ms(ci[0]) + '-' + _ms(ci[1])} | {_pct(e['p50'])} / "
+                   f"{_ms(s['p99'])} | {_seeds(r)} | {_ms(m['p50'])} / {_ms(m['p95'])} / "
+                   f"{_ms(m['p99'])} | {_ranges(r.get('measured_ci95'))} | {_pct(e['p50'])} / "
                    f"{_pct(e['p95'])} / {_pct(e['p99'])} | {_reuse(r)} | {_paired(r)} | "
                    f"{_preempted(r)} | {'met' if r['target_met'] else 'MISSED'} |")
     return "\n".join(out)
@@ -246,18 +318,20 @@ def _waits(w: dict[str, dict[str, Any]]) -> str:
 
 def rates_table(rows: list[dict[str, Any]]) -> str:
     out = ["| policy | from | server time / calibrated: prompt, decode | "
-           "simulated at those rates P50 / P95 / P99 ms | error P50 / P95 / P99 | "
+           "simulated at those rates P50 / P95 / P99 ms | simulated range over draw seeds "
+           "(runs) | error P50 / P95 / P99 | "
            "reuse measured / simulated | time to first token less the server's prompt time, "
            "sent alone / with company, P50 (P95) ms: measured [of it in the engine's queue, "
            "as the server reports it]; simulated at the engine | "
            "target |",
-           "|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         f, s, e, w = r["rate_factors"], r["simulated"], r["error"], r["waits_ms"]
         out.append(f"| {r['policy']} | {f['source']} | x{f['prefill'] or 1:.2f}, "
                    f"x{f['decode'] or 1:.2f} | {_ms(s['p50'])} / {_ms(s['p95'])} / "
-                   f"{_ms(s['p99'])} | {_pct(e['p50'])} / {_pct(e['p95'])} / {_pct(e['p99'])} | "
-                   f"{_reuse(r)} | {_waits(w['measured'])}; {_waits(w['simulated_engine_only'])} | "
+                   f"{_ms(s['p99'])} | {_seeds(r)} | {_pct(e['p50'])} / {_pct(e['p95'])} / "
+                   f"{_pct(e['p99'])} | {_reuse(r)} | {_waits(w['measured'])}; "
+                   f"{_waits(w['simulated_engine_only'])} | "
                    f"{'met' if r['target_met'] else 'MISSED'} |")
     return "\n".join(out)
 
@@ -281,8 +355,10 @@ def waits_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def write_tables(out: Path, doc: dict[str, Any], again: bool = False) -> int:
-    """Both tables from the bench under `out` (`again`: its simulations redone first):
+def write_tables(out: Path, doc: dict[str, Any], again: bool = False,
+                 seeds: int = DRAW_SEEDS) -> int:
+    """The tables from the bench under `out` (`again`: its simulations redone first; each
+    simulation with `seeds` seeds of its draws):
     validation.json and validation.md; the exit status (0: every target met with the
     calibration's rates, 1: one missed)."""
     root, runtime = out / "bench", doc["runtime"]
@@ -290,8 +366,12 @@ def write_tables(out: Path, doc: dict[str, Any], again: bool = False) -> int:
     if again:
         for p in policies:
             simulate_again(root, p, root / "calibration.json", "simulated")
-    rows = [r for p in policies if (r := row(root, p, runtime))]
-    at_run_rates = [r for p in policies if (r := run_rates_row(root, p, runtime))]
+    cal = root / "calibration.json"
+    rows = [r for p in policies
+            if (r := row(root, p, runtime, "simulated", seed_runs(root, p, cal, "simulated",
+                                                                    seeds)))]
+    at_run_rates = [r for p in policies if (r := run_rates_row(root, p, runtime, seeds))]
+    doc = {**doc, "draw_seeds": seeds}
     doc = {**doc, "rows": rows, "at_run_rates": at_run_rates}
     (out / "validation.json").write_text(json.dumps(doc, indent=2) + "\n")
     text = (table(rows) + "\n\nAt the rates the server ran at during each replay:\n\n"
@@ -325,17 +405,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--from", dest="again", type=Path,
                     help="a finished validation's folder: redo its tables, replay nothing")
+    ap.add_argument("--seeds", type=int, default=DRAW_SEEDS,
+                    help="simulations per replay, each with its own seed of the server model's "
+                         "draws (noise, overheads); the simulated figure is their median")
     ap.add_argument("--resimulate", action="store_true",
                     help="with --from: simulate each replay again first (this version of the "
                          "simulator against the stored replays)")
     args = ap.parse_args(argv)
+    if args.seeds < 1:
+        ap.error("--seeds must be >= 1")
     if args.again is not None:
         prior = args.again / "validation.json"
         if not prior.exists():
             raise SystemExit(f"error: {prior} does not exist")
         doc = json.loads(prior.read_text())
         doc.setdefault("policies", [r["policy"] for r in doc.get("rows", [])])
-        return write_tables(args.again, doc, args.resimulate)
+        return write_tables(args.again, doc, args.resimulate, args.seeds)
     if args.runtime is None:
         ap.error("--runtime is required (or --from DIR)")
     out = args.out or ROOT / "reports" / (
@@ -363,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
            "pool_tokens": args.pool_tokens, "concurrency": args.concurrency,
            "scrape_interval_s": args.scrape_interval, "bench_exit": rc,
            "policies": policies.split(",")}
-    return write_tables(out, doc)
+    return write_tables(out, doc, seeds=args.seeds)
 
 
 if __name__ == "__main__":

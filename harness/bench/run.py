@@ -88,11 +88,11 @@ def engine_pool(real: RunManifest) -> Capacity | None:
 
 
 def simulate_like(real_dir: Path, trace: Path, policy: str, policy_args: dict[str, str],
-                  calibration: Path, out: Path) -> RunManifest:
+                  calibration: Path, out: Path, draws_seed: int | None = None) -> RunManifest:
     """The simulator on what a replay in `real_dir` ran: the same trace, policy, closed-loop
     agents and seed, and memory (llama.cpp: slots x context; vLLM, SGLang: the engine model on
     the KV pool the server reported), and the client's first-token timeout, its costs from
-    `calibration` only."""
+    `calibration` only (`draws_seed`: run_simulation's)."""
     real = read_manifest(real_dir)
     if real.arrivals is None or real.seed is None:
         raise InputError(f"{real_dir}: run.json lacks the arrivals or seed to simulate it")
@@ -108,7 +108,8 @@ def simulate_like(real_dir: Path, trace: Path, policy: str, policy_args: dict[st
     return run_simulation(trace, policy, policy_args, cap, read_calibration(calibration),
                           calibration, arrivals, int(real.seed), out,
                           token_scale=real.trace.token_scale if real.trace else 1.0,
-                          first_token_timeout_s=replay_first_token_timeout(real))
+                          first_token_timeout_s=replay_first_token_timeout(real),
+                          draws_seed=draws_seed)
 
 
 def replay_first_token_timeout(real: RunManifest) -> float:

@@ -137,7 +137,8 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
                    write_summary: bool = True, slot_handoff: str = "fifo",
                    token_scale: float = 1.0, copies: int = 1, servers: int = 1,
                    router: str = ROUND_ROBIN,
-                   first_token_timeout_s: float = FIRST_TOKEN_TIMEOUT_S) -> RunManifest:
+                   first_token_timeout_s: float = FIRST_TOKEN_TIMEOUT_S,
+                   draws_seed: int | None = None) -> RunManifest:
     """Simulate `trace` under a policy and write a results directory; returns run.json.
 
     `slot_handoff`: how a freed slot is handed on in a closed loop (see engine.simulate);
@@ -145,7 +146,10 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     `copies`: the trace repeated end to end (harness.traces.tile), as a bounded replay does;
     `servers`: K servers of `capacity` each behind `router` (harness.simulate.fleet); one
     server (the default) runs no router; `first_token_timeout_s`: the client's (a call without
-    its first token that long after it was sent fails its trajectory; inf: none)."""
+    its first token that long after it was sent fails its trajectory; inf: none);
+    `draws_seed`: the seed of the server model's draws (iteration noise, request overheads)
+    where it is to differ from `seed`, whose arrivals stay as they were: the model's own
+    spread on one workload."""
     check_fleet(servers, router)
     if slot_handoff not in SLOT_HANDOFFS:
         raise InputError(f"--slot-handoff must be one of {', '.join(SLOT_HANDOFFS)}")
@@ -198,7 +202,8 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
                      "default_deadline_s": default_deadline_s,
                      "first_token_timeout_s": (first_token_timeout_s
                                                if math.isfinite(first_token_timeout_s) else None),
-                     "servers": servers, "router": router if servers > 1 else None}
+                     "servers": servers, "router": router if servers > 1 else None,
+                     "draws_seed": seed if draws_seed is None else draws_seed}
     out.mkdir(parents=True, exist_ok=True)
     run.write(out)
     del df, once
@@ -210,7 +215,8 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     try:
         counters: Counters = simulate(w, server, capacity, policy, arrival_s,
                                       arrivals.concurrency, sink, str(run.run_id),
-                                      history_window, slot_handoff, fleet, seed,
+                                      history_window, slot_handoff, fleet,
+                                      seed if draws_seed is None else draws_seed,
                                       first_token_timeout_s)
     finally:
         t_loop = time.perf_counter() - t1

@@ -8,6 +8,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
@@ -246,3 +247,31 @@ def test_a_calls_overhead_is_drawn_from_its_distribution_the_same_for_a_seed(
     # the resume is step 2 (llm, tool, llm): its own draw, then one iteration of 20 tokens
     assert t_s(df, "first_token", "a", 1) - t_s(df, "tool_end", "a") == pytest.approx(
         draws[2] + ALPHA + 20 * BETA)
+
+
+def test_a_draws_seed_redraws_the_server_and_keeps_the_arrivals(tmp_path: Path) -> None:
+    from harness.simulate.run import server_model
+
+    spread = dataclasses.replace(CAL, request_overhead_ms=5.0,
+                                 request_overhead_samples_ms=(1.0, 4.0, 20.0))
+    trajs = {f"t{i}": [llm(100, 10), tool(1.0), llm(20, 5)] for i in range(4)}
+    path = trace(tmp_path, trajs)
+    poisson = Arrivals("poisson", rate=2.0)
+
+    def run(name: str, draws_seed: int | None) -> pd.DataFrame:
+        run_simulation(path, "keep", {}, Capacity(tokens=4000), spread, None, poisson, 7,
+                       tmp_path / name, write_summary=False, draws_seed=draws_seed)
+        return read_records(tmp_path / name)
+
+    base, same, other = run("base", None), run("same", 7), run("other", 8)
+    cols = ["event", "trajectory_id", "t_ns"]
+    assert base[cols].equals(same[cols])  # the replay's seed is the default
+    starts = [ev(df, "trajectory_start")["t_ns"].tolist() for df in (base, other)]
+    assert starts[0] == starts[1]  # arrivals are the seed's, whatever the draws
+    # the resumes' waits (a drawn overhead, then the engine's iterations) are other draws
+    def waits(df: pd.DataFrame) -> list[float]:
+        return [t_s(df, "first_token", t, 1) - t_s(df, "tool_end", t) for t in trajs]
+
+    assert waits(base) != waits(other)
+    assert server_model(spread).overhead_draws(64, 7) != server_model(spread).overhead_draws(
+        64, 8)

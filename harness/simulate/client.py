@@ -15,8 +15,10 @@ Where the server's pause controls are requests (vLLM through the harness's conne
 unpin, drop or offload at every pause, a release at every trajectory's end), the client sends
 one at each pause and at each trajectory's end, a request overhead before it reaches the engine
 (drawn like a call's, from a stream of its own), where it runs as a one-token request in the
-iterations (harness.simulate.scheduler). The pause's tool runs meanwhile, as the replay's does;
-the release is awaited: a trajectory's successor (the agent's next trajectory, or its parent's
+iterations (harness.simulate.scheduler). The pause's tool runs meanwhile, as the replay's does,
+and the call after it waits for the control's answer where the tool returned first (a tool
+shorter than its pause's request: the replay's client awaits the action before it goes on). The
+release is awaited too: a trajectory's successor (the agent's next trajectory, or its parent's
 resume) starts when the release is answered. A TTL's later action sends none in the model.
 
 Timeouts fall due in the order the calls were sent (one timeout for all): one TIMEOUT event at
@@ -126,6 +128,12 @@ class Client:
 
     def answered(self, kind: int, tr: Trajectory, t: float) -> None:
         """The scheduler's call: the engine answered a control request at `t`; a release's
-        answer lets the trajectory's successor start."""
+        answer lets the trajectory's successor start, a pause's the call its tool's end left
+        waiting for it."""
         if kind == RELEASE:
             self.engine.successor(tr, t)
+            return
+        waiting = tr.ctl == 2 and tr.state != DONE
+        tr.ctl = 0
+        if waiting:
+            self.engine.tool_done(tr, t)

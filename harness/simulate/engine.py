@@ -1,24 +1,19 @@
 """The discrete-event simulation: one server, one trace, one pause policy (plain heapq).
 
 The server's iterations and the event loop are harness.simulate.scheduler; this module is the
-trajectories' side: arrivals, admission, calls, pauses, policies, swaps, records. What it knows
-and the record and event bookkeeping it shares are harness.simulate.engine_state.
-
-Memory: a call reserves its whole context (prompt + output) when admitted, except on vLLM,
-whose calls grow and are preempted (harness.simulate.growth); a kept KV keeps what it holds (a
-slot, in slot mode); with a prefix cache (vLLM, SGLang) the rest is cached, evictable
-(EngineState.grab). Admission is FCFS, but in a token pool a resumed trajectory holding KV
-grows first (not on vLLM), and in a closed loop on slots an agent may take the slot it freed
-(`simulate`). The client's first-token timeout ends a stall, and sends vLLM's pause controls
-(harness.simulate.client); only without a timeout, when the server is idle and the first
-resuming one cannot grow, the latest one behind it is preempted. Swaps use one FIFO link per
-direction, not stalling compute. Policies decide through harness.policies with the context the
-replay builds; only an oracle sees the true latency; the fixed policies are asked once. Sub-
-agents start at once at their parent's spawning step, which ends `latency_s` after the last
-ended (a deadline cancels what still runs). A held KV serves only what the next call keeps.
-A fleet (harness.simulate.fleet) runs K servers through the same transitions: its router
-picks each call's server, and a transition acts on its trajectory's server (`use`).
-Typed classes, compiled by mypyc (harness.simulate.native); they run unchanged as Python.
+trajectories' side: arrivals, admission, calls, pauses, policies, swaps, records; what it knows
+and the bookkeeping it shares are harness.simulate.engine_state. Memory: a call reserves its
+whole context when admitted, except on vLLM, whose calls grow and are preempted
+(harness.simulate.growth); a kept KV keeps what it holds (a slot, in slot mode); with a prefix
+cache (vLLM, SGLang) the rest is cached, evictable (EngineState.grab). Admission is FCFS, but
+in a token pool a resumed trajectory holding KV grows first (not on vLLM), and in a closed loop
+on slots an agent may take the slot it freed. The client (harness.simulate.client) times calls
+out and sends vLLM's pause controls; only without a timeout, when the server is idle and the
+first resuming one cannot grow, the latest one behind it is preempted. Swaps use one FIFO link
+per direction. Policies decide through harness.policies with the replay's context (only an
+oracle sees the true latency). Sub-agents start at their parent's spawning step, which ends
+`latency_s` after the last ended. A fleet (harness.simulate.fleet) runs K servers through the
+same transitions (`use`). Typed classes, compiled by mypyc (harness.simulate.native).
 """
 
 from __future__ import annotations
@@ -375,7 +370,7 @@ class Engine(EngineState):
             self.leave_cached(tr)
         else:
             self.drop(tr, t, self.r_policy)
-        self.client.control(PAUSE_CONTROL, tr, t)  # the action's request, where it is one
+        tr.ctl = 1 if self.client.control(PAUSE_CONTROL, tr, t) else 0  # where one
         if kids is not None:  # all at once, as the pause starts (and after its own action)
             trajs = self.trajs
             for ki in kids:
@@ -418,6 +413,20 @@ class Engine(EngineState):
             self.next_ti += 1
             self.arrive(self.trajs[self.roots[self.next_ti - 1]], t)
 
+    def tool_done(self, tr: Trajectory, t: float) -> None:
+        """`tr`'s tool returned: its next call (or its end), once its pause's control request
+        is answered (until then it waits: Client.answered calls again)."""
+        if tr.ctl:
+            tr.ctl = 2
+        elif tr.pos == tr.end:
+            self.finish(tr, t, 0, 0)
+        elif tr.state == SWAPPING:
+            tr.state = WAIT_SWAPOUT
+        elif tr.state == DROPPING:
+            tr.state = WAIT_DROP
+        else:
+            self.request_call(tr, t)
+
     def external(self, kind: int, tr: Trajectory, key: int, t: float) -> None:
         """The scheduler's call: an external event (kinds above); `key` as EngineState.push
         was given it."""
@@ -438,17 +447,8 @@ class Engine(EngineState):
             if not self.fixed:  # a parent's wait: its sub-agents' time and the residual
                 self.hist[self.cls[g]].add(self.lat[g] if not self.kids or g not in self.kids
                                            else t - self.rb[row + F_PA_T])
-            tr.pos = g + 1
-            tr.due = t
-            st = tr.state
-            if g + 1 == tr.end:
-                self.finish(tr, t, 0, 0)
-            elif st == SWAPPING:
-                tr.state = WAIT_SWAPOUT
-            elif st == DROPPING:
-                tr.state = WAIT_DROP
-            else:
-                self.request_call(tr, t)
+            tr.pos, tr.due = g + 1, t
+            self.tool_done(tr, t)
         elif kind == SWAP_OUT_DONE:
             waiting = tr.state == WAIT_SWAPOUT
             step = g - tr.first - (1 if waiting else 0)

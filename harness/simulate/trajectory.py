@@ -45,6 +45,9 @@ class Trajectory:
         self.kids_left = 0  # paused at a step that started sub-agents: those still running
         self.rank = 0  # its task's arrival order (program order)
         self.awaiting = False  # its call was sent and has no first token yet (the timeout runs)
+        # its pause's control request (Client): 0 none or answered, 1 unanswered, 2 unanswered
+        # and the tool has returned (its next call waits for the answer)
+        self.ctl = 0
         # memory allocated as calls grow (harness.simulate.growth)
         self.dstart = 0  # the iteration its call started decoding at
         self.dlast = 0  # ... and its last

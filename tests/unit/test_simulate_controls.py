@@ -90,3 +90,20 @@ def test_a_stall_without_a_timeout_still_preempts_after_a_control(tmp_path: Path
     df = read_records(out)
     assert ev(df, "trajectory_end")["status"].tolist() == ["completed"] * 2
     assert m.simulator is not None and m.simulator["preemptions"] >= 1
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_call_after_a_tool_shorter_than_its_control_waits_for_the_answer(
+        tmp_path: Path, engine: str) -> None:
+    # a's call ends at 29 ms; its pause's unpin runs two iterations (ALPHA + BETA each), while
+    # its tool returns after 5 ms: the replay's client awaits the unpin before the next call
+    _, df = run(tmp_path, {"a": [llm(10, 2), tool(0.005), llm(10, 2)]}, engine,
+                Arrivals("closed", 1))
+    pause = t_s(df, "tool_start", "a")
+    assert t_s(df, "tool_end", "a") == pytest.approx(pause + 0.005, abs=2 * NS)
+    answered = pause + 2 * (ALPHA + BETA) if engine == "vllm" else pause + 0.005
+    assert t_s(df, "call_start", "a", 1) == pytest.approx(answered, abs=2 * NS)
+    # a tool longer than the control: its call goes when it returns
+    _, df = run(tmp_path / "long", {"a": [llm(10, 2), tool(0.5), llm(10, 2)]}, engine,
+                Arrivals("closed", 1))
+    assert t_s(df, "call_start", "a", 1) == pytest.approx(t_s(df, "tool_end", "a"), abs=2 * NS)

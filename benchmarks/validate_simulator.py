@@ -177,7 +177,6 @@ def row(root: Path, policy: str, runtime: str, sim_dir: str = "simulated",
     paired = paired_ratios(read_records(root / policy), read_records(root / f"{policy}-{sim_dir}"))
     return {"policy": policy, "resumes": rl.get("n"), "simulated": {q: sl.get(q) for q in errs},
             "measured": {q: rl.get(q) for q in errs},
-            "measured_p95_ci95": (rl.get("ci95") or {}).get("p95"),
             "measured_ci95": {q: (rl.get("ci95") or {}).get(q) for q in QUANTILES},
             "simulated_seeds": {"runs": len(runs), **spread}, "error": errs,
             "reuse_measured": reuse[0], "reuse_simulated": reuse[1], "reuse_points": points,

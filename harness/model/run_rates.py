@@ -136,13 +136,13 @@ def rate_factors(records: pd.DataFrame, costs: IterationCosts, per_pass: int,
     lag: list[float] = []
     for i in range(len(solo)):
         if math.isfinite(server_ms[i] + prompt[i] + computed[i]) and computed[i] > 0:
+            wake = costs.wake_after(idle[i])  # an engine that idled wakes slower
             want = (_prefill_s(costs, int(prompt[i] - computed[i]), int(computed[i]), per_pass)
-                    + costs.wake_after(idle[i]))  # an engine that idled wakes slower
+                    + wake)
             if want > 0:
                 pre.append(server_ms[i] / 1e3 / want)
             if math.isfinite(t_first[i]):
-                way = (0.0 if with_way is None
-                       else with_way.wake_after(idle[i]) - costs.wake_after(idle[i]))
+                way = 0.0 if with_way is None else with_way.wake_after(idle[i]) - wake
                 lag.append((t_first[i] - t0[i]) / 1e6 - server_ms[i] - way * 1e3)
         if math.isfinite(decode_ms[i] + out[i] + prompt[i]) and out[i] >= 2:
             # One iteration per token after the first (the prefill's), at its mean context.

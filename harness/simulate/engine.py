@@ -1,19 +1,20 @@
 """The discrete-event simulation: one server, one trace, one pause policy (plain heapq).
 
-The server's iterations and the event loop are harness.simulate.scheduler; this module is the
-trajectories' side: arrivals, admission, calls, pauses, policies, swaps, records; what it knows
-and the bookkeeping it shares are harness.simulate.engine_state. Memory: a call reserves its
-whole context when admitted, except on vLLM, whose calls grow and are preempted
-(harness.simulate.growth); a kept KV keeps what it holds (a slot, in slot mode); with a prefix
-cache (vLLM, SGLang) the rest is cached, evictable (EngineState.grab). Admission is FCFS, but
-in a token pool a resumed trajectory holding KV grows first (not on vLLM), and in a closed loop
-on slots an agent may take the slot it freed. The client (harness.simulate.client) times calls
-out and sends vLLM's pause controls; only without a timeout, when the server is idle and the
-first resuming one cannot grow, the latest one behind it is preempted. Swaps use one FIFO link
-per direction. Policies decide through harness.policies with the replay's context (only an
-oracle sees the true latency). Sub-agents start at their parent's spawning step, which ends
-`latency_s` after the last ended. A fleet (harness.simulate.fleet) runs K servers through the
-same transitions (`use`). Typed classes, compiled by mypyc (harness.simulate.native).
+The server's iterations and the event loop are .scheduler; this module is the trajectories' side
+(arrivals, admission, calls, pauses, policies, swaps, records), with the bookkeeping it shares in
+.engine_state. Memory: a call reserves its whole context when admitted, except on vLLM, whose calls
+grow and are preempted (.growth); a kept KV keeps what it holds (a slot, in slot mode); with a
+prefix cache (vLLM, SGLang) the rest is cached, evictable (EngineState.grab); a held KV serves only
+what the next call keeps. Admission is FCFS, but in a token pool a resumed trajectory holding KV
+grows first (not on vLLM), and in a closed loop on slots an agent may take the slot it freed. The
+client (.client) times calls out and sends vLLM's pause controls; only without a timeout, when the
+server is idle and the first resuming one cannot grow, the latest one behind it is preempted. Swaps
+use one FIFO link per direction, not stalling compute. Policies decide through harness.policies
+with the replay's context (only an oracle sees the true latency; fixed policies are asked once).
+Sub-agents start at their parent's spawning step, which ends `latency_s` after the last ended (a
+deadline cancels what still runs). A fleet (.fleet) runs K servers through the same transitions:
+its router picks each call's server. Typed classes, compiled by mypyc (.native); they run unchanged
+as Python.
 """
 
 from __future__ import annotations
@@ -414,9 +415,8 @@ class Engine(EngineState):
             self.arrive(self.trajs[self.roots[self.next_ti - 1]], t)
 
     def tool_done(self, tr: Trajectory, t: float) -> None:
-        """`tr`'s tool returned: its next call (or its end), once its pause's control request
-        is answered (until then it waits: Client.answered calls again)."""
-        if tr.ctl:
+        """`tr`'s tool returned: its next call or its end, once its pause's control is answered."""
+        if tr.ctl:  # unanswered: it waits, Client.answered calls again
             tr.ctl = 2
         elif tr.pos == tr.end:
             self.finish(tr, t, 0, 0)

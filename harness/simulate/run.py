@@ -185,6 +185,7 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     run = _manifest(trace, ref, policy_name, policy_args,
                     policy.sees_true_latency, capacity, calibration, calibration_path, arrivals,
                     seed)
+    draws = seed if draws_seed is None else draws_seed  # the server model's noise, overheads
     # a fleet's own loop (harness.simulate.fleet) is Python around the engine's transitions
     loop = "heapq event loop" if servers == 1 else "heapq event loop of a fleet (python)"
     doc = SERVER_MODEL_DOC
@@ -203,7 +204,7 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
                      "first_token_timeout_s": (first_token_timeout_s
                                                if math.isfinite(first_token_timeout_s) else None),
                      "servers": servers, "router": router if servers > 1 else None,
-                     "draws_seed": seed if draws_seed is None else draws_seed}
+                     "draws_seed": draws}
     out.mkdir(parents=True, exist_ok=True)
     run.write(out)
     del df, once
@@ -215,8 +216,7 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     try:
         counters: Counters = simulate(w, server, capacity, policy, arrival_s,
                                       arrivals.concurrency, sink, str(run.run_id),
-                                      history_window, slot_handoff, fleet,
-                                      seed if draws_seed is None else draws_seed,
+                                      history_window, slot_handoff, fleet, draws,
                                       first_token_timeout_s)
     finally:
         t_loop = time.perf_counter() - t1

@@ -1,7 +1,7 @@
 """A trace repeated end to end, so a bounded run of many agents never runs out of work.
 
-Copy k of trajectory `t` is `t~k` (copy 0 keeps its id), with its sub-agents' parents renamed
-alike. The planner seeds token ids from the trajectory id, so every copy sends new content: no
+Copy k of trajectory `t` is `t~k` (copy 0 keeps its id; `t~~k` where the trace already has
+`t~k`, a tiled trace tiled again), with its sub-agents' parents renamed alike. The planner seeds token ids from the trajectory id, so every copy sends new content: no
 copy finds another's prompt in a server's prefix cache. Prefix groups stay shared, as the
 trace means them to be. Pure functions of data.
 """
@@ -20,8 +20,18 @@ MIN_CALL_S = 0.02
 MAX_TILED_TRAJECTORIES = 20_000
 
 
-def copy_id(tid: str, k: int) -> str:
-    return tid if k == 0 else f"{tid}~{k}"
+def copy_id(tid: str, k: int, sep: str = "~") -> str:
+    return tid if k == 0 else f"{tid}{sep}{k}"
+
+
+def copy_separator(ids: set[str], copies: int) -> str:
+    """"~", or as many more as it takes for no copy's id to be one the trace has: a trace
+    that is itself a tiled one has `t~1` beside `t`."""
+    sep = "~"
+    while any(tid.rpartition(sep)[0] in ids and tid.rpartition(sep)[2].isdigit()
+              and 0 < int(tid.rpartition(sep)[2]) < copies for tid in ids if sep in tid):
+        sep += "~"
+    return sep
 
 
 def tile_steps(steps: pd.DataFrame, copies: int) -> pd.DataFrame:
@@ -30,13 +40,14 @@ def tile_steps(steps: pd.DataFrame, copies: int) -> pd.DataFrame:
         raise InputError(f"copies must be >= 1, got {copies}")
     if copies == 1:
         return steps
+    sep = copy_separator({str(t) for t in steps["trajectory_id"].unique()}, copies)
     parts = []
     for k in range(copies):
         part = steps.copy()
-        part["trajectory_id"] = [copy_id(str(t), k) for t in part["trajectory_id"]]
+        part["trajectory_id"] = [copy_id(str(t), k, sep) for t in part["trajectory_id"]]
         if "parent_id" in part.columns:
             part["parent_id"] = [None if p is None or (isinstance(p, float) and math.isnan(p))
-                                 else copy_id(str(p), k) for p in part["parent_id"]]
+                                 else copy_id(str(p), k, sep) for p in part["parent_id"]]
         parts.append(part)
     return pd.concat(parts, ignore_index=True)
 

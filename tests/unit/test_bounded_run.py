@@ -84,6 +84,18 @@ def test_tile_renames_copies_and_their_parents() -> None:
         tile_steps(_steps(), 0)
 
 
+def test_a_tiled_trace_tiles_again_without_a_clash() -> None:
+    # the tiled trace has a~1 beside a: its copies are a~~1, a~1~~1, ...; parents follow
+    twice = tile_steps(tile_steps(_steps(), 2), 3)
+    ids = twice.drop_duplicates("trajectory_id")
+    assert ids["trajectory_id"].tolist() == ["a", "c", "a~1", "c~1", "a~~1", "c~~1", "a~1~~1",
+                                             "c~1~~1", "a~~2", "c~~2", "a~1~~2", "c~1~~2"]
+    assert ids["parent_id"].tolist()[5:8:2] == ["a~~1", "a~1~~1"]
+    # a trace whose own ids end in ~ and a number that no copy would take keeps "~"
+    once = tile_steps(_steps().replace({"a": "a~7"}), 3)
+    assert "a~7~1" in set(once["trajectory_id"])
+
+
 def test_copies_cover_the_duration() -> None:
     # one root; tool time 4 s + 3 calls x 0.02 s
     assert least_trajectory_s(_steps()) == pytest.approx(4.06)

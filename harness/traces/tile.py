@@ -1,9 +1,10 @@
 """A trace repeated end to end, so a bounded run of many agents never runs out of work.
 
 Copy k of trajectory `t` is `t~k` (copy 0 keeps its id; `t~~k` where the trace already has
-`t~k`, a tiled trace tiled again), with its sub-agents' parents renamed alike. The planner seeds token ids from the trajectory id, so every copy sends new content: no
-copy finds another's prompt in a server's prefix cache. Prefix groups stay shared, as the
-trace means them to be. Pure functions of data.
+`t~k`, a tiled trace tiled again), with its sub-agents' parents renamed alike. The planner seeds
+token ids from the trajectory id, so every copy sends new content: no copy finds another's
+prompt in a server's prefix cache. Prefix groups stay shared, as the trace means them to be.
+Pure functions of data.
 """
 
 from __future__ import annotations

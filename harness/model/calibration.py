@@ -70,6 +70,15 @@ overhead from them (uniformly, seeded) instead of taking the median for every ca
 of a server sharing its CPUs has a tail (measured on CPU vLLM: median 7 ms, P95 17 ms). Samples,
 not quantiles: a rare outlier keeps its own weight (one of n), where interpolated quantiles
 would spread it over a whole band of draws.
+
+The server's front end (optional, measured on vLLM and SGLang: harness.calibrate.front_end):
+`front_end_ms` is each arriving request's turn in it, one request at a time (the rise of a
+burst's first answer with its size); `front_end_cpu_ms` the compute a request's front-end work
+takes from the engine where both share processors (the decode steps' slowdown per request per
+second of small requests sent beside them); `stream_token_ms` what each streamed token of a
+call adds to a decode step beyond the engine's own cost (the step's rise per extra streaming
+call). The simulator queues requests through the front end and pauses the engine's compute
+for its work (harness.simulate.client); absent, requests go in parallel and take nothing.
 """
 
 from __future__ import annotations
@@ -105,6 +114,7 @@ _RATE_KEYS = ("kv_bytes_per_token", "prefill_tok_s", "decode_tok_s")
 _SWAP_KEYS = ("swap_out_bytes_per_s", "swap_in_bytes_per_s")
 _TEXT_KEYS = ("runtime", "server_version", "model", "measured_at")
 _INT_KEYS = ("block_size", "kv_capacity_tokens", "batch_tokens")
+_FRONT_END_KEYS = ("front_end_ms", "front_end_cpu_ms", "stream_token_ms")
 ENGINES = ("llamacpp", "vllm", "sglang")
 # What a runtime's servers schedule and cache like (runtimes not listed: no known engine).
 RUNTIME_ENGINES = {"llamacpp": "llamacpp", "llama.cpp": "llamacpp", "vllm": "vllm",
@@ -171,6 +181,9 @@ class Calibration:
     iteration_noise_samples: tuple[float, ...] = ()
     # (idle ms, server ms, way ms) of the first call after idle time, ascending (empty: none)
     wake_curve_ms: tuple[tuple[float, float, float], ...] = ()
+    front_end_ms: float | None = None  # a request's turn in the server's front end
+    front_end_cpu_ms: float | None = None  # the engine's compute a request's front end takes
+    stream_token_ms: float | None = None  # ... and each streamed token, beyond the engine's
 
     def __post_init__(self) -> None:
         self.validate("calibration")
@@ -203,6 +216,8 @@ class Calibration:
         check_wake(self.wake_ms, self.wake_tau_ms, where)
         parse_samples(list(self.iteration_noise_samples) or None, where, "iteration_noise_samples")
         parse_wake_curve(list(self.wake_curve_ms) or None, where)
+        for key in _FRONT_END_KEYS:
+            parse_overhead(getattr(self, key), where, key)
 
     def wake(self) -> tuple[float, float] | None:
         """(seconds, time constant in seconds) of the first iteration after idle time, or None
@@ -265,7 +280,7 @@ class Calibration:
         for key in _SWAP_KEYS:
             d[key] = getattr(self, key) if self.has_swap else None
         for key in ("engine", *_INT_KEYS, "declared", "request_overhead_ms", "wake_ms",
-                    "wake_tau_ms"):
+                    "wake_tau_ms", *_FRONT_END_KEYS):
             if getattr(self, key) is not None:
                 d[key] = getattr(self, key)
         d["prefill_points"] = [[c, r] for c, r in self.prefill_points]
@@ -292,7 +307,7 @@ class Calibration:
                  "long_append_points", *_TEXT_KEYS,
                  *_RATE_KEYS, *_SWAP_KEYS, "engine", *_INT_KEYS, "declared",
                  "request_overhead_ms", "request_overhead_samples_ms", "wake_ms",
-                 "wake_tau_ms", "iteration_noise_samples", "wake_curve_ms"}
+                 "wake_tau_ms", "iteration_noise_samples", "wake_curve_ms", *_FRONT_END_KEYS}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InputError(f"{where}: unknown key(s) {', '.join(unknown)}")
@@ -340,6 +355,11 @@ class Calibration:
                    kv_capacity_tokens=parse_count(data.get("kv_capacity_tokens"),
                                              "kv_capacity_tokens", where),
                    batch_tokens=parse_count(data.get("batch_tokens"), "batch_tokens", where),
+                   front_end_ms=parse_overhead(data.get("front_end_ms"), where, "front_end_ms"),
+                   front_end_cpu_ms=parse_overhead(data.get("front_end_cpu_ms"), where,
+                                                   "front_end_cpu_ms"),
+                   stream_token_ms=parse_overhead(data.get("stream_token_ms"), where,
+                                                  "stream_token_ms"),
                    **rates)
 
 

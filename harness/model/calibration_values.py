@@ -43,14 +43,13 @@ def parse_wake_curve(value: Any, where: str) -> tuple[tuple[float, float, float]
     return tuple(out)
 
 
-def parse_overhead(value: Any, where: str) -> float | None:
-    """request_overhead_ms: None, or a finite number >= 0."""
+def parse_overhead(value: Any, where: str, key: str = "request_overhead_ms") -> float | None:
+    """request_overhead_ms (or `key`): None, or a finite number >= 0."""
     if value is None:
         return None
     if (isinstance(value, bool) or not isinstance(value, int | float)
             or not math.isfinite(value) or value < 0):
-        raise InputError(f"{where}: request_overhead_ms must be a finite number >= 0, got "
-                         f"{value!r}")
+        raise InputError(f"{where}: {key} must be a finite number >= 0, got {value!r}")
     return float(value)
 
 

@@ -21,6 +21,13 @@ shorter than its pause's request: the replay's client awaits the action before i
 release is awaited too: a trajectory's successor (the agent's next trajectory, or its parent's
 resume) starts when the release is answered. A TTL's later action sends none in the model.
 
+Where the server's front end is modelled (ServerModel.front_end_s and front_end_cpu_s: vLLM's
+API server, SGLang's tokenizer manager), every request, call or control, takes its turn in it on
+its way, one at a time in the order sent, and reaches the engine its turn's end plus the rest of
+its overhead. Where the front end shares the engine's processors (a server on CPUs), its work
+takes the engine's compute: its arrival's share within its turn, its answer's when the engine
+answers it (Scheduler.steal), so a burst of requests holds the engine back as it does there.
+
 Timeouts fall due in the order the calls were sent (one timeout for all): one TIMEOUT event at
 a time stands for them all, over a FIFO of the waiting calls, not one event per call.
 
@@ -34,6 +41,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Final
 
 from harness.simulate.decode import E_CALL_END, TIMEOUT_ERROR
+from harness.simulate.server import ServerModel
 from harness.simulate.trajectory import DONE, Trajectory
 
 if TYPE_CHECKING:
@@ -52,14 +60,19 @@ class Client:
     """The client's side of the engine's calls (see the module docstring). `timeout_text`: the
     sink's text of the timeout's message, as a replay's client words it."""
 
-    def __init__(self, engine: Engine, overhead_s: float, overheads: list[float],
-                 timeout_s: float, timeout_text: int, slot_mode: bool, controls: bool = False,
-                 control_overheads: list[float] | None = None) -> None:
+    def __init__(self, engine: Engine, server: ServerModel, steps: int, seed: int,
+                 timeout_s: float, timeout_text: int, slot_mode: bool,
+                 controls: bool = False) -> None:
         self.engine = engine
-        self.overhead = overhead_s
-        self.overheads = overheads  # per step, where the overhead has a distribution
+        self.overhead = server.request_overhead_s
+        # per step, where the overhead has a distribution (ServerModel.overhead_draws)
+        self.overheads = server.overhead_draws(steps, seed)
         self.controls = controls  # the server's pause controls are requests
-        self.ctl_overheads = control_overheads or []  # drawn in turn, where drawn
+        # drawn in turn, where drawn: a stream of their own
+        self.ctl_overheads = server.overhead_draws(steps, seed, 1) if controls else []
+        # the front end: a request's turn, its arrival's and its answer's compute taken
+        self.fe_turn, self.fe_in, self.fe_out = server.front_end()
+        self.fe_free = -INF  # when the front end is free next
         self.sent = 0  # control requests sent
         self.timeout_s = timeout_s
         self.timeout_text = timeout_text
@@ -68,6 +81,29 @@ class Client:
         self.from_start = timeout_s < INF and slot_mode
         self.waiting: deque[tuple[float, Trajectory, int]] = deque()  # (due, _, step), as sent
         self.armed = False  # a TIMEOUT event is pending for the first of them
+
+    def reach(self, d: float, t: float) -> float:
+        """When a request sent at `t`, with `d` its overhead, reaches the engine: after its turn
+        in the front end (behind the requests before it) and the rest of its overhead."""
+        turn = self.fe_turn
+        if turn <= 0.0:
+            return t + d
+        start = t if t > self.fe_free else self.fe_free
+        end = start + turn
+        self.fe_free = end
+        if self.fe_in > 0.0:
+            self.engine.sched.steal(start, start + self.fe_in)
+        return end + (d - turn if d > turn else 0.0)
+
+    def replied(self, n: int, t: float) -> None:
+        """The engine answered `n` requests at `t` (calls' last tokens, controls): the front
+        end's work on their answers takes the engine's compute, in turn after what it has."""
+        c = self.fe_out * n
+        if c <= 0.0:
+            return
+        start = t if t > self.fe_free else self.fe_free
+        self.fe_free = start + c
+        self.engine.sched.steal(start, start + c)
 
     def watch(self, tr: Trajectory, t: float) -> None:
         """`tr`'s call waits for its first token from `t` on (Engine.first_token ends it)."""
@@ -123,7 +159,7 @@ class Client:
         ov = self.ctl_overheads
         d = ov[self.sent % len(ov)] if ov else self.overhead
         self.sent += 1
-        self.engine.push(t + d, CONTROL, tr, kind)
+        self.engine.push(self.reach(d, t), CONTROL, tr, kind)
         return True
 
     def answered(self, kind: int, tr: Trajectory, t: float) -> None:

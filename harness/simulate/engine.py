@@ -181,9 +181,9 @@ class Engine(EngineState):
         client = self.client
         if client.from_send:
             client.watch(tr, t)
-        d = client.overheads[tr.pos] if client.overheads else client.overhead
-        if d > 0.0:
-            self.push(t + d, SENT, tr, tr.gen)
+        at = client.reach(client.overheads[tr.pos] if client.overheads else client.overhead, t)
+        if at > t:
+            self.push(at, SENT, tr, tr.gen)
         else:
             self.send(tr, t)
 

@@ -99,9 +99,11 @@ def step_lists(w: Workload) -> StepLists:
             w.deadline.tolist(), w.cls.tolist())
 
 
-def decode_costs(w: Workload, costs: IterationCosts) -> list[float]:
-    """What one decode token of each LLM step adds to an iteration (context at mid-output)."""
-    per_step: list[float] = (costs.beta + costs.decode_cell * (w.ctx - w.out / 2.0)).tolist()
+def decode_costs(w: Workload, costs: IterationCosts, streamed_s: float = 0.0) -> list[float]:
+    """What one decode token of each LLM step adds to an iteration (context at mid-output;
+    `streamed_s`: the front end's compute to send it, ServerModel.stream_token_s)."""
+    per_step: list[float] = (costs.beta + streamed_s
+                             + costs.decode_cell * (w.ctx - w.out / 2.0)).tolist()
     return per_step
 
 
@@ -137,7 +139,7 @@ class EngineState:
         # per step
         self.inp, self.out, self.ctx, self.kept, self.lat, self.dl, self.cls = step_lists(w)
         self.costs: IterationCosts = server.iteration_costs()
-        self.dcost = decode_costs(w, self.costs)
+        self.dcost = decode_costs(w, self.costs, server.stream_token_s)
         # per trajectory
         self.ids: list[str] = list(w.ids)
         self.prio: list[str] = list(w.priority)
@@ -223,11 +225,10 @@ class EngineState:
             self.growth.attach(self.sched)
         # the agents' client: request overheads, the first-token timeout and its message
         controls = self.growth is not None  # vLLM's pause controls are requests (Client)
-        self.client = Client(cast("Engine", self), server.request_overhead_s,
-                             server.overhead_draws(len(self.inp), seed), first_token_timeout_s,
+        self.client = Client(cast("Engine", self), server, len(self.inp), seed,
+                             first_token_timeout_s,
                              sink.text(f"timeout: no token within {first_token_timeout_s:g} s")
-                             if first_token_timeout_s < INF else 0, self.slot_mode, controls,
-                             server.overhead_draws(len(self.inp), seed, 1) if controls else None)
+                             if first_token_timeout_s < INF else 0, self.slot_mode, controls)
 
     def emit(self, t: float, ev: int, ti: int, step: int, s: int, a: float, b: float,
              c: float) -> None:

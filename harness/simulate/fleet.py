@@ -107,6 +107,8 @@ class Fleet:
         """Serve `e`'s trajectories: server 0 is the state `e` was built with, the others start
         empty, each with a scheduler of its own."""
         self.e = e
+        # one front end for K servers would queue their requests together: not modelled here
+        e.client.fe_turn = e.client.fe_in = e.client.fe_out = 0.0
         self.home = [-1] * len(e.trajs)
         self.names = [float(e.sink.text(server_name(k))) for k in range(self.k)]
         self.r_moved = e.sink.text(MOVED_REASON)

@@ -249,7 +249,10 @@ def server_model(calibration: Calibration) -> ServerModel:
                            q / 1000.0 for q in calibration.request_overhead_samples_ms),
                        long_append_points=calibration.long_append_points,
                        wake=calibration.wake(), wake_curve=calibration.wake_curve(),
-                       noise_samples=calibration.iteration_noise_samples)
+                       noise_samples=calibration.iteration_noise_samples,
+                       front_end_s=(calibration.front_end_ms or 0.0) / 1000.0,
+                       front_end_cpu_s=(calibration.front_end_cpu_ms or 0.0) / 1000.0,
+                       stream_token_s=(calibration.stream_token_ms or 0.0) / 1000.0)
 
 
 def _manifest(trace: Path, ref: TraceRef, policy_name: str, policy_args: dict[str, str],

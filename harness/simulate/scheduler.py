@@ -12,7 +12,10 @@ as a real client's would. Control tasks (erase, slot save and restore, the relea
 trajectory's end) are served between iterations, as llama.cpp's task queue serves them. Runs of
 identical decode-only iterations are one event, not one per token. A server whose pause
 controls are requests (vLLM's, through the harness's connector: one prompt token, two generated)
-runs them in its iterations like any call, a token each, without memory (`control`).
+runs them in its iterations like any call, a token each, without memory (`control`). Where the
+server's front end shares the engine's processors (harness.simulate.client), its work pauses the
+engine's compute (`steal`): the running iteration ends that much later, and one that starts
+while the front end works runs in what the front end leaves (`after`).
 
 Written as typed classes so that mypyc can compile this module with harness.simulate.engine
 (see harness.simulate.native); it runs unchanged as plain Python.
@@ -106,6 +109,40 @@ class Scheduler:
         self.ctl_wait: list[tuple[int, Trajectory]] = []
         self.ctl_pre: list[tuple[int, Trajectory]] = []
         self.ctl_dec: list[tuple[int, Trajectory]] = []
+        # the front end's work on the engine's processors: (start, end) in time order, none
+        # overlapping; and what of it the running decode run's last step waits for
+        self.fe: deque[tuple[float, float]] = deque()
+        self.lag = 0.0
+
+    def steal(self, s: float, e: float) -> None:
+        """The front end computes from `s` (now or later) to `e`, the engine not: the
+        iteration running at `s` ends that much later (a decode run ends with it)."""
+        self.fe.append((s, e))
+        if s >= self.t_srv or self.mode == IDLE:
+            return
+        if self.mode == DECODE:
+            t0, step = self.t0, self.step_s
+            tb = t0 + (int((s - t0) / step) + 1) * step  # the end of the step running at s
+            if tb < self.t_srv - self.lag:  # before the run's last step: it ends the run
+                self.t_srv, self.lag = tb, 0.0
+        self.t_srv += e - s
+        self.lag += e - s
+
+    def after(self, t: float, cost: float) -> float:
+        """When an iteration of `cost` started at `t` ends, in the time the front end's work
+        leaves the engine."""
+        fe = self.fe
+        while fe and fe[0][1] <= t:
+            fe.popleft()
+        cur, left = t, cost
+        for s, e in fe:
+            if s >= cur + left:
+                break
+            if s > cur:
+                left -= s - cur
+            if e > cur:
+                cur = e
+        return cur + left
 
     def control(self, kind: int, tr: Trajectory, t: float) -> None:
         """A control request about `tr` reaches the engine at `t`: its one prompt token joins
@@ -122,8 +159,8 @@ class Scheduler:
         elif self.mode == DECODE:
             t0, step_s = self.t0, self.step_s
             tb = t0 + (int((t - t0) / step_s) + 1) * step_s
-            if tb < self.t_srv:
-                self.t_srv = tb
+            if tb < self.t_srv - self.lag:  # (else the run's last step ends it)
+                self.t_srv, self.lag = tb, 0.0
 
     def defer(self, kind: int, tr: Trajectory, a: int, b: int, t: float) -> None:
         """A control task: served now when idle, else at the running iteration's end."""
@@ -155,7 +192,9 @@ class Scheduler:
     def done_by(self, t: float) -> int:
         """The iterations done by `t` (a decode run's as its steps end)."""
         if self.mode == DECODE:
-            return self.it0 + int((t - self.t0) / self.step_s)
+            k = int((t - self.t0) / self.step_s)  # the last step waits for the front end
+            return self.it0 + min(k, round((self.t_srv - self.lag - self.t0) / self.step_s) - 1
+                                  if t < self.t_srv else k)
         return self.it
 
     def idle(self) -> bool:
@@ -208,6 +247,7 @@ class Scheduler:
             if self.noise:  # a run of decodes draws once: its steps as long as each other
                 cost *= self.noise[self.noise_i & NOISE_MASK]
                 self.noise_i += 1
+        self.lag = 0.0
         if prompt:  # one iteration (not a run of decodes)
             for tr, _ in chunks:
                 if not tr.prefilling:  # the prompt's first chunk
@@ -215,7 +255,7 @@ class Scheduler:
                     self.rows[tr.pos * STEP_WIDTH + F_PRE_T] = t  # read with the call's end
             self.mode = PREFILL
             self.t0 = t
-            self.t_srv = t + cost
+            self.t_srv = t + cost if not self.fe else self.after(t, cost)
         elif self.n_d:
             self.mode = DECODE
             self.t0 = t
@@ -224,7 +264,16 @@ class Scheduler:
             k = self.hd[0][0] - self.it
             if self.growth is not None:
                 k = self.growth.run_length(self.it, k)
-            self.t_srv = t + k * cost
+            end = t + k * cost
+            if self.fe and self.fe[-1][1] > t:  # the front end works: the run ends at the step
+                for s, e in self.fe:  # it first takes from, which waits for it
+                    if e > t:
+                        if s < end:
+                            k = min(k, int((s - t) / cost) + 1 if s > t else 1)
+                            end = self.after(t, k * cost)
+                            self.lag = end - t - k * cost
+                        break
+            self.t_srv = end
         else:
             if self.mode != IDLE:  # idle from its last iteration's end (not from a wake-up
                 self.idle_since = t  # that found nothing it could run)
@@ -237,7 +286,7 @@ class Scheduler:
         if self.mode == PREFILL:
             self.it += 1
         elif self.mode == DECODE:
-            self.it = self.it0 + round((t - self.t0) / self.step_s)
+            self.it = self.it0 + round((t - self.lag - self.t0) / self.step_s)
         it = self.it
         answered = self.ctl_dec  # control requests: their last token; the first for the next
         self.ctl_dec = self.ctl_pre
@@ -299,6 +348,12 @@ class Scheduler:
         preempted = gr is not None and gr.make_room(it)
         self.compose(t)
         engine = self.engine
+        if engine.client.fe_out > 0.0:  # the answers' front-end work (Client.replied)
+            n = len(done) + len(answered)
+            for tr in firsts:
+                if self.out[tr.pos] <= 1:
+                    n += 1
+            engine.client.replied(n, t)
         if self.tasks:
             todo = self.tasks[:]
             self.tasks.clear()

@@ -56,6 +56,14 @@ class ServerModel:
     request_overhead_s: float = 0.0  # a call's way to the engine (HTTP, API server, hand-over)
     # its distribution: measured overheads to draw from (empty: the constant for every call)
     request_overhead_samples_s: tuple[float, ...] = ()
+    # The server's front end (API server, tokenizer manager): each arriving request's turn in
+    # it, one request at a time, first come first served (0: none, requests in parallel)...
+    front_end_s: float = 0.0
+    # ... the CPU a request's front-end work (its arrival and its answer) takes from the
+    # engine's compute, where they share processors (0: none, as on a GPU with its own cores)
+    front_end_cpu_s: float = 0.0
+    # ... and per token a streaming call is sent, taken from the engine's compute the same way
+    stream_token_s: float = 0.0
 
     def iteration_costs(self) -> IterationCosts:
         """What an iteration costs (harness.model.iteration), fitted to these rates."""
@@ -72,6 +80,12 @@ class ServerModel:
         rng = np.random.default_rng([seed, 0x0E4D, 2, server])
         return [float(v) for v in rng.choice(np.asarray(self.noise_samples, dtype=float),
                                              NOISE_DRAWS)]
+
+    def front_end(self) -> tuple[float, float, float]:
+        """A request's turn in the front end, and the engine's compute its front-end work
+        takes at its arrival (within that turn) and at its answer, in s."""
+        arrive = min(self.front_end_s, self.front_end_cpu_s)
+        return self.front_end_s, arrive, self.front_end_cpu_s - arrive
 
     def overhead_draws(self, n: int, seed: int, stream: int = 0) -> list[float]:
         """Each of `n` steps' request overhead (s), drawn uniformly from the samples by a

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -40,7 +40,7 @@ from harness.adapters.base import (
 )
 from harness.adapters.http import connect
 from harness.adapters.runtimes import get_runtime
-from harness.calibrate import calls, wake
+from harness.calibrate import calls, front_end, wake
 from harness.errors import InputError, ServerError
 from harness.model.calibration import (
     RUNTIME_ENGINES,
@@ -90,6 +90,7 @@ class Measured:
     noise: tuple[float, ...] = ()  # iteration times over their median, ascending (engines)
     # (idle s, server s, way s) the first call after each idle time adds (engines only)
     wake_curve: tuple[tuple[float, float, float], ...] = ()
+    front_end: front_end.FrontEndTimes | None = None  # the front end's (engines only)
 
 
 def _count(value: Any) -> int | None:
@@ -323,10 +324,12 @@ async def measure_engine(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS, repe
             per_token.append(bpt)
     # a short re-check (swap False) measures neither swap nor the iteration times' spread
     after_idle, noise, curve = await _spread(ad, vocab, salt) if swap else (None, (), ())
+    # ... nor the front end
+    fe = await front_end.measure(ad, vocab, f"{salt}-front-end") if swap else None
     return Measured(points, decode_points, append_points, statistics.median(decode),
                     _median(outs), _median(ins), _median(per_token), info.server_version,
                     info.model, block, capacity, batch, note, _median(overheads),
-                    overhead_samples(overheads), long_points, after_idle, noise, curve)
+                    overhead_samples(overheads), long_points, after_idle, noise, curve, fe)
 
 
 async def _no_swap(ad: Adapter) -> str:
@@ -392,7 +395,7 @@ def to_calibration(m: Measured, kv_bytes_per_token: float | None,
     if bpt is None:
         raise ServerError("calibrate: the model's KV bytes per token are unknown (no local "
                           "model geometry and nothing swapped); calibrate a local server")
-    return Calibration(
+    cal = Calibration(
         runtime=runtime, server_version=server_version or m.server_version, model=m.model,
         kv_bytes_per_token=bpt, prefill_tok_s=m.prefill_points[-1][1],
         decode_tok_s=m.decode_tok_s, swap_out_bytes_per_s=m.swap_out_bytes_per_s or 0.0,
@@ -410,6 +413,11 @@ def to_calibration(m: Measured, kv_bytes_per_token: float | None,
         iteration_noise_samples=m.noise,
         wake_curve_ms=tuple((round(i * 1e3, 3), round(v * 1e3, 4), round(w * 1e3, 4))
                             for i, v, w in m.wake_curve))
+    if m.front_end is None:
+        return cal
+    # less the engine's own work, as the server reports its prompt times (without the way)
+    turn, cpu, stream = front_end.figures(m.front_end, cal.iteration_costs(way=False))
+    return replace(cal, front_end_ms=turn, front_end_cpu_ms=cpu, stream_token_ms=stream)
 
 
 def _measure_on(runtime: Runtime, options: ServerOptions, out: Path, repeats: int,
@@ -417,7 +425,8 @@ def _measure_on(runtime: Runtime, options: ServerOptions, out: Path, repeats: in
                 ) -> tuple[Measured, float | None, str | None]:
     """Measure the runtime's server: (measurements, KV bytes per token of the model, build)."""
     async def go(session: RuntimeSession) -> Measured:
-        async with connect(session.details.url, 2) as http:
+        # connections enough for the front end's bursts and streams (one at a time elsewhere)
+        async with connect(session.details.url, front_end.CONNECTIONS) as http:
             adapter = session.connect(http)
             await server_info(adapter, session.details.url)
             return await measure(adapter, contexts, repeats, swap=swap)

@@ -68,6 +68,15 @@ def summary(cal: Calibration, measured: Measured) -> str:
     if cal.wake_curve_ms:
         overhead += "; the first call after idle time, server + way: " + ", ".join(
             f"{i / 1e3:g} s +{v:.1f} + {w:.1f} ms" for i, v, w in cal.wake_curve_ms)
+    fe = measured.front_end
+    if fe is not None:
+        overhead += (f"; the front end: {cal.front_end_ms:.2f} ms a request in turn (a burst of "
+                     f"{fe.burst}'s last answer {fe.burst_wait_ms:.1f} ms beyond its prompt "
+                     f"time, one alone {fe.single_wait_ms:.1f}), {cal.front_end_cpu_ms:.2f} ms "
+                     f"of the engine's compute a request ({fe.streams} streams' step "
+                     f"{fe.step_streams_ms:.2f} -> {fe.step_busy_ms:.2f} ms beside "
+                     f"{fe.tiny_rate:.0f} requests/s), {cal.stream_token_ms:.3f} ms a streamed "
+                     f"token (the step {fe.step_one_ms:.2f} ms alone)")
     return (f"{cal.engine_kind or cal.runtime}: prefill tok/s by context ({pts}); decode tok/s "
             f"by context ({dec}); {APPEND_TOKENS}-token append tok/s by context ({app}); "
             f"{swap}; KV {cal.kv_bytes_per_token:,.0f} B/token{dumped}; the server's KV pool: "

@@ -173,6 +173,14 @@ def test_sglang_records_swap_as_unsupported_and_its_pool() -> None:
     # its prompt time never grows after idle time; the way there may (this machine's own wake)
     assert all(v == 0.0 for _, v, _ in m.wake_curve)
     assert [i for i, _, _ in m.wake_curve] in ([], list(WAKE_CURVE_GAPS_S))
+    # the front end measured (a burst, streams alone and beside tiny requests); the fake's
+    # steps do not slow with company, so none of its compute is the front end's
+    assert m.front_end is not None and m.front_end.burst == 16
+    assert m.front_end.step_one_ms == pytest.approx(1.0, abs=0.01)
+    assert m.front_end.tiny_rate > 0
+    cal = to_calibration(m, 512.0, runtime="sglang")
+    assert cal.stream_token_ms == 0.0 and cal.front_end_cpu_ms == 0.0
+    assert cal.front_end_ms is not None and cal.front_end_ms >= 0.0
     assert m.noise == (1.0,) * 30  # and always in the same time: no spread
     assert m.swap_note is not None and m.swap_note.startswith("unsupported: SGLang has no")
     cal = to_calibration(m, 512.0, runtime="sglang")

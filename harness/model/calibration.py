@@ -18,6 +18,7 @@ JSON with these keys (all rates positive and finite):
      "request_overhead_ms": 1.2,      # a call's time outside the engine's compute (median)
      "wake_ms": 1.4, "wake_tau_ms": 40.0,  # the first iteration after idle time (below)
      "iteration_noise_samples": [0.9, 1.0, 1.3],  # one iteration's times / their median
+     "front_end_ms": 1.4, "front_end_cpu_ms": 2.2, "stream_token_ms": 0.12,  # (below)
      "declared": "..."}               # sources: figures published elsewhere, not measured
 
 `prefill_tok_s` is the headline rate; `prefill_points` give it by context length when measured,

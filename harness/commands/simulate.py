@@ -169,6 +169,11 @@ def simulate_command(trace: Path, policy: str, policy_args: tuple[str, ...],
                    + (f", {s['preempted_calls']} running calls preempted for memory, "
                       f"{s['control_requests']} pause controls sent as requests"
                       if cap.engine == "vllm" else ""))
+    if cal.front_end_ms or cal.front_end_cpu_ms or cal.stream_token_ms:
+        click.echo(f"the server's front end (the calibration's): {cal.front_end_ms or 0.0:.2f} ms "
+                   f"a request in turn, {cal.front_end_cpu_ms or 0.0:.2f} ms of the engine's "
+                   f"compute a request, {cal.stream_token_ms or 0.0:.3f} ms a streamed token"
+                   + ("; not modelled across a fleet's servers" if k > 1 else ""))
     if "routing" in s:
         click.echo(fleet_line(k, router, s["routing"]))
 

@@ -172,6 +172,20 @@ def test_simulate_with_the_declared_preset_says_so(tmp_path: Path) -> None:
     assert run.calibration is not None and DECLARED_NOTE in run.calibration["declared"]
 
 
+def test_simulate_says_when_the_servers_front_end_is_modelled(tmp_path: Path) -> None:
+    def said(preset: str) -> str:
+        res = CliRunner().invoke(main, ["simulate", "--trace", "traces/bench-small.parquet",
+                                        "--policy", "keep-evictable", "--calibration", preset,
+                                        "--capacity-tokens", "4096", "--out",
+                                        str(tmp_path / preset)])
+        assert res.exit_code == 0, res.output
+        return res.output
+
+    cal = resolve_calibration("vllm-tiny-cpu")
+    assert f"{cal.front_end_ms:.2f} ms a request in turn" in said("vllm-tiny-cpu")
+    assert "front end" not in said("vllm-llama3.1-70b-h100x4")  # declared without one
+
+
 def test_simulate_refuses_an_unknown_preset_in_one_line(tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["simulate", "--trace", "traces/bench-small.parquet",
                                     "--policy", "keep", "--calibration", "nope",

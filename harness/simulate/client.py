@@ -88,22 +88,25 @@ class Client:
         turn = self.fe_turn
         if turn <= 0.0:
             return t + d
-        start = t if t > self.fe_free else self.fe_free
-        end = start + turn
-        self.fe_free = end
+        start = self.occupy(turn, t)
         if self.fe_in > 0.0:
             self.engine.sched.steal(start, start + self.fe_in)
-        return end + (d - turn if d > turn else 0.0)
+        return start + turn + (d - turn if d > turn else 0.0)
 
     def replied(self, n: int, t: float) -> None:
         """The engine answered `n` requests at `t` (calls' last tokens, controls): the front
         end's work on their answers takes the engine's compute, in turn after what it has."""
         c = self.fe_out * n
-        if c <= 0.0:
-            return
+        if c > 0.0:
+            start = self.occupy(c, t)
+            self.engine.sched.steal(start, start + c)
+
+    def occupy(self, busy: float, t: float) -> float:
+        """The front end works `busy` s for what arrived at `t`, after what it has: when it
+        starts."""
         start = t if t > self.fe_free else self.fe_free
-        self.fe_free = start + c
-        self.engine.sched.steal(start, start + c)
+        self.fe_free = start + busy
+        return start
 
     def watch(self, tr: Trajectory, t: float) -> None:
         """`tr`'s call waits for its first token from `t` on (Engine.first_token ends it)."""

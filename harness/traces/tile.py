@@ -28,9 +28,15 @@ def copy_id(tid: str, k: int, sep: str = "~") -> str:
 def copy_separator(ids: set[str], copies: int) -> str:
     """"~", or as many more as it takes for no copy's id to be one the trace has: a trace
     that is itself a tiled one has `t~1` beside `t`."""
+    def clashes(sep: str) -> bool:
+        for tid in ids:
+            head, found, k = tid.rpartition(sep)
+            if found and head in ids and k.isdigit() and 0 < int(k) < copies:
+                return True
+        return False
+
     sep = "~"
-    while any(tid.rpartition(sep)[0] in ids and tid.rpartition(sep)[2].isdigit()
-              and 0 < int(tid.rpartition(sep)[2]) < copies for tid in ids if sep in tid):
+    while clashes(sep):
         sep += "~"
     return sep
 

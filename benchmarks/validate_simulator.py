@@ -5,10 +5,12 @@ policy): the simulator against a live server, every policy, with enough resumes 
     python benchmarks/validate_simulator.py --runtime vllm --pool-tokens 2560 \\
         [--trace traces/bench-small.parquet] [--min-resumes 400] [--policies P,...] \\
         [--ctx-per-slot 2048] [--concurrency 6] [--token-scale 1] [--scrape-interval 0.2] \\
-        [--out DIR]
+        [--tool-jitter 0.05] [--out DIR]
 
 The trace is repeated end to end (harness.traces.tile) until it holds at least --min-resumes
-resumed calls, written beside the results, and given to `harness bench --calibrate`: the
+resumed calls (--tool-jitter F: each tool's latency scaled by its own seeded draw from 1 +/- F,
+so that copies of one trajectory started together do not stay in step: harness.traces.tile),
+written beside the results, and given to `harness bench --calibrate`: the
 server is calibrated first (with the replays' settings), each policy replayed, then simulated
 with the same trace, agents, seed and memory (llama.cpp: slots x context; vLLM and SGLang: the
 engine model on the KV pool the server reported), and the calibration re-checked at the end.
@@ -64,6 +66,7 @@ from harness.model.run_rates import (
 )
 from harness.records.manifest import read_manifest
 from harness.records.store import read_records, read_server_metrics
+from harness.simulate.run import DEFAULT_DEADLINE_S
 from harness.traces.schema import Provenance, write_trajectories
 from harness.traces.tile import tile_steps
 from harness.traces.validate import load_trajectories
@@ -401,6 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--token-scale", type=float, default=1.0)
     ap.add_argument("--scrape-interval", type=float, default=0.2,
                     help="seconds between the replays' server-metrics samples")
+    ap.add_argument("--tool-jitter", type=float, default=0.0,
+                    help="scale each tool's latency by its own draw from 1 +/- this (seeded): "
+                         "copies started together part instead of staying in step")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--from", dest="again", type=Path,
                     help="a finished validation's folder: redo its tables, replay nothing")
@@ -413,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.seeds < 1:
         ap.error("--seeds must be >= 1")
+    if not 0.0 <= args.tool_jitter < 1.0:
+        ap.error("--tool-jitter must be in [0, 1)")
     if args.again is not None:
         prior = args.again / "validation.json"
         if not prior.exists():
@@ -430,9 +438,14 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: {args.trace} has no resumed calls")
     copies = -(-args.min_resumes // per_copy)
     tiled = out / f"{args.trace.stem}-x{copies}.parquet"
-    write_trajectories(tile_steps(load_trajectories(args.trace), copies), tiled,
-                       Provenance("tiled", [str(args.trace)],
-                                  notes=[f"{copies} copies end to end"]))
+    notes = [f"{copies} copies end to end"]
+    if args.tool_jitter:
+        notes.append(f"each tool's latency x U(1 - {args.tool_jitter:g}, 1 + "
+                     f"{args.tool_jitter:g}), seed 0")
+    # the replays' injection profile gives a tool without a deadline its default one
+    write_trajectories(tile_steps(load_trajectories(args.trace), copies, args.tool_jitter,
+                                  default_deadline_s=DEFAULT_DEADLINE_S),
+                       tiled, Provenance("tiled", [str(args.trace)], notes=notes))
     policies = args.policies or DEFAULT_POLICIES[args.runtime]
     cmd = [sys.executable, "-m", "harness", "bench", "--runtime", args.runtime, "--trace",
            str(tiled), "--policies", policies, "--calibrate", "--concurrency",
@@ -444,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     rc = subprocess.run(cmd, cwd=ROOT, check=False).returncode
     doc = {"runtime": args.runtime, "trace": str(args.trace), "copies": copies,
+           "tool_jitter": args.tool_jitter,
            "pool_tokens": args.pool_tokens, "concurrency": args.concurrency,
            "scrape_interval_s": args.scrape_interval, "bench_exit": rc,
            "policies": policies.split(",")}

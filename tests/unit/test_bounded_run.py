@@ -7,6 +7,7 @@ import dataclasses
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -94,6 +95,46 @@ def test_a_tiled_trace_tiles_again_without_a_clash() -> None:
     # a trace whose own ids end in ~ and a number that no copy would take keeps "~"
     once = tile_steps(_steps().replace({"a": "a~7"}), 3)
     assert "a~7~1" in set(once["trajectory_id"])
+
+
+def test_tile_jitter_parts_the_copies_tools_and_nothing_else() -> None:
+    steps = _steps()
+    steps.loc[4, "latency_s"] = float("nan")  # a tool that never returns stays so
+    out = tile_steps(steps, 4, jitter=0.1, seed=3)
+    tools = out[out["kind"] == "tool"]["latency_s"].to_numpy(dtype="float64")
+    base = tile_steps(steps, 4)[lambda d: d["kind"] == "tool"]["latency_s"].to_numpy(
+        dtype="float64")
+    returns = ~np.isnan(base)
+    assert np.isnan(tools[~returns]).all()
+    ratio = tools[returns] / base[returns]
+    assert ((ratio >= 0.9) & (ratio <= 1.1)).all()
+    assert len(set(ratio.round(12))) == len(ratio)  # every tool its own draw: copies differ
+    # calls untouched; the same seed draws the same; another seed, others
+    assert out[out["kind"] == "llm"]["latency_s"].isna().all()
+    again = tile_steps(steps, 4, jitter=0.1, seed=3)["latency_s"].to_numpy(dtype="float64")
+    other = tile_steps(steps, 4, jitter=0.1, seed=4)["latency_s"].to_numpy(dtype="float64")
+    mine = out["latency_s"].to_numpy(dtype="float64")
+    assert np.array_equal(mine, again, equal_nan=True)
+    assert not np.array_equal(mine, other, equal_nan=True)
+    # one copy is jittered too; jitter 0 is the trace itself
+    assert not np.array_equal(tile_steps(steps, 1, 0.1)["latency_s"].to_numpy(dtype="float64"),
+                              steps["latency_s"].to_numpy(dtype="float64"), equal_nan=True)
+    assert tile_steps(steps, 1) is steps
+    with pytest.raises(InputError):
+        tile_steps(steps, 2, jitter=1.0)
+    # a tool keeps its side of its deadline: 2.9 s of 3 stays under 2.95, 3.2 stays over 3.1
+    near = steps.assign(deadline_s=[None, 3.0, None, None, 3.0])
+    near.loc[1, "latency_s"], near.loc[4, "latency_s"] = 2.9, 3.2
+    for seed in range(20):
+        lat = tile_steps(near, 1, jitter=0.5, seed=seed)["latency_s"].tolist()
+        assert 1.45 <= lat[1] <= 2.95 and 3.1 <= lat[4] <= 4.8
+    # without one of its own a tool takes the default (the replay's profile), a sub-agent's
+    # none: a 30-s tool at a 30-s default never later than 30 s; the sub-agent's free
+    dflt = steps.assign(tool_class=[None, "sandbox", None, None, "subagent"])
+    dflt.loc[1, "latency_s"], dflt.loc[4, "latency_s"] = 30.0, 30.0
+    lat = [tile_steps(dflt, 1, 0.1, seed, default_deadline_s=30.0)["latency_s"].tolist()
+           for seed in range(20)]
+    assert all(27.0 <= x[1] <= 30.0 for x in lat) and max(x[4] for x in lat) > 30.0
 
 
 def test_copies_cover_the_duration() -> None:

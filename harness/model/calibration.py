@@ -51,9 +51,10 @@ calibration measures its appends back to back, an agent's resume comes after a t
 `wake_curve_ms` (optional): the wake measured at several idle times, as [idle_ms, server_ms,
 way_ms] triples by ascending idle time, each part >= 0 and non-decreasing: what the first call
 after that much idle time added to the server's prompt time and to its way there and back (the
-client's time to first token less that). Where present the simulator adds both parts, linearly
-interpolated in the idle time (flat past the last point), to the first iteration after idle
-time, in place of the wake_ms form. Measured on a 2-core Xeon VM's pinned vLLM server: server
+client's time to first token less that). Where present the simulator adds the server part to
+the first iteration after idle time, in place of the wake_ms form, and the way part to the way
+of the first request sent after it (harness.simulate.client), each linearly interpolated in the
+idle time (flat past the last point). Measured on a 2-core Xeon VM's pinned vLLM server: server
 +1.7, +2.9, +6.2, +14.6, +28.4 ms and way +0.1, +2.1, +7.7, +23.4, +52.9 ms after 10 ms, 30 ms,
 300 ms, 1 s and 3 s (harness.calibrate.wake).
 
@@ -231,6 +232,14 @@ class Calibration:
         """(idle s, extra s) of the first iteration after idle time, ascending: its server and
         way parts together (`way` False: the server's part alone); empty where not measured."""
         return tuple((i / 1e3, (v + (w if way else 0.0)) / 1e3) for i, v, w in self.wake_curve_ms)
+
+    def way_wake_curve(self) -> tuple[tuple[float, float], ...]:
+        """(idle s, extra s): what a request's way there and back (its time to first token less
+        the server's prompt time) grows by after idle time, ascending; empty where not
+        measured or where it did not grow."""
+        if not any(w > 0 for _, _, w in self.wake_curve_ms):
+            return ()
+        return tuple((i / 1e3, w / 1e3) for i, _, w in self.wake_curve_ms)
 
     def iteration_costs(self, way: bool = True) -> IterationCosts:
         """What an iteration costs on this server (harness.model.iteration), fitted to these

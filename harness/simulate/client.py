@@ -28,6 +28,12 @@ its overhead. Where the front end shares the engine's processors (a server on CP
 takes the engine's compute: its arrival's share within its turn, its answer's when the engine
 answers it (Scheduler.steal), so a burst of requests holds the engine back as it does there.
 
+After idle time a request's way there and back is slower (ServerModel.way_wake_curve: the
+wake's part outside the engine, measured by calibrate): the first request sent after the server
+idled takes that much longer to reach it, and one sent meanwhile reaches it no earlier; a
+request sent while the server works, or right after another reached it, takes no longer.
+Unlike the wake's server part (the first iteration's) it holds back no other call.
+
 Timeouts fall due in the order the calls were sent (one timeout for all): one TIMEOUT event at
 a time stands for them all, over a FIFO of the waiting calls, not one event per call.
 
@@ -40,6 +46,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Final
 
+from harness.model.iteration import curve_at
 from harness.simulate.decode import E_CALL_END, TIMEOUT_ERROR
 from harness.simulate.server import ServerModel
 from harness.simulate.trajectory import DONE, Trajectory
@@ -73,6 +80,11 @@ class Client:
         # the front end: a request's turn, its arrival's and its answer's compute taken
         self.fe_turn, self.fe_in, self.fe_out = server.front_end()
         self.fe_free = -INF  # when the front end is free next
+        # the way's wake after idle time (ServerModel.way_wake_curve; empty: none), and when a
+        # request was last sent (one sent just after it finds the way awake)
+        self.way_curve = server.way_wake_curve
+        self.last_sent = -INF
+        self.warm_at = -INF  # when the way is awake again after the last request's wake
         self.sent = 0  # control requests sent
         self.timeout_s = timeout_s
         self.timeout_text = timeout_text
@@ -85,6 +97,8 @@ class Client:
     def reach(self, d: float, t: float) -> float:
         """When a request sent at `t`, with `d` its overhead, reaches the engine: after its turn
         in the front end (behind the requests before it) and the rest of its overhead."""
+        if self.way_curve:
+            d += self.way_wake(t)
         turn = self.fe_turn
         if turn <= 0.0:
             return t + d
@@ -92,6 +106,23 @@ class Client:
         if self.fe_in > 0.0:
             self.engine.sched.steal(start, start + self.fe_in)
         return start + turn + (d - turn if d > turn else 0.0)
+
+    def way_wake(self, t: float) -> float:
+        """What the way of a request sent at `t` adds after idle time: none while the server
+        works; else after the time since it went idle or the last request was sent; and a
+        request sent while the way still wakes for an earlier one waits for that too."""
+        sched = self.engine.sched
+        last = self.last_sent
+        self.last_sent = t
+        w = 0.0
+        if sched.idle():
+            since = sched.idle_since if sched.idle_since > last else last
+            if t > since:
+                w = curve_at(self.way_curve, t - since)
+        if self.warm_at - t > w:
+            return self.warm_at - t
+        self.warm_at = t + w
+        return w
 
     def replied(self, n: int, t: float) -> None:
         """The engine answered `n` requests at `t` (calls' last tokens, controls): the front

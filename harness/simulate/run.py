@@ -248,7 +248,8 @@ def server_model(calibration: Calibration) -> ServerModel:
                        request_overhead_samples_s=tuple(
                            q / 1000.0 for q in calibration.request_overhead_samples_ms),
                        long_append_points=calibration.long_append_points,
-                       wake=calibration.wake(), wake_curve=calibration.wake_curve(),
+                       wake=calibration.wake(), wake_curve=calibration.wake_curve(way=False),
+                       way_wake_curve=calibration.way_wake_curve(),
                        noise_samples=calibration.iteration_noise_samples,
                        front_end_s=(calibration.front_end_ms or 0.0) / 1000.0,
                        front_end_cpu_s=(calibration.front_end_cpu_ms or 0.0) / 1000.0,

@@ -27,7 +27,7 @@ import heapq
 from collections import deque
 from typing import TYPE_CHECKING, Any, Final
 
-from harness.model.iteration import NOISE_DRAWS, IterationCosts
+from harness.model.iteration import NOISE_DRAWS, IterationCosts, curve_at
 from harness.simulate.batch import slot_iteration_s
 from harness.simulate.trajectory import F_PRE_T, STEP_WIDTH, Trajectory
 
@@ -75,6 +75,9 @@ class Scheduler:
         # the first iteration after idle time costs more (IterationCosts.wake_after): measured
         self.wakes: bool = costs.wake > 0.0 or bool(costs.wake_curve)
         self.idle_since = -INF  # the server idled before the run
+        # a fleet's: the way's wake after idle time, added to the first iteration after it (a
+        # single server's client adds it to the request's way instead: Client.way_wake)
+        self.way_curve: tuple[tuple[float, float], ...] = ()
         # each iteration's time over the model's, drawn from the measured spread (the
         # server's own noise: harness.simulate.server.noise_draws); empty: none
         self.noise: list[float] = []
@@ -243,7 +246,10 @@ class Scheduler:
         prompt = bool(chunks or self.ctl_pre or self.ctl_dec)
         if prompt or self.n_d:  # an iteration runs (a wake-up that finds none draws nothing)
             if self.mode == IDLE and self.wakes:  # the engine idled: it wakes slower
-                cost += self.costs.wake_after(t - self.idle_since)
+                idle = t - self.idle_since
+                cost += self.costs.wake_after(idle)
+                if self.way_curve:
+                    cost += curve_at(self.way_curve, idle)
             if self.noise:  # a run of decodes draws once: its steps as long as each other
                 cost *= self.noise[self.noise_i & NOISE_MASK]
                 self.noise_i += 1

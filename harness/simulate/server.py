@@ -49,8 +49,12 @@ class ServerModel:
     batch_tokens: int = BATCH_TOKENS
     long_append_points: tuple[tuple[int, float], ...] = ()
     wake: tuple[float, float] | None = None  # the first iteration after idle: (s, tau s)
-    # the same measured at several idle times: (idle s, extra s), ascending (empty: none)
+    # the same measured at several idle times: (idle s, extra s), ascending (empty: none): what
+    # the server's prompt time grows by
     wake_curve: tuple[tuple[float, float], ...] = ()
+    # ... and what a request's way there and back grows by after the same idle times (the
+    # front end, the client: outside the engine's iterations, so it holds back no other call)
+    way_wake_curve: tuple[tuple[float, float], ...] = ()
     # the server's own spread: measured times over their median, ascending (empty: none)
     noise_samples: tuple[float, ...] = ()
     request_overhead_s: float = 0.0  # a call's way to the engine (HTTP, API server, hand-over)

@@ -219,8 +219,15 @@ def test_a_missing_file_is_named_as_a_file() -> None:
 @pytest.mark.parametrize("name", SHIPPED)
 def test_the_simulator_and_the_speed_check_price_a_calibration_alike(name: str) -> None:
     """The simulator's server model and a replay's speed factors (run_rates.server_speed)
-    fit one set of iteration costs to a calibration: both from Calibration.iteration_costs."""
+    fit one set of iteration costs to a calibration: both from Calibration.iteration_costs,
+    the wake's server part in the iterations; its way part goes to the requests' way
+    (harness.simulate.client), as the speed check takes it out of their overheads."""
     from harness.simulate.run import server_model
 
     cal = resolve_calibration(name)
-    assert server_model(cal).iteration_costs() == cal.iteration_costs()
+    model = server_model(cal)
+    assert model.iteration_costs() == cal.iteration_costs(way=False)
+    assert model.way_wake_curve == cal.way_wake_curve()
+    if cal.wake_curve_ms:
+        assert model.way_wake_curve and model.way_wake_curve[-1][1] == pytest.approx(
+            cal.wake_curve_ms[-1][2] / 1e3)

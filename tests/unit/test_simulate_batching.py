@@ -222,19 +222,55 @@ def test_the_first_iteration_after_idle_time_pays_the_wake(tmp_path: Path) -> No
 
 
 def test_a_measured_wake_curve_is_interpolated_in_the_idle_time(tmp_path: Path) -> None:
-    # server + way: 2 ms after 10 ms of idle time, 6 ms after 100 ms and more; the first call
-    # meets a server idle since before the run (past the curve: 6 ms), the resume, 50 ms of tool
-    # time later, 2 + 4 (40 / 90) ms. The curve replaces the (wake, tau) form where both exist.
+    # server part 1.5 ms after 10 ms of idle time, 4 ms after 100 ms and more; way part 0.5 and
+    # 2 ms. The first call meets a server idle since before the run (past the curve): it
+    # reaches the engine 2 ms after it is sent and its prompt takes 4 ms more; the resume, sent
+    # 50 ms after the call's end (the server idle since), reaches it w = 0.5 + 1.5 (40 / 90) ms
+    # later and its prompt, the server idle 50 + w ms by then, takes 1.5 + 2.5 ((40 + w) / 90)
+    # ms more. The curve replaces the (wake, tau) form where both exist.
     cal = dataclasses.replace(CAL, wake_ms=50.0, wake_tau_ms=100.0, engine="sglang",
                               wake_curve_ms=((10.0, 1.5, 0.5), (100.0, 4.0, 2.0)))
-    ends = call_ends(tmp_path, {"a": [llm(10, 2), tool(0.05), llm(40, 2)]}, cal, SGLANG)
+    out = tmp_path / "out"
+    run_simulation(trace(tmp_path, {"a": [llm(10, 2), tool(0.05), llm(40, 2)]}), "keep-evictable",
+                   {}, SGLANG, cal, None, Arrivals("closed", 1), 0, out, write_summary=False)
+    df = read_records(out)
+    ends = df[df["event"] == "call_end"].reset_index(drop=True)
     first, resume = ends.iloc[0], ends.iloc[1]
-    assert first["server_ms"] == pytest.approx((ALPHA + 10 * BETA + 0.006) * 1e3, rel=1e-9)
-    wake = 0.002 + 0.004 * 40 / 90
+    assert t_s(df, "call_start", "a") == pytest.approx(0.002, abs=2e-9)
+    assert first["server_ms"] == pytest.approx((ALPHA + 10 * BETA + 0.004) * 1e3, rel=1e-9)
+    way = 0.0005 + 0.0015 * 40 / 90
+    wake = 0.0015 + 0.0025 * (0.040 + way) / 0.090
+    assert t_s(df, "call_start", "a", 1) - t_s(df, "tool_end", "a") == pytest.approx(
+        way, abs=2e-9)
     assert resume["server_ms"] == pytest.approx(
         (ALPHA + int(resume["prompt_n"]) * BETA + wake) * 1e3, rel=1e-9)
-    assert cal.iteration_costs().wake_after(0.05) == pytest.approx(wake, rel=1e-12)
+    assert cal.iteration_costs(way=False).wake_after(0.05 + way) == pytest.approx(wake,
+                                                                                 rel=1e-12)
+    assert cal.iteration_costs().wake_after(0.05) == pytest.approx(0.002 + 0.004 * 40 / 90,
+                                                                   rel=1e-12)
     assert resume["decode_ms"] == pytest.approx((ALPHA + BETA) * 1e3, rel=1e-9)
+
+
+def test_the_ways_wake_delays_the_requests_on_it_not_the_engine(tmp_path: Path) -> None:
+    # a way wake of 30 ms after 100 ms of idle time or more, no server part: a, sent first at 0
+    # (the server idle since before the run), reaches the engine at 30; b, sent at 1 while the
+    # way still wakes, with it; their prompts run together (30-59). c, sent at 40 while the
+    # engine works, reaches it at once and waits only for that iteration (59-78). Had the wake
+    # been the iteration's, a's prompt would have run 0-49 and b's and c's after it.
+    cal = dataclasses.replace(CAL, engine="sglang", wake_curve_ms=((100.0, 0.0, 30.0),))
+    out = tmp_path / "out"
+    trajs = {"a": [llm(10, 1)], "b": [llm(10, 1)], "c": [llm(10, 1)]}
+    run_simulation(trace(tmp_path, trajs, {"a": 0.0, "b": 0.001, "c": 0.040}), "keep-evictable",
+                   {}, SGLANG, cal, None, Arrivals("trace", 8, 1.0), 0, out, write_summary=False)
+    df = read_records(out)
+    both = 0.030 + ALPHA + 20 * BETA
+    for tid in "ab":
+        assert t_s(df, "call_start", tid) == pytest.approx(0.030, abs=2e-9)
+        assert t_s(df, "first_token", tid) == pytest.approx(both, abs=2e-9)
+    assert t_s(df, "call_start", "c") == pytest.approx(0.040, abs=2e-9)
+    assert t_s(df, "first_token", "c") == pytest.approx(both + ALPHA + 10 * BETA, abs=2e-9)
+    ends = df[df["event"] == "call_end"]
+    assert ends["server_ms"].min() == pytest.approx((ALPHA + 10 * BETA) * 1e3, rel=1e-9)
 
 
 def test_each_iteration_takes_a_drawn_factor_of_the_servers_spread(tmp_path: Path) -> None:

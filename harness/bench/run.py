@@ -138,8 +138,10 @@ def run_bench(plan: BenchPlan, echo: Callable[[str], None] = print
         echo(f"calibrating {redact_url(first.url) if first.url else 'a local server'} ...")
         ensure_out_dir(plan.root)
         # the replays' server settings: a small KV pool needs their context length too
+        # ... and their metrics sampling, which the server's wake after idle time depends on
         calibrate(plan.calibration, first.runtime, first.url, server_args=first.server_args,
-                  pin=plan.pinning, ctx_per_slot=first.ctx_per_slot)
+                  pin=plan.pinning, ctx_per_slot=first.ctx_per_slot,
+                  sampling_s=first.scrape_interval_s)
     rows: list[tuple[str, dict[str, Any]]] = []
     dirs: list[Path] = []
     runs: list[RunManifest] = []

@@ -1,9 +1,13 @@
 """The timed calls a calibration is made of: a call's time outside the engine, a cold prefill
-that no cached prefix may shorten, an append to a cached prefix."""
+that no cached prefix may shorten, an append to a cached prefix; and the replays' sampling of
+the server's metrics, which some measurements are taken under."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 
 from harness.adapters.base import Adapter, CompletionRequest, CompletionResult
 from harness.errors import ServerError
@@ -52,3 +56,27 @@ async def warm(ad: Adapter, ids: list[int], salt: str, overheads: list[float],
     if res.status != "ok" or not res.cached_tokens or not res.prompt_n or not res.prompt_ms:
         return None
     return res.prompt_n / (res.prompt_ms / 1000.0), res.cached_tokens
+
+
+@contextlib.asynccontextmanager
+async def metrics_sampled(ad: Adapter, interval_s: float | None) -> AsyncIterator[None]:
+    """Within it, the server's metrics are sampled every `interval_s` (None: not at all), as a
+    replay's client samples them (harness.replay.runner): a sample wakes the server's front
+    end, so what idle time costs a call depends on it. A failed sample is ignored."""
+    if not interval_s:
+        yield
+        return
+
+    async def sample() -> None:
+        while True:
+            with contextlib.suppress(Exception):  # a missed sample changes nothing measured
+                await ad.scrape()
+            await asyncio.sleep(interval_s)
+
+    task = asyncio.create_task(sample())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

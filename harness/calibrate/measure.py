@@ -54,7 +54,7 @@ from harness.plan.tokens import stable_seed, token_ids
 from harness.policies.base import SWAP
 from harness.records.manifest import CpuPinning
 from harness.replay import loop, pinning
-from harness.replay.options import AUTO
+from harness.replay.options import AUTO, SCRAPE_INTERVAL_S
 from harness.replay.runner import server_info
 
 CONTEXTS = (128, 512, 1024, 2048)
@@ -161,15 +161,17 @@ async def _overheads(ad: Adapter, req: CompletionRequest, overheads: list[float]
 
 
 async def measure(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS,
-                  repeats: int = 3, decode_tokens: int = 32, swap: bool = True) -> Measured:
+                  repeats: int = 3, decode_tokens: int = 32, swap: bool = True,
+                  sampling_s: float | None = None) -> Measured:
     """Measure one server through its adapter: llama.cpp through slot 0 (used and erased),
-    vLLM and SGLang through their prefix caches (`measure_engine`); InputError for another
-    runtime. `swap`: measure swap bandwidth too (False: recorded as not measured, None)."""
+    vLLM and SGLang through their prefix caches (`measure_engine`, its wake under the replays'
+    metrics sampling every `sampling_s`); InputError for another runtime. `swap`: measure swap
+    bandwidth too (False: recorded as not measured, None)."""
     if not ad.capabilities.harness_slots:
         if ad.runtime not in CALIBRATED_RUNTIMES:
             raise InputError(f"calibrate measures {', '.join(CALIBRATED_RUNTIMES)}; "
                              f"{ad.runtime} is none of them")
-        return await measure_engine(ad, contexts, repeats, decode_tokens, swap)
+        return await measure_engine(ad, contexts, repeats, decode_tokens, swap, sampling_s)
     info = await ad.server_info()
     block, capacity, batch = server_kv(info)
     limit = (info.ctx_per_slot or 4096) - decode_tokens - 8
@@ -228,12 +230,20 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-async def _spread(ad: Adapter, vocab: int, salt: str
+async def _spread(ad: Adapter, vocab: int, salt: str, sampling_s: float | None
                   ) -> tuple[tuple[float, float] | None, tuple[float, ...],
                              tuple[tuple[float, float, float], ...]]:
     """The iteration times' spread (harness.calibrate.wake): (wake, tau) s of the first
     iteration after idle time, the noise of the same append repeated after other work, and the
-    wake's curve (idle s, server s, way s) at each of wake.WAKE_CURVE_GAPS_S."""
+    wake's curve (idle s, server s, way s) at each of wake.WAKE_CURVE_GAPS_S; the server's
+    metrics sampled every `sampling_s` meanwhile, as the replays sample them (None: not)."""
+    async with calls.metrics_sampled(ad, sampling_s):
+        return await _spread_sampled(ad, vocab, salt)
+
+
+async def _spread_sampled(ad: Adapter, vocab: int, salt: str
+                          ) -> tuple[tuple[float, float] | None, tuple[float, ...],
+                                     tuple[tuple[float, float, float], ...]]:
     times: dict[float, list[float]] = {g: [] for g in wake.WAKE_GAPS_S}
     ways: dict[float, list[float]] = {g: [] for g in wake.WAKE_GAPS_S}  # ms
     for g in wake.WAKE_GAPS_S:
@@ -259,10 +269,13 @@ async def _spread(ad: Adapter, vocab: int, salt: str
 
 
 async def measure_engine(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS, repeats: int = 3,
-                         decode_tokens: int = 32, swap: bool = True) -> Measured:
+                         decode_tokens: int = 32, swap: bool = True,
+                         sampling_s: float | None = None) -> Measured:
     """Measure a vLLM or SGLang server through its prefix cache (see the module docstring);
     every prefix is sent under a cache salt of its own (this measurement's, with the prefix's
-    name), so nothing cached before it, another calibration's included, is reused."""
+    name), so nothing cached before it, another calibration's included, is reused.
+    `sampling_s`: the replays' metrics sampling, which the wake is measured under (None:
+    none)."""
     info = await ad.server_info()
     block, capacity, batch = server_kv(info)
     salt = f"calibration-{secrets.token_hex(6)}"
@@ -323,7 +336,8 @@ async def measure_engine(ad: Adapter, contexts: tuple[int, ...] = CONTEXTS, repe
             ins.append(in_bps)
             per_token.append(bpt)
     # a short re-check (swap False) measures neither swap nor the iteration times' spread
-    after_idle, noise, curve = await _spread(ad, vocab, salt) if swap else (None, (), ())
+    after_idle, noise, curve = (await _spread(ad, vocab, salt, sampling_s) if swap
+                                else (None, (), ()))
     # ... nor the front end
     fe = await front_end.measure(ad, vocab, f"{salt}-front-end") if swap else None
     return Measured(points, decode_points, append_points, statistics.median(decode),
@@ -421,15 +435,15 @@ def to_calibration(m: Measured, kv_bytes_per_token: float | None,
 
 
 def _measure_on(runtime: Runtime, options: ServerOptions, out: Path, repeats: int,
-                contexts: tuple[int, ...] = CONTEXTS, swap: bool = True
-                ) -> tuple[Measured, float | None, str | None]:
+                contexts: tuple[int, ...] = CONTEXTS, swap: bool = True,
+                sampling_s: float | None = None) -> tuple[Measured, float | None, str | None]:
     """Measure the runtime's server: (measurements, KV bytes per token of the model, build)."""
     async def go(session: RuntimeSession) -> Measured:
         # connections enough for the front end's bursts and streams (one at a time elsewhere)
         async with connect(session.details.url, front_end.CONNECTIONS) as http:
             adapter = session.connect(http)
             await server_info(adapter, session.details.url)
-            return await measure(adapter, contexts, repeats, swap=swap)
+            return await measure(adapter, contexts, repeats, swap=swap, sampling_s=sampling_s)
 
     with runtime.start(options, out) as session:
         measured = loop.run(go(session))
@@ -439,10 +453,11 @@ def _measure_on(runtime: Runtime, options: ServerOptions, out: Path, repeats: in
 def measure_server(out: Path, runtime: str, url: str | None, repeats: int,
                    model_path: Path | None, server_args: tuple[str, ...],
                    pin: CpuPinning | None | Literal["auto"], contexts: tuple[int, ...],
-                   swap: bool, ctx_per_slot: int = 4096
+                   swap: bool, ctx_per_slot: int = 4096, sampling_s: float | None = None
                    ) -> tuple[Runtime, Measured, float | None, str | None]:
     """Measure a server (`url`, or a local one started and stopped here, its log beside `out`):
-    (the runtime, the measurements, the model's KV bytes per token, the server's build)."""
+    (the runtime, the measurements, the model's KV bytes per token, the server's build);
+    `sampling_s` as `measure`'s."""
     rt = get_runtime(runtime)
     if rt.name not in CALIBRATED_RUNTIMES:
         raise InputError(f"calibrate measures {', '.join(CALIBRATED_RUNTIMES)}; {runtime} is "
@@ -454,18 +469,22 @@ def measure_server(out: Path, runtime: str, url: str | None, repeats: int,
                             ctx_per_slot=ctx_per_slot, model=model_path, server_args=server_args,
                             server_cpus=pin.server if pin else None)
     log_dir = out.parent / f"{out.stem}.server"
-    return rt, *_measure_on(rt, options, log_dir, repeats, contexts, swap)
+    return rt, *_measure_on(rt, options, log_dir, repeats, contexts, swap, sampling_s)
 
 
 def calibrate(out: Path, runtime: str = "llamacpp", url: str | None = None, repeats: int = 3,
               model_path: Path | None = None, server_args: tuple[str, ...] = (),
-              pin: CpuPinning | None | Literal["auto"] = AUTO, ctx_per_slot: int = 4096
-              ) -> tuple[Calibration, Measured]:
+              pin: CpuPinning | None | Literal["auto"] = AUTO, ctx_per_slot: int = 4096,
+              sampling_s: float | None = SCRAPE_INTERVAL_S) -> tuple[Calibration, Measured]:
     """Measure a server (`url`, or a local one started and stopped here with `server_args`
     added and a context of `ctx_per_slot`, pinned as the replays are: `pin`, or decided here)
-    and write the calibration file `out`; contexts past the server's are not measured."""
+    and write the calibration file `out`; contexts past the server's are not measured.
+    `sampling_s`: the replays' server-metrics sampling interval (a replay's default, or the
+    bench's), under which a vLLM or SGLang server's wake after idle time is measured: a sample
+    wakes the server's front end (None: no sampling)."""
     rt, measured, bpt, build = measure_server(out, runtime, url, repeats, model_path,
-                                              server_args, pin, CONTEXTS, True, ctx_per_slot)
+                                              server_args, pin, CONTEXTS, True, ctx_per_slot,
+                                              sampling_s)
     cal = to_calibration(measured, bpt, build, rt.name)
     write_calibration(out, cal)
     return cal, measured

@@ -17,7 +17,14 @@ a plain aiohttp client and a raw-asyncio stub answering at once took 0.65 ms bus
 after 3 s idle, with a spinning process on either core or not. So calibrate also measures the
 wake at WAKE_CURVE_GAPS_S, up to the longest, and `wake_curve` keeps what each idle time added to
 the server's time and to the way: the simulator interpolates it (linearly in the idle time,
-flat past its last point) wherever it was measured, and the (wake, tau) form elsewhere.
+flat past its last point) wherever it was measured, and the (wake, tau) form elsewhere; the
+server's part in the first iteration after idle time, the way's in the request's way there.
+
+A replay samples the server's metrics (every 0.2 s by default), and a sample wakes the front
+end: on the pinned vLLM server (2026-12-06, 8 each, interleaved) the way added 69.8 ms after
+1 s of idle time without a sampler and 42.5 ms with one every 0.2 s, 125.6 against 72.5 ms after
+3 s (the prompt time 47.6 / 39.8 and 87.0 / 79.8 ms). So calibrate measures the wake under the
+replays' sampling (harness.calibrate.calls.metrics_sampled).
 
 The same append repeated NOISE_REPEATS times right after other work gives the server's own
 spread: each time over their median (`noise_from`), which the simulator draws a factor from for

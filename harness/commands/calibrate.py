@@ -12,6 +12,7 @@ from harness.commands.options import Command, runtime_option, url_option
 from harness.errors import InputError
 from harness.model.calibration import Calibration, preset_names, resolve_calibration
 from harness.model.iteration import APPEND_TOKENS, LONG_APPEND_TOKENS
+from harness.replay.options import SCRAPE_INTERVAL_S
 
 
 @click.command("calibrate", cls=Command)
@@ -21,10 +22,16 @@ from harness.model.iteration import APPEND_TOKENS, LONG_APPEND_TOKENS
 @click.option("--out", type=click.Path(path_type=Path), help="JSON to write.")
 @click.option("--repeats", type=int, default=3, show_default=True)
 @click.option("--model", "model_path", type=click.Path(path_type=Path))
+@click.option("--scrape-interval", type=float, default=SCRAPE_INTERVAL_S, show_default=True,
+              help="vLLM, SGLang: sample the server's metrics this often (s; 0: not at all) "
+                   "while measuring its wake after idle time, as the replays the calibration "
+                   "is for sample them (their --scrape-interval): a sample wakes the server's "
+                   "front end.")
 @click.option("--list", "list_presets", is_flag=True,
               help="List the shipped calibrations (presets for --calibration) and exit.")
 def calibrate_command(runtime: str, url: str | None, out: Path | None, repeats: int,
-                      model_path: Path | None, list_presets: bool) -> None:
+                      model_path: Path | None, scrape_interval: float,
+                      list_presets: bool) -> None:
     """Measure prefill, decode and append rates, swap bandwidth and the KV pool of a live
     server."""
     if list_presets:
@@ -35,7 +42,10 @@ def calibrate_command(runtime: str, url: str | None, out: Path | None, repeats: 
         return
     if out is None:
         raise InputError("calibrate needs --out (the JSON to write), or --list")
-    cal, measured = calibrate(out, runtime, url, repeats, model_path)
+    if not (scrape_interval == 0 or 0.01 <= scrape_interval <= 3600):  # (NaN fails too)
+        raise InputError(f"--scrape-interval must be 0 or 0.01-3600 s, got {scrape_interval}")
+    cal, measured = calibrate(out, runtime, url, repeats, model_path,
+                              sampling_s=scrape_interval or None)
     click.echo(f"{summary(cal, measured)}\nwrote {out}")
 
 

@@ -27,6 +27,7 @@ from harness.errors import InputError
 from harness.limits import MAX_SEED
 from harness.metrics.outcomes import SLO_KEYS, check_slo
 from harness.plan.planner import Arrivals
+from harness.replay.options import SCRAPE_INTERVAL_S
 from harness.traces.scale import check_token_scale
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
@@ -109,7 +110,8 @@ def check_url(url: str | None) -> None:
 def scrape_interval_option(f: Callable[..., Any]) -> Callable[..., Any]:
     """--scrape-interval: seconds between the server-metrics samples of a replay (checked
     with the other run flags, RUN_FLAG_RANGES)."""
-    return click.option("--scrape-interval", type=float, default=0.2, show_default=True,
+    return click.option("--scrape-interval", type=float, default=SCRAPE_INTERVAL_S,
+                        show_default=True,
                         help="Seconds between /metrics (and /slots) samples of the server. "
                              "Each sample costs the server CPU time, which on a server "
                              "sharing few cores widens its iteration times.")(f)

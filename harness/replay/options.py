@@ -13,6 +13,7 @@ from harness.plan.shard import WHOLE, Shard
 from harness.records.manifest import CpuPinning
 
 AUTO: Literal["auto"] = "auto"
+SCRAPE_INTERVAL_S = 0.2  # a replay's server-metrics sampling, by default (s)
 
 
 @dataclass
@@ -35,7 +36,7 @@ class RunOptions:
     ctx_per_slot: int = 4096
     threads: int = 1
     model: Path | None = None
-    scrape_interval_s: float = 0.2
+    scrape_interval_s: float = SCRAPE_INTERVAL_S
     calibration: Path | None = None
     server_args: tuple[str, ...] = ()  # extra flags for a local server (e.g. -ngl 99)
     pinning: CpuPinning | None | Literal["auto"] = AUTO

@@ -19,7 +19,7 @@ from harness.adapters.http import HttpClient, connect
 from harness.adapters.llamacpp import LlamaCppAdapter
 from harness.adapters.sglang import SglangAdapter
 from harness.adapters.vllm import VllmAdapter
-from harness.calibrate.calls import cold
+from harness.calibrate.calls import cold, metrics_sampled
 from harness.calibrate.drift import drift, drift_lines
 from harness.calibrate.measure import (
     OVERHEAD_SAMPLES,
@@ -257,3 +257,30 @@ def test_noise_is_each_time_over_the_median() -> None:
     from harness.model.calibration import noise_from
     assert noise_from([0.004, 0.002, 0.003, 0.006]) == (0.5714, 0.8571, 1.1429, 1.7143)
     assert noise_from([0.003]) == () and noise_from([0.0, 0.0]) == ()
+
+
+def test_the_replays_metrics_sampling_runs_within_the_block_only() -> None:
+    # the wake is measured under the sampling a replay does (a sample wakes the server's
+    # front end): samples every interval inside, a failed one ignored, none after or without
+    class Counting:
+        n = 0
+
+        async def scrape(self) -> list[object]:
+            self.n += 1
+            if self.n == 2:
+                raise OSError("a missed sample")
+            return []
+
+    async def go() -> tuple[int, int]:
+        ad = Counting()
+        async with metrics_sampled(ad, 0.01):  # type: ignore[arg-type]
+            await asyncio.sleep(0.055)
+        inside = ad.n
+        await asyncio.sleep(0.03)
+        async with metrics_sampled(ad, None):  # type: ignore[arg-type]
+            await asyncio.sleep(0.03)
+        return inside, ad.n
+
+    inside, after = asyncio.run(go())
+    assert inside >= 3  # at 0, 10, 20 ms at least, the failed second one ignored
+    assert after == inside

@@ -98,6 +98,12 @@ CASES = {
                                                "--out", str(t / "o")], ("--url",)),
     "calibrate --url with a line break": (lambda t: ["calibrate", "--url", "http://h\r\nX: y",
                                                      "--out", str(t / "c.json")], ("--url",)),
+    "calibrate --scrape-interval -1": (lambda t: ["calibrate", "--runtime", "vllm", "--out",
+                                                  str(t / "c.json"), "--scrape-interval", "-1"],
+                                       ("--scrape-interval", "0 or 0.01-3600")),
+    "calibrate --scrape-interval nan": (lambda t: ["calibrate", "--runtime", "vllm", "--out",
+                                                   str(t / "c.json"), "--scrape-interval", "nan"],
+                                        ("--scrape-interval",)),
     # headers that would break the request (header injection)
     "run --api-key with CR LF": (lambda t: _run(t, "--api-key", f"{SECRET}\r\nX-Injected: 1"),
                                  ("--api-key", "line break")),

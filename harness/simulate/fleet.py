@@ -114,7 +114,7 @@ class Fleet:
         self.home = [-1] * len(e.trajs)
         self.names = [float(e.sink.text(server_name(k))) for k in range(self.k)]
         self.r_moved = e.sink.text(MOVED_REASON)
-        e.sched.way_curve, e.sched.wakes = way, e.sched.wakes or bool(way)
+        e.sched.wake_way(way)
         self.servers = [_Server(e.sched, e.free_slots, e.free_tok, e.queue, e.resume_q,
                                 e.cache)]
         c = e.cache
@@ -122,7 +122,7 @@ class Fleet:
             sched = Scheduler(e, e.costs, e.slot_mode, e.out, e.dcost, e.rb)
             # the same drawn noise, from another place in it (servers not in step)
             sched.noise, sched.noise_i = e.sched.noise, n * NOISE_STRIDE
-            sched.way_curve, sched.wakes = way, sched.wakes or bool(way)
+            sched.wake_way(way)
             if e.growth is not None:  # it acts on the active server's state
                 e.growth.attach(sched)
             self.servers.append(_Server(

@@ -75,8 +75,7 @@ class Scheduler:
         # the first iteration after idle time costs more (IterationCosts.wake_after): measured
         self.wakes: bool = costs.wake > 0.0 or bool(costs.wake_curve)
         self.idle_since = -INF  # the server idled before the run
-        # a fleet's: the way's wake after idle time, added to the first iteration after it (a
-        # single server's client adds it to the request's way instead: Client.way_wake)
+        # a fleet's: the way's wake after idle time in the first iteration after it (wake_way)
         self.way_curve: tuple[tuple[float, float], ...] = ()
         # each iteration's time over the model's, drawn from the measured spread (the
         # server's own noise: harness.simulate.server.noise_draws); empty: none
@@ -116,6 +115,13 @@ class Scheduler:
         # overlapping; and what of it the running decode run's last step waits for
         self.fe: deque[tuple[float, float]] = deque()
         self.lag = 0.0
+
+    def wake_way(self, curve: tuple[tuple[float, float], ...]) -> None:
+        """Add the way's wake after idle time (`curve`: ServerModel.way_wake_curve) to the
+        first iteration after it, as a fleet's servers do (a single server's client adds it
+        to the request's way instead: Client.way_wake)."""
+        self.way_curve = curve
+        self.wakes = self.wakes or bool(curve)
 
     def steal(self, s: float, e: float) -> None:
         """The front end computes from `s` (now or later) to `e`, the engine not: the

@@ -90,11 +90,9 @@ def jittered(steps: pd.DataFrame, jitter: float, seed: int,
     moved = lat * factors
     dl = (out["deadline_s"].to_numpy(dtype="float64", na_value=np.nan)
           if "deadline_s" in out.columns else np.full(len(lat), np.nan))
-    if "tool_class" in out.columns:
-        sub = (out["tool_class"] == TOOL_SUBAGENT).to_numpy()
-        dl = np.where(np.isnan(dl) & ~sub, default_deadline_s, dl)
-    else:
-        dl = np.where(np.isnan(dl), default_deadline_s, dl)
+    sub = ((out["tool_class"] == TOOL_SUBAGENT).to_numpy() if "tool_class" in out.columns
+           else np.zeros(len(lat), dtype=bool))
+    dl = np.where(np.isnan(dl) & ~sub, default_deadline_s, dl)
     with np.errstate(invalid="ignore"):
         mid = (lat + dl) / 2.0  # inf where there is no deadline
         cap = np.where(lat < dl, mid, lat)  # (lat <= dl) a result stays one

@@ -10,6 +10,13 @@ When the upstream cannot be reached or gives no answer, the client gets a 502 wi
 JSON error; an error status is relayed as the upstream gave it; a stream that breaks off is
 broken off to the client too (its connection closed, as the upstream's was). A client that goes
 away cancels its upstream request. Every such call is recorded with what happened.
+
+Upstream connections are kept alive and pooled, idle ones dropped after UPSTREAM_KEEPALIVE_S
+(shorter than the servers' own 5 s). A server may still close a pooled connection just as the
+proxy takes it: llama-server closes the connection after every streamed answer without saying
+so in its headers, and the proxy can reuse it before the close arrives. A request that fails
+that way (the upstream hung up, or reset, before any answer, on a reused connection) is sent
+once more, on a new connection of its own; one on a new connection is not.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import itertools
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import aiohttp
 import orjson
@@ -41,6 +49,7 @@ _AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 DEFAULT_SESSION_HEADERS = ("x-session-id", "x-claude-code-session-id", "session_id",
                            "session-id", "x-conversation-id")
 MAX_BODY = 512 * 1024 * 1024  # a request body above this is refused (413)
+UPSTREAM_KEEPALIVE_S = 3.0  # an idle upstream connection is dropped after this
 STOP_GRACE_S = 1.0  # calls still running at a stop get this long, then are cut
 
 
@@ -79,6 +88,29 @@ def error_body(message: str) -> bytes:
                                                     "message": message}}) + b"\n"
 
 
+def _hung_up(exc: BaseException) -> bool:
+    """Whether a request failed because the upstream closed or reset its connection (and not
+    on a timeout, a refused connection or a bad answer)."""
+    if isinstance(exc, aiohttp.ServerDisconnectedError | ConnectionResetError | BrokenPipeError):
+        return True
+    return isinstance(exc, aiohttp.ClientOSError) and exc.errno in (errno.ECONNRESET,
+                                                                     errno.EPIPE)
+
+
+@dataclass
+class _Attempt:
+    """One request's try at the upstream: whether it went on a pooled connection."""
+
+    reused: bool = False
+
+
+async def _on_reuse(_session: aiohttp.ClientSession, ctx: SimpleNamespace,
+                    _params: aiohttp.TraceConnectionReuseconnParams) -> None:
+    attempt = ctx.trace_request_ctx
+    if isinstance(attempt, _Attempt):
+        attempt.reused = True
+
+
 def _why(exc: BaseException) -> str:
     """A short, text-free name of what went wrong: the class, and an OS error's errno name."""
     os_error = getattr(exc, "os_error", None)
@@ -113,15 +145,22 @@ class Proxy:
         self._ids = itertools.count(1)
         self._session_headers = tuple(h.lower() for h in config.session_headers)
         self._session: aiohttp.ClientSession | None = None
+        self._fresh: aiohttp.ClientSession | None = None  # one new connection per request
         self._runner: web.ServerRunner | None = None
 
     async def start(self) -> None:
         """Listen (InputError-free: an OSError when the address cannot be had)."""
         timeout = aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s,
                                         sock_connect=self.config.connect_timeout_s)
+        reuse = aiohttp.TraceConfig()
+        reuse.on_connection_reuseconn.append(_on_reuse)
         self._session = aiohttp.ClientSession(
             timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
-            connector=aiohttp.TCPConnector(limit=0, force_close=False))
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=UPSTREAM_KEEPALIVE_S),
+            trace_configs=[reuse])
+        self._fresh = aiohttp.ClientSession(
+            timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
+            connector=aiohttp.TCPConnector(limit=0, force_close=True))
         server = web.Server(self._handle, handler_cancellation=True, access_log=None)
         self._runner = web.ServerRunner(server, shutdown_timeout=STOP_GRACE_S)
         await self._runner.setup()
@@ -136,8 +175,9 @@ class Proxy:
         self.stopping = True
         if self._runner is not None:
             await self._runner.cleanup()
-        if self._session is not None:
-            await self._session.close()
+        for session in (self._session, self._fresh):
+            if session is not None:
+                await session.close()
         return await asyncio.to_thread(self.recorder.close)
 
     def _session_of(self, request: web.BaseRequest) -> str | None:
@@ -178,14 +218,22 @@ class Proxy:
 
     async def _relay(self, request: web.BaseRequest, body: bytes, meta: CallMeta | None,
                      chunks: list[bytes]) -> tuple[web.StreamResponse, int | None]:
-        assert self._session is not None
+        assert self._session is not None and self._fresh is not None
         skip = [h for h in _AUTO_HEADERS if h not in request.headers]
+        attempt = _Attempt()
         try:
-            up_cm = self._session.request(
-                request.method, URL(self._base + request.raw_path, encoded=True),
-                headers=forwarded(request.headers, _REQUEST_OWN), data=body or None,
-                allow_redirects=False, skip_auto_headers=skip)
-            up = await up_cm.__aenter__()
+            for session in (self._session, self._fresh):
+                up_cm = session.request(
+                    request.method, URL(self._base + request.raw_path, encoded=True),
+                    headers=forwarded(request.headers, _REQUEST_OWN), data=body or None,
+                    allow_redirects=False, skip_auto_headers=skip, trace_request_ctx=attempt)
+                try:
+                    up = await up_cm.__aenter__()
+                    break
+                except (aiohttp.ClientError, OSError) as exc:
+                    if not (attempt.reused and _hung_up(exc)):
+                        raise
+                    attempt.reused = False  # a stale pooled connection: once more, on a new one
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             if meta is not None:
                 meta.outcome, meta.error = "unreachable", _why(exc)

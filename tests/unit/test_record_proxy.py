@@ -189,3 +189,78 @@ async def test_a_large_request_body_is_forwarded_whole(tmp_path: Path) -> None:
     assert json.loads(fake.requests[0][2]) == body
     (call,) = events(tmp_path / "rec")
     assert call["blocks"][0][1] == 600_000  # the user block's tokens by the rule
+
+
+class HangingUp:
+    """An upstream that answers a connection's first request and closes the connection,
+    unanswered, when a later one arrives on it (as llama-server does after a streamed answer,
+    when its close reaches the proxy after the proxy reused the connection); with `every`, it
+    closes every connection unanswered."""
+
+    ANSWER = json.dumps({"id": "x", "object": "chat.completion", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "ok"},
+         "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}).encode()
+
+    def __init__(self, every: bool = False) -> None:
+        self.every = every
+        self.connections = 0
+        self.answered = 0
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        first = True
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length"))
+                await reader.readexactly(length)
+                if self.every or not first:
+                    return
+                first = False
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n" % len(self.ANSWER) + self.ANSWER)
+                await writer.drain()
+                self.answered += 1
+        except asyncio.IncompleteReadError:
+            return
+        finally:
+            writer.close()
+
+    async def stop(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+
+async def test_a_pooled_connection_the_upstream_closed_is_tried_once_more_on_a_new_one(
+        tmp_path: Path) -> None:
+    upstream = HangingUp()
+    body = {"model": "fake", "messages": [{"role": "user", "content": "x"}]}
+    async with recording(tmp_path, upstream=await upstream.start()) as (_, proxy, http):
+        answers = [await fetch(http, "POST", proxy.url + CHAT, body) for _ in range(3)]
+    await upstream.stop()
+    assert [status for status, _, _ in answers] == [200] * 3
+    assert all(raw == HangingUp.ANSWER for _, _, raw in answers)
+    # 1: a new connection; 2 and 3: the pooled one hangs up, the new one answers
+    assert (upstream.connections, upstream.answered) == (3, 3)
+    assert [c["outcome"] for c in events(tmp_path / "rec")] == ["ok"] * 3
+
+
+async def test_a_new_connection_the_upstream_closes_unanswered_is_not_tried_again(
+        tmp_path: Path) -> None:
+    upstream = HangingUp(every=True)
+    body = {"model": "fake", "messages": [{"role": "user", "content": "x"}]}
+    async with recording(tmp_path, upstream=await upstream.start()) as (_, proxy, http):
+        status, _, raw = await fetch(http, "POST", proxy.url + CHAT, body)
+    await upstream.stop()
+    assert status == 502 and json.loads(raw)["error"]["type"] == "upstream_unreachable"
+    assert (upstream.connections, upstream.answered) == (1, 0)
+    (call,) = events(tmp_path / "rec")
+    assert call["outcome"] == "unreachable" and call["error"] == "ServerDisconnectedError"

@@ -6,14 +6,21 @@ them, and taken, least recently freed first, when an allocation finds no free bl
 vLLM's free block queue (a request's blocks are freed in reverse order, so the tail of a context
 goes first) and SGLang's radix cache (least recently used leaves first, again a context's tail).
 
-The simulator keeps no token contents: a trajectory's KV is its own (no prefix shared across
-trajectories), so the cache is one entry per context left to it, in the order they were freed:
+The simulator keeps no token contents: a trajectory's KV is its own, but for the prefix its
+trajectory's prefix group shares (the trace's prefix_group and prefix_tokens: one canonical
+sequence per group, of which each trajectory's first call starts with its own length). The
+cache is one entry per context left to it, in the order they were freed:
   - a paused context left to the cache (keep-evictable) under its trajectory's index: what a
     later call of the trajectory may reuse, whole blocks only, shortened from its tail as the
-    cache evicts it;
+    cache evicts it; of a trajectory that shares a prefix, the blocks after that prefix;
   - a context that can never be matched again (its trajectory ended, or its pause dropped it
     with a fresh cache salt: recompute, a TTL's expiry) under a negative key: memory the cache
-    gives back when asked, in its turn.
+    gives back when asked, in its turn;
+  - a group's shared prefix that no trajectory holds any more, under GROUP_KEY0 - group: left
+    after the context of the last one that held it (a context's head is freed last), matched
+    by any later call of the group as far as it is left.
+While trajectories of a group hold KV, their prefix is held once, for all of them (`g_span`:
+the longest prefix any of them brought; one that leaves does not shorten it).
 Pinned contexts (keep, ttl before expiry) and running calls hold their blocks outside it.
 
 The host tier of a swap (vLLM's offload through the project's connector) has a capacity of its
@@ -25,13 +32,16 @@ Compiled with mypyc with the event loop (harness.simulate.native); runs unchange
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Final
+
+GROUP_KEY0: Final = -(1 << 40)  # a group's cached shared prefix: key GROUP_KEY0 - group
 
 
 class BlockCache:
     """The evictable part of one server's KV pool (see the module docstring). `tokens` counts
     the evictable tokens; the engine counts the free and the held ones."""
 
-    def __init__(self, block: int, host_tokens: int) -> None:
+    def __init__(self, block: int, host_tokens: int, groups: int = 0) -> None:
         if block < 1:
             raise ValueError(f"block size must be >= 1, got {block}")
         self.block = block
@@ -42,6 +52,10 @@ class BlockCache:
         self.host_used = 0
         self.evicted = 0  # tokens taken from the cache to make room
         self.refused = 0  # offloads refused: the host tier was full
+        # per prefix group: the shared prefix held for the trajectories that hold it (tokens;
+        # 0 while none does), and how many do
+        self.g_span = [0] * groups
+        self.g_users = [0] * groups
 
     def whole(self, n: int) -> int:
         """`n` tokens rounded down to whole blocks."""
@@ -96,6 +110,36 @@ class BlockCache:
         self.tokens -= freed
         self.evicted += freed
         return freed
+
+    def shared_cost(self, g: int, p: int) -> int:
+        """What a trajectory joining group `g` with a prefix of `p` tokens (whole blocks)
+        takes from the pool (free or cached tokens): the blocks of it not held yet, and the
+        group's cached prefix when no trajectory holds it (it leaves the cache)."""
+        if self.g_users[g]:
+            s = self.g_span[g]
+            return p - s if p > s else 0
+        s = self.lru.get(GROUP_KEY0 - g, 0)
+        return s if s > p else p
+
+    def join(self, g: int, p: int) -> int:
+        """A trajectory with a prefix of `p` tokens (whole blocks) of group `g`'s holds it
+        from now on: the tokens of it that were there (held for others, or cached). The group
+        then holds at least `p` (the caller takes the rest, `p` less those, from the pool)."""
+        s = self.g_span[g] if self.g_users[g] else self.take(GROUP_KEY0 - g)
+        self.g_users[g] += 1
+        self.g_span[g] = s if s > p else p
+        return s if s < p else p
+
+    def part(self, g: int) -> None:
+        """A trajectory of group `g` lets its prefix go; the last one's goes to the cache,
+        after what that trajectory left there."""
+        self.g_users[g] -= 1
+        if not self.g_users[g]:
+            n = self.g_span[g]
+            self.g_span[g] = 0
+            if n:
+                self.lru[GROUP_KEY0 - g] = n
+                self.tokens += n
 
     def host_fits(self, tokens: int) -> bool:
         """Whether an offload of `tokens` fits in the host tier now."""

@@ -276,10 +276,10 @@ class Engine(EngineState):
         if not self.fixed and g > tr.first and tr.state != KEPT:
             # a resumed call whose context was not held: a deciding policy sees its wait
             self.queue_delays.add(t - tr.ready)
-        r = tr.need_rc
+        r = tr.need_rc  # below 0: the first call's tokens found in its group's prefix
         work = self.inp[g] + r
         # (recompute if any), kv_state, call_start
-        row = self.stamp(g, F_ST_T, t, 3 if r else 2)
+        row = self.stamp(g, F_ST_T, t, 3 if r > 0 else 2)
         rb = self.rb
         if r:
             rb[row + F_RC] = r

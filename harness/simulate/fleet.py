@@ -127,7 +127,8 @@ class Fleet:
                 e.growth.attach(sched)
             self.servers.append(_Server(
                 sched, list(range(e.total - 1, -1, -1)) if e.slot_mode else [], e.total,
-                deque(), deque(), None if c is None else BlockCache(c.block, c.host_cap)))
+                deque(), deque(),
+                None if c is None else BlockCache(c.block, c.host_cap, len(c.g_users))))
         self.active = 0
         e.fleet = self
 

@@ -221,11 +221,15 @@ class Growth:
         self.leave(tr)
         tr.oleft = end - it  # tokens it still has to produce (at least one)
         pinned = tr.pinned
-        rest = tr.held - pinned
+        # what a pause pinned stays (its group's shared prefix with it); else the group's
+        # prefix is let go after the rest
+        rest = tr.held - pinned - (tr.pre if not pinned and tr.sg >= 0 else 0)
         cache = e.cache
         cached = cache.leave(tr.ti, rest) if cache is not None else 0
         e.free_tok += rest - cached
         tr.held = pinned
+        if not pinned:
+            e.unshare(tr)
         tr.ret = tr.tok0 + it - tr.dstart  # its tokens so far: its readmission's prompt
         tr.state = PREEMPTED
         e.queue.appendleft(tr)  # first in line
@@ -240,15 +244,19 @@ class Growth:
         known = tr.ret
         b = self.block
         need = -(-(known + 1) // b) * b
-        spare = e.free_units() - (need - tr.held)
+        spare = e.free_units() - (need - tr.held) - e.join_cost(tr)
         if spare < 0 or spare < self.owed(t, spare):
             return False
-        own = cache.take(tr.ti) if cache is not None else 0
-        cap = (known - 1) - (known - 1) % b - tr.held
-        used = own if own < cap else (cap if cap > 0 else 0)
-        e.free_tok += own - used
-        hit = tr.held + used
-        self.take(need - hit)
+        if not tr.held and cache is not None:
+            hit = e.reuse(tr, known, known - 1)
+        else:
+            own = cache.take(tr.ti) if cache is not None else 0
+            cap = (known - 1) - (known - 1) % b - tr.held
+            used = own if own < cap else (cap if cap > 0 else 0)
+            e.free_tok += own - used
+            hit = tr.held + used
+            tr.held = hit
+        self.take(need - tr.held)
         tr.held = need
         tr.rem = known - hit if known > hit else 1
         tr.ppos = known - tr.rem

@@ -57,6 +57,12 @@ class Trajectory:
         self.admitted = 0  # its call's place in the order of admission
         self.pinned = 0  # tokens of its held KV that a pause pinned (they survive a preemption)
         self.oleft = 0  # a preempted call: the tokens it still has to produce
+        # a prefix-cache engine: its prefix group (-1: none, or a fresh cache salt since), the
+        # whole blocks of its first call that the group shares, and the group whose prefix it
+        # holds now (-1: none; then `held` counts it, held once for the group's holders)
+        self.grp = -1
+        self.pre = 0
+        self.sg = -1
 
 
 # A step's row of the per-step record fields (harness.simulate.steps.StepColumns): the loop

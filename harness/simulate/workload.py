@@ -13,7 +13,7 @@ import pandas as pd
 
 from harness.errors import InputError
 from harness.traces.context import context_lengths, trajectory_starts
-from harness.traces.schema import KIND_TOOL, TOOL_SUBAGENT
+from harness.traces.schema import DEFAULT_PREFIX_TOKENS, KIND_TOOL, TOOL_SUBAGENT
 
 OUTCOMES = ("ok", "error", "timeout", "abandoned")
 
@@ -29,6 +29,10 @@ class Workload:
     after it (what its pause's KV is worth to the resume), tool `lat` (NaN: never returns),
     effective `deadline` (inf: none), `cls`/`name` codes into `classes`/`names`, `outcome`
     code into OUTCOMES. A call's prompt is kept + inp tokens.
+
+    Shared prefixes: `group` per trajectory (an index into its prefix_group's names, -1: none)
+    and `prefix`, the tokens of its first call that the group shares (the trace's prefix_tokens,
+    128 where null, never above the first call's input), as the replay's planner builds them.
 
     Sub-agents: `parent` per trajectory (its parent's index, -1 for a root) and `spawn_step`
     (the parent's step, within the parent, that starts it; -1 for a root). The tool steps that
@@ -57,6 +61,8 @@ class Workload:
     spawns: np.ndarray
     kid_ptr: np.ndarray
     kids: np.ndarray
+    group: np.ndarray
+    prefix: np.ndarray
 
     @property
     def n_trajectories(self) -> int:
@@ -112,6 +118,7 @@ def build_workload(df: pd.DataFrame, default_deadline_s: float) -> Workload:
     cls_codes = np.where(is_tool, cls_codes, -1)
     ids = [str(t) for t in tid[first]]
     parent, spawn_step, spawns, kid_ptr, kids = _subagents(df, ids, first, n_steps, is_tool)
+    group, prefix = _shared_prefixes(df, first, inp)
     return Workload(
         ids=ids, first=first.tolist(), n_steps=n_steps.tolist(),
         start_s=df["start_s"].to_numpy(dtype="float64")[first],
@@ -120,7 +127,22 @@ def build_workload(df: pd.DataFrame, default_deadline_s: float) -> Workload:
         deadline=np.where(is_tool, deadline, np.nan), cls=cls_codes.astype(np.int32),
         name=np.where(is_tool, name_codes, -1).astype(np.int32), outcome=outcome,
         classes=[str(c) for c in classes], names=[str(c) for c in names], parent=parent,
-        spawn_step=spawn_step, spawns=spawns, kid_ptr=kid_ptr, kids=kids)
+        spawn_step=spawn_step, spawns=spawns, kid_ptr=kid_ptr, kids=kids, group=group,
+        prefix=prefix)
+
+
+def _shared_prefixes(df: pd.DataFrame, first: np.ndarray, inp: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Per trajectory, its prefix group's index (-1: none) and the tokens of its first call
+    that start with the group's shared prefix."""
+    raw = df["prefix_group"].astype(object).to_numpy()[first]
+    named = np.array([isinstance(g, str) and g != "" for g in raw], dtype=bool)
+    codes, _ = pd.factorize(pd.Series(raw).where(named, None))
+    group = np.where(named, codes, -1).astype(np.int64)
+    tokens = (df["prefix_tokens"].to_numpy(dtype="float64", na_value=np.nan)[first]
+              if "prefix_tokens" in df.columns else np.full(len(first), np.nan))
+    tokens = np.where(np.isnan(tokens), DEFAULT_PREFIX_TOKENS, tokens).astype(np.int64)
+    return group, np.where(named, np.minimum(tokens, inp[first]), 0).astype(np.int64)
 
 
 def _kept(call_kept: np.ndarray, ctx: np.ndarray, is_tool: np.ndarray, first: np.ndarray,

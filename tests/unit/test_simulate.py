@@ -52,13 +52,17 @@ def tool(latency: float | None, deadline: float | None = 60.0, cls: str = "remot
     return ("tool", latency, deadline, cls)
 
 
-def trace(tmp: Path, trajs: dict[str, list[Step]], starts: dict[str, float] | None = None) -> Path:
+def trace(tmp: Path, trajs: dict[str, list[Step]], starts: dict[str, float] | None = None,
+          prefixes: dict[str, tuple[str, int | None]] | None = None) -> Path:
+    """`prefixes`: a trajectory's prefix_group and prefix_tokens."""
     rows = []
     for tid, steps in trajs.items():
+        group, shared = (prefixes or {}).get(tid, (None, None))
         for i, s in enumerate(steps):
             row: dict[str, Any] = {c: None for c in COLUMNS}
             row.update(trajectory_id=tid, step=i, kind=s[0], start_s=(starts or {}).get(tid, 0.0),
-                       priority="interactive", tenant="t")
+                       priority="interactive", tenant="t", prefix_group=group,
+                       prefix_tokens=shared)
             if s[0] == "llm":
                 row.update(input_tokens=s[1], output_tokens=s[2])
             else:
@@ -67,7 +71,7 @@ def trace(tmp: Path, trajs: dict[str, list[Step]], starts: dict[str, float] | No
             rows.append(row)
     df = pd.DataFrame(rows, columns=list(COLUMNS))
     df["step"] = df["step"].astype("int32")
-    for c in ("input_tokens", "output_tokens"):
+    for c in ("input_tokens", "output_tokens", "prefix_tokens"):
         df[c] = df[c].astype("Int64")
     for c in ("start_s", "latency_s", "deadline_s"):
         df[c] = df[c].astype("float64")

@@ -187,6 +187,12 @@ def test_k_servers_hold_what_overflows_one(tmp_path: Path) -> None:
     ("coding-subagents.parquet", "keep", {}, Capacity(slots=3, ctx_per_slot=4096), 4),
     ("flaky-tools.parquet", "ttl", {"tau": "0.5"}, Capacity(tokens=4000), 10),
     ("coding-subagents.parquet", "swap", {}, Capacity(tokens=6000), 6),
+    # prefix caches, and groups that share 1,500 and 500 tokens, under pressure
+    ("coding-subagents.parquet", "keep-evictable", {},
+     Capacity(tokens=5000, engine="vllm", block_size=16), 6),
+    ("coding-subagents.parquet", "keep", {}, Capacity(tokens=6000, engine="sglang"), 6),
+    ("coding-subagents.parquet", "recompute", {},
+     Capacity(tokens=5000, engine="vllm", block_size=16), 6),
 ])
 def test_every_server_ends_empty(tmp_path: Path, router: str, trace: str, policy: str,
                                  args: dict[str, str], cap: Capacity, agents: int) -> None:
@@ -195,8 +201,13 @@ def test_every_server_ends_empty(tmp_path: Path, router: str, trace: str, policy
     e = fleet.e
     for k in range(3):
         fleet.activate(k)
-        free = len(e.free_slots) if e.slot_mode else e.free_tok
+        # nothing held: every token is free or cached, no group holds its prefix
+        free = len(e.free_slots) if e.slot_mode else e.free_tok + (
+            e.cache.tokens if e.cache is not None else 0)
         assert (free, len(e.queue), len(e.resume_q), e.inflight) == (e.total, 0, 0, 0)
+        if e.cache is not None:
+            assert (sum(e.cache.lru.values()), e.cache.host_used) == (e.cache.tokens, 0)
+            assert not any(e.cache.g_users) and not any(e.cache.g_span)
         assert e.sched.idle()
     # every call is routed once: it starts, overflows, or is cancelled while it waits
     started = count(df, "call_start") + int(

@@ -16,10 +16,12 @@ from harness.cli import main
 from harness.errors import InputError
 from harness.model.calibration import write_calibration
 from harness.records.store import read_records
-from harness.simulate.block_cache import BlockCache
+from harness.simulate.block_cache import GROUP_KEY0, BlockCache
+from harness.simulate.fleet import Fleet
 from harness.simulate.run import Arrivals, check_capacity, run_simulation
 from harness.simulate.server import Capacity
 from tests.unit.test_simulate import ALPHA, BETA, CAL, ev, llm, sim, t_s, tool, trace
+from tests.unit.test_simulate_fleet import engine_run
 
 
 def paged(tokens: int, block: int = 16, host: int | None = None) -> Capacity:
@@ -52,6 +54,24 @@ def test_reusable_is_whole_blocks_leaving_one_prompt_token() -> None:
     assert c.reusable(128, 0) == 112  # a prompt of exactly the kept blocks: one is computed
     assert BlockCache(1, 0).reusable(110, 20) == 110
     assert BlockCache(1, 0).reusable(110, 0) == 109
+
+
+def test_a_groups_shared_prefix_is_held_once_and_cached_after_its_last_holder() -> None:
+    c = BlockCache(16, 0, groups=2)
+    assert c.shared_cost(0, 64) == 64  # nothing of it anywhere
+    assert c.join(0, 64) == 0 and c.g_span[0] == 64  # the caller takes the 64
+    assert (c.shared_cost(0, 64), c.shared_cost(0, 96)) == (0, 32)
+    assert c.join(0, 32) == 32  # a shorter prefix of the group's: there, held for both
+    assert c.leave(5, 48) == 48  # trajectory 5's own blocks after its prefix
+    c.part(0)
+    assert (c.tokens, c.g_span[0], c.g_users[0]) == (48, 64, 1)  # still held for the other
+    c.part(0)
+    assert dict(c.lru) == {5: 48, GROUP_KEY0: 64} and c.tokens == 112
+    assert c.shared_cost(0, 32) == 64  # cached: the whole of it leaves the cache
+    assert c.evict(60) == 64  # the own blocks go first (older), then the prefix's tail
+    assert dict(c.lru) == {GROUP_KEY0: 48}
+    assert c.join(0, 64) == 48 and c.g_span[0] == 64 and c.tokens == 0
+    assert c.join(1, 16) == 0 and c.g_users == [1, 1]
 
 
 def test_host_tier_capacity() -> None:
@@ -275,3 +295,90 @@ def test_a_draws_seed_redraws_the_server_and_keeps_the_arrivals(tmp_path: Path) 
     assert waits(base) != waits(other)
     assert server_model(spread).overhead_draws(64, 7) != server_model(spread).overhead_draws(
         64, 8)
+
+
+# --- shared prefixes -------------------------------------------------------------------------
+
+# a pauses 10 s after a call of 110 tokens; b, of a's prefix group, arrives at 1 s: both
+# trajectories' first calls start with the same 64 tokens (prefix_tokens)
+SHARED = {"a": [llm(100, 10), tool(10.0), llm(20, 5)], "b": [llm(80, 10)]}
+GROUPED = {"a": ("g", 64), "b": ("g", 64)}
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_a_first_call_reuses_the_prefix_its_group_left(tmp_path: Path, engine: str) -> None:
+    arrivals = Arrivals("trace", 2)
+    cap = Capacity(tokens=1000, engine=engine, block_size=16)
+    path = trace(tmp_path, SHARED, starts={"a": 0.0, "b": 1.0}, prefixes=GROUPED)
+    df, _ = sim(tmp_path, path, "keep-evictable", cap, arrivals=arrivals)
+    # a's first call computes the prefix; b's finds it cached (a left it at its pause, after
+    # its own 32 tokens past the prefix) and computes its 16 other tokens; a's resume
+    # matches its prefix and its own blocks: 96, as without a group
+    assert ev(df, "call_end", "a")["cached_tokens"].tolist() == [0, 96]
+    assert ev(df, "call_end", "b")[["prompt_n", "cached_tokens"]].values.tolist() == [[16, 64]]
+    assert t_s(df, "first_token", "b") - t_s(df, "call_start", "b") == pytest.approx(
+        ALPHA + 16 * BETA)
+    alone, _ = sim(tmp_path, trace(tmp_path / "x", SHARED, starts={"a": 0.0, "b": 1.0}),
+                   "keep-evictable", cap, arrivals=arrivals, name="alone")
+    assert ev(alone, "call_end", "b")["cached_tokens"].tolist() == [0]
+    # recompute: a's resume carries a fresh cache salt and matches nothing, not even the
+    # prefix it left (b still finds it)
+    df, _ = sim(tmp_path, path, "recompute", cap, arrivals=arrivals, name="recompute")
+    assert ev(df, "call_end", "a")["cached_tokens"].tolist() == [0, 0]
+    assert ev(df, "call_end", "b")["cached_tokens"].tolist() == [64]
+
+
+def test_the_prefix_a_pinned_context_holds_is_not_held_twice(tmp_path: Path) -> None:
+    # a keeps its 110 tokens pinned through its pause; b's 90 need 90 - 64 more beside them:
+    # 110 + 26 fit in 160 tokens, 110 + 90 would not
+    trajs = {"a": [llm(100, 10), tool(10.0), llm(20, 5)], "b": [llm(80, 10)]}
+    arrivals = Arrivals("trace", 2)
+    starts = {"a": 0.0, "b": 1.0}
+    df, _ = sim(tmp_path, trace(tmp_path, trajs, starts=starts, prefixes=GROUPED), "keep",
+                paged(160), arrivals=arrivals)
+    assert t_s(df, "call_start", "b") == pytest.approx(1.0)
+    assert ev(df, "call_end", "b")["cached_tokens"].tolist() == [64]
+    assert ev(df, "slot_wait").empty
+    alone, _ = sim(tmp_path, trace(tmp_path / "x", trajs, starts=starts), "keep", paged(160),
+                   arrivals=arrivals, name="alone")
+    assert t_s(alone, "call_start", "b") == pytest.approx(t_s(alone, "trajectory_end", "a"))
+
+
+def test_pressure_takes_a_contexts_own_blocks_before_its_groups_prefix(tmp_path: Path) -> None:
+    # a leaves 32 own tokens, then the group's 64, to the cache at its pause. c, of no group,
+    # arrives at 1 s and needs 900 tokens. b, of a's group, arrives at 5 s, after c's end
+    # left 896 dead tokens: it takes the prefix out of the cache and evicts a's own blocks
+    # (the oldest) for its other 26. With 960 tokens c's 900 had evicted a's own blocks and
+    # one block of the prefix already: b reuses the 48 left and computes the rest again.
+    trajs = {"a": [llm(100, 10), tool(10.0), llm(20, 5)], "c": [llm(890, 10)],
+             "b": [llm(80, 10)]}
+    starts = {"a": 0.0, "c": 1.0, "b": 5.0}
+    arrivals = Arrivals("trace", 3)
+    for pool, b_cached in ((1000, 64), (960, 48)):
+        df, _ = sim(tmp_path, trace(tmp_path / str(pool), trajs, starts=starts,
+                                    prefixes=GROUPED), "keep-evictable", paged(pool),
+                    arrivals=arrivals, name=str(pool))
+        assert ev(df, "call_end", "b")["cached_tokens"].tolist() == [b_cached], pool
+        # a's resume: its own blocks are gone; the prefix b held is cached again, whole
+        assert ev(df, "call_end", "a")["cached_tokens"].tolist() == [0, 64], pool
+    # without the group, b's 90 tokens evict all of a's 96
+    df, _ = sim(tmp_path, trace(tmp_path / "alone", trajs, starts=starts), "keep-evictable",
+                paged(1000), arrivals=arrivals, name="alone")
+    assert ev(df, "call_end", "a")["cached_tokens"].tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("policy, tokens", [("keep-evictable", 2600), ("keep", 3500)])
+def test_preempted_calls_give_back_what_they_held_of_shared_prefixes(
+        tmp_path: Path, policy: str, tokens: int) -> None:
+    # coding-subagents' groups share 1,500 and 500 tokens; on vLLM's engine, short of memory,
+    # decoding calls are preempted (and, pinned, stalled waiters released): every token is
+    # free or cached at the end and no group holds its prefix
+    fleet = Fleet(1, "round-robin")
+    df = engine_run(tmp_path, "coding-subagents.parquet", policy, {},
+                    Capacity(tokens=tokens, engine="vllm", block_size=16), 8, fleet)
+    e = fleet.e
+    assert e.growth is not None and e.growth.preempted > 0
+    assert e.cache is not None and e.free_tok + e.cache.tokens == tokens
+    assert not any(e.cache.g_users) and not any(e.cache.g_span)
+    first = ev(df, "call_end")
+    assert first.loc[first["step"] == 0, "cached_tokens"].sum() > 0  # prefixes were shared

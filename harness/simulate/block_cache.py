@@ -34,6 +34,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Final
 
+from harness.simulate.trajectory import Trajectory
+
 GROUP_KEY0: Final = -(1 << 40)  # a group's cached shared prefix: key GROUP_KEY0 - group
 
 
@@ -56,6 +58,7 @@ class BlockCache:
         # 0 while none does), and how many do
         self.g_span = [0] * groups
         self.g_users = [0] * groups
+        self.freed = 0  # what the last `reuse` gave back to the pool (below 0: took)
 
     def whole(self, n: int) -> int:
         """`n` tokens rounded down to whole blocks."""
@@ -141,6 +144,73 @@ class BlockCache:
                 self.lru[GROUP_KEY0 - g] = n
                 self.tokens += n
 
+    def own_part(self, tr: Trajectory) -> int:
+        """The tokens `tr` holds beyond the shared prefix its group holds for it."""
+        return tr.held - (tr.pre if tr.sg >= 0 else 0)
+
+    def share(self, tr: Trajectory) -> int:
+        """`tr`, holding nothing, holds its group's shared prefix from now on (tr.held: its
+        length); returns the tokens that takes from the pool (those of it not there)."""
+        p = tr.pre
+        tr.sg = tr.grp
+        tr.held = p
+        return p - self.join(tr.grp, p)
+
+    def unshare(self, tr: Trajectory) -> None:
+        """`tr` no longer holds its group's shared prefix (what it left of the rest of its
+        context is in the cache already, before the prefix, should it be the last)."""
+        if tr.sg >= 0:
+            self.part(tr.sg)
+            tr.sg = -1
+
+    def join_cost(self, tr: Trajectory) -> int:
+        """What `tr`, holding nothing, joining its group's shared prefix changes in the pool
+        its call takes (below 0: the prefix held for others saves it that much)."""
+        if tr.grp < 0 or tr.held:
+            return 0
+        return self.shared_cost(tr.grp, tr.pre) - tr.pre
+
+    def reuse(self, tr: Trajectory, kept: int, last: int) -> int:
+        """`tr`, holding nothing, takes what the cache has of its context: its group's shared
+        prefix (`share`) and its own cached blocks after it, up to `kept` tokens (the shared
+        prefix up to `last`). Returns the tokens matched; `tr` holds its prefix and its own
+        blocks matched, the rest of its entry is freed. `freed`: what the pool gets back (the
+        prefix's missing blocks taken; below 0 the caller evicts for it with the call's need)."""
+        base = m = freed = 0
+        if tr.grp >= 0:
+            freed = -self.share(tr)
+            base = tr.pre
+            m = base + freed  # of the prefix, what was there
+        own = self.take(tr.ti)
+        cap = self.whole(last if last < kept or last < m else (kept if kept > m else m))
+        whole_prefix = m == base  # else the blocks after the prefix cannot match either
+        total = base + own if whole_prefix else m
+        hit = total if total < cap else (cap if cap > 0 else 0)
+        used = hit - base if whole_prefix and hit > base else 0
+        self.freed = freed + own - used
+        tr.held = base + used
+        return hit
+
+    def reserve_host(self, tr: Trajectory) -> bool:
+        """Room in the host tier for `tr`'s offload (its whole blocks), reserved; False: the
+        tier is full and the offload is refused (counted)."""
+        n = self.whole(tr.ret)
+        if not self.host_fits(n):
+            self.refused += 1
+            return False
+        self.host_used += n
+        tr.host = n
+        return True
+
     def host_fits(self, tokens: int) -> bool:
         """Whether an offload of `tokens` fits in the host tier now."""
         return self.host_used + tokens <= self.host_cap
+
+
+def share_prefixes(trajs: list[Trajectory], group: list[int], prefix: list[int],
+                   block: int) -> None:
+    """A prefix-cache engine: each trajectory's prefix group and the whole blocks of its first
+    call (`prefix` tokens) that the group shares (none under a block)."""
+    for tr, g, p in zip(trajs, group, prefix, strict=True):
+        if g >= 0 and p >= block:
+            tr.grp, tr.pre = g, p - p % block

@@ -29,7 +29,7 @@ from harness.policies.base import (
 )
 from harness.policies.builtin import Keep, KeepEvictable, Recompute, Swap
 from harness.policies.history import RecentMean
-from harness.simulate.block_cache import BlockCache
+from harness.simulate.block_cache import BlockCache, share_prefixes
 from harness.simulate.client import Client
 from harness.simulate.growth import Growth, admission_tokens
 from harness.simulate.records import E_ERASE, E_KV_STATE, RecordSink
@@ -113,15 +113,6 @@ def trajectories(w: Workload) -> list[Trajectory]:
             for ti, (f, k) in enumerate(zip(w.first, w.n_steps, strict=True))]
 
 
-def share_prefixes(trajs: list[Trajectory], w: Workload, block: int) -> None:
-    """A prefix-cache engine: each trajectory's prefix group and the whole blocks of its first
-    call that the group shares (none under a block)."""
-    pre = (w.prefix - w.prefix % block).tolist()
-    for tr, g, p in zip(trajs, w.group.tolist(), pre, strict=True):
-        if g >= 0 and p > 0:
-            tr.grp, tr.pre = g, p
-
-
 def fixed_decision(policy: PausePolicy, run_id: str, texts: dict[str, int],
                    text: Callable[[str], int], prefix_cache: bool) -> FixedDecision:
     """Keep, keep-evictable, swap and recompute decide the same at every pause: their decision,
@@ -187,7 +178,7 @@ class EngineState:
             int(w.group.max()) + 1 if len(w.group) else 0
         ) if cap.prefix_cache and not self.slot_mode else None
         if self.cache is not None:
-            share_prefixes(self.trajs, w, cap.block_size)
+            share_prefixes(self.trajs, w.group.tolist(), w.prefix.tolist(), cap.block_size)
         # vLLM: a call's memory grows as it decodes (None: its whole context from admission);
         # what a call is admitted with, per step
         self.growth: Growth | None = Growth(cast("Engine", self), cap.block_size) if (
@@ -260,11 +251,13 @@ class EngineState:
             tr.slot = -1
         else:
             cache = self.cache
-            own = tr.held - (tr.pre if tr.sg >= 0 else 0)  # its group holds its prefix
-            self.free_tok += own - (cache.leave(-1, own) if cache is not None and cached
-                                    else 0)
+            if cache is None:
+                self.free_tok += tr.held
+            else:
+                own = cache.own_part(tr)  # its group holds its prefix
+                self.free_tok += own - (cache.leave(-1, own) if cached else 0)
+                cache.unshare(tr)
             tr.held = 0
-            self.unshare(tr)
         self.emit(t, E_KV_STATE, tr.ti, -1, -1, 0, 2, 0)
 
     def leave_cached(self, tr: Trajectory) -> None:
@@ -272,52 +265,12 @@ class EngineState:
         for as long as nothing evicts it (no erase: the engine frees nothing yet)."""
         cache = self.cache
         assert cache is not None
-        own = tr.held - (tr.pre if tr.sg >= 0 else 0)
+        own = cache.own_part(tr)
         self.free_tok += own - cache.leave(tr.ti, own)
         tr.held = 0
-        self.unshare(tr)
+        cache.unshare(tr)
         tr.state = DROPPED  # its next call is admitted as a new one, reusing what is left
 
-    def unshare(self, tr: Trajectory) -> None:
-        """`tr` no longer holds its group's shared prefix (what it left of the rest of its
-        context is in the cache already, before the prefix, should it be the last)."""
-        if tr.sg >= 0:
-            cache = self.cache
-            assert cache is not None
-            cache.part(tr.sg)
-            tr.sg = -1
-
-    def join_cost(self, tr: Trajectory) -> int:
-        """What `tr`, holding nothing, joining its group's shared prefix changes in the pool
-        its call takes (below 0: the prefix held for others saves it that much)."""
-        cache = self.cache
-        if tr.grp < 0 or tr.held or cache is None:
-            return 0
-        return cache.shared_cost(tr.grp, tr.pre) - tr.pre
-
-    def reuse(self, tr: Trajectory, kept: int, last: int) -> int:
-        """`tr`, holding nothing, takes what the prefix cache has of its context: its group's
-        shared prefix (joined: held from now on) and its own cached blocks after it, up to
-        `kept` tokens (the shared prefix up to `last`). Returns the tokens matched; `tr` holds
-        its prefix and its own blocks matched, the rest of its entry is freed. The pool may be
-        left below 0 (the caller evicts for it with the call's own need)."""
-        cache = self.cache
-        assert cache is not None
-        base = m = 0
-        if tr.grp >= 0:
-            base = tr.pre
-            m = cache.join(tr.grp, base)
-            tr.sg = tr.grp
-            self.free_tok -= base - m  # the group's prefix, now as long as this one
-        own = cache.take(tr.ti)
-        cap = cache.whole(last if last < kept or last < m else (kept if kept > m else m))
-        whole_prefix = m == base  # else the blocks after the prefix cannot match either
-        total = base + own if whole_prefix else m
-        hit = total if total < cap else (cap if cap > 0 else 0)
-        used = hit - base if whole_prefix and hit > base else 0
-        self.free_tok += own - used
-        tr.held = base + used
-        return hit
     def grab(self, tr: Trajectory, need: int, t: float) -> bool:
         """Token pool: make `tr` hold the `need` tokens of its next call (its step `tr.pos`),
         if the pool has them at `t`; False (nothing changed) if not. With a prefix cache, what
@@ -332,7 +285,7 @@ class EngineState:
             self.free_tok -= grow
             tr.held = need
             return True
-        spare = self.free_tok + cache.tokens - need + tr.held - self.join_cost(tr)
+        spare = self.free_tok + cache.tokens - need + tr.held - cache.join_cost(tr)
         if spare < 0 or (self.growth is not None and spare < self.growth.owed(t, spare)):
             return False
         g = tr.pos
@@ -342,13 +295,13 @@ class EngineState:
             tr.need_rc = kept - cache.reusable(kept, self.inp[g])
         elif not tr.host:  # not a swapped context, whose restore brings it back
             # below 0: a first call's tokens found in the group's shared prefix
-            rc = kept - self.reuse(tr, kept, kept + self.inp[g] - 1)
+            hit = cache.reuse(tr, kept, kept + self.inp[g] - 1)
+            self.free_tok += cache.freed
+            rc = kept - hit
             if rc < 0 or tr.need_rc < rc:
                 tr.need_rc = rc
         elif tr.grp >= 0:  # the restore brings its own blocks; the prefix is the group's
-            tr.held = tr.pre
-            self.free_tok -= tr.pre - cache.join(tr.grp, tr.pre)
-            tr.sg = tr.grp
+            self.free_tok -= cache.share(tr)
         grow = need - tr.held
         if grow > self.free_tok:
             self.free_tok += cache.evict(grow - self.free_tok)
@@ -356,26 +309,11 @@ class EngineState:
         tr.held = need
         return True
 
-    def reserve_host(self, tr: Trajectory) -> bool:
-        """Room in the host tier for `tr`'s offload (its whole blocks), reserved; False: the
-        tier is full, the offload is refused and `tr` stays KEPT (pinned). Unbounded without a
-        prefix cache."""
-        cache = self.cache
-        if cache is None:
-            return True
-        n = cache.whole(tr.ret)
-        if not cache.host_fits(n):
-            cache.refused += 1
-            tr.state = KEPT
-            return False
-        cache.host_used += n
-        tr.host = n
-        return True
-
     def swap_out(self, tr: Trajectory, t: float, reason: int) -> None:
         """Offload `tr`'s paused KV (a slot save between iterations, then its link), unless
         the host tier refuses it: then it stays pinned for the rest of the pause."""
-        if not self.reserve_host(tr):
+        if self.cache is not None and not self.cache.reserve_host(tr):
+            tr.state = KEPT  # refused: pinned for the rest of the pause
             return
         tr.swap_reason = reason
         tr.state = SWAPPING

@@ -228,8 +228,8 @@ class Growth:
         cached = cache.leave(tr.ti, rest) if cache is not None else 0
         e.free_tok += rest - cached
         tr.held = pinned
-        if not pinned:
-            e.unshare(tr)
+        if not pinned and cache is not None:
+            cache.unshare(tr)
         tr.ret = tr.tok0 + it - tr.dstart  # its tokens so far: its readmission's prompt
         tr.state = PREEMPTED
         e.queue.appendleft(tr)  # first in line
@@ -244,11 +244,12 @@ class Growth:
         known = tr.ret
         b = self.block
         need = -(-(known + 1) // b) * b
-        spare = e.free_units() - (need - tr.held) - e.join_cost(tr)
+        spare = e.free_units() - (need - tr.held) - (cache.join_cost(tr) if cache else 0)
         if spare < 0 or spare < self.owed(t, spare):
             return False
         if not tr.held and cache is not None:
-            hit = e.reuse(tr, known, known - 1)
+            hit = cache.reuse(tr, known, known - 1)
+            e.free_tok += cache.freed
         else:
             own = cache.take(tr.ti) if cache is not None else 0
             cap = (known - 1) - (known - 1) % b - tr.held

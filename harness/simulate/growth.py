@@ -221,10 +221,10 @@ class Growth:
         self.leave(tr)
         tr.oleft = end - it  # tokens it still has to produce (at least one)
         pinned = tr.pinned
+        cache = e.cache
         # what a pause pinned stays (its group's shared prefix with it); else the group's
         # prefix is let go after the rest
-        rest = tr.held - pinned - (tr.pre if not pinned and tr.sg >= 0 else 0)
-        cache = e.cache
+        rest = tr.held - pinned if pinned or cache is None else cache.own_part(tr)
         cached = cache.leave(tr.ti, rest) if cache is not None else 0
         e.free_tok += rest - cached
         tr.held = pinned

@@ -13,7 +13,8 @@ import pandas as pd
 
 from harness.errors import InputError
 from harness.traces.context import context_lengths, trajectory_starts
-from harness.traces.schema import DEFAULT_PREFIX_TOKENS, KIND_TOOL, TOOL_SUBAGENT
+from harness.traces.reuse import prefix_sent
+from harness.traces.schema import KIND_TOOL, TOOL_SUBAGENT
 
 OUTCOMES = ("ok", "error", "timeout", "abandoned")
 
@@ -137,12 +138,9 @@ def _shared_prefixes(df: pd.DataFrame, first: np.ndarray, inp: np.ndarray
     that start with the group's shared prefix."""
     raw = df["prefix_group"].astype(object).to_numpy()[first]
     named = np.array([isinstance(g, str) and g != "" for g in raw], dtype=bool)
-    codes, _ = pd.factorize(pd.Series(raw).where(named, None))
-    group = np.where(named, codes, -1).astype(np.int64)
-    tokens = (df["prefix_tokens"].to_numpy(dtype="float64", na_value=np.nan)[first]
-              if "prefix_tokens" in df.columns else np.full(len(first), np.nan))
-    tokens = np.where(np.isnan(tokens), DEFAULT_PREFIX_TOKENS, tokens).astype(np.int64)
-    return group, np.where(named, np.minimum(tokens, inp[first]), 0).astype(np.int64)
+    codes, _ = pd.factorize(pd.Series(raw).where(named, None))  # -1 where not named
+    return (codes.astype(np.int64),
+            np.where(named, prefix_sent(df, first, inp[first]), 0).astype(np.int64))
 
 
 def _kept(call_kept: np.ndarray, ctx: np.ndarray, is_tool: np.ndarray, first: np.ndarray,

@@ -104,6 +104,18 @@ def pause_lengths(df: pd.DataFrame) -> FloatArray:
     return pause
 
 
+def prefix_sent(df: pd.DataFrame, first: IntArray, first_prompt: IntArray) -> IntArray:
+    """Per trajectory (its first row in `first`), how many tokens of its first call start with
+    its prefix group's shared prefix, as the replay's planner sends them: its prefix_tokens
+    (DEFAULT_PREFIX_TOKENS where null), never more than the call's `first_prompt` tokens.
+    Whether the trajectory has a group at all is the caller's to say."""
+    raw = (df["prefix_tokens"].to_numpy(dtype="float64", na_value=np.nan)[first]
+           if "prefix_tokens" in df.columns else np.full(len(first), np.nan))
+    pre = np.where(np.isnan(raw), DEFAULT_PREFIX_TOKENS, raw).astype(np.int64)
+    sent: IntArray = np.minimum(pre, first_prompt)
+    return sent
+
+
 def _first_call_prefix(df: pd.DataFrame, prompt: IntArray, t: _Trajectories) -> IntArray:
     """Per trajectory, the shared-prefix tokens its first call finds already sent by an earlier
     trajectory of its group (0 without one)."""
@@ -112,10 +124,7 @@ def _first_call_prefix(df: pd.DataFrame, prompt: IntArray, t: _Trajectories) -> 
     has_group = np.array([isinstance(g, str) for g in t.groups], dtype=bool)
     if not has_group.any():
         return out
-    raw = (df["prefix_tokens"].to_numpy(dtype="float64", na_value=np.nan)[t.first]
-           if "prefix_tokens" in df.columns else np.full(n, np.nan))
-    pre = np.where(np.isnan(raw), DEFAULT_PREFIX_TOKENS, raw).astype(np.int64)
-    sent = np.minimum(pre, prompt[t.first])
+    sent = prefix_sent(df, t.first, prompt[t.first])
     start = df["start_s"].to_numpy(dtype="float64")[t.first]
     order = np.argsort(start, kind="stable")
     frame = pd.DataFrame({"g": t.groups[order], "p": sent[order]})[has_group[order]]

@@ -215,6 +215,16 @@ def replay_and_trace(root: Path, policy: str) -> tuple[Path, Path] | None:
     return real_dir, trace
 
 
+def own_wake(f: RateFactors) -> str:
+    """', its own wake: ...' of the run's fitted curve (server / way ms added at each idle time,
+    `*` where the calibration's point was kept), or '' where none was fitted."""
+    if not f.wake_curve_ms:
+        return ""
+    points = [f"{g / 1e3:g} s +{srv:.1f} / +{way:.1f}{'' if ok else '*'}"
+              for (g, srv, way), ok in zip(f.wake_curve_ms, f.wake_fitted, strict=True)]
+    return "; its own wake (server / way ms): " + ", ".join(points)
+
+
 def run_rates_row(root: Path, policy: str, runtime: str, seeds: int = DRAW_SEEDS
                   ) -> dict[str, Any] | None:
     """The server's speed during the policy's replay against the bench's calibration, and the
@@ -227,7 +237,7 @@ def run_rates_row(root: Path, policy: str, runtime: str, seeds: int = DRAW_SEEDS
     cal = read_calibration(cal_path)
     records = read_records(real_dir)
     factors = server_speed(records, cal)
-    source = f"{factors.calls} calls alone"
+    source = f"{factors.calls} calls alone{own_wake(factors)}"
     if factors.calls == 0:
         sim_dir = root / f"{policy}-simulated"
         if not (sim_dir / "records").exists():

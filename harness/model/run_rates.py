@@ -12,9 +12,12 @@ the server computed half as fast as calibrated). Their time to first token less 
 time is the request's way to the engine and back (HTTP, the API server), less what the
 calibration's wake curve adds to that way after the call's idle time: the run's own request
 overhead on a busy server. A call's idle time counts from the server's last work, calls and
-the pauses' requests to it alike. `rescaled` divides a calibration's rates by the factors and
-takes that overhead, so that a simulation with it runs at the run's own speed, and whatever
-error is left is the model's.
+the pauses' requests to it alike. Where the calibration has a wake curve (the engines), what idle
+time adds is the run's own too: the prompt factor, the busy way and the curve's points are
+fitted together from the calls alone (harness.model.wake_fit), as a calibration's wake moves
+several-fold within minutes on a shared machine. `rescaled` divides a calibration's rates by the
+factors and takes that overhead, so that a simulation with it runs at the run's own speed, and
+whatever error is left is the model's.
 
 The same estimator on a simulated run's records gives factors of 1 (to rounding): what the
 simulator writes for a call alone is what these costs predict. (Its overhead there reads 0: a
@@ -34,6 +37,7 @@ from harness.arrays import FloatArray
 from harness.metrics.frames import build_frames
 from harness.model.calibration import Calibration, noise_from, overhead_samples
 from harness.model.iteration import IterationCosts
+from harness.model.wake_fit import curve_weights, fit_wake
 
 
 @dataclass(frozen=True)
@@ -49,12 +53,19 @@ class RateFactors:
     # each call's prompt factor over their median, ascending: the server's spread around
     # the model (the simulator's iteration noise at the run's own rates)
     noise_samples: tuple[float, ...] = ()
+    # the run's own wake curve ([idle_ms, server_ms, way_ms], the calibration's idle times;
+    # empty: not fitted, the calibration's kept) and which of its points the run's calls
+    # informed (the others are the calibration's)
+    wake_curve_ms: tuple[tuple[float, float, float], ...] = ()
+    wake_fitted: tuple[bool, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"prefill": self.prefill, "decode": self.decode, "calls": self.calls,
                 "overhead_ms": self.overhead_ms,
                 "overhead_samples_ms": list(self.overhead_samples_ms),
-                "noise_samples": list(self.noise_samples)}
+                "noise_samples": list(self.noise_samples),
+                "wake_curve_ms": [list(p) for p in self.wake_curve_ms],
+                "wake_fitted": list(self.wake_fitted)}
 
 
 
@@ -114,13 +125,16 @@ def _prefill_s(costs: IterationCosts, position: int, tokens: int, per_pass: int)
 
 
 def rate_factors(records: pd.DataFrame, costs: IterationCosts, per_pass: int,
-                 with_way: IterationCosts | None = None) -> RateFactors:
+                 with_way: IterationCosts | None = None,
+                 wake_curve_ms: tuple[tuple[float, float, float], ...] = ()) -> RateFactors:
     """The factors of a run's records against `costs`; `per_pass` is the most prompt tokens one
     forward pass takes (llama.cpp's micro-batch, an engine's iteration budget). `with_way`:
     the same costs with a wake curve's way part (Calibration.iteration_costs()): what it adds
     over `costs` after a call's idle time is the slower way there and back after that idle
     time, taken out of the call's overhead, so that the overheads are the busy server's and
-    the curve adds the rest per call, as at the calibrated rates."""
+    the curve adds the rest per call, as at the calibrated rates. `wake_curve_ms`: the
+    calibration's wake curve; where given, the run's own curve at its idle times is fitted
+    with the prompt factor and the busy way (`_own_wake`) instead, and returned."""
     solo = solo_calls(records)
     if solo.empty:
         return RateFactors(None, None, 0)
@@ -149,10 +163,52 @@ def rate_factors(records: pd.DataFrame, costs: IterationCosts, per_pass: int,
             step = costs.decode_alpha + costs.decode_s(prompt[i] + out[i] / 2.0)
             dec.append(decode_ms[i] / 1e3 / ((out[i] - 1) * step))
     calls = int(min(len(pre), len(dec)))
-    return RateFactors(float(np.median(pre)) if pre else None,
-                       float(np.median(dec)) if dec else None, calls,
+    decode = float(np.median(dec)) if dec else None
+    own = _own_wake(solo, costs, per_pass, wake_curve_ms) if wake_curve_ms else None
+    if own is not None:
+        return replace(own, decode=decode, calls=calls)
+    return RateFactors(float(np.median(pre)) if pre else None, decode, calls,
                        max(0.0, float(np.median(lag))) if lag else None,
                        overhead_samples(lag), noise_from(pre))
+
+
+def _own_wake(solo: pd.DataFrame, costs: IterationCosts, per_pass: int,
+              curve_ms: tuple[tuple[float, float, float], ...]) -> RateFactors | None:
+    """The prompt factor, the busy way and the run's own wake curve at `curve_ms`' idle times,
+    fitted from the calls alone (harness.model.wake_fit); decode and calls left to the caller.
+    None where either fit has no call or fails."""
+    def col(name: str) -> np.ndarray:
+        return solo[name].to_numpy(dtype=float, na_value=np.nan)
+
+    prompt, computed, server_ms = col("prompt_tokens"), col("prompt_n"), col("server_ms")
+    idle, t0, t_first = col("idle_s"), col("t0"), col("t_first")
+    ok = np.isfinite(server_ms + prompt + computed) & (computed > 0)
+    x = np.array([_prefill_s(costs, int(p - c), int(c), per_pass)
+                  for p, c in zip(prompt[ok], computed[ok], strict=True)])
+    gaps = np.array([g for g, _, _ in curve_ms]) / 1e3
+    server = fit_wake(x, idle[ok], server_ms[ok] / 1e3, gaps,
+                      np.array([s for _, s, _ in curve_ms]) / 1e3, scaled=True)
+    timed = ok & np.isfinite(t_first)
+    way_s = ((t_first - t0) / 1e6 - server_ms)[timed] / 1e3
+    way = fit_wake(np.ones(len(way_s)), idle[timed], way_s, gaps,
+                   np.array([w for _, _, w in curve_ms]) / 1e3, scaled=False)
+    if server is None or way is None or server.factor <= 0:
+        return None
+    predicted = server.factor * x + server.at(curve_weights(idle[ok], gaps))
+    pre = [float(v) for v in server_ms[ok] / 1e3 / predicted if v > 0 and math.isfinite(v)]
+    lag = [float(v) for v in (way_s - way.at(curve_weights(idle[timed], gaps))) * 1e3]
+    return RateFactors(server.factor, None, 0,
+                       max(0.0, float(np.median(lag))) if lag else None,
+                       overhead_samples(lag), noise_from(pre),
+                       tuple((float(g), s, w) for (g, _, _), s, w
+                             in zip(curve_ms, _ms_rising(server.curve), _ms_rising(way.curve),
+                                    strict=True)),
+                       tuple(a and b for a, b in zip(server.fitted, way.fitted, strict=True)))
+
+
+def _ms_rising(curve_s: tuple[float, ...]) -> list[float]:
+    """A fitted curve in ms to 1e-4, non-decreasing (the solver's rounding taken out)."""
+    return [round(float(v), 4) for v in np.maximum.accumulate(np.array(curve_s) * 1e3)]
 
 
 SERVER_SPEED_JSON = "server_speed.json"
@@ -166,7 +222,7 @@ def server_speed(records: pd.DataFrame, cal: Calibration) -> RateFactors:
     costs = cal.iteration_costs(way=False)
     slots = cal.engine_kind in (None, "llamacpp")
     return rate_factors(records, costs, costs.ubatch_tokens if slots else costs.batch_tokens,
-                        cal.iteration_costs())
+                        cal.iteration_costs(), cal.wake_curve_ms)
 
 
 def speed_doc(f: RateFactors, calibration: str) -> dict[str, Any]:
@@ -187,6 +243,12 @@ def speed_line(policy: str, doc: dict[str, Any]) -> str:
              if doc.get(key) is not None]
     if doc.get("overhead_ms") is not None:
         parts.append(f"overhead {doc['overhead_ms']:.1f} ms")
+    curve, fitted_at = doc.get("wake_curve_ms") or [], doc.get("wake_fitted") or []
+    fitted = [p for p, ok in zip(curve, fitted_at, strict=False) if ok]  # an older file: none
+    if fitted:  # the longest idle time the run's own calls informed
+        idle_ms, server_ms, way_ms = fitted[-1]
+        parts.append(f"after {idle_ms / 1e3:g} s idle +{server_ms:.1f} ms server, "
+                     f"+{way_ms:.1f} ms way")
     return f"  {policy}: {', '.join(parts)} ({doc['calls']} calls alone)"
 
 
@@ -197,8 +259,9 @@ def _scaled(points: tuple[tuple[int, float], ...], f: float) -> tuple[tuple[int,
 def rescaled(cal: Calibration, f: RateFactors) -> Calibration:
     """`cal` with its prompt rates (prefill, append) divided by `f.prefill`, its decode rates
     by `f.decode` and its request overhead (median and distribution) the run's (a missing
-    figure leaves the calibration's; the busy server's, `rate_factors`: the wake curve, kept
-    whole, adds the way after idle time); swap rates and sizes unchanged."""
+    figure leaves the calibration's; the busy server's, `rate_factors`: the wake curve adds the
+    way after idle time) and its wake curve the run's own where `f` has one (else the
+    calibration's, whole); swap rates and sizes unchanged."""
     p = f.prefill or 1.0
     d = f.decode or 1.0
     return replace(cal, prefill_tok_s=cal.prefill_tok_s / p,
@@ -212,8 +275,10 @@ def rescaled(cal: Calibration, f: RateFactors) -> Calibration:
                    request_overhead_samples_ms=(f.overhead_samples_ms
                                                   or cal.request_overhead_samples_ms),
                    iteration_noise_samples=f.noise_samples or cal.iteration_noise_samples,
+                   wake_curve_ms=f.wake_curve_ms or cal.wake_curve_ms,
                    measured_at=f"{cal.measured_at} (rates rescaled to a run's: prefill x{p:.3f}"
-                               f" time, decode x{d:.3f})")
+                               f" time, decode x{d:.3f}"
+                               f"{', its own wake curve' if f.wake_curve_ms else ''})")
 
 
 def _in_flight(c: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

@@ -181,6 +181,13 @@ def test_the_speed_line_names_each_factor_and_the_calls() -> None:
     assert speed_line("keep", doc) == ("  keep: prompt x2.26, decode x2.34, overhead 6.8 ms "
                                        "(216 calls alone)")
     assert "no call ran alone" in speed_line("keep", speed_doc(RateFactors(None, None, 0), "c"))
+    # a run's own wake: the longest idle time its calls informed
+    own = RateFactors(1.0, 1.0, 9, 2.0, wake_curve_ms=((10.0, 1.0, 2.0), (1000.0, 8.0, 12.5),
+                                                       (3000.0, 9.0, 20.0)),
+                      wake_fitted=(True, True, False))
+    assert speed_line("keep", speed_doc(own, "c")) == (
+        "  keep: prompt x1.00, decode x1.00, overhead 2.0 ms, after 1 s idle +8.0 ms server, "
+        "+12.5 ms way (9 calls alone)")
 
 
 def test_waits_are_split_by_whether_another_call_was_in_flight() -> None:

@@ -34,9 +34,11 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -159,32 +161,44 @@ def save(rows: list[dict[str, object]], path: Path) -> None:
     tmp.replace(path)
 
 
-def measure(runtime: str, trials: int, out: Path) -> list[dict[str, object]]:
-    """Start a local server (pinned as the replays pin it) and run every trial on it, saving
-    the trials to `out`/collisions.json as they end."""
+T = TypeVar("T")
+
+
+def on_local_server(runtime: str, run_id: str, slots: int, out: Path,
+                       work: Callable[[Adapter, int], Awaitable[T]]) -> T:
+    """`work(adapter, vocabulary size)` on a local server of `runtime` started for it (pinned
+    as the replays pin it; its files under `out`/server) and stopped after."""
     rt = get_runtime(runtime)
     pin = pinning.decide(pinning.available_cpus(), True, rt.pins_local_server)
     pinning.apply(pin)
-    size = SIZES[runtime]
-    options = ServerOptions(policy="keep" if size.slots else "keep-evictable",
-                            run_id="collisions", url=None, slots=2 if size.slots else 1,
-                            ctx_per_slot=4096, model=None, server_args=(),
-                            server_cpus=pin.server if pin else None)
+    options = ServerOptions(policy="keep" if runtime == "llamacpp" else "keep-evictable",
+                            run_id=run_id, url=None, slots=slots, ctx_per_slot=4096,
+                            model=None, server_args=(), server_cpus=pin.server if pin else None)
 
-    async def go(session: RuntimeSession) -> list[dict[str, object]]:
+    async def go(session: RuntimeSession) -> T:
         async with connect(session.details.url, 2) as http:
             ad = session.connect(http)
-            vocab = (await server_info(ad, session.details.url)).vocab_size
-            rows = []
-            for n in range(trials):
-                for off in (None, *OFFSETS_MS):
-                    for a in ((False, True) if off is None else (True,)):
-                        rows.append(await trial(ad, vocab, size, n, off, a))
-                        save(rows, out / "collisions.json")
-            return rows
+            return await work(ad, (await server_info(ad, session.details.url)).vocab_size)
 
     with rt.start(options, out / "server") as session:
         return loop.run(go(session))
+
+
+def measure(runtime: str, trials: int, out: Path) -> list[dict[str, object]]:
+    """Start a local server (pinned as the replays pin it) and run every trial on it, saving
+    the trials to `out`/collisions.json as they end."""
+    size = SIZES[runtime]
+
+    async def trials_on(ad: Adapter, vocab: int) -> list[dict[str, object]]:
+        rows = []
+        for n in range(trials):
+            for off in (None, *OFFSETS_MS):
+                for a in ((False, True) if off is None else (True,)):
+                    rows.append(await trial(ad, vocab, size, n, off, a))
+                    save(rows, out / "collisions.json")
+        return rows
+
+    return on_local_server(runtime, "collisions", 2 if size.slots else 1, out, trials_on)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from harness.model.iteration import curve_at
 from harness.model.run_rates import rate_factors, rescaled, server_speed
-from harness.model.wake_fit import curve_weights, fit_wake, l1_fit
+from harness.model.wake_fit import MAX_FIT_CALLS, curve_weights, fit_wake, l1_fit
 from harness.records.store import read_records
 from harness.simulate.run import Arrivals, run_simulation
 from harness.simulate.server import Capacity
@@ -67,6 +67,15 @@ def test_the_fit_recovers_a_prompt_factor_and_a_curve_exactly() -> None:
                    np.zeros(5), scaled=False)
     assert way is not None and way.factor == pytest.approx(0.004, abs=1e-9)
     assert way.curve == pytest.approx(tuple(curve), abs=1e-9)
+
+
+def test_a_long_run_is_thinned_and_still_fitted() -> None:
+    curve = [0.001, 0.003, 0.008, 0.012, 0.020]
+    x, idle, y = synthetic(1.3, curve, n_per=500)  # 6,000 calls
+    assert len(y) > MAX_FIT_CALLS
+    got = fit_wake(x, idle, y, GAPS, np.zeros(5), scaled=True)
+    assert got is not None and got.factor == pytest.approx(1.3, abs=1e-9)
+    assert got.curve == pytest.approx(tuple(curve), abs=1e-9)
 
 
 def test_a_few_slow_calls_do_not_move_the_fit() -> None:

@@ -145,58 +145,56 @@ def rate_factors(records: pd.DataFrame, costs: IterationCosts, per_pass: int,
     idle = col("idle_s")
     out, decode_ms = col("output_tokens"), col("decode_ms")
     t0, t_first = col("t0"), col("t_first")
-    pre: list[float] = []
+    # each call with a prompt timing: its prompt time at `costs` (s, no wake), its idle time,
+    # its server-reported prompt time and its way there and back (ms; NaN: no first token)
+    timed: list[tuple[float, float, float, float]] = []
     dec: list[float] = []
-    lag: list[float] = []
     for i in range(len(solo)):
         if math.isfinite(server_ms[i] + prompt[i] + computed[i]) and computed[i] > 0:
-            wake = costs.wake_after(idle[i])  # an engine that idled wakes slower
-            want = (_prefill_s(costs, int(prompt[i] - computed[i]), int(computed[i]), per_pass)
-                    + wake)
-            if want > 0:
-                pre.append(server_ms[i] / 1e3 / want)
-            if math.isfinite(t_first[i]):
-                way = 0.0 if with_way is None else with_way.wake_after(idle[i]) - wake
-                lag.append((t_first[i] - t0[i]) / 1e6 - server_ms[i] - way * 1e3)
+            timed.append((_prefill_s(costs, int(prompt[i] - computed[i]), int(computed[i]),
+                                     per_pass), idle[i], server_ms[i],
+                          (t_first[i] - t0[i]) / 1e6 - server_ms[i]))
         if math.isfinite(decode_ms[i] + out[i] + prompt[i]) and out[i] >= 2:
             # One iteration per token after the first (the prefill's), at its mean context.
             step = costs.decode_alpha + costs.decode_s(prompt[i] + out[i] / 2.0)
             dec.append(decode_ms[i] / 1e3 / ((out[i] - 1) * step))
+    x, at_idle, srv, way = np.array(timed, dtype=float).reshape(-1, 4).T
+    wake = np.array([costs.wake_after(v) for v in at_idle])  # an engine that idled wakes slower
+    want = x + wake
+    pre = [float(v) for v in srv[want > 0] / 1e3 / want[want > 0]]
     calls = int(min(len(pre), len(dec)))
     decode = float(np.median(dec)) if dec else None
-    own = _own_wake(solo, costs, per_pass, wake_curve_ms) if wake_curve_ms else None
+    own = _own_wake(x, at_idle, srv, way, wake_curve_ms) if wake_curve_ms else None
     if own is not None:
         return replace(own, decode=decode, calls=calls)
+    has_way = np.isfinite(way)
+    way_wake = (np.zeros(int(has_way.sum())) if with_way is None else
+                np.array([with_way.wake_after(v) for v in at_idle[has_way]]) - wake[has_way])
+    lag = [float(v) for v in way[has_way] - way_wake * 1e3]
     return RateFactors(float(np.median(pre)) if pre else None, decode, calls,
                        max(0.0, float(np.median(lag))) if lag else None,
                        overhead_samples(lag), noise_from(pre))
 
 
-def _own_wake(solo: pd.DataFrame, costs: IterationCosts, per_pass: int,
+def _own_wake(x: FloatArray, idle: FloatArray, server_ms: FloatArray, way_ms: FloatArray,
               curve_ms: tuple[tuple[float, float, float], ...]) -> RateFactors | None:
     """The prompt factor, the busy way and the run's own wake curve at `curve_ms`' idle times,
-    fitted from the calls alone (harness.model.wake_fit); decode and calls left to the caller.
-    None where either fit has no call or fails."""
-    def col(name: str) -> np.ndarray:
-        return solo[name].to_numpy(dtype=float, na_value=np.nan)
-
-    prompt, computed, server_ms = col("prompt_tokens"), col("prompt_n"), col("server_ms")
-    idle, t0, t_first = col("idle_s"), col("t0"), col("t_first")
-    ok = np.isfinite(server_ms + prompt + computed) & (computed > 0)
-    x = np.array([_prefill_s(costs, int(p - c), int(c), per_pass)
-                  for p, c in zip(prompt[ok], computed[ok], strict=True)])
+    fitted (harness.model.wake_fit) from the calls alone with a prompt timing: each one's
+    prompt time at the calibration (`x`, s, no wake), idle time, server-reported prompt time and
+    way there and back (ms; NaN where no first token came); decode and calls left to the
+    caller. None where either fit has no call or fails."""
     gaps = np.array([g for g, _, _ in curve_ms]) / 1e3
-    server = fit_wake(x, idle[ok], server_ms[ok] / 1e3, gaps,
+    server = fit_wake(x, idle, server_ms / 1e3, gaps,
                       np.array([s for _, s, _ in curve_ms]) / 1e3, scaled=True)
-    timed = ok & np.isfinite(t_first)
-    way_s = ((t_first - t0) / 1e6 - server_ms)[timed] / 1e3
-    way = fit_wake(np.ones(len(way_s)), idle[timed], way_s, gaps,
+    has_way = np.isfinite(way_ms)
+    way_s = way_ms[has_way] / 1e3
+    way = fit_wake(np.ones(len(way_s)), idle[has_way], way_s, gaps,
                    np.array([w for _, _, w in curve_ms]) / 1e3, scaled=False)
     if server is None or way is None or server.factor <= 0:
         return None
-    predicted = server.factor * x + server.at(curve_weights(idle[ok], gaps))
-    pre = [float(v) for v in server_ms[ok] / 1e3 / predicted if v > 0 and math.isfinite(v)]
-    lag = [float(v) for v in (way_s - way.at(curve_weights(idle[timed], gaps))) * 1e3]
+    predicted = server.factor * x + server.at(curve_weights(idle, gaps))
+    pre = [float(v) for v in server_ms / 1e3 / predicted if v > 0 and math.isfinite(v)]
+    lag = [float(v) for v in (way_s - way.at(curve_weights(idle[has_way], gaps))) * 1e3]
     return RateFactors(server.factor, None, 0,
                        max(0.0, float(np.median(lag))) if lag else None,
                        overhead_samples(lag), noise_from(pre),

@@ -36,15 +36,18 @@ prompt and decode times over what the calibration predicts for them, and their r
 overhead's distribution; on a server never idle, the paired ratios instead), and the
 simulation rerun with the calibration rescaled to those rates (`<policy>-simulated-run-rates`):
 what error is left there is the model's (queueing, batching, the cache), the rest was the
-rates'. `--from DIR` redoes both tables from a finished validation without replaying
-(`--resimulate`: its simulations too, with this version of the simulator).
+rates'. A last table holds each simulation to its replay's own trajectory starts and tool
+ends (`<policy>-simulated-pinned`, harness.simulate.pins): a closed loop's small differences
+can grow into bursts the replay never had (or miss those it had), and held to the replay's
+timeline the error left is the engine model's alone. `--from DIR` redoes the tables from a
+finished validation without replaying (`--resimulate`: its simulations too, with this version
+of the simulator).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import statistics
 import subprocess
@@ -56,7 +59,6 @@ from typing import Any
 from harness.bench.run import simulate_like
 from harness.model.calibration import read_calibration
 from harness.model.run_rates import (
-    IN_FLIGHT,
     RateFactors,
     paired_ratios,
     rescaled,
@@ -71,8 +73,10 @@ from harness.traces.schema import Provenance, write_trajectories
 from harness.traces.tile import tile_steps
 from harness.traces.validate import load_trajectories
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from validation_tables import QUANTILES, pinned_table, rates_table, table, waits_table  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
-QUANTILES = ("p50", "p95", "p99")
 DRAW_SEEDS = 10  # simulations per replay and calibration: 0.2-1 s each here
 DEFAULT_POLICIES = {"llamacpp": "keep,swap,recompute,ttl",
                     "vllm": "keep,keep-evictable,swap,recompute,ttl",
@@ -124,12 +128,13 @@ def resume_quantiles(run_dir: Path) -> dict[str, float | None]:
     return {q: lat.get(q) for q in QUANTILES}
 
 
-def seed_runs(root: Path, policy: str, calibration: Path, name: str, seeds: int
-              ) -> list[dict[str, float | None]]:
+def seed_runs(root: Path, policy: str, calibration: Path, name: str, seeds: int,
+              pinned: bool = False) -> list[dict[str, float | None]]:
     """Resume latency quantiles of `<policy>-<name>` (simulated with the replay's seed) and of
     the same simulation with `seeds` - 1 other seeds of the server model's draws (the replay's
     seed + 1, + 2, ...; arrivals, trace and memory stay the replay's): the model's own spread on
-    the replay's workload. Empty where the simulation or the replay is missing."""
+    the replay's workload (`pinned`: each held to the replay's timeline, as `<policy>-<name>`
+    is). Empty where the simulation or the replay is missing."""
     first = root / f"{policy}-{name}"
     found = replay_and_trace(root, policy)
     if found is None or not (first / "summary.json").exists():
@@ -142,7 +147,7 @@ def seed_runs(root: Path, policy: str, calibration: Path, name: str, seeds: int
     try:
         for k in range(1, seeds):
             simulate_like(real_dir, trace, policy, dict(real.policy_args), calibration,
-                          scratch / str(k), draws_seed=int(real.seed or 0) + k)
+                          scratch / str(k), draws_seed=int(real.seed or 0) + k, pinned=pinned)
             runs.append(resume_quantiles(scratch / str(k)))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -187,10 +192,12 @@ def row(root: Path, policy: str, runtime: str, sim_dir: str = "simulated",
             "preempted_calls": preempted_calls(root / policy, root / f"{policy}-{sim_dir}")}
 
 
-def simulate_again(root: Path, policy: str, calibration: Path, name: str) -> Path | None:
+def simulate_again(root: Path, policy: str, calibration: Path, name: str,
+                   pinned: bool = False) -> Path | None:
     """The replay `<policy>` simulated (again, with this version of the simulator) at
-    `calibration`, into `<policy>-<name>` (what an earlier pass left there replaced); None
-    when the replay or its trace is missing."""
+    `calibration`, into `<policy>-<name>` (what an earlier pass left there replaced; `pinned`:
+    held to the replay's trajectory starts and tool ends); None when the replay or its trace
+    is missing."""
     found = replay_and_trace(root, policy)
     if found is None:
         return None
@@ -199,8 +206,24 @@ def simulate_again(root: Path, policy: str, calibration: Path, name: str) -> Pat
     if sim.exists():
         shutil.rmtree(sim)
     simulate_like(real_dir, trace, policy, dict(read_manifest(real_dir).policy_args),
-                  calibration, sim)
+                  calibration, sim, pinned=pinned)
     return sim
+
+
+def pinned_row(root: Path, policy: str, runtime: str, seeds: int = DRAW_SEEDS
+               ) -> dict[str, Any] | None:
+    """The policy's simulation at the calibration held to its replay's trajectory starts and
+    tool ends (harness.simulate.pins: `<policy>-simulated-pinned`): the engine model's error
+    without the closed loop's; with how many of those times the simulation reached late."""
+    cal = root / "calibration.json"
+    sim = simulate_again(root, policy, cal, "simulated-pinned", pinned=True)
+    if sim is None:
+        return None
+    r = row(root, policy, runtime, "simulated-pinned",
+            seed_runs(root, policy, cal, "simulated-pinned", seeds, pinned=True))
+    if r is None:
+        return None
+    return {**r, "pinned": (read_manifest(sim).simulator or {})["pinned_to"]}
 
 
 def replay_and_trace(root: Path, policy: str) -> tuple[Path, Path] | None:
@@ -265,108 +288,6 @@ def run_rates_row(root: Path, policy: str, runtime: str, seeds: int = DRAW_SEEDS
                                    "simulated_engine_only": waits_in_flight(sim_records)}}
 
 
-def _reuse(r: dict[str, Any]) -> str:
-    if r["reuse_measured"] is None:
-        return "-"
-    return f"{r['reuse_measured'] * 100:.1f}% / {r['reuse_simulated'] * 100:.1f}%"
-
-
-def _preempted(r: dict[str, Any]) -> str:
-    p = r.get("preempted_calls")
-    return "-" if p is None else f"{p[0]} / {p[1]}"
-
-
-def _paired(r: dict[str, Any]) -> str:
-    p = r.get("server_time_measured_over_simulated") or {}
-    if not p.get("calls"):
-        return "-"
-    return ", ".join("-" if p.get(k) is None else f"x{p[k]:.2f}" for k in ("prompt", "decode"))
-
-
-def _ms(v: float | None) -> str:
-    if v is None or math.isnan(v):
-        return "-"
-    return f"{max(v, 0.0):,.0f}"
-
-
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{v * 100:+.0f}%"
-
-
-def _ranges(spans: dict[str, Any] | None) -> str:
-    """'a-b / c-d / e-f' of a {p50: [lo, hi], ...} mapping ('-' for a missing one)."""
-    return " / ".join("-" if not (v := (spans or {}).get(q)) else f"{_ms(v[0])}-{_ms(v[1])}"
-                      for q in QUANTILES)
-
-
-def _seeds(r: dict[str, Any]) -> str:
-    spans = r.get("simulated_seeds") or {}
-    return f"{_ranges(spans)} ({spans.get('runs', 1)})"
-
-
-def table(rows: list[dict[str, Any]]) -> str:
-    out = ["| policy | resumes | simulated P50 / P95 / P99 ms | simulated range over draw seeds "
-           "(runs) | measured P50 / P95 / P99 ms | measured 95% CI P50 / P95 / P99 | error P50 "
-           "/ P95 / P99 | reuse measured / simulated | server time measured / simulated, same "
-           "calls: prompt, decode | running calls preempted measured / simulated | target |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        s, m, e = r["simulated"], r["measured"], r["error"]
-        out.append(f"| {r['policy']} | {r['resumes']} | {_ms(s['p50'])} / {_ms(s['p95'])} / "
-                   f"{_ms(s['p99'])} | {_seeds(r)} | {_ms(m['p50'])} / {_ms(m['p95'])} / "
-                   f"{_ms(m['p99'])} | {_ranges(r.get('measured_ci95'))} | {_pct(e['p50'])} / "
-                   f"{_pct(e['p95'])} / {_pct(e['p99'])} | {_reuse(r)} | {_paired(r)} | "
-                   f"{_preempted(r)} | {'met' if r['target_met'] else 'MISSED'} |")
-    return "\n".join(out)
-
-
-def _waits(w: dict[str, dict[str, Any]]) -> str:
-    text = " / ".join(f"{_ms(w[k]['p50'])} ({_ms(w[k]['p95'])})" for k in ("alone", "shared"))
-    if all(w[k].get("queue_p50") is not None for k in ("alone", "shared")):
-        text += " [" + " / ".join(f"{_ms(w[k]['queue_p50'])} ({_ms(w[k]['queue_p95'])})"
-                                  for k in ("alone", "shared")) + "]"
-    return text
-
-
-def rates_table(rows: list[dict[str, Any]]) -> str:
-    out = ["| policy | from | server time / calibrated: prompt, decode | "
-           "simulated at those rates P50 / P95 / P99 ms | simulated range over draw seeds "
-           "(runs) | error P50 / P95 / P99 | "
-           "reuse measured / simulated | time to first token less the server's prompt time, "
-           "sent alone / with company, P50 (P95) ms: measured [of it in the engine's queue, "
-           "as the server reports it]; simulated at the engine | "
-           "target |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        f, s, e, w = r["rate_factors"], r["simulated"], r["error"], r["waits_ms"]
-        out.append(f"| {r['policy']} | {f['source']} | x{f['prefill'] or 1:.2f}, "
-                   f"x{f['decode'] or 1:.2f} | {_ms(s['p50'])} / {_ms(s['p95'])} / "
-                   f"{_ms(s['p99'])} | {_seeds(r)} | {_pct(e['p50'])} / {_pct(e['p95'])} / "
-                   f"{_pct(e['p99'])} | {_reuse(r)} | {_waits(w['measured'])}; "
-                   f"{_waits(w['simulated_engine_only'])} | "
-                   f"{'met' if r['target_met'] else 'MISSED'} |")
-    return "\n".join(out)
-
-
-def waits_table(rows: list[dict[str, Any]]) -> str:
-    """Each run's waits beyond the prompt time, by what was in flight when its calls were sent
-    (each run by its own company: harness.model.run_rates.waits_in_flight)."""
-    out = ["| policy | " + " | ".join(
-        f"{name}: measured (calls); simulated at the engine (calls), P50 (P95) ms"
-        for name in ("nothing in flight", "only decoding calls", "a call's prompt in flight"))
-        + " |", "|---|---|---|---|"]
-
-    def cell(g: dict[str, Any] | None) -> str:
-        return f"{_ms(g['p50'])} ({_ms(g['p95'])}) ({g['n']})" if g and g["n"] else "- (0)"
-
-    for r in rows:
-        w = r.get("waits_in_flight_ms") or {}
-        m, s = w.get("measured") or {}, w.get("simulated_engine_only") or {}
-        cells = [f"{cell(m.get(k))}; {cell(s.get(k))}" for k in IN_FLIGHT]
-        out.append(f"| {r['policy']} | " + " | ".join(cells) + " |")
-    return "\n".join(out)
-
-
 def write_tables(out: Path, doc: dict[str, Any], again: bool = False,
                  seeds: int = DRAW_SEEDS) -> int:
     """The tables from the bench under `out` (`again`: its simulations redone first; each
@@ -383,15 +304,19 @@ def write_tables(out: Path, doc: dict[str, Any], again: bool = False,
             if (r := row(root, p, runtime, "simulated", seed_runs(root, p, cal, "simulated",
                                                                     seeds)))]
     at_run_rates = [r for p in policies if (r := run_rates_row(root, p, runtime, seeds))]
+    pinned = [r for p in policies if (r := pinned_row(root, p, runtime, seeds))]
     doc = {**doc, "draw_seeds": seeds}
-    doc = {**doc, "rows": rows, "at_run_rates": at_run_rates}
+    doc = {**doc, "rows": rows, "at_run_rates": at_run_rates, "pinned": pinned}
     (out / "validation.json").write_text(json.dumps(doc, indent=2) + "\n")
     text = (table(rows) + "\n\nAt the rates the server ran at during each replay:\n\n"
             + rates_table(at_run_rates) + "\n\nTime to first token less the server's prompt "
             "time, by what was in flight on the server when each call was sent, each run by "
             "its own company (simulated at the replay's rates, without the request "
             "overhead):\n\n"
-            + waits_table(at_run_rates) + "\n")
+            + waits_table(at_run_rates) + "\n\nThe engine model alone: each simulation at the "
+            "calibration held to its replay's trajectory starts and tool ends (never earlier "
+            "than it reaches them), so that its calls meet the company the replay's met:\n\n"
+            + pinned_table(pinned) + "\n")
     (out / "validation.md").write_text(text)
     print(text)
     if not rows:

@@ -88,11 +88,13 @@ def engine_pool(real: RunManifest) -> Capacity | None:
 
 
 def simulate_like(real_dir: Path, trace: Path, policy: str, policy_args: dict[str, str],
-                  calibration: Path, out: Path, draws_seed: int | None = None) -> RunManifest:
+                  calibration: Path, out: Path, draws_seed: int | None = None,
+                  pinned: bool = False) -> RunManifest:
     """The simulator on what a replay in `real_dir` ran: the same trace, policy, closed-loop
     agents and seed, and memory (llama.cpp: slots x context; vLLM, SGLang: the engine model on
     the KV pool the server reported), and the client's first-token timeout, its costs from
-    `calibration` only (`draws_seed`: run_simulation's)."""
+    `calibration` only (`draws_seed`: run_simulation's; `pinned`: held to the replay's own
+    trajectory starts and tool ends, harness.simulate.pins)."""
     real = read_manifest(real_dir)
     if real.arrivals is None or real.seed is None:
         raise InputError(f"{real_dir}: run.json lacks the arrivals or seed to simulate it")
@@ -109,7 +111,7 @@ def simulate_like(real_dir: Path, trace: Path, policy: str, policy_args: dict[st
                           calibration, arrivals, int(real.seed), out,
                           token_scale=real.trace.token_scale if real.trace else 1.0,
                           first_token_timeout_s=replay_first_token_timeout(real),
-                          draws_seed=draws_seed)
+                          draws_seed=draws_seed, pinned_to=real_dir if pinned else None)
 
 
 def replay_first_token_timeout(real: RunManifest) -> float:

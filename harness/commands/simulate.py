@@ -118,6 +118,12 @@ def _float(flag: str, raw: str | None) -> float | None:
                    "'prefix-affinity' sends every call of a trajectory to the server of its "
                    "first call, a new trajectory (or sub-agent) to the server with the fewest "
                    "trajectories assigned (ties: lowest index).")
+@click.option("--pinned-to", "pinned_to", type=click.Path(path_type=Path), metavar="REPLAY_DIR",
+              help="The engine model alone: start every trajectory and end every tool when "
+                   "this replay of the same trace (same --token-scale, copies, --concurrency "
+                   "and --seed) did, never earlier than the simulation reaches them, so its "
+                   "calls meet the company the replay's met; run.json counts those reached "
+                   "late.")
 @click.option("--no-summary", is_flag=True, help="Skip summary.json.")
 @click.option("--out", required=True, type=click.Path(path_type=Path))
 def simulate_command(trace: Path, policy: str, policy_args: tuple[str, ...],
@@ -127,10 +133,14 @@ def simulate_command(trace: Path, policy: str, policy_args: tuple[str, ...],
                      rate: str | None, trace_timing: bool, seed: str, history_window: str,
                      default_deadline_s: str, first_token_timeout: str, slot_handoff: str,
                      token_scale: float,
-                     servers: str, router: str, no_summary: bool, out: Path) -> None:
+                     servers: str, router: str, pinned_to: Path | None, no_summary: bool,
+                     out: Path) -> None:
     """Simulate TRACE on a modelled server; writes the results directory a replay writes."""
     k = _servers(servers)
     check_fleet(k, router)
+    if pinned_to is not None and k > 1:
+        raise InputError("--pinned-to holds one server's simulation to a replay: not with "
+                         "--servers")
     if sum(x is not None and x is not False for x in (concurrency, rate, trace_timing)) > 1:
         raise InputError("choose one of --concurrency, --rate, --trace-timing")
     cal = resolve_calibration(calibration, note=click.echo)
@@ -157,7 +167,8 @@ def simulate_command(trace: Path, policy: str, policy_args: tuple[str, ...],
                          _float("--default-deadline-s", default_deadline_s) or 0.0,
                          write_summary=not no_summary, slot_handoff=slot_handoff,
                          token_scale=token_scale, servers=k, router=router,
-                         first_token_timeout_s=_timeout(first_token_timeout))
+                         first_token_timeout_s=_timeout(first_token_timeout),
+                         pinned_to=pinned_to)
     o, s = run.outcome or Outcome(), run.simulator or {}
     click.echo(f"{policy}: {o.completed} completed, {o.cancelled} cancelled, "
                f"{o.failed} failed; {s['pauses']} pauses, {s['preemptions']} preemptions; "
@@ -176,6 +187,11 @@ def simulate_command(trace: Path, policy: str, policy_args: tuple[str, ...],
                    + ("; not modelled across a fleet's servers" if k > 1 else ""))
     if "routing" in s:
         click.echo(fleet_line(k, router, s["routing"]))
+    if "pinned_to" in s:
+        p = s["pinned_to"]
+        click.echo(f"pinned to replay {p['replay']}: {p['pinned_events']} trajectory starts and "
+                   f"tool ends held to its times, {p['late']} reached later (by up to "
+                   f"{p['late_max_s']:.3f} s)")
 
 
 def _timeout(raw: str) -> float:

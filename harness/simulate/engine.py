@@ -92,6 +92,7 @@ from harness.simulate.workload import Workload
 
 if TYPE_CHECKING:
     from harness.simulate.fleet import Fleet
+    from harness.simulate.pins import Pins
 
 KV_EVICTABLE: Final = KV_STATUSES.index("evictable")  # a kv_state left to the cache
 __all__ = ["A_KEEP", "A_SWAP", "SLOT_HANDOFFS", "Engine", "action_code", "simulate"]
@@ -101,7 +102,8 @@ SLOT_HANDOFFS = ("agent", "fifo")
 def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolicy,
              arrival_s: np.ndarray | None, concurrency: int, sink: RecordSink, run_id: str,
              history_window: int = 1000, slot_handoff: str = "fifo", fleet: Fleet | None = None,
-             seed: int = 0, first_token_timeout_s: float = INF) -> Counters:
+             seed: int = 0, first_token_timeout_s: float = INF,
+             pins: Pins | None = None) -> Counters:
     """Run every trajectory to its end; events go to `sink`. `arrival_s`: one arrival time per
     root (w.roots, in order), None: a closed loop of `concurrency` agents taking the roots in
     order. Sub-agents never arrive on their own: their parent's tool step starts them.
@@ -112,6 +114,8 @@ def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolic
     `fleet`: K servers like `server` and `cap` each, behind a router (None: one server).
     `seed`: the draws of request overheads where the server model has their distribution.
     `first_token_timeout_s`: the client's (harness.simulate.client; INF: none).
+    `pins`: a replay's trajectory starts and tool ends to hold the run to
+    (harness.simulate.pins; None: the closed loop's own times).
     """
     if slot_handoff not in SLOT_HANDOFFS:
         raise ValueError(f"slot_handoff must be one of {SLOT_HANDOFFS}, got {slot_handoff!r}")
@@ -127,7 +131,8 @@ def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolic
     engine: Engine | None = None
     try:
         engine = Engine(w, server, cap, policy, arrival_s is not None, sink, run_id,
-                        history_window, slot_handoff == "agent", seed, first_token_timeout_s)
+                        history_window, slot_handoff == "agent", seed, first_token_timeout_s,
+                        pins)
         if fleet is not None:
             fleet.bind(engine)  # sets engine.fleet
         return engine.run(times)
@@ -157,6 +162,7 @@ class Engine(EngineState):
         c.preempted_calls, c.control_requests = (
             self.growth.preempted if self.growth is not None else 0, self.client.sent)
         c.stalled = sum(1 for tr in self.trajs if tr.state != DONE)  # e.g. on parents' pins
+        c.late, c.late_s, c.late_max_s = self.late, self.late_s, self.late_max_s
         for cache in ([self.cache] if fleet is None else fleet.caches()):
             if cache is not None:
                 c.evicted_tokens += cache.evicted
@@ -164,6 +170,13 @@ class Engine(EngineState):
         return c
 
     def arrive(self, tr: Trajectory, t: float) -> None:
+        if self.pin_start:  # pinned: it starts when the replay's did, if reached by then
+            p = self.pin_start[tr.ti]
+            if p > t:
+                self.push(p, ARRIVE, tr, 0)
+                return
+            if p < t:
+                self.note_late(t - p)
         # a sub-agent's start names its parent's step that started it
         self.emit(t, E_TRAJ_START, tr.ti, self.spawn_at[tr.ti], -1, t, 0, 0)
         pi = self.parent[tr.ti]
@@ -353,6 +366,12 @@ class Engine(EngineState):
         rb[row + F_PA_WAIT] = wait
         if kids is None:
             te = t + (lt if returns else dlt)
+            if returns and self.pin_te:  # pinned: it ends when the replay's did (or now)
+                p = self.pin_te[g]
+                if p == p:
+                    if p < t:
+                        self.note_late(t - p)
+                    te = p if p > t else t
             if te < INF:  # else it never ends (nothing to bound the wait)
                 self.push(te, TOOL_END if returns else DEADLINE, tr, g)
         else:  # the tool ends once the children have (kids_done), unless the deadline is first

@@ -59,6 +59,7 @@ from harness.simulate.workload import Workload
 if TYPE_CHECKING:
     from harness.simulate.engine import Engine
     from harness.simulate.fleet import Fleet
+    from harness.simulate.pins import Pins
 
 # external events; those of a pause (TOOL_END, DEADLINE, TTL) carry its step, not a generation
 ARRIVE: Final = 0
@@ -132,7 +133,7 @@ class EngineState:
     def __init__(self, w: Workload, server: ServerModel, cap: Capacity, policy: PausePolicy,
                  open_loop: bool, sink: RecordSink, run_id: str, history_window: int,
                  agent_handoff: bool, seed: int = 0,
-                 first_token_timeout_s: float = INF) -> None:
+                 first_token_timeout_s: float = INF, pins: Pins | None = None) -> None:
         self.open_loop = open_loop
         self.agent_handoff = agent_handoff and cap.slot_mode and not open_loop
         self.barge = False  # the agent that just freed a slot starts its next trajectory on it
@@ -151,6 +152,13 @@ class EngineState:
         self.kids: dict[int, list[int]] = w.children()
         self.roots: list[int] = w.roots.tolist()
         self.n_roots = len(self.roots)
+        # a replay's own tool ends (per step) and trajectory starts, where the simulation is
+        # pinned to them (harness.simulate.pins; empty: not pinned); how many it reached late
+        self.pin_te: list[float] = pins.tool_end_s.tolist() if pins is not None else []
+        self.pin_start: list[float] = pins.start_s.tolist() if pins is not None else []
+        self.late = 0
+        self.late_s = 0.0
+        self.late_max_s = 0.0
         self.classes: list[str] = list(w.classes)
         self.hist: list[History] = [History(history_window) for _ in w.classes]
         # resumed calls that lost their context: their wait for admission (queue_delay_s)
@@ -436,6 +444,13 @@ class EngineState:
         g = tr.pos
         lt = self.lat[g]
         self.push(t + (lt if lt == lt else 0.0), TOOL_END, tr, g)
+
+    def note_late(self, d: float) -> None:
+        """A pinned event reached `d` s after the replay's time."""
+        self.late += 1
+        self.late_s += d
+        if d > self.late_max_s:
+            self.late_max_s = d
 
     def push(self, t: float, kind: int, tr: Trajectory, key: int) -> None:
         """Schedule external event `kind` of `tr` at `t`; `key`: the step of the pause it

@@ -24,11 +24,12 @@ from harness.policies import (
     make_policy,
 )
 from harness.policies.base import KEEP_EVICTABLE
-from harness.records.manifest import ArrivalsRef, Outcome, RunManifest, TraceRef
-from harness.records.store import RECORDS_DIR, SUMMARY_JSON, write_json
+from harness.records.manifest import ArrivalsRef, Outcome, RunManifest, TraceRef, read_manifest
+from harness.records.store import RECORDS_DIR, SUMMARY_JSON, read_records, write_json
 from harness.simulate import native
 from harness.simulate.engine import SLOT_HANDOFFS, simulate
 from harness.simulate.fleet import ROUND_ROBIN, Fleet, check_fleet
+from harness.simulate.pins import Pins, pins_from_records
 from harness.simulate.records import RecordSink
 from harness.simulate.server import (
     BLOCK_SIZE,
@@ -138,7 +139,7 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
                    token_scale: float = 1.0, copies: int = 1, servers: int = 1,
                    router: str = ROUND_ROBIN,
                    first_token_timeout_s: float = FIRST_TOKEN_TIMEOUT_S,
-                   draws_seed: int | None = None) -> RunManifest:
+                   draws_seed: int | None = None, pinned_to: Path | None = None) -> RunManifest:
     """Simulate `trace` under a policy and write a results directory; returns run.json.
 
     `slot_handoff`: how a freed slot is handed on in a closed loop (see engine.simulate);
@@ -149,7 +150,8 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     its first token that long after it was sent fails its trajectory; inf: none);
     `draws_seed`: the seed of the server model's draws (iteration noise, request overheads)
     where it is to differ from `seed`, whose arrivals stay as they were: the model's own
-    spread on one workload."""
+    spread on one workload; `pinned_to`: a replay of this workload whose trajectory starts and
+    tool ends the simulation keeps to (harness.simulate.pins: the engine model in open loop)."""
     check_fleet(servers, router)
     if slot_handoff not in SLOT_HANDOFFS:
         raise InputError(f"--slot-handoff must be one of {', '.join(SLOT_HANDOFFS)}")
@@ -176,6 +178,7 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     df = tile_steps(once, copies)
     w = build_workload(df, default_deadline_s)
     arrival_s = arrival_times(arrivals, w, len(df), seed)
+    pins = replay_pins(pinned_to, w) if pinned_to is not None else None
     server = server_model(calibration)
     roots = int(df.loc[trajectory_starts(df["trajectory_id"].astype(object).to_numpy()),
                        "parent_id"].isna().sum())
@@ -205,6 +208,9 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
                                                if math.isfinite(first_token_timeout_s) else None),
                      "servers": servers, "router": router if servers > 1 else None,
                      "draws_seed": draws}
+    if pins is not None:
+        run.simulator["pinned_to"] = {"replay": pins.source, "path": str(pinned_to),
+                                      "pinned_events": pins.pinned}
     out.mkdir(parents=True, exist_ok=True)
     run.write(out)
     del df, once
@@ -217,7 +223,7 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
         counters: Counters = simulate(w, server, capacity, policy, arrival_s,
                                       arrivals.concurrency, sink, str(run.run_id),
                                       history_window, slot_handoff, fleet, draws,
-                                      first_token_timeout_s)
+                                      first_token_timeout_s, pins)
     finally:
         t_loop = time.perf_counter() - t1
         sink.close()  # whatever was simulated is on disk, even when the loop failed
@@ -233,6 +239,16 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     if write_summary:
         summarize_into(out, run)
     return run
+
+
+def replay_pins(replay: Path, w: Workload) -> Pins:
+    """The pins of a replay's results directory onto `w` (harness.simulate.pins)."""
+    if not (replay / "run.json").exists():
+        raise InputError(f"--pinned-to {replay}: not a results directory (no run.json)")
+    run = read_manifest(replay)
+    if run.runtime == "simulator":
+        raise InputError(f"--pinned-to {replay}: a simulation; pin to a replay of a server")
+    return pins_from_records(read_records(replay), w, str(run.run_id))
 
 
 def server_model(calibration: Calibration) -> ServerModel:
@@ -298,6 +314,10 @@ def _record_end(run: RunManifest, counters: Counters, sink: RecordSink,
         "events": counters.events, "records": sink.n_rows, "record_writer": sink.writer,
         "wall_s": {"load": round(load, 3), "loop": round(loop, 3), "total": round(total, 3)},
     })
+    pinned = run.simulator.get("pinned_to")
+    if pinned is not None:  # the pinned events the simulation reached after the replay's time
+        pinned.update({"late": counters.late, "late_s": round(counters.late_s, 6),
+                       "late_max_s": round(counters.late_max_s, 6)})
     if fleet is not None:  # what the router did (summary.json's `routing` has it per call)
         run.simulator["routing"] = fleet.report()
 

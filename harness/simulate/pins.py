@@ -1,0 +1,71 @@
+"""A replay's own timeline pinned onto its simulation: the engine model alone, in open loop.
+
+A closed-loop simulation sends each call when its own previous call ended and its tool ran, so
+one slower iteration moves every later send, and the agents' copies can fall into step (or out
+of it) differently from the replay's. Where such small differences grow into different bursts,
+the simulated tails can miss the replay's with every iteration priced right. Pinned, the
+simulation starts each trajectory and ends each tool when the replay did (never earlier than
+it reaches them itself: a tool then ends as its call does, a trajectory starts when its parent
+or agent lets it), so its calls meet the company the replay's met and the error left is the
+engine model's own. `Pins.late` in run.json counts the events the simulation reached after the
+replay's time (its calls were slower there) and by how much.
+
+Times are the replay's records' `t_ns` from its first trajectory's start (the simulation's 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from harness.errors import InputError
+from harness.simulate.workload import Workload
+
+
+@dataclass(frozen=True)
+class Pins:
+    """Per global step of a workload, when the replay's tool there ended (s; NaN: not pinned,
+    e.g. an LLM step or a tool that never returned); per trajectory, when it started (NaN:
+    it never ran in the replay). `source`: the replay's run id."""
+
+    tool_end_s: np.ndarray
+    start_s: np.ndarray
+    source: str
+
+    @property
+    def pinned(self) -> int:
+        return int(np.isfinite(self.tool_end_s).sum() + np.isfinite(self.start_s).sum())
+
+
+def pins_from_records(records: pd.DataFrame, w: Workload, source: str) -> Pins:
+    """The replay's trajectory starts and tool ends (its records) as `w`'s pins. Raises
+    InputError where the replay ran other trajectories than `w`'s (another trace, token scale
+    or tiling) or none at all."""
+    ev = records["event"]
+    starts = records.loc[ev == "trajectory_start", ["trajectory_id", "t_ns"]]
+    if starts.empty:
+        raise InputError(f"replay {source} has no trajectory_start records to pin to")
+    index = {tid: k for k, tid in enumerate(w.ids)}
+    unknown = sorted(set(starts["trajectory_id"].astype(str)) - index.keys())
+    if unknown:
+        raise InputError(f"replay {source} ran trajectories this workload does not have (e.g. "
+                         f"{unknown[0]!r}): pin a simulation only to a replay of the same trace, "
+                         "token scale and copies")
+    zero = int(starts["t_ns"].min())
+    start_s = np.full(w.n_trajectories, np.nan)
+    first = starts.drop_duplicates("trajectory_id")
+    start_s[[index[str(t)] for t in first["trajectory_id"]]] = (
+        (first["t_ns"].to_numpy(dtype=np.int64) - zero) / 1e9)
+    ends = records.loc[(ev == "tool_end") & (records["status"] == "ok"),
+                       ["trajectory_id", "step", "t_ns"]].dropna(subset=["step"])
+    tool_end_s = np.full(len(w.lat), np.nan)
+    if not ends.empty:
+        ti = np.array([index.get(str(t), -1) for t in ends["trajectory_id"]], dtype=np.int64)
+        step = ends["step"].to_numpy(dtype=np.int64)
+        n_steps = np.asarray(w.n_steps, dtype=np.int64)
+        ok = (ti >= 0) & (step >= 0) & (step < n_steps[np.maximum(ti, 0)])
+        g = np.asarray(w.first, dtype=np.int64)[ti[ok]] + step[ok]
+        tool_end_s[g] = (ends["t_ns"].to_numpy(dtype=np.int64)[ok] - zero) / 1e9
+    return Pins(tool_end_s, start_s, source)

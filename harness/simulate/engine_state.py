@@ -409,12 +409,18 @@ class EngineState:
 
     def transfer(self, out: bool, tr: Trajectory, t: float) -> None:
         """Start `tr`'s slot save (`out`) or restore of `tr.ret` tokens over its link, FIFO;
-        its end is an external event."""
-        if out:
-            dur = tr.ret * self.bpt / self.bw_out
+        its end is an external event. On slots the server's loop does the transfer itself
+        (Scheduler.occupy_loop), and a restore's end is when its answer has come back and the
+        call it restored for has reached the server (the client sends it then)."""
+        dur = tr.ret * self.bpt / (self.bw_out if out else self.bw_in)
+        if self.slot_mode:
+            done = self.sched.occupy_loop(t, dur)
+            if not out:
+                c = self.client
+                done += c.overheads[tr.pos] if c.overheads else c.overhead
+        elif out:
             done = self.link_out = (self.link_out if self.link_out > t else t) + dur
         else:
-            dur = tr.ret * self.bpt / self.bw_in
             done = self.link_in = (self.link_in if self.link_in > t else t) + dur
         self.inflight += 1
         tr.xfer_ms = dur * 1000
@@ -444,6 +450,10 @@ class EngineState:
         g = tr.pos
         lt = self.lat[g]
         self.push(t + (lt if lt == lt else 0.0), TOOL_END, tr, g)
+
+    def occupies_loop(self, tasks: list[tuple[int, Trajectory, int, int]]) -> bool:
+        """Whether a save or restore is among the queued control `tasks`."""
+        return any(kind in (T_SWAP_OUT, T_RESTORE) for kind, _, _, _ in tasks)
 
     def note_late(self, d: float) -> None:
         """A pinned event reached `d` s after the replay's time."""

@@ -9,10 +9,14 @@ A prompt's first token comes at the end of the iteration that finishes it; then 
 iteration. A request that arrives while an iteration runs joins the next one (an idle server
 starts at once); so does one sent in reaction to an iteration's end (a call's end, a freed slot),
 as a real client's would. Control tasks (erase, slot save and restore, the release at a
-trajectory's end) are served between iterations, as llama.cpp's task queue serves them. Runs of
-identical decode-only iterations are one event, not one per token. A server whose pause
-controls are requests (vLLM's, through the harness's connector: one prompt token, two generated)
-runs them in its iterations like any call, a token each, without memory (`control`). Where the
+trajectory's end) are served between iterations, as llama.cpp's task queue serves them; on
+slots a save or restore is the loop's own work (llama.cpp reads and writes the slot's state in
+its loop), so once one is queued the loop serves every queued task in turn, for as long as their
+transfers take, and only then composes the next iteration, with the calls that reached it
+meanwhile (`TASKS`). Runs of identical decode-only iterations are one event, not one per
+token. A server whose pause controls are requests (vLLM's, through the harness's connector: one
+prompt token, two generated) runs them in its iterations like any call, a token each, without
+memory (`control`). Where the
 server's front end shares the engine's processors (harness.simulate.client), its work pauses the
 engine's compute (`steal`): the running iteration ends that much later, and one that starts
 while the front end works runs in what the front end leaves (`after`).
@@ -38,6 +42,7 @@ if TYPE_CHECKING:
 IDLE: Final = 0  # what the server is running
 PREFILL: Final = 1
 DECODE: Final = 2
+TASKS: Final = 3  # slot mode: saves and restores, which llama.cpp's loop runs itself
 FLUSH_EVERY: Final = 4096  # loop events between two checks for records to flush
 INF: Final = float("inf")
 NOISE_MASK: Final = NOISE_DRAWS - 1
@@ -115,6 +120,7 @@ class Scheduler:
         # overlapping; and what of it the running decode run's last step waits for
         self.fe: deque[tuple[float, float]] = deque()
         self.lag = 0.0
+        self.loop_free = -INF  # slot mode: when the loop is done with the saves and restores
 
     def wake_way(self, curve: tuple[tuple[float, float], ...]) -> None:
         """Add the way's wake after idle time (`curve`: ServerModel.way_wake_curve) to the
@@ -160,9 +166,16 @@ class Scheduler:
         self.ctl_wait.append((kind, tr))
         self.wake(t)
 
+    def occupy_loop(self, t: float, dur: float) -> float:
+        """Slot mode: a save or restore of `dur` s served at `t` runs on the loop after what it
+        has; when it is done."""
+        start = t if t > self.loop_free else self.loop_free
+        self.loop_free = start + dur
+        return self.loop_free
+
     def wake(self, t: float) -> None:
         """Work or a task arrived at `t`: an idle server starts now, a decode run stops at its
-        next step."""
+        next step (the loop serving tasks composes when they are done)."""
         if self.mode == IDLE:
             self.t_srv = t
         elif self.mode == DECODE:
@@ -172,9 +185,13 @@ class Scheduler:
                 self.t_srv, self.lag = tb, 0.0
 
     def defer(self, kind: int, tr: Trajectory, a: int, b: int, t: float) -> None:
-        """A control task: served now when idle, else at the running iteration's end."""
+        """A control task: served now when idle, else at the running iteration's end (or, while
+        the loop serves tasks, with them)."""
         if self.mode == IDLE:
             self.engine.run_task(kind, tr, a, b, t)
+            if self.loop_free > t and self.mode == IDLE:  # a save or restore: the loop's
+                self.mode = TASKS
+                self.t_srv = self.loop_free
         else:
             self.tasks.append((kind, tr, a, b))
             self.wake(t)
@@ -292,9 +309,30 @@ class Scheduler:
             self.mode = IDLE
             self.t_srv = INF
 
+    def serve_tasks(self, t: float) -> None:
+        """Serve the queued control tasks at `t`, in the order they came."""
+        todo = self.tasks[:]
+        self.tasks.clear()
+        for kind, tr, a, b in todo:
+            self.engine.run_task(kind, tr, a, b, t)
+
+    def tasks_done(self, t: float) -> None:
+        """Slot mode: the loop has served its tasks by `t`; those queued meanwhile next (it
+        serves until none is left), then the next iteration."""
+        if self.tasks:
+            self.serve_tasks(t)
+            if self.loop_free > t:
+                self.t_srv = self.loop_free
+                return
+        self.compose(t)
+
     def boundary(self, t: float) -> None:
         # The running iteration (or decode run) ends at `t`: tokens, then the next iteration,
-        # then the reactions (tasks, first tokens, ended calls).
+        # then the reactions (tasks, first tokens, ended calls). On slots, queued saves and
+        # restores come before the next iteration, which waits for them.
+        if self.mode == TASKS:
+            self.tasks_done(t)
+            return
         if self.mode == PREFILL:
             self.it += 1
         elif self.mode == DECODE:
@@ -358,19 +396,24 @@ class Scheduler:
                     pre.popleft()
         # vLLM: the decoding calls' next blocks, preempting the latest where the pool is full
         preempted = gr is not None and gr.make_room(it)
-        self.compose(t)
         engine = self.engine
+        if self.slot_mode and self.tasks and engine.occupies_loop(self.tasks):
+            self.serve_tasks(t)
+            if self.loop_free > t:
+                self.mode = TASKS
+                self.t_srv = self.loop_free
+            else:
+                self.compose(t)
+        else:
+            self.compose(t)
         if engine.client.fe_out > 0.0:  # the answers' front-end work (Client.replied)
             n = len(done) + len(answered)
             for tr in firsts:
                 if self.out[tr.pos] <= 1:
                     n += 1
             engine.client.replied(n, t)
-        if self.tasks:
-            todo = self.tasks[:]
-            self.tasks.clear()
-            for kind, tr, a, b in todo:
-                engine.run_task(kind, tr, a, b, t)
+        if self.tasks and self.mode != TASKS:
+            self.serve_tasks(t)
         for tr in firsts:
             engine.first_token(tr, t)
         for tr in done:

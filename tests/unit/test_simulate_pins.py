@@ -1,4 +1,5 @@
-"""A simulation pinned to a replay's timeline (harness.simulate.pins)."""
+"""A simulation pinned to a replay's timeline (harness.simulate.pins), and llama.cpp's loop
+serving its saves and restores itself before the next iteration."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from harness.simulate.pins import pins_from_records
 from harness.simulate.run import Arrivals, run_simulation
 from harness.simulate.server import Capacity
 from harness.simulate.workload import build_workload
-from tests.unit.test_simulate import ev
+from tests.unit.test_simulate import ev, t_s
 from tests.unit.test_simulate_subagents import CAL, llm, spawn, tool, trace
 
 # P spawns A and B; R runs after whichever agent is free first (closed loop of 2 agents).
@@ -155,3 +156,17 @@ def test_the_cli_pins_to_a_replay_and_refuses_a_simulation(tmp_path: Path) -> No
                                       "--out", str(tmp_path / "fleet")])
     assert fleet.exit_code == 2 and "not with --servers" in fleet.output
 
+
+def test_llama_cpp_serves_saves_and_restores_in_its_loop(tmp_path: Path) -> None:
+    # a pauses (its 12 tokens saved, then restored) while c decodes 60 tokens on the next slot:
+    # on llama.cpp the loop does both transfers itself, so c's decode stops for each (12 ms at
+    # 1 MB/s for 12,000 bytes); with keep it never does. a's resume prompt and decode tokens
+    # cost the same in both runs.
+    path = trace(tmp_path, {"a": [llm(10, 2), tool(0.05), llm(5, 2)], "c": [llm(10, 60)]})
+
+    def c_end(policy: str) -> float:
+        out = run(tmp_path, policy, policy=policy, path=path)
+        return t_s(read_records(out), "call_end", "c")
+
+    save = restore = 12 * 1000 / CAL.swap_out_bytes_per_s
+    assert c_end("swap") - c_end("keep") == pytest.approx(save + restore)

@@ -210,20 +210,24 @@ def simulate_again(root: Path, policy: str, calibration: Path, name: str,
     return sim
 
 
-def pinned_row(root: Path, policy: str, runtime: str, seeds: int = DRAW_SEEDS
-               ) -> dict[str, Any] | None:
-    """The policy's simulation at the calibration held to its replay's trajectory starts and
-    tool ends (harness.simulate.pins: `<policy>-simulated-pinned`): the engine model's error
-    without the closed loop's; with how many of those times the simulation reached late."""
-    cal = root / "calibration.json"
-    sim = simulate_again(root, policy, cal, "simulated-pinned", pinned=True)
-    if sim is None:
+def pinned_row(root: Path, policy: str, runtime: str, seeds: int = DRAW_SEEDS,
+               own_rates: bool = False) -> dict[str, Any] | None:
+    """The policy's simulation held to its replay's trajectory starts and tool ends
+    (harness.simulate.pins), at the calibration (`<policy>-simulated-pinned`) or at the rates
+    the server ran at during the replay (`own_rates`: the calibration run_rates_row rescaled,
+    `<policy>-simulated-pinned-run-rates`): the engine model's error without the closed
+    loop's; with how many of those times the simulation reached late. None where the replay
+    or that calibration is missing."""
+    cal, name = root / "calibration.json", "simulated-pinned"
+    if own_rates:
+        cal, name = root / f"calibration-{policy}-run-rates.json", "simulated-pinned-run-rates"
+    if not cal.exists() or (sim := simulate_again(root, policy, cal, name, pinned=True)) is None:
         return None
-    r = row(root, policy, runtime, "simulated-pinned",
-            seed_runs(root, policy, cal, "simulated-pinned", seeds, pinned=True))
+    r = row(root, policy, runtime, name, seed_runs(root, policy, cal, name, seeds, pinned=True))
     if r is None:
         return None
-    return {**r, "pinned": (read_manifest(sim).simulator or {})["pinned_to"]}
+    return {**r, "pinned": (read_manifest(sim).simulator or {})["pinned_to"],
+            "at": "the replay's own rates" if own_rates else "the calibration"}
 
 
 def replay_and_trace(root: Path, policy: str) -> tuple[Path, Path] | None:
@@ -304,7 +308,8 @@ def write_tables(out: Path, doc: dict[str, Any], again: bool = False,
             if (r := row(root, p, runtime, "simulated", seed_runs(root, p, cal, "simulated",
                                                                     seeds)))]
     at_run_rates = [r for p in policies if (r := run_rates_row(root, p, runtime, seeds))]
-    pinned = [r for p in policies if (r := pinned_row(root, p, runtime, seeds))]
+    pinned = [r for p in policies for own in (False, True)
+              if (r := pinned_row(root, p, runtime, seeds, own))]
     doc = {**doc, "draw_seeds": seeds}
     doc = {**doc, "rows": rows, "at_run_rates": at_run_rates, "pinned": pinned}
     (out / "validation.json").write_text(json.dumps(doc, indent=2) + "\n")
@@ -313,9 +318,10 @@ def write_tables(out: Path, doc: dict[str, Any], again: bool = False,
             "time, by what was in flight on the server when each call was sent, each run by "
             "its own company (simulated at the replay's rates, without the request "
             "overhead):\n\n"
-            + waits_table(at_run_rates) + "\n\nThe engine model alone: each simulation at the "
-            "calibration held to its replay's trajectory starts and tool ends (never earlier "
-            "than it reaches them), so that its calls meet the company the replay's met:\n\n"
+            + waits_table(at_run_rates) + "\n\nThe engine model alone: each simulation held "
+            "to its replay's trajectory starts and tool ends (never earlier than it reaches "
+            "them), so that its calls meet the company the replay's met, at the calibration and "
+            "at the replay's own rates:\n\n"
             + pinned_table(pinned) + "\n")
     (out / "validation.md").write_text(text)
     print(text)

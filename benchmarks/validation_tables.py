@@ -94,15 +94,15 @@ def rates_table(rows: list[dict[str, Any]]) -> str:
 
 
 def pinned_table(rows: list[dict[str, Any]]) -> str:
-    out = ["| policy | simulated P50 / P95 / P99 ms | simulated range over draw seeds (runs) | "
-           "error P50 / P95 / P99 | reuse measured / simulated | of its times reached late "
-           "(at most, s) | target |", "|---|---|---|---|---|---|---|"]
+    out = ["| policy | at | simulated P50 / P95 / P99 ms | simulated range over draw seeds "
+           "(runs) | error P50 / P95 / P99 | reuse measured / simulated | of its times reached "
+           "late (at most, s) | target |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         s, e, p = r["simulated"], r["error"], r["pinned"]
-        out.append(f"| {r['policy']} | {_ms(s['p50'])} / {_ms(s['p95'])} / {_ms(s['p99'])} | "
-                   f"{_seeds(r)} | {_pct(e['p50'])} / {_pct(e['p95'])} / {_pct(e['p99'])} | "
-                   f"{_reuse(r)} | {p['late']} of {p['pinned_events']} ({p['late_max_s']:.2f}) "
-                   f"| {'met' if r['target_met'] else 'MISSED'} |")
+        out.append(f"| {r['policy']} | {r['at']} | {_ms(s['p50'])} / {_ms(s['p95'])} / "
+                   f"{_ms(s['p99'])} | {_seeds(r)} | {_pct(e['p50'])} / {_pct(e['p95'])} / "
+                   f"{_pct(e['p99'])} | {_reuse(r)} | {p['late']} of {p['pinned_events']} "
+                   f"({p['late_max_s']:.2f}) | {'met' if r['target_met'] else 'MISSED'} |")
     return "\n".join(out)
 
 

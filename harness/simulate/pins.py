@@ -26,8 +26,8 @@ from harness.simulate.workload import Workload
 
 @dataclass(frozen=True)
 class Pins:
-    """Per global step of a workload, when the replay's tool there ended (s; NaN: not pinned,
-    e.g. an LLM step or a tool that never returned); per trajectory, when it started (NaN:
+    """Per global step of a workload, when the replay's tool there returned (s; NaN: not
+    pinned, e.g. an LLM step or a tool that timed out); per trajectory, when it started (NaN:
     it never ran in the replay). `source`: the replay's run id."""
 
     tool_end_s: np.ndarray
@@ -58,7 +58,8 @@ def pins_from_records(records: pd.DataFrame, w: Workload, source: str) -> Pins:
     first = starts.drop_duplicates("trajectory_id")
     start_s[[index[str(t)] for t in first["trajectory_id"]]] = (
         (first["t_ns"].to_numpy(dtype=np.int64) - zero) / 1e9)
-    ends = records.loc[(ev == "tool_end") & (records["status"] == "ok"),
+    # a tool that returned, with its result or an error (a timed-out or abandoned one did not)
+    ends = records.loc[(ev == "tool_end") & records["status"].isin(("ok", "error")),
                        ["trajectory_id", "step", "t_ns"]].dropna(subset=["step"])
     tool_end_s = np.full(len(w.lat), np.nan)
     if not ends.empty:

@@ -121,14 +121,14 @@ def test_pins_read_from_records_map_onto_the_workload(tmp_path: Path) -> None:
                   "trajectory_start"],
         "trajectory_id": ["P", "A", "A", "R", "R", "R"],
         "step": [np.nan, np.nan, 1.0, 1.0, 3.0, np.nan],
-        "status": [None, None, "ok", "ok", "timeout", None],
+        "status": [None, None, "error", "ok", "timeout", None],
         "t_ns": [5_000_000_000, 6_000_000_000, 8_500_000_000, 9_000_000_000, 9_500_000_000,
                  7_000_000_000]})
     pins = pins_from_records(records, w, "r1")
     order = {tid: k for k, tid in enumerate(w.ids)}
     assert pins.start_s[order["P"]] == 0.0 and pins.start_s[order["A"]] == 1.0
     assert pins.start_s[order["R"]] == 2.0 and np.isnan(pins.start_s[order["B"]])
-    assert pins.tool_end_s[w.first[order["A"]] + 1] == 3.5
+    assert pins.tool_end_s[w.first[order["A"]] + 1] == 3.5  # returned an error: pinned
     assert pins.tool_end_s[w.first[order["R"]] + 1] == 4.0
     assert np.isnan(pins.tool_end_s[w.first[order["R"]] + 3])  # timed out: not pinned
     assert pins.pinned == 5 and pins.source == "r1"

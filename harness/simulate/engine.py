@@ -9,7 +9,8 @@ what the next call keeps. Admission is FCFS, but in a token pool a resumed traje
 grows first (not on vLLM), and in a closed loop on slots an agent may take the slot it freed. The
 client (.client) times calls out and sends vLLM's pause controls; only without a timeout, when the
 server is idle and the first resuming one cannot grow, the latest one behind it is preempted. Swaps
-use one FIFO link per direction, not stalling compute. Policies decide through harness.policies
+use one FIFO link per direction beside the compute, but on llama.cpp's slots the server's loop
+saves and restores itself (.scheduler). Policies decide through harness.policies
 with the replay's context (only an oracle sees the true latency; fixed policies are asked once).
 Sub-agents start at their parent's spawning step, which ends `latency_s` after the last ended (a
 deadline cancels what still runs). A fleet (.fleet) runs K servers through the same transitions:
@@ -19,13 +20,9 @@ as Python.
 
 from __future__ import annotations
 
-import gc
 import heapq
 from typing import TYPE_CHECKING, Final
 
-import numpy as np
-
-from harness.policies.base import PausePolicy
 from harness.simulate.client import PAUSE_CONTROL, RELEASE, SENT
 from harness.simulate.engine_state import (
     A_EVICTABLE,
@@ -56,9 +53,8 @@ from harness.simulate.records import (
     E_TRAJ_END,
     E_TRAJ_START,
     KV_STATUSES,
-    RecordSink,
 )
-from harness.simulate.server import DROP, Capacity, Counters, ServerModel
+from harness.simulate.server import DROP, Counters
 from harness.simulate.trajectory import (
     DONE,
     DROPPED,
@@ -88,60 +84,13 @@ from harness.simulate.trajectory import (
     WAIT_SWAPOUT,
     Trajectory,
 )
-from harness.simulate.workload import Workload
 
 if TYPE_CHECKING:
-    from harness.simulate.fleet import Fleet
-    from harness.simulate.pins import Pins
+    pass
 
 KV_EVICTABLE: Final = KV_STATUSES.index("evictable")  # a kv_state left to the cache
-__all__ = ["A_KEEP", "A_SWAP", "SLOT_HANDOFFS", "Engine", "action_code", "simulate"]
+__all__ = ["A_KEEP", "A_SWAP", "SLOT_HANDOFFS", "Engine", "action_code"]
 SLOT_HANDOFFS = ("agent", "fifo")
-
-
-def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolicy,
-             arrival_s: np.ndarray | None, concurrency: int, sink: RecordSink, run_id: str,
-             history_window: int = 1000, slot_handoff: str = "fifo", fleet: Fleet | None = None,
-             seed: int = 0, first_token_timeout_s: float = INF,
-             pins: Pins | None = None) -> Counters:
-    """Run every trajectory to its end; events go to `sink`. `arrival_s`: one arrival time per
-    root (w.roots, in order), None: a closed loop of `concurrency` agents taking the roots in
-    order. Sub-agents never arrive on their own: their parent's tool step starts them.
-
-    `slot_handoff` (slot mode, closed loop): "fifo", as the replay's slot pool does it: every
-    freed slot goes to the longest waiter; "agent": the agent that ends a trajectory starts its
-    next one on the slot it just freed, ahead of the calls waiting for a slot.
-    `fleet`: K servers like `server` and `cap` each, behind a router (None: one server).
-    `seed`: the draws of request overheads where the server model has their distribution.
-    `first_token_timeout_s`: the client's (harness.simulate.client; INF: none).
-    `pins`: a replay's trajectory starts and tool ends to hold the run to
-    (harness.simulate.pins; None: the closed loop's own times).
-    """
-    if slot_handoff not in SLOT_HANDOFFS:
-        raise ValueError(f"slot_handoff must be one of {SLOT_HANDOFFS}, got {slot_handoff!r}")
-    n = len(w.roots)
-    if arrival_s is not None and len(arrival_s) != n:
-        raise ValueError(f"{len(arrival_s)} arrival times for {n} root trajectories")
-    times = [0.0] * min(concurrency, n) if arrival_s is None else arrival_s.tolist()
-    # The cyclic collector would only rescan the loop's objects (and, while the engine builds
-    # its 100k+ objects, the whole workload, again and again): the loop makes no garbage
-    # cycles. The engine and its scheduler are one cycle, freed when the collector next runs.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    engine: Engine | None = None
-    try:
-        engine = Engine(w, server, cap, policy, arrival_s is not None, sink, run_id,
-                        history_window, slot_handoff == "agent", seed, first_token_timeout_s,
-                        pins)
-        if fleet is not None:
-            fleet.bind(engine)  # sets engine.fleet
-        return engine.run(times)
-    finally:
-        if engine is not None:
-            sink.total = engine.cnt
-            sink.last_steps = engine.steps_touched()
-        if gc_was_enabled:
-            gc.enable()
 
 
 class Engine(EngineState):
@@ -162,7 +111,8 @@ class Engine(EngineState):
         c.preempted_calls, c.control_requests = (
             self.growth.preempted if self.growth is not None else 0, self.client.sent)
         c.stalled = sum(1 for tr in self.trajs if tr.state != DONE)  # e.g. on parents' pins
-        c.late, c.late_s, c.late_max_s = self.late, self.late_s, self.late_max_s
+        if self.pins is not None:
+            c.late, c.late_s, c.late_max_s = self.pins.late, self.pins.late_s, self.pins.late_max_s
         for cache in ([self.cache] if fleet is None else fleet.caches()):
             if cache is not None:
                 c.evicted_tokens += cache.evicted
@@ -170,13 +120,9 @@ class Engine(EngineState):
         return c
 
     def arrive(self, tr: Trajectory, t: float) -> None:
-        if self.pin_start:  # pinned: it starts when the replay's did, if reached by then
-            p = self.pin_start[tr.ti]
-            if p > t:
-                self.push(p, ARRIVE, tr, 0)
-                return
-            if p < t:
-                self.note_late(t - p)
+        if self.pins is not None and (at := self.pins.start_at(tr.ti, t)) > t:
+            self.push(at, ARRIVE, tr, 0)  # pinned: it starts when the replay's did
+            return
         # a sub-agent's start names its parent's step that started it
         self.emit(t, E_TRAJ_START, tr.ti, self.spawn_at[tr.ti], -1, t, 0, 0)
         pi = self.parent[tr.ti]
@@ -366,12 +312,8 @@ class Engine(EngineState):
         rb[row + F_PA_WAIT] = wait
         if kids is None:
             te = t + (lt if returns else dlt)
-            if returns and self.pin_te:  # pinned: it ends when the replay's did (or now)
-                p = self.pin_te[g]
-                if p == p:
-                    if p < t:
-                        self.note_late(t - p)
-                    te = p if p > t else t
+            if returns and self.pins is not None:  # pinned: when the replay's did (or now)
+                te = self.pins.tool_end_at(g, t, te)
             if te < INF:  # else it never ends (nothing to bound the wait)
                 self.push(te, TOOL_END if returns else DEADLINE, tr, g)
         else:  # the tool ends once the children have (kids_done), unless the deadline is first

@@ -20,18 +20,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from harness.model.iteration import IterationCosts
-from harness.policies.base import (
-    RECOMPUTE,
-    PauseContext,
-    PausePolicy,
-    ServerRates,
-    program_order,
-)
-from harness.policies.builtin import Keep, KeepEvictable, Recompute, Swap
+from harness.policies.base import RECOMPUTE, PauseContext, PausePolicy, ServerRates, program_order
 from harness.policies.history import RecentMean
 from harness.simulate.block_cache import BlockCache, share_prefixes
 from harness.simulate.client import Client
 from harness.simulate.growth import Growth, admission_tokens
+from harness.simulate.pins import PinState
 from harness.simulate.records import E_ERASE, E_KV_STATE, RecordSink
 from harness.simulate.scheduler import Event, Scheduler
 from harness.simulate.server import (
@@ -41,6 +35,7 @@ from harness.simulate.server import (
     History,
     ServerModel,
     context_factory,
+    fixed_decision,
     resolve,
 )
 from harness.simulate.trajectory import (
@@ -80,8 +75,6 @@ T_FINISH: Final = 3
 NAN: Final = float("nan")
 INF: Final = float("inf")
 
-FixedDecision = tuple[bool, int, int, int, float]  # fixed?, action, code, reason text, wait
-
 
 def action_code(action: str) -> int:
     """KEEP, SWAP or the drop of a decision, as the loop compares it (server.ACTION_CODE)."""
@@ -114,19 +107,6 @@ def trajectories(w: Workload) -> list[Trajectory]:
             for ti, (f, k) in enumerate(zip(w.first, w.n_steps, strict=True))]
 
 
-def fixed_decision(policy: PausePolicy, run_id: str, texts: dict[str, int],
-                   text: Callable[[str], int], prefix_cache: bool) -> FixedDecision:
-    """Keep, keep-evictable, swap and recompute decide the same at every pause: their decision,
-    asked once, so that the loop skips building a context; (False, 0, 0, 0, NaN) for any other
-    policy."""
-    if type(policy) not in (Keep, KeepEvictable, Swap, Recompute):
-        return False, 0, 0, 0, NAN
-    _, _, action, code, reason, wait = resolve(
-        policy.decide(PauseContext(run_id, "", "", None, 0, True, "")), texts, text,
-        prefix_cache)
-    return True, action_code(action), code, reason, wait
-
-
 class EngineState:
     """One simulation's inputs and running state, and the record and event bookkeeping."""
 
@@ -152,13 +132,8 @@ class EngineState:
         self.kids: dict[int, list[int]] = w.children()
         self.roots: list[int] = w.roots.tolist()
         self.n_roots = len(self.roots)
-        # a replay's own tool ends (per step) and trajectory starts, where the simulation is
-        # pinned to them (harness.simulate.pins; empty: not pinned); how many it reached late
-        self.pin_te: list[float] = pins.tool_end_s.tolist() if pins is not None else []
-        self.pin_start: list[float] = pins.start_s.tolist() if pins is not None else []
-        self.late = 0
-        self.late_s = 0.0
-        self.late_max_s = 0.0
+        # a replay's own tool ends and trajectory starts, where the run is held to them
+        self.pins: PinState | None = PinState(pins) if pins is not None else None
         self.classes: list[str] = list(w.classes)
         self.hist: list[History] = [History(history_window) for _ in w.classes]
         # resumed calls that lost their context: their wait for admission (queue_delay_s)
@@ -454,13 +429,6 @@ class EngineState:
     def occupies_loop(self, tasks: list[tuple[int, Trajectory, int, int]]) -> bool:
         """Whether a save or restore is among the queued control `tasks`."""
         return any(kind in (T_SWAP_OUT, T_RESTORE) for kind, _, _, _ in tasks)
-
-    def note_late(self, d: float) -> None:
-        """A pinned event reached `d` s after the replay's time."""
-        self.late += 1
-        self.late_s += d
-        if d > self.late_max_s:
-            self.late_max_s = d
 
     def push(self, t: float, kind: int, tr: Trajectory, key: int) -> None:
         """Schedule external event `kind` of `tr` at `t`; `key`: the step of the pause it

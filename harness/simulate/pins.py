@@ -70,3 +70,34 @@ def pins_from_records(records: pd.DataFrame, w: Workload, source: str) -> Pins:
         g = np.asarray(w.first, dtype=np.int64)[ti[ok]] + step[ok]
         tool_end_s[g] = (ends["t_ns"].to_numpy(dtype=np.int64)[ok] - zero) / 1e9
     return Pins(tool_end_s, start_s, source)
+
+
+class PinState:
+    """A simulation's pins as the loop reads them, and how late it reached them."""
+
+    def __init__(self, pins: Pins) -> None:
+        self.tool_end: list[float] = pins.tool_end_s.tolist()
+        self.start: list[float] = pins.start_s.tolist()
+        self.late = 0
+        self.late_s = 0.0
+        self.late_max_s = 0.0
+
+    def held(self, pin: float, t: float, own: float) -> float:
+        """When an event the simulation reaches at `t` happens: at the replay's `pin` if later,
+        at `t` if the pin has passed (counted late), at `own` where there is no pin (NaN)."""
+        if pin != pin:
+            return own
+        if pin < t:
+            self.late += 1
+            self.late_s += t - pin
+            self.late_max_s = max(self.late_max_s, t - pin)
+            return t
+        return pin
+
+    def start_at(self, ti: int, t: float) -> float:
+        """When trajectory `ti`, free to start at `t`, starts."""
+        return self.held(self.start[ti], t, t)
+
+    def tool_end_at(self, g: int, t: float, own: float) -> float:
+        """When the tool of step `g`, paused at `t`, ends (`own`: its own latency's end)."""
+        return self.held(self.tool_end[g], t, own)

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from datetime import UTC, datetime
@@ -23,11 +24,11 @@ from harness.policies import (
     check_slot_model_action,
     make_policy,
 )
-from harness.policies.base import KEEP_EVICTABLE
+from harness.policies.base import KEEP_EVICTABLE, PausePolicy
 from harness.records.manifest import ArrivalsRef, Outcome, RunManifest, TraceRef, read_manifest
 from harness.records.store import RECORDS_DIR, SUMMARY_JSON, read_records, write_json
 from harness.simulate import native
-from harness.simulate.engine import SLOT_HANDOFFS, simulate
+from harness.simulate.engine import SLOT_HANDOFFS, Engine
 from harness.simulate.fleet import ROUND_ROBIN, Fleet, check_fleet
 from harness.simulate.pins import Pins, pins_from_records
 from harness.simulate.records import RecordSink
@@ -131,6 +132,51 @@ def check_capacity(tokens: int | None, slots: int | None, ctx_per_slot: int | No
     return Capacity(slots=slots, ctx_per_slot=ctx_per_slot)
 
 
+def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolicy,
+             arrival_s: np.ndarray | None, concurrency: int, sink: RecordSink, run_id: str,
+             history_window: int = 1000, slot_handoff: str = "fifo", fleet: Fleet | None = None,
+             seed: int = 0, first_token_timeout_s: float = math.inf,
+             pins: Pins | None = None) -> Counters:
+    """Run every trajectory to its end; events go to `sink`. `arrival_s`: one arrival time per
+    root (w.roots, in order), None: a closed loop of `concurrency` agents taking the roots in
+    order. Sub-agents never arrive on their own: their parent's tool step starts them.
+
+    `slot_handoff` (slot mode, closed loop): "fifo", as the replay's slot pool does it: every
+    freed slot goes to the longest waiter; "agent": the agent that ends a trajectory starts its
+    next one on the slot it just freed, ahead of the calls waiting for a slot.
+    `fleet`: K servers like `server` and `cap` each, behind a router (None: one server).
+    `seed`: the draws of request overheads where the server model has their distribution.
+    `first_token_timeout_s`: the client's (harness.simulate.client; inf: none).
+    `pins`: a replay's trajectory starts and tool ends to hold the run to
+    (harness.simulate.pins; None: the closed loop's own times).
+    """
+    if slot_handoff not in SLOT_HANDOFFS:
+        raise ValueError(f"slot_handoff must be one of {SLOT_HANDOFFS}, got {slot_handoff!r}")
+    n = len(w.roots)
+    if arrival_s is not None and len(arrival_s) != n:
+        raise ValueError(f"{len(arrival_s)} arrival times for {n} root trajectories")
+    times = [0.0] * min(concurrency, n) if arrival_s is None else arrival_s.tolist()
+    # The cyclic collector would only rescan the loop's objects (and, while the engine builds
+    # its 100k+ objects, the whole workload, again and again): the loop makes no garbage
+    # cycles. The engine and its scheduler are one cycle, freed when the collector next runs.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    engine: Engine | None = None
+    try:
+        engine = Engine(w, server, cap, policy, arrival_s is not None, sink, run_id,
+                        history_window, slot_handoff == "agent", seed, first_token_timeout_s,
+                        pins)
+        if fleet is not None:
+            fleet.bind(engine)  # sets engine.fleet
+        return engine.run(times)
+    finally:
+        if engine is not None:
+            sink.total = engine.cnt
+            sink.last_steps = engine.steps_touched()
+        if gc_was_enabled:
+            gc.enable()
+
+
 def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
                    capacity: Capacity, calibration: Calibration, calibration_path: Path | None,
                    arrivals: Arrivals, seed: int, out: Path, history_window: int = 1000,
@@ -142,7 +188,7 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
                    draws_seed: int | None = None, pinned_to: Path | None = None) -> RunManifest:
     """Simulate `trace` under a policy and write a results directory; returns run.json.
 
-    `slot_handoff`: how a freed slot is handed on in a closed loop (see engine.simulate);
+    `slot_handoff`: how a freed slot is handed on in a closed loop (see `simulate`);
     `token_scale`: every token count of the trace times this, rounded up, as a replay does;
     `copies`: the trace repeated end to end (harness.traces.tile), as a bounded replay does;
     `servers`: K servers of `capacity` each behind `router` (harness.simulate.fleet); one

@@ -19,8 +19,10 @@ from harness.policies.base import (
     SWAP,
     Decision,
     PauseContext,
+    PausePolicy,
     ServerRates,
 )
+from harness.policies.builtin import Keep, KeepEvictable, Recompute, Swap
 from harness.policies.history import History as History  # re-exported for the engine
 
 # records: pause_decision `a` % 8 (3: a ttl, whose detail text says what follows it)
@@ -206,3 +208,19 @@ def resolve(d: Decision, texts: dict[str, int], text: Callable[[str], int],
     code = ACTION_CODE[action] if ttl is None else 3 + 8 * text(f"ttl_s={ttl} after={d.after}")
     wait = d.predicted_wait_s
     return ttl, d.after, action, code, ri, float("nan") if wait is None else wait
+
+
+FixedDecision = tuple[bool, int, int, int, float]  # fixed?, action, code, reason text, wait
+
+
+def fixed_decision(policy: PausePolicy, run_id: str, texts: dict[str, int],
+                   text: Callable[[str], int], prefix_cache: bool) -> FixedDecision:
+    """Keep, keep-evictable, swap and recompute decide the same at every pause: their decision,
+    asked once, so that the loop skips building a context; (False, 0, 0, 0, NaN) for any other
+    policy."""
+    if type(policy) not in (Keep, KeepEvictable, Swap, Recompute):
+        return False, 0, 0, 0, float("nan")
+    _, _, action, code, reason, wait = resolve(
+        policy.decide(PauseContext(run_id, "", "", None, 0, True, "")), texts, text,
+        prefix_cache)
+    return True, ACTION_CODE[action], code, reason, wait

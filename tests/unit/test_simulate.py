@@ -24,9 +24,8 @@ from harness.records.schema import (
     RECORDS_VERSION_KEY,
 )
 from harness.records.store import RUN_JSON, read_records, records_version
-from harness.simulate.engine import simulate
 from harness.simulate.records import RecordSink
-from harness.simulate.run import Arrivals, check_capacity, run_simulation
+from harness.simulate.run import Arrivals, check_capacity, run_simulation, simulate
 from harness.simulate.server import Capacity, ServerModel, context_factory
 from harness.simulate.workload import build_workload
 from harness.traces.generator import generate

@@ -21,10 +21,9 @@ from harness.model.iteration import NOISE_DRAWS
 from harness.policies import make_policy
 from harness.records.store import RECORDS_DIR, RUN_JSON, SUMMARY_JSON, read_records
 from harness.simulate import native
-from harness.simulate.engine import simulate
 from harness.simulate.fleet import MOVED_REASON, Fleet, check_fleet, server_name
 from harness.simulate.records import RecordSink
-from harness.simulate.run import Arrivals, run_simulation
+from harness.simulate.run import Arrivals, run_simulation, simulate
 from harness.simulate.server import Capacity, ServerModel
 from harness.simulate.trajectory import Trajectory
 from harness.simulate.workload import build_workload

@@ -12,8 +12,8 @@ import pytest
 
 from harness.policies.builtin import Keep
 from harness.records.store import read_records
-from harness.simulate.engine import simulate
 from harness.simulate.records import RecordSink
+from harness.simulate.run import simulate
 from harness.simulate.server import Capacity, ServerModel
 from harness.simulate.workload import build_workload
 from harness.traces.generator import generate

@@ -21,7 +21,7 @@ as Python.
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from harness.simulate.client import PAUSE_CONTROL, RELEASE, SENT
 from harness.simulate.engine_state import (
@@ -84,9 +84,6 @@ from harness.simulate.trajectory import (
     WAIT_SWAPOUT,
     Trajectory,
 )
-
-if TYPE_CHECKING:
-    pass
 
 KV_EVICTABLE: Final = KV_STATUSES.index("evictable")  # a kv_state left to the cache
 __all__ = ["A_KEEP", "A_SWAP", "SLOT_HANDOFFS", "Engine", "action_code"]

@@ -25,7 +25,7 @@ from harness.policies.history import RecentMean
 from harness.simulate.block_cache import BlockCache, share_prefixes
 from harness.simulate.client import Client
 from harness.simulate.growth import Growth, admission_tokens
-from harness.simulate.pins import PinState
+from harness.simulate.pins import Pins, PinState
 from harness.simulate.records import E_ERASE, E_KV_STATE, RecordSink
 from harness.simulate.scheduler import Event, Scheduler
 from harness.simulate.server import (
@@ -54,7 +54,6 @@ from harness.simulate.workload import Workload
 if TYPE_CHECKING:
     from harness.simulate.engine import Engine
     from harness.simulate.fleet import Fleet
-    from harness.simulate.pins import Pins
 
 # external events; those of a pause (TOOL_END, DEADLINE, TTL) carry its step, not a generation
 ARRIVE: Final = 0

@@ -23,6 +23,9 @@ import pandas as pd
 from harness.errors import InputError
 from harness.simulate.workload import Workload
 
+# the record columns the pins are read from
+PIN_COLUMNS = ("event", "trajectory_id", "step", "status", "t_ns")
+
 
 @dataclass(frozen=True)
 class Pins:

@@ -26,11 +26,11 @@ from harness.policies import (
 )
 from harness.policies.base import KEEP_EVICTABLE, PausePolicy
 from harness.records.manifest import ArrivalsRef, Outcome, RunManifest, TraceRef, read_manifest
-from harness.records.store import RECORDS_DIR, SUMMARY_JSON, read_records, write_json
+from harness.records.store import RECORDS_DIR, RUN_JSON, SUMMARY_JSON, read_records, write_json
 from harness.simulate import native
 from harness.simulate.engine import SLOT_HANDOFFS, Engine
 from harness.simulate.fleet import ROUND_ROBIN, Fleet, check_fleet
-from harness.simulate.pins import Pins, pins_from_records
+from harness.simulate.pins import PIN_COLUMNS, Pins, pins_from_records
 from harness.simulate.records import RecordSink
 from harness.simulate.server import (
     BLOCK_SIZE,
@@ -289,12 +289,12 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
 
 def replay_pins(replay: Path, w: Workload) -> Pins:
     """The pins of a replay's results directory onto `w` (harness.simulate.pins)."""
-    if not (replay / "run.json").exists():
-        raise InputError(f"--pinned-to {replay}: not a results directory (no run.json)")
+    if not (replay / RUN_JSON).exists():
+        raise InputError(f"--pinned-to {replay}: not a results directory (no {RUN_JSON})")
     run = read_manifest(replay)
     if run.runtime == "simulator":
         raise InputError(f"--pinned-to {replay}: a simulation; pin to a replay of a server")
-    return pins_from_records(read_records(replay), w, str(run.run_id))
+    return pins_from_records(read_records(replay, PIN_COLUMNS), w, str(run.run_id))
 
 
 def server_model(calibration: Calibration) -> ServerModel:

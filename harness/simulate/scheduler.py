@@ -316,22 +316,25 @@ class Scheduler:
         for kind, tr, a, b in todo:
             self.engine.run_task(kind, tr, a, b, t)
 
-    def tasks_done(self, t: float) -> None:
-        """Slot mode: the loop has served its tasks by `t`; those queued meanwhile next (it
-        serves until none is left), then the next iteration."""
-        if self.tasks:
-            self.serve_tasks(t)
-            if self.loop_free > t:
-                self.t_srv = self.loop_free
-                return
-        self.compose(t)
+    def serve_then_compose(self, t: float) -> None:
+        """Slot mode: serve the queued tasks at `t`; the next iteration is composed once the
+        saves and restores among them are done (`TASKS` until then), else now."""
+        self.serve_tasks(t)
+        if self.loop_free > t:
+            self.mode = TASKS
+            self.t_srv = self.loop_free
+        else:
+            self.compose(t)
 
     def boundary(self, t: float) -> None:
         # The running iteration (or decode run) ends at `t`: tokens, then the next iteration,
         # then the reactions (tasks, first tokens, ended calls). On slots, queued saves and
         # restores come before the next iteration, which waits for them.
-        if self.mode == TASKS:
-            self.tasks_done(t)
+        if self.mode == TASKS:  # its tasks served; those queued meanwhile too, until none is left
+            if self.tasks:
+                self.serve_then_compose(t)
+            else:
+                self.compose(t)
             return
         if self.mode == PREFILL:
             self.it += 1
@@ -398,12 +401,7 @@ class Scheduler:
         preempted = gr is not None and gr.make_room(it)
         engine = self.engine
         if self.slot_mode and self.tasks and engine.occupies_loop(self.tasks):
-            self.serve_tasks(t)
-            if self.loop_free > t:
-                self.mode = TASKS
-                self.t_srv = self.loop_free
-            else:
-                self.compose(t)
+            self.serve_then_compose(t)
         else:
             self.compose(t)
         if engine.client.fe_out > 0.0:  # the answers' front-end work (Client.replied)

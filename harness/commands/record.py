@@ -1,5 +1,5 @@
 """`harness record`: a recording proxy in front of an OpenAI- or Anthropic-compatible server
-(harness.record); `harness traces import recording DIR` makes its trajectory file."""
+(harness.proxy); `harness traces import recording DIR` makes its trajectory file."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import click
 
 from harness.commands.options import Command, check_url
 from harness.errors import InputError
-from harness.record.proxy import DEFAULT_SESSION_HEADERS, ProxyConfig
-from harness.record.serve import describe_summary, parse_listen, run
+from harness.proxy.proxy import DEFAULT_SESSION_HEADERS, ProxyConfig
+from harness.proxy.serve import describe_summary, parse_listen, run
 
 _HEADER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_!#$%&'*+.^`|~")
 

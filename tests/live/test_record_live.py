@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 
 from harness.adapters.launchers.llamacpp_server import LocalLlamaServer
-from harness.record.proxy import ProxyConfig
-from harness.record.serve import start_recording
-from harness.record.store import read_recording
+from harness.proxy.proxy import ProxyConfig
+from harness.proxy.serve import start_recording
+from harness.proxy.store import read_recording
 from harness.traces.context import context_lengths
 from harness.traces.importers import import_trace
 from harness.traces.validate import check_frame

@@ -8,7 +8,8 @@ TYPE_CHECKING included, so no arrow can hide from the check):
   layer or lower, never higher;
 - outside adapters/, a runtime is reached only through the adapter seam (the Protocol, the
   registry, the shared HTTP client, process handling), never a runtime's own module;
-- no import cycle between modules but the simulator's type-only one, listed by name;
+- no import cycle between modules but the simulator's type-only one, listed by name, and none
+  between packages at all;
 - click only under harness/commands/ and the root cli;
 - few imports of project modules inside functions (each one an arrow the reader cannot see);
 - no module past a readable size.
@@ -35,8 +36,8 @@ LAYERS: dict[str, int] = {
     "replay": 5, "simulate": 5,
     "adapters": 4,
     "plan": 3, "records": 3, "metrics": 3, "report": 3, "model": 3,
-    "traces": 2, "policies": 2, "record": 2,
-    "": 1, "errors": 1, "limits": 1, "arrays": 1, "tomlfiles": 1, "signals": 1,
+    "traces": 2, "policies": 2, "proxy": 2,
+    "": 1, "errors": 1, "limits": 1, "arrays": 1, "tomlfiles": 1, "signals": 1, "userfiles": 1,
 }
 # The adapter seam: what the core may import of harness.adapters.
 ADAPTER_SEAM = frozenset({"harness.adapters.base", "harness.adapters.http",
@@ -150,6 +151,22 @@ def cycles(sources: dict[str, str], with_type_only: bool = True) -> list[frozens
     for i in imports(sources):
         if i.target in sources and i.target != i.module and (with_type_only or not i.type_only):
             edges[i.module].add(i.target)
+    return _strongly_connected(edges)
+
+
+def package_cycles(sources: dict[str, str]) -> list[frozenset[str]]:
+    """The import cycles between packages (harness.traces, harness.proxy, ...): a package that
+    imports another which, through any of its modules, imports it back. Type-only imports
+    count too: they are arrows a reader follows."""
+    edges: dict[str, set[str]] = {package(m): set() for m in sources}
+    for i in imports(sources):
+        if i.target in sources and package(i.target) != package(i.module):
+            edges[package(i.module)].add(package(i.target))
+    return _strongly_connected(edges)
+
+
+def _strongly_connected(edges: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The strongly connected sets of two or more nodes of a directed graph."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -206,6 +223,10 @@ def test_no_import_cycle_but_the_simulators_type_only_one() -> None:
     assert cycles(sources, with_type_only=False) == []
 
 
+def test_no_import_cycle_between_packages() -> None:
+    assert package_cycles(product_sources()) == []
+
+
 def test_click_only_in_the_commands() -> None:
     assert click_violations(product_sources()) == []
 
@@ -255,6 +276,12 @@ def test_a_planted_cycle_is_caught_even_inside_functions() -> None:
     src = _planted(**{"harness.plan.planted_a": "from harness.plan import planted_b\n",
                       "harness.plan.planted_b": "def f():\n    import harness.plan.planted_a\n"})
     assert frozenset({"harness.plan.planted_a", "harness.plan.planted_b"}) in cycles(src)
+
+
+def test_a_planted_cycle_between_packages_is_caught() -> None:
+    src = _planted(**{"harness.traces.planted": "from harness.proxy import events\n"},
+                   **{"harness.proxy.planted": "def f():\n    import harness.traces.schema\n"})
+    assert package_cycles(src) == [frozenset({"traces", "proxy"})]
 
 
 def test_a_planted_click_import_is_caught() -> None:

@@ -17,12 +17,12 @@ from harness.cli import main
 from harness.errors import InputError
 from harness.traces.generator import generate
 from harness.traces.importers import FORMATS, Imported, import_trace
-from harness.traces.importers._common import TOKEN_RULE, count_tokens
 from harness.traces.importers.mini_swe_agent import classify
 from harness.traces.importers.openai_chat import tool_class_of
 from harness.traces.profiles import load_profile
 from harness.traces.schema import COLUMNS, read_provenance
 from harness.traces.validate import check_frame, validate_file
+from harness.userfiles import TOKEN_RULE, count_tokens
 
 TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
-from harness.record.store import META
+from harness.proxy.store import META
 from harness.traces.importers import import_trace
 from tests.unit.test_record_fakes import CHAT, FakeUpstream, Reply
 

@@ -20,8 +20,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from harness.record.proxy import Proxy, ProxyConfig
-from harness.record.serve import start_recording
+from harness.proxy.proxy import Proxy, ProxyConfig
+from harness.proxy.serve import start_recording
 
 CHAT, COMPLETIONS, MESSAGES = "/v1/chat/completions", "/v1/completions", "/v1/messages"
 

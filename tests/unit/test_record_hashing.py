@@ -10,9 +10,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.record.answers import ANTHROPIC, OPENAI_CHAT, FirstToken, parse_answer
-from harness.record.conversations import CallView, Joiner
-from harness.record.hashing import (
+from harness.proxy.answers import ANTHROPIC, OPENAI_CHAT, FirstToken, parse_answer
+from harness.proxy.conversations import CallView, Joiner
+from harness.proxy.hashing import (
     CALL,
     RESULT,
     Hasher,

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
-from harness.record.store import EVENTS, read_recording
+from harness.proxy.store import EVENTS, read_recording
 from harness.traces.context import context_lengths
 from harness.traces.importers import Imported, import_trace
 from harness.traces.schema import read_provenance

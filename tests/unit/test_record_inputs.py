@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.errors import InputError
-from harness.record.store import EVENTS, META
+from harness.proxy.store import EVENTS, META
 from harness.traces.importers import import_trace
 from harness.traces.validate import check_frame
 from tests.unit.test_record_fakes import CHAT, Agent, Reply, recording

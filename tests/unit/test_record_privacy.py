@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from harness.record.store import TEXT
+from harness.proxy.store import TEXT
 from harness.traces.importers import import_to_file
 from tests.unit.test_record_fakes import CHAT, MESSAGES, Agent, Reply, recording
 

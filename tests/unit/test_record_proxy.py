@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from harness.record.store import EVENTS, META, read_recording
+from harness.proxy.store import EVENTS, META, read_recording
 from tests.unit.test_record_fakes import CHAT, COMPLETIONS, MESSAGES, Reply, recording
 
 # Headers a server sets per response on its own (the time), or per connection.

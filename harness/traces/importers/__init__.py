@@ -14,10 +14,10 @@ from pathlib import Path
 import pandas as pd
 
 from harness.errors import InputError
-from harness.traces.importers._common import check_regular
 from harness.traces.scale import scale_tokens
 from harness.traces.schema import Provenance, write_trajectories
 from harness.traces.validate import check_frame
+from harness.userfiles import check_regular
 
 FORMATS: dict[str, str] = {
     "atif": "harness.traces.importers.atif",

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,25 +14,11 @@ import pandas as pd
 from harness.errors import InputError
 from harness.traces.schema import COLUMNS, KIND_LLM, KIND_TOOL, PRIORITIES
 
-# One token per run of word characters and one per other non-space character. Crude next to a
-# real tokenizer (which splits long words and merges some punctuation) but stable, fast and the
-# same on every machine; the rule's name goes into each file's provenance.
-TOKEN_RULE = (
-    "regex word/punctuation split: one token per run of word characters (\\w+) and one per "
-    "other non-space character ([^\\w\\s]); no chat-template overhead"
-)
-_TOKEN_RE = re.compile(r"\w+|[^\w\s]")
-
 # Options every importer accepts, with their defaults.
 COMMON_OPTIONS: dict[str, str] = {
     "priority": "interactive",
     "tenant": "default",
 }
-
-
-def count_tokens(text: str) -> int:
-    """Tokens in `text` by TOKEN_RULE."""
-    return len(_TOKEN_RE.findall(text))
 
 
 def take_options(
@@ -92,81 +75,11 @@ def arrival_offsets(n: int, rate_per_s: float | None, seed: int) -> np.ndarray:
     return np.round(np.cumsum(gaps), 6)
 
 
-def check_regular(path: Path) -> None:
-    """Refuse `path` unless it is a regular file (or a link to one), before anything opens it.
-
-    A FIFO waits for a writer and a device (/dev/zero) never ends: either would hang the
-    import, so it is named and refused at once."""
-    try:
-        regular = path.is_file()
-    except OSError as exc:  # e.g. a folder above it that cannot be searched
-        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if not regular:
-        raise InputError(f"{path}: not a regular file")
-
-
-def read_json(path: Path) -> Any:
-    """Parse a JSON (or gzipped JSON) file; a bad file is an InputError naming it and the spot."""
-    check_regular(path)
-    try:
-        if path.name.endswith(".gz"):
-            with gzip.open(path, "rt", encoding="utf-8") as fh:
-                return json.load(fh)
-        with path.open(encoding="utf-8") as fh:
-            return json.load(fh)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}: not valid JSON at line {exc.lineno} column {exc.colno}: "
-                         f"{exc.msg}") from None
-    except RecursionError:
-        raise InputError(f"{path}: JSON nested too deeply to be a trace") from None
-    except (OSError, UnicodeDecodeError, EOFError) as exc:
-        raise InputError(f"{path}: cannot read: {exc}") from None
-
-
-def read_jsonl(path: Path) -> list[tuple[int, Any]]:
-    """(line number, parsed value) of each non-blank line; a bad line is named by number."""
-    check_regular(path)
-    out: list[tuple[int, Any]] = []
-    n = 0
-    try:
-        with path.open(encoding="utf-8") as fh:
-            for n, line in enumerate(fh, start=1):
-                if line.strip():
-                    out.append((n, json.loads(line)))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}: line {n}: not valid JSON: {exc.msg}") from None
-    except RecursionError:
-        raise InputError(f"{path}: line {n}: JSON nested too deeply to be a trace") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: not UTF-8 text (after line {n})") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc}") from None
-    return out
-
-
 def summarize(what: str, items: Sequence[str], limit: int = 5) -> str:
     """'N what (first: a; b; c)' for a warning line."""
     shown = "; ".join(items[:limit])
     more = f"; ... {len(items) - limit} more" if len(items) > limit else ""
     return f"{len(items)} {what} (first: {shown}{more})"
-
-
-MAX_COUNT = 2**53  # far above any real token count; keeps sums inside int64
-
-
-def is_count(value: Any) -> bool:
-    """A non-negative integer below MAX_COUNT that is not a bool (JSON true is an int)."""
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_COUNT
-
-
-def is_seconds(value: Any) -> bool:
-    """A finite non-negative number of seconds."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return False
-    try:
-        return math.isfinite(float(value)) and value >= 0
-    except OverflowError:  # an integer too large for a float
-        return False
 
 
 @dataclass

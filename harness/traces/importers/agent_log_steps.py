@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import InputError
-from harness.traces.importers._common import LLM, MAX_COUNT, Tool, Trajectory
+from harness.traces.importers._common import LLM, Tool, Trajectory
 from harness.traces.importers.agent_tools import agent_tool_class, merge_parallel
 from harness.traces.schema import TOOL_SUBAGENT
+from harness.userfiles import MAX_COUNT
 
 # A sub-agent call (Task, Agent) whose conversation is not in the input: the parent still waits
 # for it, minutes at a time, so it is a long job rather than a pause of the `subagent` class.

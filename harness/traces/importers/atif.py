@@ -26,19 +26,13 @@ from typing import Any
 from harness.errors import InputError
 from harness.limits import MAX_SECONDS, MAX_SUBAGENT_DEPTH
 from harness.traces.importers import Imported
-from harness.traces.importers._common import (
-    LLM,
-    Trajectory,
-    build_frame,
-    count_tokens,
-    read_json,
-    take_options,
-)
+from harness.traces.importers._common import LLM, Trajectory, build_frame, take_options
 from harness.traces.importers.atif_read import SOURCES, Doc, Resolver, looks_atif, make_doc
 from harness.traces.importers.atif_report import provenance, warnings
 from harness.traces.importers.otel_build import NS, Act, Call, Child, Pause, assemble
 from harness.traces.importers.otel_files import files_in_tree
 from harness.traces.importers.otel_read import count, iso_ns
+from harness.userfiles import count_tokens, read_json
 
 FORMAT = "atif"
 OPTIONS = {"tool_latency": "1", "tool_latencies": "", "human_latency": "0"}

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import InputError
-from harness.traces.importers._common import read_json
+from harness.userfiles import read_json
 
 SOURCES = ("system", "user", "agent")
 

@@ -6,10 +6,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from harness.traces.importers._common import TOKEN_RULE, summarize
+from harness.traces.importers._common import summarize
 from harness.traces.importers.atif_read import Doc
 from harness.traces.importers.otel_build import GAP_TOOL, TERMINAL_TOOLS, share
 from harness.traces.schema import Provenance
+from harness.userfiles import TOKEN_RULE
 
 # Every count of a file's entry (0 when nothing happened).
 COUNTS = (

@@ -21,7 +21,7 @@ from typing import Any
 
 from harness.errors import InputError
 from harness.traces.importers import Imported
-from harness.traces.importers._common import TOKEN_RULE, build_frame, summarize, take_options
+from harness.traces.importers._common import build_frame, summarize, take_options
 from harness.traces.importers.agent_log_steps import (
     Builder,
     Built,
@@ -36,6 +36,7 @@ from harness.traces.importers.agent_log_steps import (
 )
 from harness.traces.importers.claude_code_parse import ClaudeFile, Side, convo_of, read_file
 from harness.traces.schema import Provenance
+from harness.userfiles import TOKEN_RULE
 
 FORMAT = "claude-code"
 OPTIONS = {"warmups": "keep"}

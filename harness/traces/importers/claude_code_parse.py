@@ -21,7 +21,6 @@ from typing import Any
 import orjson
 
 from harness.errors import InputError
-from harness.traces.importers._common import count_tokens, read_jsonl
 from harness.traces.importers.agent_log_steps import (
     Call,
     Convo,
@@ -31,6 +30,7 @@ from harness.traces.importers.agent_log_steps import (
     parse_ts,
     seconds_field,
 )
+from harness.userfiles import count_tokens, read_jsonl
 
 SPAWN_TOOLS = ("Task", "Agent")
 # Markers Claude Code writes as user text: not the user's prompt.

@@ -28,14 +28,7 @@ import orjson
 
 from harness.errors import InputError
 from harness.traces.importers import Imported
-from harness.traces.importers._common import (
-    TOKEN_RULE,
-    build_frame,
-    count_tokens,
-    read_jsonl,
-    summarize,
-    take_options,
-)
+from harness.traces.importers._common import build_frame, summarize, take_options
 from harness.traces.importers.agent_log_steps import (
     MAX_LOG_S,
     Builder,
@@ -52,6 +45,7 @@ from harness.traces.importers.agent_log_steps import (
     totals,
 )
 from harness.traces.schema import Provenance
+from harness.userfiles import TOKEN_RULE, count_tokens, read_jsonl
 
 FORMAT = "codex"
 OPTIONS: dict[str, str] = {}

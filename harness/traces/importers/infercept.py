@@ -15,21 +15,17 @@ from harness.errors import InputError
 from harness.traces.importers import Imported
 from harness.traces.importers._common import (
     LLM,
-    TOKEN_RULE,
     Tool,
     Trajectory,
     arrival_offsets,
     build_frame,
-    count_tokens,
-    is_count,
-    is_seconds,
     opt_float,
     opt_int,
-    read_json,
     summarize,
     take_options,
 )
 from harness.traces.schema import Provenance
+from harness.userfiles import TOKEN_RULE, count_tokens, is_count, is_seconds, read_json
 
 FORMAT = "infercept"
 OPTIONS = {

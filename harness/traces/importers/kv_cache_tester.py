@@ -35,16 +35,14 @@ from harness.traces.importers._common import (
     Trajectory,
     arrival_offsets,
     build_frame,
-    check_regular,
     files_in,
-    is_count,
-    is_seconds,
     opt_float,
     opt_int,
     summarize,
     take_options,
 )
 from harness.traces.schema import TOOL_SUBAGENT, Provenance
+from harness.userfiles import check_regular, is_count, is_seconds
 
 FORMAT = "kv-cache-tester"
 OPTIONS = {"arrival_rate": "", "seed": "0", "max_context": "", "max_requests": ""}

@@ -22,13 +22,11 @@ from harness.traces.importers._common import (
     Trajectory,
     build_frame,
     drop_trailing_tools,
-    is_count,
-    is_seconds,
-    read_json,
     summarize,
     take_options,
 )
 from harness.traces.schema import Provenance
+from harness.userfiles import is_count, is_seconds, read_json
 
 FORMAT = "mini-swe-agent"
 OPTIONS = {"start": "zero"}  # zero | recorded (offsets of the first response across files)

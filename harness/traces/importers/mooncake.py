@@ -23,14 +23,12 @@ from harness.traces.importers._common import (
     Tool,
     Trajectory,
     build_frame,
-    is_count,
-    is_seconds,
     opt_int,
-    read_jsonl,
     summarize,
     take_options,
 )
 from harness.traces.schema import Provenance
+from harness.userfiles import is_count, is_seconds, read_jsonl
 
 FORMAT = "mooncake"
 BLOCK_TOKENS = 512

@@ -25,20 +25,17 @@ from harness.traces.generator import sample
 from harness.traces.importers import Imported
 from harness.traces.importers._common import (
     LLM,
-    TOKEN_RULE,
     Tool,
     Trajectory,
     arrival_offsets,
     build_frame,
-    count_tokens,
     opt_float,
     opt_int,
-    read_json,
-    read_jsonl,
     take_options,
 )
 from harness.traces.profiles import Profile, ToolClass, load_profile
 from harness.traces.schema import Provenance
+from harness.userfiles import TOKEN_RULE, count_tokens, read_json, read_jsonl
 
 FORMAT = "openai-chat"
 OPTIONS = {

@@ -27,7 +27,7 @@ from typing import Any
 
 from harness.errors import InputError
 from harness.limits import MAX_TOKENS
-from harness.traces.importers._common import check_regular
+from harness.userfiles import check_regular
 
 MAX_DEPTH = 48  # nesting of an attribute value; deeper is refused, never recursed into
 MAX_NS = 2**63 - 1

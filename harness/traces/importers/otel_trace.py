@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from harness.limits import MAX_SECONDS, MAX_SUBAGENT_DEPTH
-from harness.traces.importers._common import Trajectory, count_tokens
+from harness.traces.importers._common import Trajectory
 from harness.traces.importers.otel_attrs import (
     INPUT_ATTRS,
     OUTPUT_ATTRS,
@@ -37,6 +37,7 @@ from harness.traces.importers.otel_attrs import (
 )
 from harness.traces.importers.otel_build import NS, Act, Call, Child, Pause, assemble
 from harness.traces.importers.otel_read import Span, Usage, fail
+from harness.userfiles import count_tokens
 
 ROOT = ""  # the trace itself, owner of every span outside a sub-agent
 

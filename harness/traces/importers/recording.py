@@ -26,12 +26,11 @@ from typing import Any
 
 from harness.errors import InputError
 from harness.limits import MAX_SUBAGENT_DEPTH
-from harness.record.conversations import lcp
-from harness.record.events import Call, RecordedCalls, Result, load_calls
+from harness.proxy.conversations import lcp
+from harness.proxy.events import Call, RecordedCalls, Result, load_calls
 from harness.traces.importers import Imported
 from harness.traces.importers._common import (
     LLM,
-    TOKEN_RULE,
     Tool,
     Trajectory,
     build_frame,
@@ -40,6 +39,7 @@ from harness.traces.importers._common import (
 )
 from harness.traces.importers.agent_tools import agent_tool_class, merge_parallel
 from harness.traces.schema import TOOL_SUBAGENT, Provenance
+from harness.userfiles import TOKEN_RULE
 
 FORMAT = "recording"
 # A Task/agent tool whose sub-agent is not in the recording: an ordinary (long) tool.
@@ -437,7 +437,7 @@ def _provenance(recs: list[_Rec], opts: dict[str, str]) -> Provenance:
                        "'abandoned' for a tool call never answered, else 'ok'",
             "mutating": "the tool's class is 'mutating'", "deadline_s": "null",
             "parent_id/spawn_step": "a conversation started while another waited on tool "
-                                    "calls (harness.record.conversations)",
+                                    "calls (harness.proxy.conversations)",
             "prefix_group": "trajectories whose first calls start with the same block; "
                             "prefix_tokens the estimate of the most blocks shared",
             "start_s": "the first call's arrival, relative to the earliest in the import; a "

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import InputError
-from harness.record.answers import APIS, OPENAI_COMPLETIONS
-from harness.record.hashing import KINDS
-from harness.record.recorder import OUTCOMES
-from harness.record.store import EVENTS, Recording, read_recording
-from harness.traces.importers._common import is_count, is_seconds
+from harness.proxy.answers import APIS, OPENAI_COMPLETIONS
+from harness.proxy.hashing import KINDS
+from harness.proxy.recorder import OUTCOMES
+from harness.proxy.store import EVENTS, Recording, read_recording
+from harness.userfiles import is_count, is_seconds
 
 MAX_TIME_S = 1e9
 # (hash, tokens, kind)

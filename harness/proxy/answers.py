@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from harness.traces.importers._common import is_count
+from harness.userfiles import is_count
 
 OPENAI_CHAT = "openai-chat"
 OPENAI_COMPLETIONS = "openai-completions"

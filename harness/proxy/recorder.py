@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from harness.record.answers import (
+from harness.proxy.answers import (
     ANTHROPIC,
     OPENAI_CHAT,
     OPENAI_COMPLETIONS,
@@ -28,8 +28,8 @@ from harness.record.answers import (
     answer_text,
     parse_answer,
 )
-from harness.record.conversations import CallView, Joiner, lcp
-from harness.record.hashing import (
+from harness.proxy.conversations import CallView, Joiner, lcp
+from harness.proxy.hashing import (
     Block,
     Hasher,
     anthropic_blocks,
@@ -38,8 +38,8 @@ from harness.record.hashing import (
     openai_chat_blocks,
     openai_message_blocks,
 )
-from harness.record.store import RecordingWriter
-from harness.traces.importers._common import count_tokens
+from harness.proxy.store import RecordingWriter
+from harness.userfiles import count_tokens
 
 # Call outcomes: the answer came whole; the upstream answered with an error status; it could
 # not be reached or gave no answer (the client got a 502); its stream broke off; the client

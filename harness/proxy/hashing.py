@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from harness.traces.importers._common import count_tokens
+from harness.userfiles import count_tokens
 
 SALT_BYTES = 32
 DIGEST_BYTES = 8  # 64-bit hashes: collisions among a recording's blocks are negligible

@@ -20,11 +20,11 @@ from typing import Any
 
 from harness import __version__, signals
 from harness.errors import InputError
-from harness.record.hashing import CHUNK_MAX, CHUNK_MIN, DIGEST_BYTES, SALT_BYTES
-from harness.record.proxy import Proxy, ProxyConfig
-from harness.record.recorder import Recorder
-from harness.record.store import FORMAT_NAME, FORMAT_VERSION, create_folder
-from harness.traces.importers._common import TOKEN_RULE
+from harness.proxy.hashing import CHUNK_MAX, CHUNK_MIN, DIGEST_BYTES, SALT_BYTES
+from harness.proxy.proxy import Proxy, ProxyConfig
+from harness.proxy.recorder import Recorder
+from harness.proxy.store import FORMAT_NAME, FORMAT_VERSION, create_folder
+from harness.userfiles import TOKEN_RULE
 
 UPSTREAM_PROBE_S = 2.0
 # The recorder thread parses and hashes while the loop relays other calls: a short switch

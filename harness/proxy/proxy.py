@@ -36,8 +36,8 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from harness.record.answers import FirstToken, api_of
-from harness.record.recorder import CallMeta, Recorder
+from harness.proxy.answers import FirstToken, api_of
+from harness.proxy.recorder import CallMeta, Recorder
 
 # Headers of one connection, never forwarded (RFC 9110 7.6.1), and those a proxy sets itself.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",

@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from harness.errors import InputError
-from harness.traces.importers._common import check_regular
+from harness.userfiles import check_regular
 
 FORMAT_NAME = "harness-recording"
 FORMAT_VERSION = 1

@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from harness.record.hashing import CALL, RESULT, USER, Block
+from harness.proxy.hashing import CALL, RESULT, USER, Block
 
 PAST_CALLS = 4  # calls kept per conversation: a call is joined as of its arrival
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from dataclasses import dataclass
 
 from harness.adapters.base import Adapter, CompletionRequest
 from harness.plan.planner import CallStep, Plan, TrajectoryPlan
@@ -34,13 +35,27 @@ __all__ = ["SERVER_FAULTS", "Executor", "RunCounters"]
 SERVER_FAULTS = ("server error:", "timeout:")
 
 
+@dataclass(frozen=True)
+class ServerFacts:
+    """What the executor needs to know of the server: its vocabulary (token ids are drawn
+    below it), its slots and context per slot (None where the runtime has none), the rates
+    policies price actions with, and a shard's own slots (None: all of them)."""
+
+    vocab_size: int
+    slots: int | None
+    ctx_per_slot: int | None
+    rates: ServerRates
+    slot_ids: list[int] | None = None
+
+
 class Executor:
-    """Replays a plan through an adapter (clock, adapter, HTTP injected; slot_ids: a shard's)."""
+    """Replays a plan through an adapter (clock, adapter, HTTP injected)."""
 
     def __init__(self, adapter: Adapter, clock: Clock, recorder: Recorder, policy: PausePolicy,
-                 plan: Plan, run_id: str, vocab_size: int, slots: int | None,
-                 ctx_per_slot: int | None, rates: ServerRates, history_window: int = DEFAULT_WINDOW,
-                 slot_ids: list[int] | None = None) -> None:
+                 plan: Plan, run_id: str, server: ServerFacts,
+                 history_window: int = DEFAULT_WINDOW) -> None:
+        vocab_size, slots, ctx_per_slot, rates, slot_ids = (
+            server.vocab_size, server.slots, server.ctx_per_slot, server.rates, server.slot_ids)
         self.plan = plan
         self.ctx_per_slot = ctx_per_slot
         self.history_window = history_window

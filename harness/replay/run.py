@@ -35,7 +35,7 @@ from harness.records.store import ensure_out_dir
 from harness.replay import pinning
 from harness.replay.named_policies import per_pause_policy
 from harness.replay.options import AUTO, RunOptions
-from harness.replay.runner import ShardRun, run_on_runtime
+from harness.replay.runner import ReplayJob, ShardRun, run_on_runtime
 from harness.report.repeats import repeat_dirs, write_repeats
 from harness.traces.reuse import ideal_reuse_for
 from harness.traces.scale import imported_token_scale, scale_tokens
@@ -142,10 +142,10 @@ def execute_run(o: RunOptions, echo: Echo = to_stderr, runtime: Runtime | None =
         run.calibration = {"path": str(o.calibration), **cal.to_dict()}
     ensure_out_dir(o.out)
     server = server_options(o, str(run.run_id), pin, p.policy)
-    return run_on_runtime(rt, server, plan, o.policy_args, run, o.out,
-                          cal.rates() if cal else None, o.scrape_interval_s, echo, o.timeouts,
-                          o.headers, o.skip_oversized, ShardRun(o.shard, o.start_at,
-                                                                o.start_gate))
+    return run_on_runtime(rt, ReplayJob(
+        plan, server, o.policy_args, run, o.out, cal.rates() if cal else None,
+        o.scrape_interval_s, o.timeouts, o.headers, o.skip_oversized,
+        ShardRun(o.shard, o.start_at, o.start_gate)), echo)
 
 
 def shared_run_id(opts: RunOptions, start_at: float | None) -> str:

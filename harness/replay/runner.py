@@ -47,7 +47,7 @@ from harness.records.store import (
 )
 from harness.replay import loop, progress
 from harness.replay.clock import NS, Clock, RealClock, sleep_s
-from harness.replay.executor import Executor, RunCounters
+from harness.replay.executor import Executor, RunCounters, ServerFacts
 from harness.replay.gcwatch import GcWatch
 from harness.replay.preflight import available_memory, check_plan, check_subagent_slots
 from harness.replay.recorder import Recorder
@@ -70,6 +70,40 @@ class ShardRun:
     gate: Callable[[], float | None] | None = None
 
 
+@dataclass
+class ReplayJob:
+    """What one replay on a runtime's server runs: the plan, the server asked for, the policy's
+    arguments, run.json as far as it is known (`run`, completed as the run goes), where the
+    results go, the calibrated rates (None: defaults with the model's KV bytes per token), the
+    server-sample interval, the client's timeouts and headers, whether to skip trajectories too
+    large for a slot, and the shard of several load generators it is."""
+
+    plan: Plan
+    server: ServerOptions
+    policy_args: dict[str, str]
+    run: RunManifest
+    out: Path
+    rates: ServerRates | None = None
+    scrape_interval_s: float = 0.2
+    timeouts: Timeouts = dataclasses.field(default_factory=Timeouts)
+    headers: dict[str, str] | None = None
+    skip_oversized: bool = False
+    shard_run: ShardRun = ShardRun()
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    """How `replay` runs besides its plan: the server-sample interval, where leftover dump files
+    are listed (llama.cpp), the server's info when already asked for, how often a progress line
+    is printed (None: never), and the shard of several load generators this one is."""
+
+    scrape_interval_s: float = 0.2
+    leftover_dumps: Callable[[], list[str]] | None = None
+    info: ServerInfo | None = None
+    progress_every_s: float | None = None
+    shard: Shard = WHOLE
+
+
 def max_in_flight(plan: Plan) -> int:
     """The most requests the plan can have in flight at once: one per concurrent agent, one per
     bystander, and the scrape; an agent whose sub-agents run at once counts each of them. The
@@ -80,38 +114,31 @@ def max_in_flight(plan: Plan) -> int:
     return max(1, sum(peaks)) + len(plan.bystanders) + SCRAPE_CONNECTIONS
 
 
-def run_on_runtime(runtime: Runtime, server: ServerOptions, plan: Plan,
-                   policy_args: dict[str, str], run: RunManifest, out: Path,
-                   rates: ServerRates | None, scrape_interval_s: float,
-                   echo: Callable[[str], None], timeouts: Timeouts | None = None,
-                   headers: dict[str, str] | None = None, skip_oversized: bool = False,
-                   shard_run: ShardRun = ShardRun()) -> RunManifest:
-    """Start (or reach) the runtime's server, replay `plan` on it and stop what was started;
-    returns the final run.json. `rates`: calibrated rates, else defaults with the model's KV
-    bytes per token. The client's pool and the server are sized for the plan's most requests in
-    flight (`server.connections` is set here)."""
-    server = dataclasses.replace(server, connections=max_in_flight(plan))
-    with runtime.start(server, out) as session:
+def run_on_runtime(runtime: Runtime, job: ReplayJob, echo: Callable[[str], None]
+                   ) -> RunManifest:
+    """Start (or reach) the runtime's server, replay the job's plan on it and stop what was
+    started; returns the final run.json. The client's pool and the server are sized for the
+    plan's most requests in flight (the server's `connections` is set here)."""
+    server = dataclasses.replace(job.server, connections=max_in_flight(job.plan))
+    run = job.run
+    with runtime.start(server, job.out) as session:
         for note in session.notes:
             echo(note)
         record_details(run, session)
         bpt = session.details.kv_bytes_per_token
-        rates = rates or ServerRates(FALLBACK_RATES.prefill_tok_s,
-                                     FALLBACK_RATES.swap_bytes_per_s,
-                                     bpt or FALLBACK_RATES.kv_bytes_per_token)
+        rates = job.rates or ServerRates(FALLBACK_RATES.prefill_tok_s,
+                                         FALLBACK_RATES.swap_bytes_per_s,
+                                         bpt or FALLBACK_RATES.kv_bytes_per_token)
         run.event_loop = loop.loop_name()
-        loop.run(_replay_session(session, plan, server, policy_args, run, out, rates,
-                                 scrape_interval_s, timeouts or Timeouts(), headers,
-                                 skip_oversized, shard_run))
+        loop.run(_replay_session(session, dataclasses.replace(job, server=server, rates=rates)))
     return run
 
 
-async def _replay_session(session: RuntimeSession, plan: Plan, server: ServerOptions,
-                          policy_args: dict[str, str], run: RunManifest, out: Path,
-                          rates: ServerRates, scrape_interval_s: float,
-                          timeouts: Timeouts, headers: dict[str, str] | None = None,
-                          skip_oversized: bool = False, shard_run: ShardRun = ShardRun()
-                          ) -> None:
+async def _replay_session(session: RuntimeSession, job: ReplayJob) -> None:
+    plan, server, run, out, timeouts, shard_run = (job.plan, job.server, job.run, job.out,
+                                                   job.timeouts, job.shard_run)
+    headers, rates = job.headers, job.rates
+    assert rates is not None  # run_on_runtime settles them
     limit = server.connections
     run.http = {"connection_limit": limit, "keepalive_s": KEEPALIVE_S, "pooled": True,
                 "timeouts_s": timeouts.to_dict()}
@@ -120,7 +147,7 @@ async def _replay_session(session: RuntimeSession, plan: Plan, server: ServerOpt
     async with connect(session.details.url, limit, timeouts, headers) as http:
         adapter = session.connect(http)
         info = await server_info(adapter, redact_url(session.details.url))
-        plan, skipped = check_plan(plan, info.ctx_per_slot, skip_oversized,
+        plan, skipped = check_plan(plan, info.ctx_per_slot, job.skip_oversized,
                                    available_memory())
         if skipped:
             run.skipped_oversized = skipped
@@ -131,7 +158,7 @@ async def _replay_session(session: RuntimeSession, plan: Plan, server: ServerOpt
         how = session.realise(info)
         run.harness_policy, run.server_policy = how.harness_policy, how.label
         same = how.harness_policy == server.policy
-        policy = make_policy(how.harness_policy, policy_args if same else {})
+        policy = make_policy(how.harness_policy, job.policy_args if same else {})
         leftover = session.leftover_dumps
         died: list[str] = []
         start_at = shard_run.start_at
@@ -145,9 +172,10 @@ async def _replay_session(session: RuntimeSession, plan: Plan, server: ServerOpt
         # before now are recorded late (their client lag says by how much).
         await clock.sleep_until(0)
         replaying = asyncio.ensure_future(replay(
-            adapter, clock, plan, policy, out, run, rates, scrape_interval_s,
-            leftover_dumps=(lambda: leftover(str(run.run_id))) if leftover else None,
-            info=info, progress_every_s=progress.interval_s(), shard=shard))
+            adapter, clock, plan, policy, out, run, rates, ReplaySettings(
+                job.scrape_interval_s,
+                leftover_dumps=(lambda: leftover(str(run.run_id))) if leftover else None,
+                info=info, progress_every_s=progress.interval_s(), shard=shard)))
         watch = (asyncio.create_task(_watch_server(session.server_exited, replaying, died))
                  if session.server_exited else None)
         collector = GcWatch()
@@ -303,19 +331,21 @@ def _record_info(run: RunManifest, adapter: Adapter, info: ServerInfo, clock: Cl
 
 
 async def replay(adapter: Adapter, clock: Clock, plan: Plan, policy: PausePolicy, out_dir: Path,
-                 run: RunManifest, rates: ServerRates, scrape_interval_s: float = 0.2,
-                 leftover_dumps: Callable[[], list[str]] | None = None,
-                 info: ServerInfo | None = None, progress_every_s: float | None = None,
-                 shard: Shard = WHOLE) -> RunManifest:
-    """Replay `plan` through `adapter` (whose `info` is asked for when not given); returns
-    run.json's final content. `progress_every_s`: print a progress line that often (stderr).
-    `shard`: one load generator of several (the plan is its shard already): it assigns its own
-    slots only, only the first samples the server, and the server-wide end checks (slots idle)
-    are left to whoever merges the shards, since the others may still be running."""
+                 run: RunManifest, rates: ServerRates,
+                 settings: ReplaySettings = ReplaySettings()) -> RunManifest:
+    """Replay `plan` through `adapter` (whose info is asked for when the settings do not give
+    it); returns run.json's final content. The settings' `progress_every_s`: print a progress
+    line that often (stderr). Their `shard`: one load generator of several (the plan is its
+    shard already): it assigns its own slots only, only the first samples the server, and the
+    server-wide end checks (slots idle) are left to whoever merges the shards, since the others
+    may still be running."""
+    scrape_interval_s, leftover_dumps, shard = (settings.scrape_interval_s,
+                                                settings.leftover_dumps, settings.shard)
+    progress_every_s = settings.progress_every_s
     out_dir.mkdir(parents=True, exist_ok=True)
     if any((out_dir / RECORDS_DIR).glob("part-*.parquet")):
         raise InputError(f"{out_dir} already holds records; choose a new --out directory")
-    info = info or await adapter.server_info()
+    info = settings.info or await adapter.server_info()
     # before run.json says `running`: a disk already full ends the run with nothing written
     reserve = reserve_space(out_dir / RUN_JSON_RESERVE, RUN_JSON_RESERVE_BYTES)
     _record_info(run, adapter, info, clock)
@@ -333,10 +363,9 @@ async def replay(adapter: Adapter, clock: Clock, plan: Plan, policy: PausePolicy
         _scrape_loop(adapter, clock, metrics_writer, scrape, scrape_errors))
         if shard.index == 0 else None)
     sharded = shard.count > 1
-    executor = Executor(adapter, clock, recorder, policy, plan, str(run.run_id),
-                        info.vocab_size, info.slots, info.ctx_per_slot, rates,
-                        slot_ids=shard_slots(info.slots, shard) if sharded and info.slots
-                        else None)
+    executor = Executor(adapter, clock, recorder, policy, plan, str(run.run_id), ServerFacts(
+        info.vocab_size, info.slots, info.ctx_per_slot, rates,
+        slot_ids=shard_slots(info.slots, shard) if sharded and info.slots else None))
     run.history_window = executor.history_window
     shown = (asyncio.create_task(progress.report(executor.progress, clock, progress_every_s))
              if progress_every_s else None)

@@ -421,13 +421,13 @@ async def run_plan(runtime: str, url: str, out: Path) -> dict[str, Any]:
     from harness.records.manifest import RunManifest
     from harness.records.store import read_records
     from harness.replay.clock import RealClock
-    from harness.replay.runner import max_in_flight, replay
+    from harness.replay.runner import ReplaySettings, max_in_flight, replay
 
     run = RunManifest(run_id=RUN_ID, policy="scripted")
     async with connect(url, max_in_flight(plan())) as http:
         adapter = Recording(make_adapter(runtime, http))
         await replay(adapter, RealClock(), plan(), ScriptedPolicy(ACTIONS[runtime]), out, run,
-                     FALLBACK_RATES, scrape_interval_s=3600.0)
+                     FALLBACK_RATES, ReplaySettings(scrape_interval_s=3600.0))
     return {"results": adapter.results, "events": events(read_records(out)),
             "run": run.to_dict()}
 

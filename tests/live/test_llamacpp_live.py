@@ -27,7 +27,7 @@ from harness.policies.builtin import FALLBACK_RATES
 from harness.records.manifest import RunManifest
 from harness.records.store import read_json, read_records
 from harness.replay.clock import RealClock
-from harness.replay.runner import replay
+from harness.replay.runner import ReplaySettings, replay
 from tests.live.traces import write_one_pause_trace
 
 pytestmark = pytest.mark.live
@@ -60,7 +60,8 @@ def _replay(server: LocalLlamaServer, policy: str, args: dict[str, str], out: Pa
         async with connect(server.url, 8) as http:
             adapter = LlamaCppAdapter(http, dump_dir=server.dump_dir)
             await replay(adapter, RealClock(), _plan(), make_policy(policy, args), out, run,
-                         FALLBACK_RATES, 0.1, lambda: server.leftover_dumps(str(run.run_id)))
+                         FALLBACK_RATES, ReplaySettings(
+                             0.1, lambda: server.leftover_dumps(str(run.run_id))))
 
     asyncio.run(go())
     return read_records(out), run.to_dict()
@@ -217,8 +218,8 @@ def test_a_dump_truncated_while_paused_fails_only_its_trajectory(
         async with connect(llama_server.url, 8) as http:
             adapter = LlamaCppAdapter(http, dump_dir=llama_server.dump_dir)
             task = asyncio.create_task(replay(
-                adapter, RealClock(), plan, make_policy("swap"), out, run, FALLBACK_RATES, 0.1,
-                lambda: llama_server.leftover_dumps(str(run.run_id))))
+                adapter, RealClock(), plan, make_policy("swap"), out, run, FALLBACK_RATES,
+                ReplaySettings(0.1, lambda: llama_server.leftover_dumps(str(run.run_id)))))
             for _ in range(200):
                 dumps = [p for p in llama_server.dump_dir.glob("*.bin")
                          if p.name.startswith("live-corrupt")]

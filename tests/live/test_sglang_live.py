@@ -48,7 +48,7 @@ from harness.policies.builtin import FALLBACK_RATES
 from harness.records.manifest import RunManifest
 from harness.records.store import read_json, read_records
 from harness.replay.clock import RealClock
-from harness.replay.runner import replay
+from harness.replay.runner import ReplaySettings, replay
 from tests.conformance.transcript import ACTIONS, recording_proxy, run_plan
 from tests.live.traces import write_one_pause_trace
 
@@ -182,7 +182,7 @@ def test_keep_and_recompute_for_real(sglang_server: LocalSglangServer, tmp_path:
         async with connect(sglang_server.url, 8) as http:
             adapter = SglangAdapter(http, salt=manifest.run_id)
             await replay(adapter, RealClock(), plan, make_policy(policy), out, manifest,
-                         FALLBACK_RATES, 0.1)
+                         FALLBACK_RATES, ReplaySettings(0.1))
 
     asyncio.run(go())
     run = manifest.to_dict()

@@ -46,7 +46,7 @@ from harness.policies.builtin import FALLBACK_RATES
 from harness.records.manifest import RunManifest
 from harness.records.store import read_records
 from harness.replay.clock import RealClock
-from harness.replay.runner import replay
+from harness.replay.runner import ReplaySettings, replay
 from harness.traces.schema import SYNTHETIC_DEFAULTS, Provenance, steps_table, write_trajectories
 from tests.live.test_sglang_live import UNSUPPORTED, _started
 
@@ -300,7 +300,8 @@ def test_ttl_closes_the_session_at_tau_then_recomputes(small_server: LocalSglang
             ad = SglangAdapter(http, salt=manifest.run_id, vocab_size=VOCAB)
             watcher = asyncio.create_task(watch())
             ttl = make_policy("ttl", {"tau": "0.3", "after": "recompute"})
-            await replay(ad, clock, _ttl_plan(), ttl, out, manifest, FALLBACK_RATES, 0.1)
+            await replay(ad, clock, _ttl_plan(), ttl, out, manifest, FALLBACK_RATES,
+                         ReplaySettings(0.1))
             await asyncio.wait_for(watcher, 2.0)
 
     asyncio.run(go())

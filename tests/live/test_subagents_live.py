@@ -29,7 +29,7 @@ from harness.policies.builtin import FALLBACK_RATES
 from harness.records.manifest import RunManifest
 from harness.records.store import read_json, read_records
 from harness.replay.clock import RealClock
-from harness.replay.runner import replay
+from harness.replay.runner import ReplaySettings, replay
 
 pytestmark = pytest.mark.live
 REUSE_SLACK = 2  # the last generated token is never evaluated
@@ -71,7 +71,8 @@ def _replay(server: LocalLlamaServer, policy: str, out: Path
         async with connect(server.url, 8) as http:
             adapter = LlamaCppAdapter(http, dump_dir=server.dump_dir)
             await replay(adapter, RealClock(), _plan(), make_policy(policy), out, run,
-                         FALLBACK_RATES, 0.1, lambda: server.leftover_dumps(str(run.run_id)))
+                         FALLBACK_RATES, ReplaySettings(
+                             0.1, lambda: server.leftover_dumps(str(run.run_id))))
 
     asyncio.run(go())
     return read_records(out), run.to_dict()

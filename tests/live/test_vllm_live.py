@@ -48,7 +48,7 @@ from harness.policies.builtin import FALLBACK_RATES
 from harness.records.manifest import RunManifest
 from harness.records.store import read_json, read_records
 from harness.replay.clock import RealClock
-from harness.replay.runner import replay
+from harness.replay.runner import ReplaySettings, replay
 from harness.traces.schema import SYNTHETIC_DEFAULTS, Provenance, steps_table, write_trajectories
 from tests.live.traces import write_one_pause_trace
 
@@ -151,7 +151,7 @@ def test_each_pause_action_for_real(vllm_server: LocalVllmServer, kv_bytes: int,
 
     async def go(ad: VllmAdapter, _: HttpClient) -> None:
         await replay(ad, RealClock(), plan, make_policy(policy, args), tmp_path, run,
-                     FALLBACK_RATES, 0.1)
+                     FALLBACK_RATES, ReplaySettings(0.1))
         await _everything_released(ad)
 
     _run(vllm_server.url, go)

@@ -159,7 +159,7 @@ def test_replay_feeds_the_queueing_delay_of_contexts_it_lost(tmp_path: Path, slo
     from harness.plan.tokens import stable_seed
     from harness.records.manifest import RunManifest
     from harness.replay.clock import VirtualClock
-    from harness.replay.runner import replay
+    from harness.replay.runner import ReplaySettings, replay
     from tests.fakes.memory_adapter import MemoryAdapter
     from tests.unit.test_executor import RATES as EXEC_RATES
     from tests.unit.test_executor import plan_of
@@ -187,7 +187,7 @@ def test_replay_feeds_the_queueing_delay_of_contexts_it_lost(tmp_path: Path, slo
             clock = VirtualClock()
             await replay(MemoryAdapter(clock, slotted=slotted), clock, plan_of(t), Spy(),
                          tmp_path / f"{slotted}-{'-'.join(actions)}",
-                         RunManifest(run_id="r", policy="spy"), EXEC_RATES, 0.5)
+                         RunManifest(run_id="r", policy="spy"), EXEC_RATES, ReplaySettings(0.5))
 
         asyncio.run(go())
         return seen
@@ -207,7 +207,7 @@ def test_program_order_priorities_put_pinned_calls_and_earlier_tasks_first(tmp_p
     from harness.records.manifest import RunManifest
     from harness.records.store import read_json
     from harness.replay.clock import VirtualClock
-    from harness.replay.runner import replay
+    from harness.replay.runner import ReplaySettings, replay
     from tests.fakes.memory_adapter import MemoryAdapter
     from tests.unit.test_executor import RATES as EXEC_RATES
     from tests.unit.test_executor import plan_of, traj
@@ -221,7 +221,8 @@ def test_program_order_priorities_put_pinned_calls_and_earlier_tasks_first(tmp_p
             await replay(adapter, clock, plan_of(traj("a"), traj("b", arrival=0.5),
                                                  concurrency=1),
                          make_policy("continuum"), tmp_path / out,
-                         RunManifest(run_id="r", policy="continuum"), EXEC_RATES, 0.5)
+                         RunManifest(run_id="r", policy="continuum"), EXEC_RATES,
+                         ReplaySettings(0.5))
             return adapter
         return asyncio.run(go())
 

@@ -19,7 +19,7 @@ from harness.policies.base import ServerRates
 from harness.records.manifest import RunManifest
 from harness.records.store import read_json, read_records
 from harness.replay.clock import NS, VirtualClock
-from harness.replay.runner import replay
+from harness.replay.runner import ReplaySettings, replay
 from tests.fakes.memory_adapter import MemoryAdapter
 
 RATES = ServerRates(prefill_tok_s=1000.0, swap_bytes_per_s=1e9, kv_bytes_per_token=100.0)
@@ -45,7 +45,8 @@ def run_plan(tmp_path: Path, plan: Plan, policy: Any, **adapter_kw: Any
         clock = VirtualClock()
         adapter = MemoryAdapter(clock, **adapter_kw)
         manifest = RunManifest(run_id="run1", policy=getattr(policy, "name", "x"))
-        await replay(adapter, clock, plan, policy, tmp_path / "out", manifest, RATES, 0.5)
+        await replay(adapter, clock, plan, policy, tmp_path / "out", manifest, RATES,
+                     ReplaySettings(0.5))
         return manifest.to_dict(), adapter
 
     run, adapter = asyncio.run(go())
@@ -364,7 +365,7 @@ def test_a_costly_server_sample_stretches_the_sampler_interval(tmp_path: Path) -
         adapter = (SlowScrape if slow else MemoryAdapter)(clock)
         run = RunManifest(run_id="s", policy="keep")
         await replay(adapter, clock, plan_of(traj("a", latency=10.0)), make_policy("keep"),
-                     tmp_path / f"out-{slow}", run, RATES, scrape_interval_s=0.1)
+                     tmp_path / f"out-{slow}", run, RATES, ReplaySettings(scrape_interval_s=0.1))
         assert run.scrape is not None and run.duration_s is not None
         return {**run.scrape, "duration_s": run.duration_s}
 
@@ -389,7 +390,8 @@ def test_the_sampler_is_never_starved(tmp_path: Path) -> None:
         clock = VirtualClock()
         run = RunManifest(run_id="s", policy="keep")
         await replay(CostlyScrape(clock), clock, plan_of(traj("a", latency=10.0)),
-                     make_policy("keep"), tmp_path / "out", run, RATES, scrape_interval_s=0.1)
+                     make_policy("keep"), tmp_path / "out", run, RATES,
+                     ReplaySettings(scrape_interval_s=0.1))
         assert run.scrape is not None and run.duration_s is not None
         return {**run.scrape, "duration_s": run.duration_s}
 
@@ -416,7 +418,7 @@ def test_an_interrupted_run_waits_for_every_trajectory_to_record_its_end(tmp_pat
         run = RunManifest(run_id="i", policy="keep")
         task = asyncio.create_task(replay(
             HungErase(clock), clock, plan_of(traj("a", latency=30.0), traj("b", latency=30.0)),
-            make_policy("keep"), tmp_path / "out", run, RATES, 0.5))
+            make_policy("keep"), tmp_path / "out", run, RATES, ReplaySettings(0.5)))
         await asyncio.sleep(0.3)
         task.cancel()
         await asyncio.sleep(0.3)

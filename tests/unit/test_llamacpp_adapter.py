@@ -20,7 +20,7 @@ from harness.policies.builtin import FALLBACK_RATES
 from harness.records.manifest import RunManifest
 from harness.records.store import read_records, read_server_metrics
 from harness.replay.clock import RealClock
-from harness.replay.runner import replay
+from harness.replay.runner import ReplaySettings, replay
 from harness.traces.generator import generate
 from harness.traces.profiles import load_profile
 from tests.fakes.llamacpp_server import BYTES_PER_TOKEN, STATE, FakeConfig, make_app
@@ -154,7 +154,7 @@ def test_replay_over_http_cleans_up(tmp_path: Path, policy: str) -> None:
 
     async def body(ad: LlamaCppAdapter, state: Any, dumps: Path) -> None:
         await replay(ad, RealClock(), plan, make_policy(policy), out, manifest, FALLBACK_RATES,
-                     0.02, lambda: sorted(p.name for p in dumps.glob("http*")))
+                     ReplaySettings(0.02, lambda: sorted(p.name for p in dumps.glob("http*"))))
         assert state.cache == {} and list(dumps.iterdir()) == []
 
     with_server(tmp_path, FakeConfig(slots=2), body)

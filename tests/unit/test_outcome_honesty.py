@@ -14,7 +14,7 @@ from harness.metrics.summary import summarize_dir
 from harness.policies import make_policy
 from harness.records.manifest import Outcome, RunManifest, read_manifest
 from harness.replay.clock import VirtualClock
-from harness.replay.runner import replay
+from harness.replay.runner import ReplaySettings, replay
 from tests.fakes.memory_adapter import MemoryAdapter
 from tests.unit.test_executor import RATES, plan_of, traj
 
@@ -29,7 +29,7 @@ def test_server_failures_are_counted_apart_from_task_failures(tmp_path: Path) ->
         adapter = MemoryAdapter(clock, fail_calls={0}, ctx=200)
         big = traj("b")
         await replay(adapter, clock, plan_of(traj("a"), big, traj("c"), concurrency=1),
-                     make_policy("keep"), tmp_path / "o", run, RATES, 0.5)
+                     make_policy("keep"), tmp_path / "o", run, RATES, ReplaySettings(0.5))
         return run
 
     run = asyncio.run(go())
@@ -90,7 +90,7 @@ def test_dumps_left_on_a_remote_server_are_named(tmp_path: Path) -> None:
         clock = VirtualClock()
         run = RunManifest(run_id="r", policy="swap")
         await replay(Remote(clock), clock, plan_of(traj("a")), make_policy("swap"),
-                     tmp_path / "o", run, RATES, 0.5)
+                     tmp_path / "o", run, RATES, ReplaySettings(0.5))
         return run
 
     run = asyncio.run(go())

@@ -16,7 +16,7 @@ from harness.policies import make_policy
 from harness.records.manifest import RunManifest
 from harness.records.store import read_json, read_records
 from harness.replay.clock import VirtualClock
-from harness.replay.runner import replay
+from harness.replay.runner import ReplaySettings, replay
 from tests.fakes.memory_adapter import MemoryAdapter
 from tests.unit.test_executor import RATES, plan_of, traj
 
@@ -37,7 +37,7 @@ def run_unslotted(tmp_path: Path, policy: str, args: dict[str, str] | None = Non
                 adapter.evict_unpinned()
             pressure = asyncio.create_task(squeeze())
         await replay(adapter, clock, plan_of(traj("a")), make_policy(policy, args),
-                     tmp_path / "out", manifest, RATES, 0.5)
+                     tmp_path / "out", manifest, RATES, ReplaySettings(0.5))
         if pressure is not None:
             await pressure
         return manifest.to_dict(), adapter
@@ -133,7 +133,7 @@ def test_a_leak_is_a_cleanup_problem(tmp_path: Path) -> None:
         adapter = Leaky(clock, slotted=False)
         manifest = RunManifest(run_id="run1", policy="keep")
         await replay(adapter, clock, plan_of(traj("a")), make_policy("keep"),
-                     tmp_path / "out", manifest, RATES, 0.5)
+                     tmp_path / "out", manifest, RATES, ReplaySettings(0.5))
         return manifest.to_dict()
 
     run = asyncio.run(go())
@@ -167,7 +167,7 @@ def test_a_refused_offload_at_tau_holds_the_context_for_the_rest_of_the_pause(
         adapter = Full(clock, slotted=False)
         await replay(adapter, clock, plan_of(traj("a")),
                      make_policy("ttl", {"tau": "1", "after": "swap"}), tmp_path / "out",
-                     RunManifest(run_id="run1", policy="ttl"), RATES, 0.5)
+                     RunManifest(run_id="run1", policy="ttl"), RATES, ReplaySettings(0.5))
         return adapter
 
     adapter = asyncio.run(go())

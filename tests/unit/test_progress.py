@@ -14,7 +14,7 @@ from harness.policies.base import ServerRates
 from harness.records.manifest import RunManifest
 from harness.replay.clock import VirtualClock
 from harness.replay.progress import Progress, interval_s, report
-from harness.replay.runner import replay
+from harness.replay.runner import ReplaySettings, replay
 from tests.fakes.memory_adapter import MemoryAdapter
 from tests.unit.test_executor import plan_of, traj
 
@@ -52,7 +52,7 @@ def test_a_replay_reports_as_it_goes(tmp_path: Path, capsys: pytest.CaptureFixtu
         clock = VirtualClock()
         await replay(MemoryAdapter(clock), clock, plan_of(traj("a", latency=5.0)),
                      make_policy("keep"), tmp_path / "out", RunManifest(run_id="p"),
-                     ServerRates(1000.0, 1e9, 100.0), progress_every_s=2.0)
+                     ServerRates(1000.0, 1e9, 100.0), ReplaySettings(progress_every_s=2.0))
 
     asyncio.run(go())
     err = capsys.readouterr().err.splitlines()  # a 5.1 s run: lines at 2 s and 4 s

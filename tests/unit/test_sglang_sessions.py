@@ -23,7 +23,7 @@ from harness.policies.builtin import FALLBACK_RATES
 from harness.records.manifest import RunManifest
 from harness.records.store import read_json, read_records
 from harness.replay.clock import RealClock
-from harness.replay.runner import replay
+from harness.replay.runner import ReplaySettings, replay
 from harness.traces.generator import generate
 from harness.traces.profiles import load_profile
 from tests.fakes.sglang_server import STATE, FakeSglangConfig, make_app
@@ -252,7 +252,7 @@ def test_replay_through_sessions(tmp_path: Path, policy: str) -> None:
 
     async def body(ad: SglangAdapter, front: SessionFront) -> None:
         await replay(ad, RealClock(), plan, make_policy(policy, args), out, manifest,
-                     FALLBACK_RATES, 0.02)
+                     FALLBACK_RATES, ReplaySettings(0.02))
         assert front.sessions == {} and await ad.held() == []
         opened = {b["session_id"] for b in _sent(front, "/open_session")}
         assert set(front.closed) == opened

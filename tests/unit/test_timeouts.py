@@ -18,7 +18,7 @@ from harness.policies import make_policy
 from harness.records.manifest import RunManifest
 from harness.records.store import read_records
 from harness.replay.clock import VirtualClock
-from harness.replay.runner import replay
+from harness.replay.runner import ReplaySettings, replay
 from tests.fakes.memory_adapter import MemoryAdapter
 from tests.unit.test_executor import RATES, plan_of, traj
 
@@ -93,7 +93,7 @@ def test_a_stalled_call_fails_its_trajectory_and_the_run_goes_on(tmp_path: Path)
         run = RunManifest(run_id="t", policy="keep")
         await replay(_StallsOnce(clock), clock,
                      plan_of(traj("a"), traj("b"), concurrency=1), make_policy("keep"),
-                     tmp_path / "out", run, RATES, 0.5)
+                     tmp_path / "out", run, RATES, ReplaySettings(0.5))
         return run
 
     run = asyncio.run(go())

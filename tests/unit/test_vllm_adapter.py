@@ -59,7 +59,7 @@ from harness.policies.builtin import FALLBACK_RATES
 from harness.records.manifest import RunManifest
 from harness.records.store import read_records, read_server_metrics
 from harness.replay.clock import RealClock
-from harness.replay.runner import replay
+from harness.replay.runner import ReplaySettings, replay
 from harness.traces.generator import generate
 from harness.traces.profiles import load_profile
 from tests.fakes.vllm_server import STATE, FakeVllmConfig, make_app
@@ -358,7 +358,7 @@ def test_replay_over_http(tmp_path: Path, policy: str, connector: bool) -> None:
 
     async def body(ad: VllmAdapter, state: Any) -> None:
         await replay(ad, RealClock(), plan, make_policy(policy), out, manifest, FALLBACK_RATES,
-                     0.02)
+                     ReplaySettings(0.02))
         assert state.running == 0
 
     with_server(FakeVllmConfig(), body, salt="http", connector=conn)

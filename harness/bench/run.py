@@ -14,7 +14,7 @@ from harness.advise.candidates import SPACE
 from harness.advise.run import AdvisePlan, advise
 from harness.bench.plan import BenchPlan
 from harness.calibrate.drift import recheck
-from harness.calibrate.measure import calibrate, reported_kv
+from harness.calibrate.measure import CalibratedServer, calibrate, reported_kv
 from harness.capacity.driver import SearchSettings, SearchSpec
 from harness.capacity.run import CapacityPlan, run_capacity
 from harness.errors import InputError
@@ -141,9 +141,9 @@ def run_bench(plan: BenchPlan, echo: Callable[[str], None] = print
         ensure_out_dir(plan.root)
         # the replays' server settings: a small KV pool needs their context length too
         # ... and their metrics sampling, which the server's wake after idle time depends on
-        calibrate(plan.calibration, first.runtime, first.url, server_args=first.server_args,
-                  pin=plan.pinning, ctx_per_slot=first.ctx_per_slot,
-                  sampling_s=first.scrape_interval_s)
+        calibrate(plan.calibration, CalibratedServer(
+            first.runtime, first.url, server_args=first.server_args, pin=plan.pinning,
+            ctx_per_slot=first.ctx_per_slot), sampling_s=first.scrape_interval_s)
     rows: list[tuple[str, dict[str, Any]]] = []
     dirs: list[Path] = []
     runs: list[RunManifest] = []

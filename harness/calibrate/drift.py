@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.calibrate.measure import CONTEXTS, Measured, measure_server
+from harness.calibrate.measure import CONTEXTS, CalibratedServer, Measured, measure_server
 from harness.model.calibration import Calibration, read_calibration
 from harness.records.manifest import CpuPinning
 from harness.records.store import write_json
@@ -53,9 +53,9 @@ def recheck(calibration: Path, runtime: str = "llamacpp", url: str | None = None
     returns what it wrote."""
     cal = read_calibration(calibration)
     largest = (max(c for c, _ in cal.prefill_points),) if cal.prefill_points else CONTEXTS[-1:]
-    _, again, _, _ = measure_server(calibration.parent / "calibration-recheck.json", runtime,
-                                    url, 1, None, server_args, pin, largest, False,
-                                    ctx_per_slot)
+    server = CalibratedServer(runtime, url, None, server_args, pin, ctx_per_slot)
+    _, again, _, _ = measure_server(calibration.parent / "calibration-recheck.json", server, 1,
+                                    largest, False)
     doc = drift(cal, again)
     write_json(calibration.parent / DRIFT_JSON, doc)
     return doc

@@ -450,14 +450,28 @@ def _measure_on(runtime: Runtime, options: ServerOptions, out: Path, repeats: in
         return measured, session.details.kv_bytes_per_token, session.details.build
 
 
-def measure_server(out: Path, runtime: str, url: str | None, repeats: int,
-                   model_path: Path | None, server_args: tuple[str, ...],
-                   pin: CpuPinning | None | Literal["auto"], contexts: tuple[int, ...],
-                   swap: bool, ctx_per_slot: int = 4096, sampling_s: float | None = None
+@dataclass(frozen=True)
+class CalibratedServer:
+    """The server a calibration measures: its runtime, a running one's URL (None: a local
+    server started and stopped for the measurement, with `model_path` and `server_args`), the
+    CPU pinning (`pin`, or "auto": decided as the replays decide it) and the context per slot
+    it is started with."""
+
+    runtime: str = "llamacpp"
+    url: str | None = None
+    model_path: Path | None = None
+    server_args: tuple[str, ...] = ()
+    pin: CpuPinning | None | Literal["auto"] = AUTO
+    ctx_per_slot: int = 4096
+
+
+def measure_server(out: Path, server: CalibratedServer, repeats: int,
+                   contexts: tuple[int, ...], swap: bool, sampling_s: float | None = None
                    ) -> tuple[Runtime, Measured, float | None, str | None]:
-    """Measure a server (`url`, or a local one started and stopped here, its log beside `out`):
-    (the runtime, the measurements, the model's KV bytes per token, the server's build);
-    `sampling_s` as `measure`'s."""
+    """Measure a server (its log beside `out` where it is local): (the runtime, the
+    measurements, the model's KV bytes per token, the server's build); `sampling_s` as
+    `measure`'s."""
+    runtime, url, pin = server.runtime, server.url, server.pin
     rt = get_runtime(runtime)
     if rt.name not in CALIBRATED_RUNTIMES:
         raise InputError(f"calibrate measures {', '.join(CALIBRATED_RUNTIMES)}; {runtime} is "
@@ -466,25 +480,22 @@ def measure_server(out: Path, runtime: str, url: str | None, repeats: int,
         pin = pinning.decide(pinning.available_cpus(), url is None, rt.pins_local_server)
     pinning.apply(pin)
     options = ServerOptions(policy="keep", run_id="calibration", url=url, slots=1,
-                            ctx_per_slot=ctx_per_slot, model=model_path, server_args=server_args,
+                            ctx_per_slot=server.ctx_per_slot, model=server.model_path,
+                            server_args=server.server_args,
                             server_cpus=pin.server if pin else None)
     log_dir = out.parent / f"{out.stem}.server"
     return rt, *_measure_on(rt, options, log_dir, repeats, contexts, swap, sampling_s)
 
 
-def calibrate(out: Path, runtime: str = "llamacpp", url: str | None = None, repeats: int = 3,
-              model_path: Path | None = None, server_args: tuple[str, ...] = (),
-              pin: CpuPinning | None | Literal["auto"] = AUTO, ctx_per_slot: int = 4096,
+def calibrate(out: Path, server: CalibratedServer = CalibratedServer(), repeats: int = 3,
               sampling_s: float | None = SCRAPE_INTERVAL_S) -> tuple[Calibration, Measured]:
-    """Measure a server (`url`, or a local one started and stopped here with `server_args`
-    added and a context of `ctx_per_slot`, pinned as the replays are: `pin`, or decided here)
-    and write the calibration file `out`; contexts past the server's are not measured.
+    """Measure a server (a running one, or a local one started and stopped here with its
+    `server_args` added and its context per slot, pinned as the replays are) and write the
+    calibration file `out`; contexts past the server's are not measured.
     `sampling_s`: the replays' server-metrics sampling interval (a replay's default, or the
     bench's), under which a vLLM or SGLang server's wake after idle time is measured: a sample
     wakes the server's front end (None: no sampling)."""
-    rt, measured, bpt, build = measure_server(out, runtime, url, repeats, model_path,
-                                              server_args, pin, CONTEXTS, True, ctx_per_slot,
-                                              sampling_s)
+    rt, measured, bpt, build = measure_server(out, server, repeats, CONTEXTS, True, sampling_s)
     cal = to_calibration(measured, bpt, build, rt.name)
     write_calibration(out, cal)
     return cal, measured

@@ -7,7 +7,12 @@ from pathlib import Path
 
 import click
 
-from harness.calibrate.measure import CALIBRATED_RUNTIMES, Measured, calibrate
+from harness.calibrate.measure import (
+    CALIBRATED_RUNTIMES,
+    CalibratedServer,
+    Measured,
+    calibrate,
+)
 from harness.commands.options import Command, runtime_option, url_option
 from harness.errors import InputError
 from harness.model.calibration import Calibration, preset_names, resolve_calibration
@@ -44,7 +49,7 @@ def calibrate_command(runtime: str, url: str | None, out: Path | None, repeats: 
         raise InputError("calibrate needs --out (the JSON to write), or --list")
     if not (scrape_interval == 0 or 0.01 <= scrape_interval <= 3600):  # (NaN fails too)
         raise InputError(f"--scrape-interval must be 0 or 0.01-3600 s, got {scrape_interval}")
-    cal, measured = calibrate(out, runtime, url, repeats, model_path,
+    cal, measured = calibrate(out, CalibratedServer(runtime, url, model_path), repeats,
                               sampling_s=scrape_interval or None)
     click.echo(f"{summary(cal, measured)}\nwrote {out}")
 

@@ -251,18 +251,30 @@ def fit_paged_costs(decode_tok_s: float, prefill_points: tuple[tuple[int, float]
                           max(step - beta, 0.0))
 
 
-def fit_costs(prefill_tok_s: float, decode_tok_s: float,
-              prefill_points: tuple[tuple[int, float], ...] = (),
-              decode_points: tuple[tuple[int, float], ...] = (),
-              append_points: tuple[tuple[int, float], ...] = (),
-              long_append_points: tuple[tuple[int, float], ...] = (),
-              batch_tokens: int = BATCH_TOKENS,
+@dataclass(frozen=True)
+class MeasuredRates:
+    """A calibration's measured rates, as the iteration-cost fit reads them: the prompt and
+    decode rates, and the points measured (context or prompt tokens, tokens per second) of
+    cold prompts, decode, short appends and long appends."""
+
+    prefill_tok_s: float
+    decode_tok_s: float
+    prefill_points: tuple[tuple[int, float], ...] = ()
+    decode_points: tuple[tuple[int, float], ...] = ()
+    append_points: tuple[tuple[int, float], ...] = ()
+    long_append_points: tuple[tuple[int, float], ...] = ()
+
+
+def fit_costs(rates: MeasuredRates, batch_tokens: int = BATCH_TOKENS,
               wake: tuple[float, float] | None = None,
               wake_curve: tuple[tuple[float, float], ...] = ()) -> IterationCosts:
     """The iteration costs a calibration's rates give: the paged fit where it measured long
     appends beside cold prompts and short appends (vLLM, SGLang), else the row/tiled one;
     `wake`: (seconds, time constant) of the first iteration after idle time, where measured;
     `wake_curve`: the same measured at several idle times ((idle s, extra s), ascending)."""
+    prefill_tok_s, decode_tok_s = rates.prefill_tok_s, rates.decode_tok_s
+    prefill_points, decode_points = rates.prefill_points, rates.decode_points
+    append_points, long_append_points = rates.append_points, rates.long_append_points
     if long_append_points and append_points and prefill_points:
         costs = fit_paged_costs(decode_tok_s, prefill_points, decode_points, append_points,
                                 long_append_points, batch_tokens)

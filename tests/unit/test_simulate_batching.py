@@ -18,6 +18,7 @@ from harness.model.iteration import (
     DECODE_CONTEXT,
     LONG_APPEND_TOKENS,
     IterationCosts,
+    MeasuredRates,
     fit_costs,
     fit_iteration_costs,
     fit_paged_costs,
@@ -87,13 +88,13 @@ def test_paged_fit_recovers_the_costs_that_made_the_calibration() -> None:
             assert got == pytest.approx(want, rel=1e-4, abs=1e-12)
         assert fit.tiled_rows == 1  # no row path: a 63-token chunk costs like a 64-token one
         # the calibration's own points come back, and fit_costs takes this fit for them
-        assert fit_costs(prefill[-1][1], decode[0][1], prefill, decode, append,
-                         long) == fit
+        assert fit_costs(MeasuredRates(prefill[-1][1], decode[0][1], prefill, decode, append,
+                                       long)) == fit
         for c, rate in long:
             assert LONG_APPEND_TOKENS / (fit.alpha + fit.chunk_s(c, LONG_APPEND_TOKENS)) \
                 == pytest.approx(rate, rel=1e-6)
     # without the long appends: the row/tiled fit, as before
-    assert fit_costs(prefill[-1][1], decode[0][1], prefill, decode, append) == \
+    assert fit_costs(MeasuredRates(prefill[-1][1], decode[0][1], prefill, decode, append)) == \
         fit_iteration_costs(prefill[-1][1], decode[0][1], prefill, decode, append)
 
 

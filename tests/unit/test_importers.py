@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from click.testing import CliRunner
 from harness.cli import main
 from harness.errors import InputError
 from harness.traces.generator import generate
-from harness.traces.importers import FORMATS, Imported, import_trace
+from harness.traces.importers import FORMATS, Format, Imported, import_trace
 from harness.traces.importers.mini_swe_agent import classify
 from harness.traces.importers.openai_chat import tool_class_of
 from harness.traces.profiles import load_profile
@@ -261,8 +260,8 @@ def test_every_format_has_a_module() -> None:
     assert set(FORMATS) == {"atif", "claude-code", "codex", "infercept", "kv-cache-tester",
                             "mini-swe-agent", "mooncake", "openai-chat", "otel-genai",
                             "recording"}
-    for module in FORMATS.values():
-        assert hasattr(importlib.import_module(module), "import_path"), module
+    for name, fmt in FORMATS.items():
+        assert isinstance(fmt, Format) and fmt.name == name and callable(fmt.read), name
 
 
 @pytest.mark.parametrize("opts, msg", [

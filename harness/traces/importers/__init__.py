@@ -1,45 +1,39 @@
 """Importers turn real public traces into the trajectory format; one small module per format.
 
-Each module exposes `import_path(path: Path, options: dict[str, str]) -> Imported`; one that
-takes several paths at once also `import_paths(paths: Sequence[Path], options) -> Imported`.
+Each format module declares its `Format` as IMPORTER (base.py): its name, its reader of the
+import's paths and options, and whether it takes several paths. FORMATS is their registry.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import pandas as pd
-
 from harness.errors import InputError
+from harness.traces.importers import (
+    atif,
+    claude_code,
+    codex,
+    infercept,
+    kv_cache_tester,
+    mini_swe_agent,
+    mooncake,
+    openai_chat,
+    otel_genai,
+    recording,
+)
+from harness.traces.importers.base import Format, Imported
 from harness.traces.scale import scale_tokens
-from harness.traces.schema import Provenance, write_trajectories
+from harness.traces.schema import write_trajectories
 from harness.traces.validate import check_frame
 from harness.userfiles import check_regular
 
-FORMATS: dict[str, str] = {
-    "atif": "harness.traces.importers.atif",
-    "claude-code": "harness.traces.importers.claude_code",
-    "codex": "harness.traces.importers.codex",
-    "infercept": "harness.traces.importers.infercept",
-    "kv-cache-tester": "harness.traces.importers.kv_cache_tester",
-    "mini-swe-agent": "harness.traces.importers.mini_swe_agent",
-    "mooncake": "harness.traces.importers.mooncake",
-    "openai-chat": "harness.traces.importers.openai_chat",
-    "otel-genai": "harness.traces.importers.otel_genai",
-    "recording": "harness.traces.importers.recording",
-}
+FORMATS: dict[str, Format] = {f.name: f for f in (
+    atif.IMPORTER, claude_code.IMPORTER, codex.IMPORTER, infercept.IMPORTER, kv_cache_tester.IMPORTER,
+    mini_swe_agent.IMPORTER, mooncake.IMPORTER, openai_chat.IMPORTER, otel_genai.IMPORTER,
+    recording.IMPORTER)}
 
-
-@dataclass
-class Imported:
-    """An imported workload: steps in the canonical columns, provenance, and warnings to show."""
-
-    steps: pd.DataFrame
-    provenance: Provenance
-    warnings: list[str] = field(default_factory=list)
+__all__ = ["FORMATS", "Format", "Imported", "import_to_file", "import_trace", "import_traces"]
 
 
 def import_trace(fmt: str, path: Path, options: dict[str, str]) -> Imported:
@@ -48,8 +42,8 @@ def import_trace(fmt: str, path: Path, options: dict[str, str]) -> Imported:
 
 
 def import_traces(fmt: str, paths: Sequence[Path], options: dict[str, str]) -> Imported:
-    """Import several paths of format `fmt` into one workload; a format without
-    `import_paths` takes exactly one."""
+    """Import several paths of format `fmt` into one workload; a format that is not `many`
+    takes exactly one."""
     if fmt not in FORMATS:
         raise InputError(f"unknown import format {fmt!r}; one of {', '.join(sorted(FORMATS))}")
     if not paths:
@@ -59,14 +53,10 @@ def import_traces(fmt: str, paths: Sequence[Path], options: dict[str, str]) -> I
             raise InputError(f"{path}: does not exist")
         if not path.is_dir():  # a directory is the importer's to read (or refuse)
             check_regular(path)
-    module = importlib.import_module(FORMATS[fmt])
-    if len(paths) == 1:
-        one: Imported = module.import_path(paths[0], options)
-        return one
-    if not hasattr(module, "import_paths"):
+    importer = FORMATS[fmt]
+    if len(paths) > 1 and not importer.many:
         raise InputError(f"{fmt} import takes one path, got {len(paths)}")
-    many: Imported = module.import_paths(list(paths), options)
-    return many
+    return importer.read(list(paths), options)
 
 
 def import_to_file(fmt: str, paths: Sequence[Path], options: dict[str, str], out: Path,

@@ -25,10 +25,10 @@ from typing import Any
 
 from harness.errors import InputError
 from harness.limits import MAX_SECONDS, MAX_SUBAGENT_DEPTH
-from harness.traces.importers import Imported
 from harness.traces.importers._common import LLM, Trajectory, build_frame, take_options
 from harness.traces.importers.atif_read import SOURCES, Doc, Resolver, looks_atif, make_doc
 from harness.traces.importers.atif_report import provenance, warnings
+from harness.traces.importers.base import Format, Imported
 from harness.traces.importers.otel_build import NS, Act, Call, Child, Pause, assemble
 from harness.traces.importers.otel_files import files_in_tree
 from harness.traces.importers.otel_read import count, iso_ns
@@ -470,3 +470,6 @@ def _referenced(docs: list[Doc], resolver: Resolver) -> set[int]:
                     if child is not None and child is not d:
                         out.add(id(child))
     return out
+
+
+IMPORTER = Format("atif", import_paths, many=True)

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import InputError
-from harness.traces.importers import Imported
 from harness.traces.importers._common import build_frame, summarize, take_options
 from harness.traces.importers.agent_log_steps import (
     Builder,
@@ -34,6 +33,7 @@ from harness.traces.importers.agent_log_steps import (
     raise_outputs,
     totals,
 )
+from harness.traces.importers.base import Format, Imported
 from harness.traces.importers.claude_code_parse import ClaudeFile, Side, convo_of, read_file
 from harness.traces.schema import Provenance
 from harness.userfiles import TOKEN_RULE
@@ -270,3 +270,6 @@ def _provenance(stats: list[FileStats], tot: dict[str, Any], opts: dict[str, str
         ],
         extra={"files": [s.entry() for s in stats], "totals": tot},
     )
+
+
+IMPORTER = Format("claude-code", import_paths, many=True)

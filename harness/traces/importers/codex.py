@@ -27,7 +27,6 @@ from typing import Any
 import orjson
 
 from harness.errors import InputError
-from harness.traces.importers import Imported
 from harness.traces.importers._common import build_frame, summarize, take_options
 from harness.traces.importers.agent_log_steps import (
     MAX_LOG_S,
@@ -44,6 +43,7 @@ from harness.traces.importers.agent_log_steps import (
     seconds_field,
     totals,
 )
+from harness.traces.importers.base import Format, Imported
 from harness.traces.schema import Provenance
 from harness.userfiles import TOKEN_RULE, count_tokens, read_jsonl
 
@@ -468,3 +468,6 @@ def _provenance(stats: list[FileStats], tot: dict[str, Any]) -> Provenance:
         ],
         extra={"files": [s.entry() for s in stats], "totals": tot},
     )
+
+
+IMPORTER = Format("codex", import_paths, many=True)

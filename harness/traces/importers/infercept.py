@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import InputError
-from harness.traces.importers import Imported
 from harness.traces.importers._common import (
     LLM,
     Tool,
@@ -24,6 +23,7 @@ from harness.traces.importers._common import (
     summarize,
     take_options,
 )
+from harness.traces.importers.base import Format, Imported, one_path
 from harness.traces.schema import Provenance
 from harness.userfiles import TOKEN_RULE, count_tokens, is_count, is_seconds, read_json
 
@@ -205,3 +205,6 @@ def _provenance(files: list[Path], opts: dict[str, str], rate: float | None, see
                "inputs_clamped": len(st.clamped_input),
                "outputs_clamped": len(st.clamped_output), "token_rule": TOKEN_RULE},
     )
+
+
+IMPORTER = Format("infercept", one_path(import_path), many=False)

@@ -28,7 +28,6 @@ import orjson
 
 from harness.errors import InputError
 from harness.limits import MAX_SUBAGENT_DEPTH
-from harness.traces.importers import Imported
 from harness.traces.importers._common import (
     LLM,
     Tool,
@@ -41,6 +40,7 @@ from harness.traces.importers._common import (
     summarize,
     take_options,
 )
+from harness.traces.importers.base import Format, Imported
 from harness.traces.schema import TOOL_SUBAGENT, Provenance
 from harness.userfiles import check_regular, is_count, is_seconds
 
@@ -487,3 +487,6 @@ def _provenance(files: list[_File], opts: dict[str, str], roots: int,
         extra={"files": per, "totals": totals, "max_context": opts["max_context"] or None,
                "max_requests": opts["max_requests"] or None},
     )
+
+
+IMPORTER = Format("kv-cache-tester", import_paths, many=True)

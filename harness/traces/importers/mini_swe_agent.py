@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import InputError
-from harness.traces.importers import Imported
 from harness.traces.importers._common import (
     LLM,
     Tool,
@@ -25,6 +24,7 @@ from harness.traces.importers._common import (
     summarize,
     take_options,
 )
+from harness.traces.importers.base import Format, Imported, one_path
 from harness.traces.schema import Provenance
 from harness.userfiles import is_count, is_seconds, read_json
 
@@ -298,3 +298,6 @@ def _provenance(files: list[Path], opts: dict[str, str], trajectories: int,
                "negative_latencies_clamped": len(st.negative_latency),
                "trailing_tools_dropped": st.trailing, "timeouts": st.timeouts},
     )
+
+
+IMPORTER = Format("mini-swe-agent", one_path(import_path), many=False)

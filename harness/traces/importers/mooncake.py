@@ -17,7 +17,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from harness.errors import InputError
-from harness.traces.importers import Imported
 from harness.traces.importers._common import (
     LLM,
     Tool,
@@ -27,6 +26,7 @@ from harness.traces.importers._common import (
     summarize,
     take_options,
 )
+from harness.traces.importers.base import Format, Imported, one_path
 from harness.traces.schema import Provenance
 from harness.userfiles import is_count, is_seconds, read_jsonl
 
@@ -230,3 +230,6 @@ def _provenance(path: Path, opts: dict[str, str], min_blocks: int, requests: int
                "outputs_clamped": len(st.zero_out), "min_blocks": min_blocks,
                "block_tokens": BLOCK_TOKENS},
     )
+
+
+IMPORTER = Format("mooncake", one_path(import_path), many=False)

@@ -22,7 +22,6 @@ import numpy as np
 from harness.errors import InputError
 from harness.limits import MAX_SECONDS
 from harness.traces.generator import sample
-from harness.traces.importers import Imported
 from harness.traces.importers._common import (
     LLM,
     Tool,
@@ -33,6 +32,7 @@ from harness.traces.importers._common import (
     opt_int,
     take_options,
 )
+from harness.traces.importers.base import Format, Imported, one_path
 from harness.traces.profiles import Profile, ToolClass, load_profile
 from harness.traces.schema import Provenance
 from harness.userfiles import TOKEN_RULE, count_tokens, read_json, read_jsonl
@@ -323,3 +323,6 @@ def _provenance(files: list[Path], opts: dict[str, str], profile: Profile, seed:
         ],
         extra={"profile": profile.name, "seed": seed, "conversations": conversations, **stats},
     )
+
+
+IMPORTER = Format("openai-chat", one_path(import_path), many=False)

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import InputError
-from harness.traces.importers import Imported
 from harness.traces.importers._common import (
     Trajectory,
     build_frame,
     summarize,
     take_options,
 )
+from harness.traces.importers.base import Format, Imported
 from harness.traces.importers.otel_build import GAP_TOOL, NS, TERMINAL_TOOLS, share
 from harness.traces.importers.otel_files import files_in_tree, read_spans
 from harness.traces.importers.otel_read import FileSpans, Span
@@ -172,3 +172,6 @@ def _provenance(files: list[FileSpans], counts: list[Counter[str]],
         ],
         extra={"files": per, "totals": totals},
     )
+
+
+IMPORTER = Format("otel-genai", import_paths, many=True)

@@ -28,7 +28,6 @@ from harness.errors import InputError
 from harness.limits import MAX_SUBAGENT_DEPTH
 from harness.proxy.conversations import lcp
 from harness.proxy.events import Call, RecordedCalls, Result, load_calls
-from harness.traces.importers import Imported
 from harness.traces.importers._common import (
     LLM,
     Tool,
@@ -38,6 +37,7 @@ from harness.traces.importers._common import (
     take_options,
 )
 from harness.traces.importers.agent_tools import agent_tool_class, merge_parallel
+from harness.traces.importers.base import Format, Imported
 from harness.traces.schema import TOOL_SUBAGENT, Provenance
 from harness.userfiles import TOKEN_RULE
 
@@ -452,3 +452,6 @@ def _provenance(recs: list[_Rec], opts: dict[str, str]) -> Provenance:
         ],
         extra={"files": [_file_entry(r) for r in recs], "totals": totals},
     )
+
+
+IMPORTER = Format("recording", import_paths, many=True)

@@ -10,8 +10,13 @@ from typing import Any
 
 from harness.advise.candidates import SGLANG, VLLM, Candidate, better, objective_value
 from harness.capacity.budget import Budget
-from harness.capacity.driver import PointSpec, SearchSettings, judge_point, search_policy
-from harness.capacity.slo import Slo
+from harness.capacity.driver import (
+    PointSpec,
+    SearchSettings,
+    SearchSpec,
+    judge_point,
+    search_policy,
+)
 from harness.report.fidelity import relative_error
 
 FIGURES = ("resume_latency_ms", "ttft_ms", "success_rate", "goodput_per_min",
@@ -79,11 +84,13 @@ def pick_confirmed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [best, *[r for r in rows[1:2]]]
 
 
-def confirm(rows: list[dict[str, Any]], slo: Slo, measure: Any, root: Path, budget: Budget,
-            settings: SearchSettings, objective: str, tolerance: float,
+def confirm(rows: list[dict[str, Any]], search: SearchSpec, measure: Any, root: Path,
+            budget: Budget, objective: str, tolerance: float,
             echo: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Measure the chosen candidates on the server: for capacity a live search started at the
-    predicted capacity, else one point at the operating point."""
+    """Measure the chosen candidates on the server under the search's SLO and settings: for
+    capacity a live search started at the predicted capacity, else one point at the operating
+    point."""
+    slo, settings = search.slo, search.settings
     out = []
     chosen = pick_confirmed(rows)
     for i, r in enumerate(chosen):

@@ -200,8 +200,8 @@ def _confirm(plan: AdvisePlan, doc: dict[str, Any], rows: list[dict[str, Any]],
     base = dataclasses.replace(plan.live, trace=plan.trace, calibration=plan.calibration)
     measure = live_measure(base, runtime or get_runtime(base.runtime), s.duration_s,
                            s.warmup_s, to_stderr, settings)
-    doc["confirmed"] = confirm(rows, s.slo, measure, plan.root / "live", budget, s.settings,
-                               plan.objective, plan.tolerance, echo)
+    doc["confirmed"] = confirm(rows, s, measure, plan.root / "live", budget, plan.objective,
+                               plan.tolerance, echo)
     doc["recommendation"] = recommend(doc["confirmed"], plan.objective)
     fixed = next(c for c in doc["confirmed"] if c["fixed"])
     doc["best_fixed"] = {"label": fixed["label"],

@@ -29,9 +29,9 @@ from harness.traces.validate import check_frame
 from harness.userfiles import check_regular
 
 FORMATS: dict[str, Format] = {f.name: f for f in (
-    atif.IMPORTER, claude_code.IMPORTER, codex.IMPORTER, infercept.IMPORTER, kv_cache_tester.IMPORTER,
-    mini_swe_agent.IMPORTER, mooncake.IMPORTER, openai_chat.IMPORTER, otel_genai.IMPORTER,
-    recording.IMPORTER)}
+    atif.IMPORTER, claude_code.IMPORTER, codex.IMPORTER, infercept.IMPORTER,
+    kv_cache_tester.IMPORTER, mini_swe_agent.IMPORTER, mooncake.IMPORTER, openai_chat.IMPORTER,
+    otel_genai.IMPORTER, recording.IMPORTER)}
 
 __all__ = ["FORMATS", "Format", "Imported", "import_to_file", "import_trace", "import_traces"]
 

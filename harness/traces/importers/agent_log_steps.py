@@ -30,6 +30,7 @@ from typing import Any
 from harness.errors import InputError
 from harness.traces.importers._common import LLM, Tool, Trajectory
 from harness.traces.importers.agent_tools import agent_tool_class, merge_parallel
+from harness.traces.importers.prompts import cut_keep, prompt_step
 from harness.traces.schema import TOOL_SUBAGENT
 from harness.userfiles import MAX_COUNT
 
@@ -294,25 +295,18 @@ class Builder:
         c["prompt_tokens"] += p
         c["cached_tokens"] += min(r.cached or 0, p)
         keep: int | None = None
-        if ctx is not None:
-            whole = sum(ctx)
-            if r.cut is not None:
+        whole = sum(ctx) if ctx else 0
+        if ctx is not None and (r.cut is not None or p < whole):
+            if r.cut is not None:  # what stays is what the provider found cached
                 c["compactions" if r.cut == "compaction" else "clears"] += 1
-                keep = min(r.cached or 0, p, whole)
-            elif p >= whole:
-                keep = None
-            elif p >= ctx[0]:  # the prompt survived; part of the output was not sent back
-                c["output_not_resent"] += 1
-                keep = min(max(ctx[0], r.cached or 0), p)
-            else:  # the prompt itself shrank: what the provider's cache reused survived
-                c["cuts"] += 1
-                keep = min(r.cached or 0, p)
-            if keep is not None:
-                c["cut_tokens_dropped"] += whole - keep
-        appended = p - (keep if keep is not None else (sum(ctx) if ctx else 0))
-        c["appended_tokens"] += appended
-        c["kept_tokens"] += p - appended
-        return LLM(appended, out, keep), (p, out)
+            else:
+                c["output_not_resent" if p >= ctx[0] else "cuts"] += 1
+            keep, _ = cut_keep(p, 0 if r.cut is not None else ctx[0], whole, r.cached)
+            c["cut_tokens_dropped"] += whole - keep
+        step = prompt_step(p, out, whole, keep)
+        c["appended_tokens"] += step.input_tokens
+        c["kept_tokens"] += p - step.input_tokens
+        return step, (p, out)
 
     def _call_tool(self, call: Call, start: float | None, c: Counter[str]) -> Tool:
         """One call as a tool step: the exact duration where the log states one, else the

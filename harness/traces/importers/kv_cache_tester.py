@@ -41,6 +41,7 @@ from harness.traces.importers._common import (
     take_options,
 )
 from harness.traces.importers.base import Format, Imported
+from harness.traces.importers.prompts import prompt_step
 from harness.traces.schema import TOOL_SUBAGENT, Provenance
 from harness.userfiles import check_regular, is_count, is_seconds
 
@@ -251,7 +252,7 @@ def _llm_steps(reqs: list[_Req], block: int, c: Counter[str]) -> list[LLM]:
         c["output_tokens"] += out
         m = 0
         if not k:
-            steps.append(LLM(r.inp, out))
+            steps.append(prompt_step(r.inp, out, 0))
         else:
             prev = reqs[k - 1]
             m = _lcp(h, prev.hashes)
@@ -275,7 +276,7 @@ def _llm_steps(reqs: list[_Req], block: int, c: Counter[str]) -> list[LLM]:
                 c["earlier_shares_more"] += 1
                 c["earlier_blocks_understated"] += best - m
             c["kept_tokens"] += keep
-            steps.append(LLM(r.inp - keep, out, keep))
+            steps.append(prompt_step(r.inp, out, 0, keep))
         seen.update(zip(struct.unpack(f"{blocks - m}q", h[8 * m:]), repeat(k)))
     return steps
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from harness.traces.importers._common import LLM, Tool
 from harness.traces.importers.agent_tools import agent_tool_class, merge_parallel
+from harness.traces.importers.prompts import cut_keep, prompt_step
 from harness.traces.schema import TOOL_SUBAGENT
 
 # Tools whose call ends the run by design: with no model call after them nothing waits for
@@ -176,13 +177,9 @@ def _cut_keep(prev_prompt: int, before: int, prompt: int, cached: int | None,
               c: Counter[str]) -> int:
     """Leading tokens a call whose prompt is below the context before it keeps."""
     c["context_cuts"] += 1
-    keep, how = 0, "cuts_keep_none"
-    if cached:
-        keep, how = cached, "cuts_keep_cached"
-    if prev_prompt and prompt >= prev_prompt > keep:
-        keep, how = prev_prompt, "cuts_keep_previous_prompt"
-    c[how] += 1
-    return min(keep, prompt, before)
+    keep, how = cut_keep(prompt, prev_prompt, before, cached)
+    c[f"cuts_keep_{how}"] += 1
+    return keep
 
 
 def llm_steps(calls: Sequence[Call], c: Counter[str]) -> list[LLM]:
@@ -213,13 +210,13 @@ def llm_steps(calls: Sequence[Call], c: Counter[str]) -> list[LLM]:
             c["calls_with_cached"] += 1
             c["cached_tokens"] += call.cached
         if k == 0 or (prompt >= before and not call.cut):
-            steps.append(LLM(prompt - (before if k else 0), out))
+            steps.append(prompt_step(prompt, out, before if k else 0))
             c["kept_tokens"] += before if k else 0
         else:
             if call.cut:  # declared: what stays is what the provider found cached, if any
                 c["cuts_declared"] += 1
             keep = _cut_keep(0 if call.cut else prev_prompt, before, prompt, call.cached, c)
-            steps.append(LLM(prompt - keep, out, keep))
+            steps.append(prompt_step(prompt, out, before, keep))
             c["kept_tokens"] += keep
         before, prev_prompt = prompt + out, prompt
     c["appended_tokens"] = c["prompt_tokens"] - c["kept_tokens"]

@@ -38,6 +38,7 @@ from harness.traces.importers._common import (
 )
 from harness.traces.importers.agent_tools import agent_tool_class, merge_parallel
 from harness.traces.importers.base import Format, Imported
+from harness.traces.importers.prompts import prompt_step
 from harness.traces.schema import TOOL_SUBAGENT, Provenance
 from harness.userfiles import TOKEN_RULE
 
@@ -105,7 +106,7 @@ def _llm(prev: Call | None, call: Call, c: Counter[str]) -> LLM:
     c["usage_exact" if call.usage.exact else "usage_estimated"] += 1
     if prev is None:
         c["appended_tokens"] += p
-        return LLM(p, out)
+        return prompt_step(p, out, 0)
     assert prev.usage is not None
     before = prev.usage.prompt + max(prev.usage.output, 1)
     ours, theirs = tuple(b[0] for b in call.blocks), tuple(b[0] for b in prev.context)
@@ -114,7 +115,7 @@ def _llm(prev: Call | None, call: Call, c: Counter[str]) -> LLM:
     if extends and p >= before:
         c["extends"] += 1
         c["appended_tokens"] += p - before
-        return LLM(p - before, out)
+        return prompt_step(p, out, before)
     if extends:  # the same text, fewer tokens (e.g. reasoning not sent back)
         c["shorter_than_context"] += 1
         keep = p - _scaled(call, call.blocks[m:])
@@ -125,7 +126,7 @@ def _llm(prev: Call | None, call: Call, c: Counter[str]) -> LLM:
     c["cut_tokens_dropped"] += before - keep if not extends else 0
     c["kept_tokens"] += keep
     c["appended_tokens"] += p - keep
-    return LLM(p - keep, out, keep)
+    return prompt_step(p, out, before, keep)
 
 
 def _answered(j: Call, conv: _Conv) -> tuple[list[tuple[str, str]], dict[str, Result]]:

@@ -21,17 +21,19 @@ from typing import Any
 
 from harness.errors import InputError
 from harness.traces.importers._common import build_frame, summarize, take_options
-from harness.traces.importers.agent_log_steps import (
-    Builder,
-    Built,
+from harness.traces.importers.agent_log import (
     Call,
     Convo,
     FileStats,
     Response,
-    assign_starts,
     inferred_fields,
     raise_outputs,
     totals,
+)
+from harness.traces.importers.agent_log_steps import (
+    Builder,
+    Built,
+    assign_starts,
 )
 from harness.traces.importers.base import Format, Imported
 from harness.traces.importers.claude_code_parse import ClaudeFile, Side, convo_of, read_file

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from harness.errors import InputError
-from harness.traces.importers.agent_log_steps import (
+from harness.traces.importers.agent_log import (
     Call,
     Convo,
     FileStats,

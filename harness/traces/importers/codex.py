@@ -28,20 +28,22 @@ import orjson
 
 from harness.errors import InputError
 from harness.traces.importers._common import build_frame, summarize, take_options
-from harness.traces.importers.agent_log_steps import (
+from harness.traces.importers.agent_log import (
     MAX_LOG_S,
-    Builder,
-    Built,
     Call,
     Convo,
     FileStats,
     Response,
-    assign_starts,
     count_field,
     inferred_fields,
     parse_ts,
     seconds_field,
     totals,
+)
+from harness.traces.importers.agent_log_steps import (
+    Builder,
+    Built,
+    assign_starts,
 )
 from harness.traces.importers.base import Format, Imported
 from harness.traces.schema import Provenance

@@ -12,22 +12,16 @@ trajectories spawned by the parent's tool step in the gap where they started.
 
 from __future__ import annotations
 
-import gzip
 import struct
 import sys
-import zlib
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
-from typing import Any
-
-import orjson
 
 from harness.errors import InputError
-from harness.limits import MAX_SUBAGENT_DEPTH
 from harness.traces.importers._common import (
     LLM,
     Tool,
@@ -41,9 +35,18 @@ from harness.traces.importers._common import (
     take_options,
 )
 from harness.traces.importers.base import Format, Imported
+from harness.traces.importers.kv_cache_tester_read import (
+    Conv,
+    Limits,
+    Req,
+    Sub,
+    fail,
+    read_conv,
+    read_doc,
+)
 from harness.traces.importers.prompts import prompt_step
 from harness.traces.schema import TOOL_SUBAGENT, Provenance
-from harness.userfiles import check_regular, is_count, is_seconds
+from harness.userfiles import is_count
 
 FORMAT = "kv-cache-tester"
 OPTIONS = {"arrival_rate": "", "seed": "0", "max_context": "", "max_requests": ""}
@@ -51,7 +54,6 @@ MAIN_GROUP = f"{FORMAT}/main"
 # Request times are whole seconds: a sub-agent that started up to this long before a request's
 # `t` started after that request.
 SPAWN_TOLERANCE_S = 1.0
-MAX_TRACE_S = 1e9  # any time or duration in a file (ms for duration_ms)
 # Every count a file's provenance entry holds (0 when nothing happened).
 COUNTS = (
     "requests", "subagent_requests", "llm_steps", "tool_pauses", "human_pauses",
@@ -63,40 +65,6 @@ COUNTS = (
     "unsorted_requests", "dropped_max_context", "dropped_max_requests", "prompt_tokens",
     "kept_tokens", "appended_tokens", "output_tokens",
 )
-
-
-@dataclass
-class _Req:
-    t: float
-    inp: int
-    out: int
-    hashes: bytes  # the hash ids as native int64s: slices compare as fast as memcmp
-    tool: bool  # input_types has tool_result (or is absent)
-    api: float | None
-    think: float | None
-
-
-@dataclass
-class _Conv:
-    """A conversation or a sub-agent: its requests in time order and its sub-agents."""
-
-    reqs: list[_Req]
-    subs: list[_Sub]
-    prefix: int  # tool_tokens + system_tokens
-
-
-@dataclass
-class _Sub:
-    agent_id: str
-    kind: str  # subagent_type
-    status: str
-    end: float  # its `t`: when it ended, in the parent's timeline
-    duration: float | None  # s; None: the parent did not wait for it (not replayed)
-    conv: _Conv
-
-    @property
-    def start(self) -> float:  # in the parent's timeline
-        return self.end - (self.duration or 0.0)
 
 
 @dataclass
@@ -114,119 +82,6 @@ class _File:
     zero_out: list[str] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class _Limits:
-    max_context: int | None
-    max_requests: int | None
-
-    def kept(self, reqs: list[_Req]) -> tuple[int, int]:
-        """How many leading requests stay, and how many go for max_context."""
-        n = len(reqs)
-        if self.max_context is not None:
-            n = next((i for i, r in enumerate(reqs) if r.inp > self.max_context), n)
-        return (n if self.max_requests is None else min(n, self.max_requests)), len(reqs) - n
-
-
-def _fail(where: str, what: str) -> InputError:
-    return InputError(f"{where}: {what}")
-
-
-def _read(path: Path) -> Any:
-    check_regular(path)  # a FIFO or a device would block read_bytes, or never end
-    try:
-        raw = path.read_bytes()
-        return orjson.loads(gzip.decompress(raw) if path.name.endswith(".gz") else raw)
-    except orjson.JSONDecodeError as exc:
-        raise _fail(str(path), f"not valid JSON at line {exc.lineno} column {exc.colno}: "
-                               f"{exc.msg}") from None
-    except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
-        raise _fail(str(path), f"cannot read: {exc}") from None
-
-
-def _seconds(rec: dict[str, Any], key: str, where: str) -> float:
-    v: Any = rec.get(key)
-    if not is_seconds(v) or v > MAX_TRACE_S:  # bounded: sums and differences stay finite
-        raise _fail(where, f"{key!r} must be seconds >= 0 and <= {MAX_TRACE_S:g}, got {v!r}")
-    return float(v)
-
-
-def _opt_seconds(rec: dict[str, Any], key: str, where: str) -> float | None:
-    return None if rec.get(key) is None else _seconds(rec, key, where)
-
-
-def _int(rec: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
-    v: Any = rec.get(key, default)
-    if not is_count(v):
-        raise _fail(where, f"{key!r} must be an integer >= 0, got {rec.get(key)!r}")
-    return int(v)
-
-
-def _hash_bytes(h: Any, where: str) -> bytes:
-    """A list of 64-bit integers as bytes (struct checks that each is one); else InputError."""
-    if isinstance(h, list):
-        for code in "qQ":  # signed, else unsigned (ids of 2**63 and above)
-            try:
-                return struct.pack(f"{len(h)}{code}", *h)
-            except struct.error:
-                pass
-    raise _fail(where, "'hash_ids' must be a list of 64-bit integers")
-
-
-def _request(rec: dict[str, Any], where: str, block: int, c: Counter[str]) -> _Req:
-    t = _seconds(rec, "t", where)
-    inp, out = _int(rec, "in", where), _int(rec, "out", where)
-    h = _hash_bytes(rec.get("hash_ids"), where)
-    if len(h) // 8 > -(-inp // block):
-        raise _fail(where, f"{len(h) // 8} hash_ids for {inp} input tokens: more blocks of "
-                           f"{block} than the prompt holds")
-    types = rec.get("input_types")
-    if types is None:
-        c["untyped_inputs"] += 1
-    elif not isinstance(types, list) or not all(isinstance(x, str) for x in types):
-        raise _fail(where, "'input_types' must be a list of strings")
-    return _Req(t, inp, out, h, types is None or "tool_result" in types,
-                _opt_seconds(rec, "api_time", where), _opt_seconds(rec, "think_time", where))
-
-
-def _conv(rec: dict[str, Any], where: str, block: int, c: Counter[str], depth: int,
-          file: str) -> _Conv:
-    """Parse a conversation (depth 0) or sub-agent (its nesting depth) object of `file`: its
-    requests and sub-agents, recursively."""
-    entries = rec.get("requests")
-    if not isinstance(entries, list):
-        raise _fail(where, "'requests' must be a list")
-    reqs: list[_Req] = []
-    subs: list[_Sub] = []
-    for i, e in enumerate(entries):
-        at = f"{where}: requests[{i}]"
-        if not isinstance(e, dict):
-            raise _fail(at, "expected a JSON object")
-        if e.get("type") != "subagent":
-            reqs.append(_request(e, at, block, c))
-            c["subagent_requests" if depth else "requests"] += 1
-            continue
-        if depth >= MAX_SUBAGENT_DEPTH:
-            # Refused here, before recursing deeper: the recursion (here, _build, _count) stays
-            # bounded, and no trajectory file could hold the result (validate's
-            # subagent-too-deep rule).
-            raise _fail(file, f"sub-agents nested deeper than {MAX_SUBAGENT_DEPTH} levels "
-                              "(the limit)")
-        text = {k: e.get(k) or "" for k in ("agent_id", "subagent_type", "status")}
-        for k, v in text.items():
-            if not isinstance(v, str):
-                raise _fail(at, f"{k!r} must be a string, got {v!r}")
-        end, ms = _seconds(e, "t", at), _opt_seconds(e, "duration_ms", at)
-        aid = text["agent_id"] or f"agent{i}"
-        subs.append(_Sub(aid, text["subagent_type"] or "subagent", text["status"], end,
-                         None if ms is None else ms / 1000.0,
-                         _conv(e, f"{at} (sub-agent {aid})", block, c, depth + 1, file)))
-    if any(reqs[k].t > reqs[k + 1].t for k in range(len(reqs) - 1)):
-        c["unsorted_requests"] += 1
-        reqs.sort(key=lambda r: r.t)
-    return _Conv(reqs, subs, _int(rec, "tool_tokens", where, 0)
-                 + _int(rec, "system_tokens", where, 0))
-
-
 def _lcp(a: bytes, b: bytes) -> int:
     """How many leading ids (8 bytes each) `a` and `b` share."""
     n = min(len(a), len(b)) // 8
@@ -239,7 +94,7 @@ def _lcp(a: bytes, b: bytes) -> int:
     return lo
 
 
-def _llm_steps(reqs: list[_Req], block: int, c: Counter[str]) -> list[LLM]:
+def _llm_steps(reqs: list[Req], block: int, c: Counter[str]) -> list[LLM]:
     """Each request as an LLM step that keeps the blocks it shares with the one before."""
     steps: list[LLM] = []
     # id -> a request that held it. The ids name a block and all before it (true of every
@@ -281,7 +136,7 @@ def _llm_steps(reqs: list[_Req], block: int, c: Counter[str]) -> list[LLM]:
     return steps
 
 
-def _wait(prev: _Req, nxt: _Req, c: Counter[str]) -> float:
+def _wait(prev: Req, nxt: Req, c: Counter[str]) -> float:
     """The client's time between two requests: think_time, else the gap less the server's."""
     if nxt.think is not None:
         return nxt.think
@@ -289,7 +144,7 @@ def _wait(prev: _Req, nxt: _Req, c: Counter[str]) -> float:
     return max(0.0, nxt.t - prev.t - (prev.api or 0.0))
 
 
-def _pause(prev: _Req, nxt: _Req, subs: list[_Sub], c: Counter[str]) -> Tool:
+def _pause(prev: Req, nxt: Req, subs: list[Sub], c: Counter[str]) -> Tool:
     """The tool step between two requests: the sub-agents started there, else a tool's result
     or the user's turn."""
     wait = _wait(prev, nxt, c)
@@ -303,13 +158,13 @@ def _pause(prev: _Req, nxt: _Req, subs: list[_Sub], c: Counter[str]) -> Tool:
             else Tool("user_turn", "human", round(wait, 6)))
 
 
-def _spawn_step(subs: list[_Sub], latency: float, c: Counter[str]) -> Tool:
+def _spawn_step(subs: list[Sub], latency: float, c: Counter[str]) -> Tool:
     c["subagent_steps"] += 1
     return Tool("+".join(dict.fromkeys(s.kind for s in subs)), TOOL_SUBAGENT, round(latency, 6))
 
 
-def _build(conv: _Conv, tid: str, group: str, parent: tuple[str, int] | None, f: _File,
-           lim: _Limits) -> None:
+def _build(conv: Conv, tid: str, group: str, parent: tuple[str, int] | None, f: _File,
+           lim: Limits) -> None:
     """Append the trajectory `tid` of `conv` (one request at least stays under the limits),
     then its sub-agents' trajectories, to `f`."""
     c = f.counts
@@ -318,7 +173,7 @@ def _build(conv: _Conv, tid: str, group: str, parent: tuple[str, int] | None, f:
     c["dropped_max_requests"] += len(conv.reqs) - by_context - n
     reqs = conv.reqs[:n]
     ts = [r.t for r in conv.reqs]
-    gaps: dict[int, list[tuple[_Sub, str]]] = {}  # gap after request g -> sub-agents, ids
+    gaps: dict[int, list[tuple[Sub, str]]] = {}  # gap after request g -> sub-agents, ids
     for s in conv.subs:
         if s.duration is None or s.status == "async_launched" or not s.conv.reqs:
             c["subagents_skipped_async" if s.status == "async_launched"
@@ -364,28 +219,28 @@ def _build(conv: _Conv, tid: str, group: str, parent: tuple[str, int] | None, f:
             _build(s.conv, cid, f"{FORMAT}/{s.kind}", (tid, 2 * g + 1), f, lim)
 
 
-def _count(conv: _Conv) -> tuple[int, int]:
+def _count(conv: Conv) -> tuple[int, int]:
     """Requests and sub-agents in `conv`, its sub-agents' included."""
     inner = [_count(s.conv) for s in conv.subs]
     return (len(conv.reqs) + sum(r for r, _ in inner),
             len(conv.subs) + sum(n for _, n in inner))
 
 
-def _import_file(path: Path, taken: set[str], lim: _Limits) -> _File:
+def _import_file(path: Path, taken: set[str], lim: Limits) -> _File:
     """One conversation file's trajectories (the root first, each parent before its
     sub-agents) and counts; `taken` holds the ids used so far (all files)."""
-    doc = _read(path)
+    doc = read_doc(path)
     where = str(path)
     if not isinstance(doc, dict) or "requests" not in doc:
-        raise _fail(where, "expected a JSON object with 'requests' (a kv-cache-tester trace)")
+        raise fail(where, "expected a JSON object with 'requests' (a kv-cache-tester trace)")
     block = doc.get("block_size", 64)
     if not is_count(block) or not 0 < block <= 1 << 20:
-        raise _fail(where, f"'block_size' must be a positive integer (tokens per hash block), "
+        raise fail(where, f"'block_size' must be a positive integer (tokens per hash block), "
                            f"got {block!r}")
     f = _File(path, block, ids=taken)
-    conv = _conv(doc, where, block, f.counts, 0, where)
+    conv = read_conv(doc, where, block, f.counts, 0, where)
     if not conv.reqs:
-        raise _fail(where, "no requests")
+        raise fail(where, "no requests")
     f.counts["subagents"] = _count(conv)[1]
     raw_id = doc.get("id")
     base = raw_id if isinstance(raw_id, str) and raw_id else path.name.split(".")[0]
@@ -411,7 +266,7 @@ def import_paths(paths: Sequence[Path], options: dict[str, str]) -> Imported:
     opts = take_options(options, FORMAT, OPTIONS)
     rate = opt_float(opts, "arrival_rate", FORMAT)
     seed = opt_int(opts, "seed", FORMAT, minimum=0)
-    lim = _Limits(*(None if opts[k] == "" else opt_int(opts, k, FORMAT, minimum=1)
+    lim = Limits(*(None if opts[k] == "" else opt_int(opts, k, FORMAT, minimum=1)
                     for k in ("max_context", "max_requests")))
     taken: set[str] = set()
     files = [_import_file(p, taken, lim) for p in files_in(paths)]

@@ -20,9 +20,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from harness.errors import InputError
 from harness.limits import MAX_SUBAGENT_DEPTH
@@ -33,58 +31,23 @@ from harness.traces.importers._common import (
     Tool,
     Trajectory,
     build_frame,
-    summarize,
     take_options,
 )
 from harness.traces.importers.agent_tools import agent_tool_class, merge_parallel
 from harness.traces.importers.base import Format, Imported
 from harness.traces.importers.prompts import prompt_step
-from harness.traces.schema import TOOL_SUBAGENT, Provenance
-from harness.userfiles import TOKEN_RULE
-
-FORMAT = "recording"
-# A Task/agent tool whose sub-agent is not in the recording: an ordinary (long) tool.
-UNSPAWNED_CLASS = "long_job"
-DEFAULT_DEADLINE_S = 30.0  # the injection profiles' default, which long tools would outlive
-_SAFE_ID = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
-COUNTS = (
-    "calls", "calls_ok", "calls_http_error", "calls_unreachable", "calls_cut",
-    "calls_aborted", "calls_stopped", "calls_unfinished", "unparsed", "other_requests",
-    "conversations", "conversations_without_answer", "trajectories", "subagents",
-    "subagents_orphaned", "subagents_after_last_call", "llm_steps", "tool_calls",
-    "tool_results", "exact_latency", "client_tool_calls", "subagents_linked",
-    "abandoned_tool_calls", "results_missing", "tool_pauses", "subagent_steps",
-    "subagent_waits_clipped", "human_pauses", "other_pauses", "failed_calls_between",
-    "extends", "cut", "cut_tokens_dropped", "shorter_than_context", "usage_exact",
-    "usage_estimated", "zero_output", "prompt_tokens", "kept_tokens", "appended_tokens",
-    "output_tokens", "cached_tokens", "prefix_groups", "long_tools",
+from harness.traces.importers.recording_counts import (
+    DEFAULT_DEADLINE_S,
+    FORMAT,
+    UNSPAWNED_CLASS,
+    Conv,
+    Rec,
+    recording_provenance,
+    recording_warnings,
 )
+from harness.traces.schema import TOOL_SUBAGENT
 
-
-@dataclass
-class _Conv:
-    id: str
-    calls: list[Call]  # all, by arrival
-    llm: list[Call] = field(default_factory=list)  # those replayed (ended ok, with usage)
-    parent: tuple[str, int] | None = None
-    children: dict[int, list[_Conv]] = field(default_factory=dict)  # parent call -> children
-    tid: str = ""
-
-
-@dataclass
-class _Rec:
-    """One recording folder: its trajectories and counts."""
-
-    path: Path
-    rid: str
-    started: float
-    closed: bool
-    truncated: bool
-    counts: Counter[str] = field(default_factory=Counter)
-    skipped: Counter[str] = field(default_factory=Counter)
-    trajs: list[Trajectory] = field(default_factory=list)
-    first_calls: dict[str, Call] = field(default_factory=dict)  # tid -> its first LLM call
-    root_start: dict[str, float] = field(default_factory=dict)  # root tid -> unix arrival
+_SAFE_ID = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 
 def _scaled(call: Call, blocks: Sequence[tuple[str, int, str]]) -> int:
@@ -129,7 +92,7 @@ def _llm(prev: Call | None, call: Call, c: Counter[str]) -> LLM:
     return prompt_step(p, out, before, keep)
 
 
-def _answered(j: Call, conv: _Conv) -> tuple[list[tuple[str, str]], dict[str, Result]]:
+def _answered(j: Call, conv: Conv) -> tuple[list[tuple[str, str]], dict[str, Result]]:
     """The tool calls of the pause after `j`: its answer's, then those the client wrote into
     its next messages (answered at once); and each one's result, by call id."""
     back = {r.ref: r for later in conv.calls if later.arrival >= j.end for r in later.results
@@ -139,7 +102,7 @@ def _answered(j: Call, conv: _Conv) -> tuple[list[tuple[str, str]], dict[str, Re
     return [*j.tool_calls, *own], back
 
 
-def _tools(j: Call, conv: _Conv, until: float | None, c: Counter[str]) -> Tool:
+def _tools(j: Call, conv: Conv, until: float | None, c: Counter[str]) -> Tool:
     """The pause for `j`'s tool calls: each timed by its result's return (else until the
     next call, or never when none came)."""
     calls, back = _answered(j, conv)
@@ -166,7 +129,7 @@ def _tools(j: Call, conv: _Conv, until: float | None, c: Counter[str]) -> Tool:
     return merge_parallel(tools)
 
 
-def _pause(conv: _Conv, j: Call, k: Call | None, c: Counter[str]) -> Tool:
+def _pause(conv: Conv, j: Call, k: Call | None, c: Counter[str]) -> Tool:
     """The tool step after LLM call `j` (k: the next one replayed; None: j is the last)."""
     later = [x for x in conv.calls if x.arrival >= j.end and x is not j]
     nxt = later[0].arrival if later else None
@@ -204,7 +167,7 @@ def _pause(conv: _Conv, j: Call, k: Call | None, c: Counter[str]) -> Tool:
     return Tool("client", "human", wait)
 
 
-def _steps(conv: _Conv, c: Counter[str]) -> list[LLM | Tool]:
+def _steps(conv: Conv, c: Counter[str]) -> list[LLM | Tool]:
     steps: list[LLM | Tool] = []
     for i, call in enumerate(conv.llm):
         if i:
@@ -226,7 +189,7 @@ def _outcome_counts(rc: RecordedCalls, c: Counter[str]) -> None:
     c["other_requests"] = rc.other_requests
 
 
-def _import_folder(path: Path, taken: set[str]) -> _Rec:
+def _import_folder(path: Path, taken: set[str]) -> Rec:
     rc = load_calls(path)
     meta = rc.recording.meta
     raw = meta.get("id")
@@ -236,14 +199,14 @@ def _import_folder(path: Path, taken: set[str]) -> _Rec:
         rid, k = f"{base}-{k}", k + 1
     taken.add(rid)
     started = meta.get("started_unix")
-    rec = _Rec(path, rid, float(started) if isinstance(started, int | float) else 0.0,
+    rec = Rec(path, rid, float(started) if isinstance(started, int | float) else 0.0,
                meta.get("closed") is True, rc.recording.truncated_last_line, skipped=rc.skipped)
     _outcome_counts(rc, rec.counts)
-    convs: dict[str, _Conv] = {}
+    convs: dict[str, Conv] = {}
     for call in rc.calls:
         if call.conv is None:
             continue
-        conv = convs.setdefault(call.conv, _Conv(call.conv, []))
+        conv = convs.setdefault(call.conv, Conv(call.conv, []))
         conv.calls.append(call)
         if call.how == "subagent" and conv.parent is None:
             conv.parent = call.parent
@@ -269,7 +232,7 @@ def _import_folder(path: Path, taken: set[str]) -> _Rec:
     return rec
 
 
-def _link_client_spawns(live: dict[str, _Conv], c: Counter[str]) -> None:
+def _link_client_spawns(live: dict[str, Conv], c: Counter[str]) -> None:
     """A new conversation that started and ended within another's pause on tool calls its
     client wrote itself (which the proxy saw only when the results came back) is that
     conversation's sub-agent: of several, the pause that began last."""
@@ -277,7 +240,7 @@ def _link_client_spawns(live: dict[str, _Conv], c: Counter[str]) -> None:
         if r.parent is not None or r.calls[0].how != "new":
             continue
         start, end, session = r.calls[0].arrival, max(x.end for x in r.calls), r.calls[0].session
-        best: tuple[float, _Conv, Call] | None = None
+        best: tuple[float, Conv, Call] | None = None
         for p in live.values():
             if p is r or _descends(p, r, live):
                 continue
@@ -295,7 +258,7 @@ def _link_client_spawns(live: dict[str, _Conv], c: Counter[str]) -> None:
             c["subagents_linked"] += 1
 
 
-def _descends(conv: _Conv, root: _Conv, live: dict[str, _Conv]) -> bool:
+def _descends(conv: Conv, root: Conv, live: dict[str, Conv]) -> bool:
     """Whether `root` is among `conv`'s parents."""
     seen: set[str] = set()
     while conv.parent is not None and conv.id not in seen:
@@ -309,7 +272,7 @@ def _descends(conv: _Conv, root: _Conv, live: dict[str, _Conv]) -> bool:
     return False
 
 
-def _emit(conv: _Conv, parent: tuple[str, int] | None, depth: int, rec: _Rec) -> None:
+def _emit(conv: Conv, parent: tuple[str, int] | None, depth: int, rec: Rec) -> None:
     """Append `conv`'s trajectory, then its sub-agents' (depth-first)."""
     if depth > MAX_SUBAGENT_DEPTH:
         raise InputError(f"{rec.path}: sub-agents nested deeper than {MAX_SUBAGENT_DEPTH} "
@@ -328,7 +291,7 @@ def _emit(conv: _Conv, parent: tuple[str, int] | None, depth: int, rec: _Rec) ->
             _emit(child, (conv.tid, 2 * i + 1), depth + 1, rec)
 
 
-def _prefix_groups(recs: list[_Rec]) -> None:
+def _prefix_groups(recs: list[Rec]) -> None:
     """Trajectories whose first calls start with the same block share a prefix group; each's
     prefix_tokens is the most tokens it shares with another of the group (its estimate)."""
     for rec in recs:
@@ -378,81 +341,7 @@ def import_paths(paths: Sequence[Path], options: dict[str, str]) -> Imported:
             t.priority, t.tenant = opts["priority"], opts["tenant"]
     for r in recs:
         r.counts["trajectories"] = len(r.trajs)
-    return Imported(build_frame(trajs), _provenance(recs, opts), _warnings(recs))
-
-
-def _file_entry(r: _Rec) -> dict[str, Any]:
-    c = r.counts
-    return {"file": str(r.path), "id": r.rid, "closed": r.closed,
-            "truncated_last_line": r.truncated, "skipped_lines": dict(r.skipped),
-            **{k: int(c[k]) for k in COUNTS}, **_shares(c)}
-
-
-def _shares(c: Counter[str] | dict[str, Any]) -> dict[str, float | None]:
-    return {"exact_latency_share": round(c["exact_latency"] / c["tool_calls"], 4)
-            if c["tool_calls"] else None,
-            "cached_share": round(c["cached_tokens"] / c["prompt_tokens"], 4)
-            if c["prompt_tokens"] else None}
-
-
-def _warnings(recs: list[_Rec]) -> list[str]:
-    found = (
-        ("recordings not closed (the proxy was killed; what it wrote is imported)",
-         [str(r.path) for r in recs if not r.closed]),
-        ("recordings whose last line was cut short (left out)",
-         [str(r.path) for r in recs if r.truncated]),
-        ("recordings with usage estimated by the token rule (the server sent none)",
-         [f"{r.path}: {r.counts['usage_estimated']}" for r in recs
-          if r.counts["usage_estimated"]]),
-        (f"recordings with tools slower than the default {DEFAULT_DEADLINE_S:g} s deadline "
-         "(replay with an injection profile whose default_deadline_s is longer)",
-         [f"{r.path}: {r.counts['long_tools']}" for r in recs if r.counts["long_tools"]]),
-    )
-    return [summarize(what, items) for what, items in found if items]
-
-
-def _provenance(recs: list[_Rec], opts: dict[str, str]) -> Provenance:
-    totals: dict[str, Any] = {"files": len(recs), **{k: sum(int(r.counts[k]) for r in recs)
-                                                     for k in COUNTS}}
-    totals.update(_shares(totals))
-    return Provenance(
-        source_format=FORMAT,
-        source_files=[str(r.path) for r in recs],
-        inferred={
-            "input_tokens": "the call's prompt (usage) less the previous call's prompt + "
-                            "output when its blocks extend that context; else less keep_tokens",
-            "keep_tokens": "where the blocks do not extend the previous context: the tokens of "
-                           "the blocks both share (block estimates by the token rule, scaled to "
-                           "the call's prompt); null when they do",
-            "output_tokens": "the call's usage (at least 1)",
-            "latency_s": "measured by the proxy: a tool's result came back in a request that "
-                         "arrived latency_s after the answer ended (parallel calls: the "
-                         "slowest); a user turn or other pause: the next request's arrival less "
-                         "the answer's end; a subagent step: that less its last sub-agent's "
-                         "end, >= 0 (0 when the parent never went on); null: never answered (the "
-                         "conversation ended waiting)",
-            "tool_class": "agent_tool_class(tool name); 'human' for user turns, 'subagent' "
-                          f"where sub-agents started ({UNSPAWNED_CLASS!r} for a Task/agent tool "
-                          "whose sub-agent is not in the recording)",
-            "outcome": "'error' for a result the client marked is_error (Anthropic), "
-                       "'abandoned' for a tool call never answered, else 'ok'",
-            "mutating": "the tool's class is 'mutating'", "deadline_s": "null",
-            "parent_id/spawn_step": "a conversation started while another waited on tool "
-                                    "calls (harness.proxy.conversations)",
-            "prefix_group": "trajectories whose first calls start with the same block; "
-                            "prefix_tokens the estimate of the most blocks shared",
-            "start_s": "the first call's arrival, relative to the earliest in the import; a "
-                       "sub-agent: its root's",
-            "priority": f"option priority ({opts['priority']!r})",
-            "tenant": f"option tenant ({opts['tenant']!r})",
-        },
-        notes=[
-            f"block token estimates by the rule: {TOKEN_RULE}",
-            "calls that did not end ok (error status, unreachable upstream, cut stream, client "
-            "gone, proxy stopped) are not replayed; a tool's latency is its own, without them",
-        ],
-        extra={"files": [_file_entry(r) for r in recs], "totals": totals},
-    )
+    return Imported(build_frame(trajs), recording_provenance(recs, opts), recording_warnings(recs))
 
 
 IMPORTER = Format("recording", import_paths, many=True)

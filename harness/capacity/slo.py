@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.errors import InputError
+from harness.metrics.outcomes import slo_pairs
 
 # term -> (figure in window.json, percentile key or None, kind)
 TERMS: dict[str, tuple[str, str | None, str]] = {
@@ -150,16 +151,7 @@ def parse_slo(spec: str) -> Slo:
     """`TERM=VALUE[,TERM=VALUE...]` as an Slo; InputError (one line) for an unknown term, a
     term given twice, a value that is not a number with a unit, or an impossible bound."""
     terms: list[Term] = []
-    for part in [p.strip() for p in spec.split(",")]:
-        if not part:
-            continue
-        name, eq, raw = (x.strip() for x in part.partition("="))
-        if not eq:
-            raise InputError(f"--slo {part!r}: expected TERM=VALUE (e.g. resume_p95=2000ms)")
-        if name not in TERMS:
-            raise InputError(f"--slo: unknown term {name!r}; known: {', '.join(TERMS)}")
-        if any(t.name == name for t in terms):
-            raise InputError(f"--slo: {name} is given twice")
+    for name, raw in slo_pairs(spec.split(","), TERMS, "term", "resume_p95=2000ms"):
         m = _VALUE.match(raw)
         if m is None:
             raise InputError(f"--slo {name}={raw!r}: not a number with a unit (e.g. 2000ms, "

@@ -25,7 +25,7 @@ from harness.capacity.driver import SearchSettings, SearchSpec
 from harness.capacity.slo import TERMS, parse_slo
 from harness.errors import InputError
 from harness.limits import MAX_SEED
-from harness.metrics.outcomes import SLO_KEYS, check_slo
+from harness.metrics.outcomes import SLO_KEYS, parse_outcome_slo
 from harness.plan.planner import Arrivals
 from harness.replay.options import SCRAPE_INTERVAL_S
 from harness.traces.scale import check_token_scale
@@ -325,21 +325,6 @@ def outcome_slo_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--slo", "slo_items", multiple=True, metavar="KEY=VALUE",
                         help=f"SLO bound, repeatable; keys: {', '.join(SLO_KEYS)}.")(
         _converting(f, convert))
-
-
-def parse_outcome_slo(items: tuple[str, ...]) -> dict[str, float]:
-    """('ttft_ms=500', ...) -> {'ttft_ms': 500.0}; InputError on a malformed item, an unknown
-    key or a bound out of range."""
-    out: dict[str, float] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise InputError(f"--slo {item!r}: expected KEY=VALUE")
-        try:
-            out[key.strip()] = float(value)
-        except ValueError:
-            raise InputError(f"--slo {item!r}: {value!r} is not a number") from None
-    return check_slo(out)
 
 
 def check_out_file(out: Path) -> None:

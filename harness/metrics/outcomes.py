@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,41 @@ SLO_KEYS: dict[str, str] = {
 MISMATCH_ABS_TOKENS = 16
 MISMATCH_REL = 0.02
 MISMATCH_LIST_CAP = 50
+
+
+def slo_pairs(items: Iterable[str], known: Collection[str], noun: str = "SLO",
+              example: str = "ttft_ms=500") -> list[tuple[str, str]]:
+    """The one grammar of `--slo`: `KEY=VALUE` items (blank ones skipped) as (key, value text)
+    pairs in order; InputError (one line, naming --slo) for an item without '=', a key not in
+    `known` (called a `noun`) or a key given twice. Both SLO flags read their terms with it:
+    the capacity search's (`resume_p95=2s,success=0.99`, harness.capacity.slo) and the report
+    commands' repeatable bounds (`--slo ttft_ms=500`, `parse_outcome_slo`)."""
+    pairs: list[tuple[str, str]] = []
+    for item in (i.strip() for i in items):
+        if not item:
+            continue
+        key, eq, raw = (x.strip() for x in item.partition("="))
+        if not eq:
+            raise InputError(f"--slo {item!r}: expected {'TERM' if noun == 'term' else 'KEY'}"
+                             f"=VALUE (e.g. {example})")
+        if key not in known:
+            raise InputError(f"--slo: unknown {noun} {key!r}; known: {', '.join(known)}")
+        if any(k == key for k, _ in pairs):
+            raise InputError(f"--slo: {key} is given twice")
+        pairs.append((key, raw))
+    return pairs
+
+
+def parse_outcome_slo(items: Iterable[str]) -> dict[str, float]:
+    """('ttft_ms=500', ...) -> {'ttft_ms': 500.0}: the report commands' bounds on outcomes;
+    InputError on a malformed item, an unknown key or a bound out of range."""
+    out: dict[str, float] = {}
+    for key, value in slo_pairs(items, SLO_KEYS):
+        try:
+            out[key] = float(value)
+        except ValueError:
+            raise InputError(f"--slo {key}={value!r}: {value!r} is not a number") from None
+    return check_slo(out)
 
 
 def check_slo(slo: dict[str, float] | None) -> dict[str, float]:

@@ -179,6 +179,10 @@ class RunManifest:
     shard: str | None = None
     start_at: float | None = None
     workers: list[dict[str, Any]] | None = None
+    # the job's inputs as given (harness.specs: the command and every input by its key in a
+    # benchmark file, secrets left out, the trace's sha256 beside them), which `harness rerun`
+    # runs again; None: a run.json written before specs were recorded, or by a library call
+    spec: dict[str, Any] | None = None
     schema_version: int = MANIFEST_VERSION
 
     @property

@@ -12,10 +12,9 @@ prefix caches: each cold prefill sends token ids no earlier request sent under a
 this calibration alone, and the server's count of cached tokens must say 0; the append resends
 the same prefix, which the prefix cache reuses, with APPEND_TOKENS new ones, then with
 LONG_APPEND_TOKENS others (how a paged engine's prompt cost grows with the context a chunk
-reads, harness.model.iteration). vLLM's swap goes
-through the project's KV connector (a pinned context offloaded to host memory, then loaded back
-by the resumed call, both timed by the connector); SGLang's engine has no per-request swap, so
-its swap rates are recorded as none (null).
+reads, harness.model.iteration). vLLM's swap goes through the project's KV connector (a pinned
+context offloaded to host memory, then loaded back by the resumed call, both timed by the
+connector); SGLang's engine has no per-request swap, so its swap rates are recorded as none.
 """
 
 from __future__ import annotations

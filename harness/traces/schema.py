@@ -83,17 +83,12 @@ COLUMNS: tuple[str, ...] = tuple(ARROW_SCHEMA.names)
 # Repeated per step but constant per trajectory: stored dictionary-encoded.
 TRAJECTORY_LEVEL = ("trajectory_id", "start_s", "priority", "tenant", "prefix_group",
                     "parent_id", "spawn_step", "prefix_tokens")
-DICTIONARY_COLUMNS = (
-    "trajectory_id",
-    "kind",
-    "priority",
-    "tenant",
-    "prefix_group",
-    "tool_name",
-    "tool_class",
-    "outcome",
-    "parent_id",
-)
+# The columns by type, read off the schema (the validation checks each column's values by them).
+STRING_COLUMNS = tuple(f.name for f in ARROW_SCHEMA if pa.types.is_string(f.type))
+INT_COLUMNS = tuple(f.name for f in ARROW_SCHEMA if pa.types.is_integer(f.type))
+FLOAT_COLUMNS = tuple(f.name for f in ARROW_SCHEMA if pa.types.is_floating(f.type))
+# Every string column is stored dictionary-encoded: few distinct values, repeated per step.
+DICTIONARY_COLUMNS = STRING_COLUMNS
 
 
 def upgrade(table: pa.Table) -> pa.Table:

@@ -20,6 +20,8 @@ from harness.limits import MAX_SUBAGENT_DEPTH
 from harness.traces.context import context_lengths, trajectory_starts
 from harness.traces.schema import (
     ARROW_SCHEMA,
+    FLOAT_COLUMNS,
+    INT_COLUMNS,
     KIND_LLM,
     KIND_TOOL,
     META_SCHEMA_VERSION,
@@ -27,6 +29,7 @@ from harness.traces.schema import (
     PRIORITIES,
     READABLE_VERSIONS,
     SCHEMA_VERSION,
+    STRING_COLUMNS,
     TOOL_SUBAGENT,
     upgrade,
 )
@@ -53,21 +56,7 @@ class Problem:
         return f"{': '.join(where)}: [{self.rule}] {self.message}"
 
 
-_INT_COLUMNS = ("step", "input_tokens", "output_tokens", "spawn_step", "prefix_tokens",
-                "keep_tokens")
-_FLOAT_COLUMNS = ("start_s", "latency_s", "deadline_s")
-_STRING_COLUMNS = (
-    "trajectory_id",
-    "kind",
-    "priority",
-    "tenant",
-    "prefix_group",
-    "tool_name",
-    "tool_class",
-    "outcome",
-    "parent_id",
-)
-_REQUIRED_NON_NULL = ("trajectory_id", "step", "kind", "start_s", "priority", "tenant")
+_REQUIRED_NON_NULL = tuple(f.name for f in ARROW_SCHEMA if not f.nullable)
 
 
 def _type_ok(column: str, typ: pa.DataType) -> bool:
@@ -76,11 +65,11 @@ def _type_ok(column: str, typ: pa.DataType) -> bool:
     if pa.types.is_null(typ):
         return True  # an all-null column: nullability is checked per row
     # bool(): pyarrow is untyped, its predicates return plain bools
-    if column in _INT_COLUMNS:
+    if column in INT_COLUMNS:
         return bool(pa.types.is_integer(typ))
-    if column in _FLOAT_COLUMNS:
+    if column in FLOAT_COLUMNS:
         return bool(pa.types.is_floating(typ) or pa.types.is_integer(typ))
-    if column in _STRING_COLUMNS:
+    if column in STRING_COLUMNS:
         return bool(pa.types.is_string(typ) or pa.types.is_large_string(typ))
     if column == "mutating":
         return bool(pa.types.is_boolean(typ))

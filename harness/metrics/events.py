@@ -1,12 +1,13 @@
 """One run's records split by event type: what the frames read, without the wide table.
 
-A records table is wide (29 columns) and sparse: each event fills a few of them. The frames read,
-for every row, its seq, time, trajectory and event, and from each event type a handful of
-columns (EVENT_COLUMNS). `Events` holds just that: four arrays over all rows and one small
-table per event type. `Events.from_frame` splits an in-memory records table; `read_events`
-builds the same thing from a results directory a batch of rows at a time, so the wide table is
-never in memory (a 1M-record run: ~70 MB of tables instead of a ~170 MB frame, strings
-categorical in both).
+A records table is wide (35 columns) and sparse: each event fills a few of them. The frames read,
+for every row, its seq, time, trajectory and event, and from each event type a handful of the
+columns it declares (EVENT_COLUMNS, checked against harness.records.kinds); a column asked of
+rows of several types is null on those of a type that does not have it. `Events` holds just
+that: four arrays over all rows and one small table per event type. `Events.from_frame` splits
+an in-memory records table; `read_events` builds the same thing from a results directory a
+batch of rows at a time, so the wide table is never in memory (a 1M-record run: ~70 MB of
+tables instead of a ~170 MB frame, strings categorical in both).
 
 Either way `Events.rows` serves every column with the dtype it has in a whole in-memory table
 (an int column with a null in any row is float64, a bool column with one is object, strings are
@@ -28,6 +29,8 @@ import pyarrow.parquet as pq
 
 from harness.arrays import BoolArray
 from harness.errors import InputError
+from harness.records import legacy
+from harness.records.kinds import KIND_COLUMNS
 from harness.records.schema import RECORD_COLUMNS, RECORDS_SCHEMA
 from harness.records.store import (
     RECORDS_DIR,
@@ -36,31 +39,36 @@ from harness.records.store import (
     string_codes,
 )
 
-# The record columns the frames read (all but run_id, slot and detail).
-FRAME_COLUMNS: tuple[str, ...] = tuple(
-    c for c in RECORD_COLUMNS if c not in ("run_id", "slot", "detail"))
-# Columns every row has in `Events` (as arrays), and what each event type adds (as a table).
+# Columns every row has in `Events` (as arrays), and what each event type adds (as a table):
+# of the columns it declares, those the frames read.
 CORE_COLUMNS = ("seq", "t_ns", "_code", "event")
-_TRAJ = ("trajectory_id", "traffic", "status")
 EVENT_COLUMNS: dict[str, tuple[str, ...]] = {
-    "trajectory_start": (*_TRAJ, "parent_id", "planned_ns"),
+    "trajectory_start": ("trajectory_id", "traffic", "parent_id", "planned_ns"),
     "call_start": ("trajectory_id", "traffic", "step", "planned_ns", "prompt_tokens",
-                   "appended_tokens", "is_resume", "kv_tokens", "status"),
+                   "appended_tokens", "is_resume"),
     "first_token": (),
     "call_end": ("status", "output_tokens", "cached_tokens", "prompt_n", "server_ms",
-                 "decode_ms", "token_gaps", "reason", "value_s"),
-    "tool_start": ("trajectory_id", "step", "tool_class", "tool_name", "value_s", "deadline_s"),
+                 "decode_ms", "token_gaps", "served_by", "engine_queue_s"),
+    "tool_start": ("trajectory_id", "step", "tool_class", "tool_name", "planned_latency_s",
+                   "deadline_s"),
     "pause_decision": ("trajectory_id", "step", "tool_class", "action", "reason",
-                       "retained_tokens", "value_s", "status"),
+                       "retained_tokens", "predicted_wait_s", "status"),
     "tool_end": ("status", "planned_ns"),
     "swap_out": ("bytes", "server_ms"),
     "swap_in": ("bytes", "server_ms"),
     "erase": (),
     "recompute": ("recomputed_tokens",),
-    "kv_state": ("kv_tokens", "status", "traffic", "prompt_tokens"),
-    "slot_wait": ("value_s",),
-    "trajectory_end": (*_TRAJ, "reason"),
+    "kv_state": ("kv_tokens", "status", "traffic"),
+    "slot_wait": ("slot_wait_s",),
+    "trajectory_end": ("trajectory_id", "traffic", "status", "reason"),
 }
+for _event, _cols in EVENT_COLUMNS.items():
+    if _undeclared := set(_cols) - set(KIND_COLUMNS[_event]):
+        raise TypeError(f"{_event} has no column {sorted(_undeclared)} (harness.records.kinds)")
+# The record columns the frames read: stamped and of some event.
+FRAME_COLUMNS: tuple[str, ...] = tuple(
+    c for c in RECORD_COLUMNS
+    if c in ("seq", "t_ns", "event") or any(c in cols for cols in EVENT_COLUMNS.values()))
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,9 @@ class Events:
     tables: dict[str, pd.DataFrame]
     records: pd.DataFrame | None = None
     extra: dict[str, np.ndarray] = field(default_factory=dict)
+    # per column, the dtype it has in the whole records table: a type's table that lacks a
+    # column asked of it serves it null in that dtype
+    dtypes: dict[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.seq.size)
@@ -121,7 +132,8 @@ class Events:
             base = self.records.loc[self.mask(*events), own]
             base = _plain(base) if plain else base
         else:
-            tabs = [_plain(self.tables[e][own]) if plain else self.tables[e][own] for e in events]
+            tabs = [self._own(e, own) for e in events]
+            tabs = [_plain(t) for t in tabs] if plain else tabs
             filled = [t for t in tabs if len(t)] or tabs[:1]
             base = filled[0] if len(filled) == 1 else pd.concat(filled).sort_index(kind="stable")
         pos = base.index.to_numpy()
@@ -137,6 +149,23 @@ class Events:
             else:
                 data[c] = (self.extra[c] if c in self.extra else getattr(self, c))[pos]
         return pd.DataFrame(data, index=base.index, columns=list(cols), copy=False)
+
+    def _own(self, event: str, cols: list[str]) -> pd.DataFrame:
+        """An event type's table with `cols`, null where the type has no such column."""
+        table = self.tables[event]
+        if missing := [c for c in cols if c not in table.columns]:
+            table = table.assign(**{c: _nulls(len(table), table.index, self.dtypes.get(c))
+                                    for c in missing})
+        return table[cols]
+
+
+def _nulls(n: int, index: pd.Index, dtype: Any) -> pd.Series:
+    """A null column: categorical (a string column, as the tables hold them) unless `dtype`."""
+    if dtype is None:
+        return pd.Series(pd.Categorical([None] * n, categories=pd.Index([], dtype="str")),
+                         index=index)
+    return pd.Series(np.full(n, None if dtype == np.dtype(object) else np.nan, dtype=dtype),
+                     index=index)
 
 
 def complete_columns(records: pd.DataFrame) -> pd.DataFrame:
@@ -183,11 +212,10 @@ def read_events(results_dir: Path, damage: list[str] | None = None) -> Events:
     first_problem: InputError | None = None
     for part in parts:
         if damage is None:
-            check_records_part(part)
-            reader.add(part)
+            reader.add(part, check_records_part(part))
             continue
         try:
-            check_records_part(part)
+            version = check_records_part(part)
             seq = pq.read_table(part, columns=["seq"]).column("seq").to_numpy()
         except (InputError, OSError, ValueError, pa.ArrowException) as exc:
             first_problem = first_problem or InputError(str(exc))
@@ -202,7 +230,7 @@ def read_events(results_dir: Path, damage: list[str] | None = None) -> Events:
                           "copied in twice?): left out")
             continue
         seen.append(np.sort(seq))  # sorted: its ends are its range
-        reader.add(part)
+        reader.add(part, version)
     if damage is not None and first_problem is not None and not seen:
         raise first_problem  # nothing readable is left to report
     events = reader.events()
@@ -233,15 +261,19 @@ class _Reader:
         self.pending: list[pa.Table] = []
         self.pending_rows = 0
 
-    def add(self, part: Path) -> None:
-        """Read one part (only FRAME_COLUMNS; strings dictionary-encoded as stored)."""
+    def add(self, part: Path, version: int) -> None:
+        """Read one part of records `version` (only FRAME_COLUMNS, an older version's as the
+        current one's: harness.records.legacy; strings dictionary-encoded as stored)."""
         present = set(pq.read_schema(part).names)
         read = [c for c in FRAME_COLUMNS if c in present]
-        strings = [c for c in read if pa.types.is_string(RECORDS_SCHEMA.field(c).type)]
+        read += [c for c in legacy.sources(FRAME_COLUMNS, version) if c in present]
+        strings = [c for c in read if c in FRAME_COLUMNS
+                   and pa.types.is_string(RECORDS_SCHEMA.field(c).type)]
         reader = pq.ParquetFile(part, read_dictionary=strings)
         # in batches: the simulator writes parts of 500,000 rows
         for batch in reader.iter_batches(batch_size=BATCH_ROWS, columns=read):
-            self.pending.append(_conform(pa.Table.from_batches([batch])))
+            table = legacy.upgrade(pa.Table.from_batches([batch]), version)
+            self.pending.append(_conform(table))
             self.pending_rows += batch.num_rows
             if self.pending_rows >= BATCH_ROWS:
                 self.flush()
@@ -283,7 +315,8 @@ class _Reader:
         codes = _factorize(pd.Categorical.from_codes(
             tid, categories=pd.RangeIndex(len(self.lookups["tid"]))))
         tables = {e: self._table(e, inv) for e in EVENT_COLUMNS}
-        return Events(seq, t_ns, codes, ev, dict(self.lookups["ev"]), tables)
+        dtypes = {c: _whole_dtype(c, self.has_null[c]) for c in FRAME_COLUMNS}
+        return Events(seq, t_ns, codes, ev, dict(self.lookups["ev"]), tables, dtypes=dtypes)
 
     def _table(self, event: str, inv: np.ndarray | None) -> pd.DataFrame:
         """One event's rows as a frame: strings categorical, other columns of the dtype they

@@ -26,7 +26,7 @@ NS_PER_MS = 1e6
 _CALL_COLS = ["seq", "t_ns", "trajectory_id", "traffic", "step", "planned_ns", "prompt_tokens",
               "appended_tokens", "is_resume"]
 _END_COLS = ["t_ns", "status", "output_tokens", "cached_tokens", "prompt_n", "server_ms",
-             "decode_ms", "token_gaps", "reason", "value_s"]
+             "decode_ms", "token_gaps", "served_by", "engine_queue_s"]
 
 
 @dataclass(frozen=True)
@@ -126,12 +126,10 @@ def _calls(ev: Events) -> pd.DataFrame:
     ft = firsts.drop_duplicates("_last_start", keep="first").set_index("_last_start")["t_ns"]
     ends = ev.rows(["call_end"], ["_last_start"] + _END_COLS).dropna(subset=["_last_start"])
     ends = ends.drop_duplicates("_last_start", keep="last").set_index("_last_start")
-    # a call_end's reason is the worker that served the call, where the runtime says
-    # ... and its value_s the server's report of its wait in the engine's queue (vLLM)
-    ends = ends.rename(columns={"t_ns": "end_ns", "reason": "served_by", "value_s": "_queue_s"})
+    ends = ends.rename(columns={"t_ns": "end_ns"})
     calls["ft_ns"] = _num(ft.reindex(calls.index))
     calls = calls.join(ends, how="left")
-    calls["engine_queue_ms"] = _num(calls.pop("_queue_s")) * 1e3
+    calls["engine_queue_ms"] = _num(calls.pop("engine_queue_s")) * 1e3
     for col in ("start_ns", "end_ns", "output_tokens", "cached_tokens", "prompt_n", "server_ms",
                 "decode_ms", "prompt_tokens", "appended_tokens", "planned_ns"):
         calls[col] = _num(calls[col])
@@ -182,13 +180,14 @@ def _sum_per_pause(ev: Events, event: str, col: str) -> pd.Series:
 
 def _pauses(ev: Events, t_max: int) -> pd.DataFrame:
     start = _first_per_pause(ev, "tool_start", ["trajectory_id", "_code", "step", "t_ns",
-                             "tool_class", "tool_name", "value_s", "deadline_s"], "first")
+                             "tool_class", "tool_name", "planned_latency_s", "deadline_s"],
+                             "first")
     start = start.rename(columns={"trajectory_id": "tid", "t_ns": "start_ns",
-                                  "value_s": "planned_s"})
+                                  "planned_latency_s": "planned_s"})
     dec = _first_per_pause(ev, "pause_decision", ["trajectory_id", "_code", "step", "t_ns",
-                           "tool_class", "action", "reason", "retained_tokens", "value_s",
-                           "status"], "first")
-    dec = dec.rename(columns={"trajectory_id": "tid", "value_s": "predicted_s",
+                           "tool_class", "action", "reason", "retained_tokens",
+                           "predicted_wait_s", "status"], "first")
+    dec = dec.rename(columns={"trajectory_id": "tid", "predicted_wait_s": "predicted_s",
                               "t_ns": "decision_ns", "status": "decision_status"})
     index = start.index.union(dec.index)
     pauses = pd.DataFrame(index=index)
@@ -211,7 +210,7 @@ def _pauses(ev: Events, t_max: int) -> pd.DataFrame:
         "swap_in_bytes": _sum_per_pause(ev, "swap_in", "bytes"),
         "swap_in_ms": _sum_per_pause(ev, "swap_in", "server_ms"),
         "recomputed_tokens": _sum_per_pause(ev, "recompute", "recomputed_tokens"),
-        "slot_wait_s": _sum_per_pause(ev, "slot_wait", "value_s"),
+        "slot_wait_s": _sum_per_pause(ev, "slot_wait", "slot_wait_s"),
     }
     for col, s in sums.items():
         pauses[col] = s.reindex(index).fillna(0.0)

@@ -27,10 +27,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from harness.errors import InputError
+from harness.records import legacy
 from harness.records.manifest import Cleanup, Outcome, RunManifest, read_manifest
 from harness.records.parts import write_part
-from harness.records.schema import RECORDS_SCHEMA, SERVER_METRICS_SCHEMA
-from harness.records.store import RECORDS_DIR, SERVER_METRICS_DIR
+from harness.records.schema import RECORDS_SCHEMA, RECORDS_VERSION_KEY, SERVER_METRICS_SCHEMA
+from harness.records.store import RECORDS_DIR, SERVER_METRICS_DIR, records_version
 
 WORKER_LOST = "worker-lost"
 MERGED_PART_ROWS = 500_000  # rows per merged records part (as the simulator writes them)
@@ -172,13 +173,16 @@ def _read_records(directory: Path) -> pa.Table:
 
 
 def read_part(part: Path, schema: pa.Schema, what: str) -> pa.Table:
-    """One Parquet part of a shard's results, in `schema`; InputError naming the file when it
-    cannot be read (truncated, zero bytes, not Parquet) or lacks the schema's columns."""
+    """One Parquet part of a shard's results, in `schema` (a records part of an older version
+    as the current one: harness.records.legacy); InputError naming the file when it cannot be
+    read (truncated, zero bytes, not Parquet) or lacks the schema's columns."""
     try:
         table = pq.read_table(part)
     except (pa.ArrowException, OSError) as exc:
         raise InputError(f"{part}: a {what} part that cannot be read "
                          f"({str(exc).splitlines()[0][:160]})") from None
+    if RECORDS_VERSION_KEY in (schema.metadata or {}):
+        table = legacy.upgrade(table, records_version(part, table.schema))
     missing = [n for n in schema.names if n not in table.column_names]
     if missing:
         raise InputError(f"{part}: a {what} part without the column(s) "

@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from harness.errors import InputError
+from harness.records import legacy
 from harness.records.atomic import write_text_atomic
 from harness.records.schema import (
     RECORDS_SCHEMA,
@@ -57,8 +58,9 @@ def read_parts(
     n = sum(f.num_rows for f in footers)
     cols = {name: _Column(schema.field(name), n, _has_nulls(footers, name)) for name in wanted}
     at = 0
+    records = RECORDS_VERSION_KEY in (schema.metadata or {})
     for part, footer in zip(parts, footers, strict=True):
-        _read_part(part, footer, at, cols)
+        _read_part(part, footer, at, cols, records)
         at += footer.num_rows
     del footers
     order = None
@@ -78,17 +80,23 @@ def read_parts(
 READ_BATCH_ROWS = 1 << 16
 
 
-def _read_part(part: Path, footer: pq.FileMetaData, at: int, cols: dict[str, _Column]) -> None:
-    """One part's columns into rows at.. of `cols` (columns the part lacks: nulls)."""
-    present = set(footer.schema.to_arrow_schema().names)
+def _read_part(part: Path, footer: pq.FileMetaData, at: int, cols: dict[str, _Column],
+               records: bool = False) -> None:
+    """One part's columns into rows at.. of `cols` (columns the part lacks: nulls); a records
+    part of an older version is read as the current one (harness.records.legacy)."""
+    schema = footer.schema.to_arrow_schema()
+    present = set(schema.names)
+    version = records_version(part, schema) if records else RECORDS_SCHEMA_VERSION
     read = [name for name in cols if name in present]
-    strings = [name for name in read if cols[name].lookup is not None]
+    read += [name for name in legacy.sources(cols, version) if name in present]
+    strings = [name for name in read if name in cols and cols[name].lookup is not None]
     reader = pq.ParquetFile(part, read_dictionary=strings)
     start = at
     for batch in reader.iter_batches(batch_size=READ_BATCH_ROWS, columns=read):
-        table = pa.Table.from_batches([batch])
+        table = legacy.upgrade(pa.Table.from_batches([batch]), version)
+        names = set(table.column_names)
         for name, col in cols.items():
-            col.put(at, table.column(name) if name in present else None, table.num_rows)
+            col.put(at, table.column(name) if name in names else None, table.num_rows)
         at += table.num_rows
     if at - start != footer.num_rows:
         raise ValueError(f"{part}: {at - start} rows, its footer says {footer.num_rows}")

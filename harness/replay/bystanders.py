@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from harness.adapters.base import CompletionRequest
 from harness.plan.planner import BystanderPlan
 from harness.plan.tokens import token_ids
+from harness.records.kinds import CallEnd, CallStart
 from harness.replay.clock import NS
 from harness.replay.context import ReplayContext, TrajectoryState
 from harness.replay.kv_actions import acquire, free_slot
@@ -49,17 +50,17 @@ class Bystanders:
         prompt = token_ids(seed, n_prompt, ctx.vocab)
         try:
             await acquire(ctx, st, 0, "bystander")
-            ctx.rec.emit("call_start", trajectory_id=rid, traffic="bystander", step=0,
-                         slot=st.slot, planned_ns=due, prompt_tokens=n_prompt,
-                         appended_tokens=n_prompt, is_resume=False)
+            ctx.rec.emit(CallStart(trajectory_id=rid, traffic="bystander", step=0,
+                                   slot=st.slot, planned_ns=due, prompt_tokens=n_prompt,
+                                   appended_tokens=n_prompt, is_resume=False))
             chunks = ChunkTimes(ctx.rec, ctx.clock, rid, "bystander", 0, st.slot)
             res = await ctx.adapter.complete(CompletionRequest(prompt, n_out, st.slot), chunks)
-            ctx.rec.emit("call_end", trajectory_id=rid, traffic="bystander", step=0,
-                         slot=st.slot, status=res.status, output_tokens=len(res.tokens),
-                         cached_tokens=res.cached_tokens, prompt_n=res.prompt_n,
-                         server_ms=res.prompt_ms, decode_ms=res.decode_ms, detail=res.error,
-                         token_gaps=chunks.gaps(),
-                         value_s=None if res.queue_ms is None else res.queue_ms / 1e3)
+            ctx.rec.emit(CallEnd(
+                trajectory_id=rid, traffic="bystander", step=0, slot=st.slot, status=res.status,
+                output_tokens=len(res.tokens), cached_tokens=res.cached_tokens,
+                prompt_n=res.prompt_n, server_ms=res.prompt_ms, decode_ms=res.decode_ms,
+                detail=res.error, token_gaps=chunks.gaps(),
+                engine_queue_s=None if res.queue_ms is None else res.queue_ms / 1e3))
         finally:
             try:
                 await free_slot(ctx, st, "request-end", "bystander")

@@ -20,6 +20,14 @@ from harness.plan.planner import CallStep, Plan, TrajectoryPlan
 from harness.policies.base import KEEP, PausePolicy, ServerRates, call_priority, program_order
 from harness.policies.history import DEFAULT_WINDOW, History
 from harness.records.atomic import UnwritableResults
+from harness.records.kinds import (
+    CallEnd,
+    CallStart,
+    Cancel,
+    KvState,
+    TrajectoryEnd,
+    TrajectoryStart,
+)
 from harness.replay.bystanders import Bystanders
 from harness.replay.clock import NS, Clock
 from harness.replay.context import ReplayContext, RunCounters, TrajectoryState
@@ -162,9 +170,9 @@ class Executor:
         st.rank = self._ranks.setdefault(traj.trajectory_id,
                                          len(self._ranks) if parent is None else parent)
         ctx.progress.agents_active += 1
-        ctx.rec.emit("trajectory_start", trajectory_id=st.tid, traffic="agent",
-                     planned_ns=planned_ns, detail=traj.priority, parent_id=traj.parent_id,
-                     step=spawn_step)
+        ctx.rec.emit(TrajectoryStart(
+            trajectory_id=st.tid, traffic="agent", planned_ns=planned_ns, detail=traj.priority,
+            parent_id=traj.parent_id, step=spawn_step))
         status, reason = "completed", None
         server_fault = False
         due = planned_ns
@@ -200,13 +208,13 @@ class Executor:
         recorded and counted."""
         ctx = self.ctx
         if status == "cancelled":
-            ctx.rec.emit("cancel", trajectory_id=st.tid, traffic="agent", reason=reason)
+            ctx.rec.emit(Cancel(trajectory_id=st.tid, traffic="agent", reason=reason))
         try:
             await release(ctx, st, "trajectory-end")
         finally:
             # Recorded even when an interrupted run cuts its cleanup short.
-            ctx.rec.emit("trajectory_end", trajectory_id=st.tid, traffic="agent",
-                         status=status, reason=reason)
+            ctx.rec.emit(TrajectoryEnd(trajectory_id=st.tid, traffic="agent",
+                                       status=status, reason=reason))
         setattr(ctx.counters, status, getattr(ctx.counters, status) + 1)
         ctx.counters.server_failed += status == "failed" and server_fault
         ctx.progress.agents_active -= 1
@@ -222,9 +230,10 @@ class Executor:
         kept = st.context if call.keep_tokens is None else st.context[:call.keep_tokens]
         prompt = kept + appended
         if self.ctx_per_slot and len(prompt) + call.output_tokens > self.ctx_per_slot:
-            ctx.rec.emit("call_end", trajectory_id=st.tid, traffic="agent", step=call.step,
-                         status="error", detail=f"context overflow: {len(prompt)} + "
-                         f"{call.output_tokens} tokens exceed {self.ctx_per_slot} per slot")
+            ctx.rec.emit(CallEnd(
+                trajectory_id=st.tid, traffic="agent", step=call.step, status="error",
+                detail=f"context overflow: {len(prompt)} + {call.output_tokens} tokens exceed "
+                f"{self.ctx_per_slot} per slot"))
             return "failed", "context-overflow"
         # Lost its context while paused: its wait for the server joins queue_delay_s.
         evicted = is_resume and bool(st.context) and not ctx.kept_through_pause(st)
@@ -232,12 +241,12 @@ class Executor:
         if st.context:
             # The resumed call holds its context on the device from here (kept, restored, or
             # being re-prefilled).
-            ctx.rec.emit("kv_state", trajectory_id=st.tid, traffic="agent",
-                         kv_tokens=len(st.context), status="active")
-        sent_ns = ctx.rec.emit("call_start", trajectory_id=st.tid, traffic="agent",
-                               step=call.step, slot=st.slot, planned_ns=due_ns,
-                               prompt_tokens=len(prompt), appended_tokens=len(appended),
-                               is_resume=is_resume)
+            ctx.rec.emit(KvState(trajectory_id=st.tid, traffic="agent",
+                                 kv_tokens=len(st.context), status="active"))
+        sent_ns = ctx.rec.emit(CallStart(trajectory_id=st.tid, traffic="agent",
+                                         step=call.step, slot=st.slot, planned_ns=due_ns,
+                                         prompt_tokens=len(prompt), appended_tokens=len(appended),
+                                         is_resume=is_resume))
         chunks = ChunkTimes(ctx.rec, ctx.clock, st.tid, "agent", call.step, st.slot)
         res = await ctx.adapter.complete(
             CompletionRequest(prompt, call.output_tokens, st.slot,
@@ -246,12 +255,12 @@ class Executor:
                               priority=(call_priority(st.rank, is_resume and not evicted)
                                         if self.ordered else None)),
             chunks)
-        ctx.rec.emit("call_end", trajectory_id=st.tid, traffic="agent", step=call.step,
-                     slot=st.slot, status=res.status, output_tokens=len(res.tokens),
-                     cached_tokens=res.cached_tokens, prompt_n=res.prompt_n,
-                     server_ms=res.prompt_ms, decode_ms=res.decode_ms, detail=res.error,
-                     reason=res.served_by, token_gaps=chunks.gaps(),
-                     value_s=None if res.queue_ms is None else res.queue_ms / 1e3)
+        ctx.rec.emit(CallEnd(trajectory_id=st.tid, traffic="agent", step=call.step,
+                             slot=st.slot, status=res.status, output_tokens=len(res.tokens),
+                             cached_tokens=res.cached_tokens, prompt_n=res.prompt_n,
+                             server_ms=res.prompt_ms, decode_ms=res.decode_ms, detail=res.error,
+                             served_by=res.served_by, token_gaps=chunks.gaps(),
+                             engine_queue_s=None if res.queue_ms is None else res.queue_ms / 1e3))
         learn_prefill(ctx, res.prompt_n, res.prompt_ms)
         st.pinned = ctx.hold_calls  # the call's end holds its context until the pause decides
         if evicted and chunks.first_ns is not None and res.prompt_ms is not None:
@@ -267,6 +276,6 @@ class Executor:
         if res.status != "ok":
             return "failed", f"server error: {res.error}"
         st.context = prompt + res.tokens
-        ctx.rec.emit("kv_state", trajectory_id=st.tid, traffic="agent",
-                     kv_tokens=len(st.context), status="active")
+        ctx.rec.emit(KvState(trajectory_id=st.tid, traffic="agent",
+                             kv_tokens=len(st.context), status="active"))
         return "completed", None

@@ -11,6 +11,7 @@ import re
 
 from harness.adapters.base import PausedKv, Unsupported
 from harness.policies.base import KEEP, KEEP_EVICTABLE, RECOMPUTE, SWAP, ServerRates
+from harness.records.kinds import Erase, KvState, Recompute, SlotWait, SwapIn, SwapOut
 from harness.replay.clock import NS
 from harness.replay.context import ReplayContext, TrajectoryState
 
@@ -60,8 +61,8 @@ async def acquire(ctx: ReplayContext, st: TrajectoryState, step: int,
     contended = ctx.pool.free == 0
     st.slot = await ctx.pool.acquire()
     if contended:
-        ctx.rec.emit("slot_wait", trajectory_id=st.tid, traffic=traffic, step=step,
-                     slot=st.slot, value_s=(ctx.clock.now_ns() - t0) / NS)
+        ctx.rec.emit(SlotWait(trajectory_id=st.tid, traffic=traffic, step=step,
+                              slot=st.slot, slot_wait_s=(ctx.clock.now_ns() - t0) / NS))
 
 
 async def restore(ctx: ReplayContext, st: TrajectoryState, step: int) -> None:
@@ -72,18 +73,18 @@ async def restore(ctx: ReplayContext, st: TrajectoryState, step: int) -> None:
     if st.dump is not None and (st.slot is not None or ctx.pool is None):
         io = await ctx.adapter.restore(paused_kv(st), st.dump)
         if io is not None:
-            ctx.rec.emit("swap_in", trajectory_id=st.tid, traffic="agent", step=step,
-                         slot=st.slot, bytes=io.bytes, server_ms=io.ms,
-                         retained_tokens=io.tokens)
+            ctx.rec.emit(SwapIn(trajectory_id=st.tid, traffic="agent", step=step,
+                                slot=st.slot, bytes=io.bytes, server_ms=io.ms,
+                                retained_tokens=io.tokens))
             if io.ms > 0 and io.bytes > 0:
                 _learn_swap(ctx, io.bytes, io.ms)
         else:  # restored by the server on the call itself; its time is in the call's
-            ctx.rec.emit("swap_in", trajectory_id=st.tid, traffic="agent", step=step,
-                         retained_tokens=len(st.context), reason="on the resumed call")
+            ctx.rec.emit(SwapIn(trajectory_id=st.tid, traffic="agent", step=step,
+                                retained_tokens=len(st.context), reason="on the resumed call"))
         await delete_dump(ctx, st)
     elif not had_slot and st.context and ctx.pool is not None:
-        ctx.rec.emit("recompute", trajectory_id=st.tid, traffic="agent", step=step,
-                     recomputed_tokens=len(st.context))
+        ctx.rec.emit(Recompute(trajectory_id=st.tid, traffic="agent", step=step,
+                               recomputed_tokens=len(st.context)))
 
 
 async def hold(ctx: ReplayContext, st: TrajectoryState, ttl_s: float | None) -> None:
@@ -107,12 +108,12 @@ async def evict(ctx: ReplayContext, st: TrajectoryState, action: str, step: int,
             return  # the server cannot save it: the KV stays in its slot
     else:
         await ctx.adapter.drop(paused_kv(st))
-    ctx.rec.emit("erase", trajectory_id=st.tid, traffic="agent", step=step, slot=st.slot,
-                 reason=reason)
+    ctx.rec.emit(Erase(trajectory_id=st.tid, traffic="agent", step=step, slot=st.slot,
+                       reason=reason))
     await ctx.pool.release(st.slot)
     st.slot = None
-    ctx.rec.emit("kv_state", trajectory_id=st.tid, traffic="agent", kv_tokens=0,
-                 status="released")
+    ctx.rec.emit(KvState(trajectory_id=st.tid, traffic="agent", kv_tokens=0,
+                         status="released"))
 
 
 async def _evict_unslotted(ctx: ReplayContext, st: TrajectoryState, action: str, step: int,
@@ -122,14 +123,14 @@ async def _evict_unslotted(ctx: ReplayContext, st: TrajectoryState, action: str,
         await ctx.adapter.drop(paused_kv(st))
         # A fresh cache salt forbids reuse of whatever of the old prefix stays cached.
         st.salt = cache_salt(ctx.run_id, st.tid, step)
-        ctx.rec.emit("erase", trajectory_id=st.tid, traffic="agent", step=step,
-                     reason=f"{reason}: fresh cache salt")
-        ctx.rec.emit("recompute", trajectory_id=st.tid, traffic="agent", step=step,
-                     recomputed_tokens=len(st.context))
+        ctx.rec.emit(Erase(trajectory_id=st.tid, traffic="agent", step=step,
+                           reason=f"{reason}: fresh cache salt"))
+        ctx.rec.emit(Recompute(trajectory_id=st.tid, traffic="agent", step=step,
+                               recomputed_tokens=len(st.context)))
     elif action == SWAP:
         if await _swap_out(ctx, st, step, reason):
-            ctx.rec.emit("kv_state", trajectory_id=st.tid, traffic="agent", kv_tokens=0,
-                         status="released")
+            ctx.rec.emit(KvState(trajectory_id=st.tid, traffic="agent", kv_tokens=0,
+                                 status="released"))
         elif KEEP in ctx.adapter.capabilities.pause_actions:
             # The server refused (its host memory is full): the context stays pinned for the
             # rest of the pause, not just until the safety net a TTL's hold set.
@@ -139,10 +140,10 @@ async def _evict_unslotted(ctx: ReplayContext, st: TrajectoryState, action: str,
         prefilled = await ctx.adapter.unpin(paused_kv(st))
         # Where leaving a pinned context to the cache costs a prefill (SGLang frees a closed
         # session's KV but its first prompt), the event says how much.
-        ctx.rec.emit("kv_state", trajectory_id=st.tid, traffic="agent",
-                     kv_tokens=len(st.context), status="evictable",
-                     detail=f"{prefilled} tokens prefilled again to leave it cached"
-                     if prefilled else None)
+        ctx.rec.emit(KvState(trajectory_id=st.tid, traffic="agent",
+                             kv_tokens=len(st.context), status="evictable",
+                             detail=f"{prefilled} tokens prefilled again to leave it cached"
+                             if prefilled else None))
 
 
 async def _swap_out(ctx: ReplayContext, st: TrajectoryState, step: int, reason: str) -> bool:
@@ -152,12 +153,12 @@ async def _swap_out(ctx: ReplayContext, st: TrajectoryState, step: int, reason: 
         io = await ctx.adapter.offload(paused_kv(st), name)
     except Unsupported as exc:
         ctx.counters.unsupported += 1
-        ctx.rec.emit("swap_out", trajectory_id=st.tid, traffic="agent", step=step,
-                     slot=st.slot, status="unsupported", detail=str(exc)[:300])
+        ctx.rec.emit(SwapOut(trajectory_id=st.tid, traffic="agent", step=step,
+                             slot=st.slot, status="unsupported", detail=str(exc)[:300]))
         return False
     st.dump = name
-    ctx.rec.emit("swap_out", trajectory_id=st.tid, traffic="agent", step=step, slot=st.slot,
-                 bytes=io.bytes, server_ms=io.ms, retained_tokens=io.tokens, reason=reason)
+    ctx.rec.emit(SwapOut(trajectory_id=st.tid, traffic="agent", step=step, slot=st.slot,
+                         bytes=io.bytes, server_ms=io.ms, retained_tokens=io.tokens, reason=reason))
     return True
 
 
@@ -186,7 +187,7 @@ async def free_slot(ctx: ReplayContext, st: TrajectoryState, reason: str,
     slot = st.slot
     try:
         await ctx.adapter.release(paused_kv(st))
-        ctx.rec.emit("erase", trajectory_id=st.tid, traffic=traffic, slot=slot, reason=reason)
+        ctx.rec.emit(Erase(trajectory_id=st.tid, traffic=traffic, slot=slot, reason=reason))
     finally:
         st.slot = None
         await ctx.pool.release(slot)
@@ -203,8 +204,8 @@ async def release(ctx: ReplayContext, st: TrajectoryState, reason: str) -> None:
         await delete_dump(ctx, st)
     except Exception as exc:
         ctx.counters.cleanup_errors.append(f"{st.tid}: {type(exc).__name__}: {exc}")
-    ctx.rec.emit("kv_state", trajectory_id=st.tid, traffic="agent", kv_tokens=0,
-                 status="released")
+    ctx.rec.emit(KvState(trajectory_id=st.tid, traffic="agent", kv_tokens=0,
+                         status="released"))
 
 
 # ---- rates learned from what the server did -----------------------------------------------

@@ -9,6 +9,7 @@ import math
 
 from harness.plan.planner import ToolStep, TrajectoryPlan
 from harness.policies.base import KEEP, Decision, PauseContext
+from harness.records.kinds import KvState, PauseDecision, ToolEnd, ToolStart
 from harness.replay.clock import NS
 from harness.replay.context import ReplayContext, ToolOutcome, TrajectoryState
 from harness.replay.kv_actions import evict, hold
@@ -20,10 +21,10 @@ async def pause_at_tool(ctx: ReplayContext, subagents: Subagents, st: Trajectory
     """Run one tool step of `traj` under the pause policy; returns how it ended and when (the
     next call is due then)."""
     d, supported = _decide(ctx, st, traj, tool)
-    t0 = ctx.rec.emit("tool_start", trajectory_id=st.tid, traffic="agent", step=tool.step,
-                      tool_class=tool.tool_class, tool_name=tool.tool_name,
-                      value_s=tool.latency_s,
-                      deadline_s=tool.deadline_s if math.isfinite(tool.deadline_s) else None)
+    t0 = ctx.rec.emit(ToolStart(
+        trajectory_id=st.tid, traffic="agent", step=tool.step, tool_class=tool.tool_class,
+        tool_name=tool.tool_name, planned_latency_s=tool.latency_s,
+        deadline_s=tool.deadline_s if math.isfinite(tool.deadline_s) else None))
     # Sub-agents start with the tool, while their parent's KV is being dealt with.
     children = subagents.spawn(tool, t0)
     try:
@@ -47,11 +48,12 @@ def _decide(ctx: ReplayContext, st: TrajectoryState, traj: TrajectoryPlan,
     d = ctx.policy.decide(_pause_context(ctx, st, traj, tool))
     actions = ctx.adapter.capabilities.pause_actions
     supported = d.action in actions and (d.after is None or d.after in actions)
-    ctx.rec.emit("pause_decision", trajectory_id=st.tid, traffic="agent", step=tool.step,
-                 tool_class=tool.tool_class, action=d.label, reason=d.reason,
-                 retained_tokens=len(st.context), value_s=d.predicted_wait_s, slot=st.slot,
-                 status="ok" if supported else "unsupported",
-                 detail=f"ttl_s={d.ttl_s} after={d.after}" if d.ttl_s is not None else None)
+    ctx.rec.emit(PauseDecision(
+        trajectory_id=st.tid, traffic="agent", step=tool.step, tool_class=tool.tool_class,
+        action=d.label, reason=d.reason, retained_tokens=len(st.context),
+        predicted_wait_s=d.predicted_wait_s, slot=st.slot,
+        status="ok" if supported else "unsupported",
+        detail=f"ttl_s={d.ttl_s} after={d.after}" if d.ttl_s is not None else None))
     return d, supported
 
 
@@ -83,8 +85,8 @@ async def _park(ctx: ReplayContext, st: TrajectoryState, tool: ToolStep, d: Deci
     else:
         # Nothing was done, so the context stays where it was: held while paused.
         ctx.counters.unsupported += 1
-    ctx.rec.emit("kv_state", trajectory_id=st.tid, traffic="agent",
-                 kv_tokens=len(st.context), status="paused")
+    ctx.rec.emit(KvState(trajectory_id=st.tid, traffic="agent",
+                         kv_tokens=len(st.context), status="paused"))
 
 
 def _planned_end(tool: ToolStep, t0: int) -> tuple[int, bool]:
@@ -126,11 +128,11 @@ def _end_tool(ctx: ReplayContext, st: TrajectoryState, tool: ToolStep, returns: 
     its deadline, which cancels the trajectory."""
     if not returns:
         status = "abandoned" if tool.latency_s is None else "timeout"
-        ctx.rec.emit("tool_end", wake, trajectory_id=st.tid, traffic="agent", step=tool.step,
-                     tool_class=tool.tool_class, status=status, planned_ns=end_ns)
+        ctx.rec.emit(ToolEnd(trajectory_id=st.tid, traffic="agent", step=tool.step,
+                             tool_class=tool.tool_class, status=status, planned_ns=end_ns), wake)
         return "cancelled", f"tool {status}: deadline {tool.deadline_s:g}s", end_ns
     assert tool.latency_s is not None  # a tool that returns has a latency (_planned_end)
     ctx.history[tool.tool_class].add(tool.latency_s)
-    ctx.rec.emit("tool_end", wake, trajectory_id=st.tid, traffic="agent", step=tool.step,
-                 tool_class=tool.tool_class, status=tool.outcome, planned_ns=end_ns)
+    ctx.rec.emit(ToolEnd(trajectory_id=st.tid, traffic="agent", step=tool.step,
+                         tool_class=tool.tool_class, status=tool.outcome, planned_ns=end_ns), wake)
     return "completed", None, end_ns

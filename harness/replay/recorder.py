@@ -6,13 +6,14 @@ import asyncio
 import sys
 from array import array
 from collections import deque
-from typing import Any
+from operator import attrgetter
 
+from harness.records.kinds import KINDS, FirstToken, Record, columns_of
 from harness.records.parts import PartWriter
-from harness.records.schema import RECORD_COLUMNS
 from harness.replay.clock import Clock
 
-_KNOWN = frozenset(RECORD_COLUMNS)
+# Per event kind, its columns and a getter of their values from a declared record.
+_ROWS = {k: (cols, attrgetter(*cols)) for k in KINDS for cols in [columns_of(k)]}
 
 
 class Recorder:
@@ -24,15 +25,16 @@ class Recorder:
         self._clock = clock
         self._seq = 0
 
-    def emit(self, event: str, t_ns: int | None = None, **cols: Any) -> int:
-        """Append one event; returns its timestamp. Unknown columns are a programming error."""
-        if not _KNOWN.issuperset(cols):
-            raise KeyError(f"unknown record columns: {sorted(set(cols) - _KNOWN)}")
+    def emit(self, record: Record, t_ns: int | None = None) -> int:
+        """Append one event (its kind's declaration, harness.records.kinds: a column the kind
+        does not have cannot be given); returns its timestamp (now unless `t_ns`)."""
         t = self._clock.now_ns() if t_ns is None else t_ns
-        # The keyword dict is the caller's own: it becomes the row (one dict per event).
-        cols["run_id"], cols["seq"], cols["t_ns"], cols["event"] = self._run_id, self._seq, t, event
+        cols, values = _ROWS[type(record)]
+        row = dict(zip(cols, values(record), strict=True))
+        row["run_id"], row["seq"], row["t_ns"], row["event"] = self._run_id, self._seq, t, \
+            record.KIND
         self._seq += 1
-        self._writer.append(cols)
+        self._writer.append(row)
         return t
 
     def flush(self) -> None:
@@ -63,8 +65,8 @@ class ChunkTimes:
     def __call__(self) -> None:
         if self._last is None:
             tid, traffic, step, slot = self._cols
-            self._last = self._rec.emit("first_token", trajectory_id=tid, traffic=traffic,
-                                        step=step, slot=slot)
+            self._last = self._rec.emit(FirstToken(trajectory_id=tid, traffic=traffic,
+                                                   step=step, slot=slot))
             self.first_ns = self._last
             return
         now = self._clock.now_ns()

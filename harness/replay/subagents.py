@@ -12,6 +12,7 @@ from typing import Any
 
 from harness.plan.planner import ToolStep, TrajectoryPlan
 from harness.policies.base import Decision
+from harness.records.kinds import ToolEnd
 from harness.replay.clock import NS, Clock
 from harness.replay.context import ReplayContext, ToolOutcome, TrajectoryState
 from harness.replay.kv_actions import evict
@@ -138,8 +139,9 @@ class Subagents:
         await settle(children, cancel=True)
         for c in tool.children:
             self._stopped.pop(c.trajectory_id, None)
-        self.ctx.rec.emit("tool_end", trajectory_id=st.tid, traffic="agent", step=tool.step,
-                          tool_class=tool.tool_class, status="timeout", planned_ns=deadline_ns)
+        self.ctx.rec.emit(ToolEnd(
+            trajectory_id=st.tid, traffic="agent", step=tool.step, tool_class=tool.tool_class,
+            status="timeout", planned_ns=deadline_ns))
         return "cancelled", f"tool timeout: deadline {tool.deadline_s:g}s", deadline_ns
 
     async def _residual(self, st: TrajectoryState, tool: ToolStep, t0: int, ttl_ns: int | None,
@@ -158,6 +160,7 @@ class Subagents:
         if end_ns > joined:  # a planned wake-up: its lateness is the client's own
             ctx.progress.lags_ms.append((wake - end_ns) / 1e6)
         ctx.history[tool.tool_class].add(wait_s + (tool.latency_s or 0.0))
-        ctx.rec.emit("tool_end", wake, trajectory_id=st.tid, traffic="agent", step=tool.step,
-                     tool_class=tool.tool_class, status=tool.outcome, planned_ns=end_ns)
+        ctx.rec.emit(ToolEnd(trajectory_id=st.tid, traffic="agent", step=tool.step,
+                             tool_class=tool.tool_class, status=tool.outcome,
+                             planned_ns=end_ns), wake)
         return "completed", None, end_ns

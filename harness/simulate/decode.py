@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from harness.records.kinds import KINDS
 from harness.records.schema import RECORD_COLUMNS
 from harness.simulate.workload import OUTCOMES, Workload
 
-EVENTS = ("trajectory_start", "call_start", "first_token", "call_end", "tool_start",
-          "pause_decision", "swap_out", "swap_in", "erase", "recompute", "kv_state",
-          "slot_wait", "cancel", "tool_end", "trajectory_end")
+# The event kinds in their declared order (a part's rows are grouped so): codes E_*.
+EVENTS = tuple(k.KIND for k in KINDS)
 (E_TRAJ_START, E_CALL_START, E_FIRST_TOKEN, E_CALL_END, E_TOOL_START, E_DECISION, E_SWAP_OUT,
  E_SWAP_IN, E_ERASE, E_RECOMPUTE, E_KV_STATE, E_SLOT_WAIT, E_CANCEL, E_TOOL_END,
  E_TRAJ_END) = range(len(EVENTS))
@@ -38,7 +38,8 @@ _LABELS = ("tool_class", "tool_name", "action", "reason", "status")
 _COUNTS = ("planned_ns", "prompt_tokens", "appended_tokens", "is_resume", "output_tokens",
            "cached_tokens", "prompt_n", "retained_tokens", "recomputed_tokens", "kv_tokens",
            "bytes")
-_TIMES = ("server_ms", "decode_ms", "value_s", "deadline_s")
+_TIMES = ("server_ms", "decode_ms", "planned_latency_s", "predicted_wait_s", "slot_wait_s",
+          "deadline_s")
 _EVENT_NAMES = pa.array(EVENTS)
 _STATUS_VOCAB = pa.array([*OUTCOMES, *KV_STATUSES, *END_STATUSES])
 _ACTION_VOCAB = pa.array(ACTIONS)
@@ -84,6 +85,10 @@ def decode(blocks: list[tuple[np.ndarray, ...]], texts: pa.Array,
             **dict(zip(_COUNTS, _count_columns(p, ends), strict=True)),
             **dict(zip(_TIMES, _time_columns(p, ends), strict=True)),
             "detail": _detail_column(p, texts, ends),
+            # a call_end's served_by: the server that served it, as a replay records its worker
+            "served_by": p.strings({E_CALL_END: p.d[p.sl[E_CALL_END]]}, texts),
+            # no server reports its queue wait in a simulation
+            "engine_queue_s": pa.nulls(p.n, pa.float64()),
             # The simulator spaces a call's tokens evenly (decode_ms): no streamed chunk times.
             "token_gaps": pa.nulls(p.n, pa.binary()),
             "parent_id": _parent_column(p)}
@@ -177,7 +182,7 @@ def _identity_columns(p: _Part) -> list[pa.Array]:
 
 def _label_columns(p: _Part, texts: pa.Array, ends: _CallEnds) -> list[pa.Array]:
     """tool_class, tool_name, action, reason, status."""
-    w, a, b, c, d, sl = p.w, p.a, p.b, p.c, p.d, p.sl
+    w, a, b, c, sl = p.w, p.a, p.b, p.c, p.sl
     tools = {e: w.cls[p.steps_of(e)] for e in (E_TOOL_START, E_DECISION, E_TOOL_END)}
     dec_a = a[sl[E_DECISION]].astype(np.int64)
     # OUTCOMES: ok, error (an overflow), timeout
@@ -187,10 +192,9 @@ def _label_columns(p: _Part, texts: pa.Array, ends: _CallEnds) -> list[pa.Array]
         p.strings({E_TOOL_START: w.name[p.steps_of(E_TOOL_START)]},
                   pa.array(w.names, type=pa.string())),
         p.strings({E_DECISION: dec_a % 8}, _ACTION_VOCAB),
-        # a call_end's reason: the server that served it, as a replay records its worker
         p.strings({E_DECISION: c[sl[E_DECISION]], E_ERASE: a[sl[E_ERASE]],
                    E_CANCEL: a[sl[E_CANCEL]], E_SWAP_OUT: c[sl[E_SWAP_OUT]],
-                   E_TRAJ_END: b[sl[E_TRAJ_END]], E_CALL_END: d[sl[E_CALL_END]]}, texts),
+                   E_TRAJ_END: b[sl[E_TRAJ_END]]}, texts),
         p.strings({E_CALL_END: ok_or_err, E_DECISION: 0, E_TOOL_END: a[sl[E_TOOL_END]],
                    E_KV_STATE: KV_STATUS_AT + b[sl[E_KV_STATE]],
                    E_TRAJ_END: END_STATUS_AT + a[sl[E_TRAJ_END]]},
@@ -225,7 +229,7 @@ def _count_columns(p: _Part, ends: _CallEnds) -> list[pa.Array]:
 
 
 def _time_columns(p: _Part, ends: _CallEnds) -> list[pa.Array]:
-    """server_ms, decode_ms, value_s, deadline_s."""
+    """server_ms, decode_ms, planned_latency_s, predicted_wait_s, slot_wait_s, deadline_s."""
     w, a, b, sl = p.w, p.a, p.b, p.sl
     end = sl[E_CALL_END]
     g_tool = p.steps_of(E_TOOL_START)
@@ -233,8 +237,9 @@ def _time_columns(p: _Part, ends: _CallEnds) -> list[pa.Array]:
         p.column({E_CALL_END: b[end] + ends.nan_on_err, E_SWAP_OUT: b[sl[E_SWAP_OUT]],
                   E_SWAP_IN: b[sl[E_SWAP_IN]]}, pa.float64()),
         p.column(ends.ok_only(p.c[end]), pa.float64()),
-        p.column({E_DECISION: b[sl[E_DECISION]], E_TOOL_START: w.lat[g_tool],
-                  E_SLOT_WAIT: a[sl[E_SLOT_WAIT]]}, pa.float64()),
+        p.column({E_TOOL_START: w.lat[g_tool]}, pa.float64()),
+        p.column({E_DECISION: b[sl[E_DECISION]]}, pa.float64()),
+        p.column({E_SLOT_WAIT: a[sl[E_SLOT_WAIT]]}, pa.float64()),
         # no deadline (a parent waits as long as its sub-agents run): null, as the replay's
         p.column({E_TOOL_START: np.where(np.isfinite(w.deadline[g_tool]), w.deadline[g_tool],
                                          np.nan)}, pa.float64()),

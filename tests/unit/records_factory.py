@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from harness.records.kinds import KIND_COLUMNS
 from harness.records.schema import RECORDS_SCHEMA
 from harness.records.store import RECORDS_DIR, RUN_JSON, write_json
 
@@ -41,6 +42,9 @@ class Records:
             **cols: Any) -> None:
         row = {"run_id": self.run_id, "seq": len(self.rows), "t_ns": ns(t_s), "event": event,
                "trajectory_id": tid, "traffic": traffic}
+        # only the columns the event declares (a column it lacks would be dropped unseen)
+        if undeclared := set(cols) - set(KIND_COLUMNS[event]):
+            raise KeyError(f"{event} has no column(s) {sorted(undeclared)}")
         row.update(cols)
         self.rows.append(row)
 
@@ -122,7 +126,7 @@ class Trajectory:
                   cached_tokens=cached, prompt_n=pn, server_ms=server_ms, decode_ms=decode_ms,
                   token_gaps=None if token_gaps_us is None else b"".join(
                       g.to_bytes(4, "little") for g in token_gaps_us),
-                  value_s=None if queue_ms is None else queue_ms / 1e3)
+                  engine_queue_s=None if queue_ms is None else queue_ms / 1e3)
         self.context = prompt + out
         self.step += 1
         self.resuming = False
@@ -145,9 +149,9 @@ class Trajectory:
         retained = self.context if retained is None else retained
         st = self.step
         self._add("pause_decision", step=st, tool_class=cls, action=action, reason="test",
-                  retained_tokens=retained, value_s=wait, slot=0)
+                  retained_tokens=retained, predicted_wait_s=wait, slot=0)
         self._add("tool_start", step=st, tool_class=cls, tool_name=name,
-                  value_s=wait if planned is None else planned, deadline_s=60.0)
+                  planned_latency_s=wait if planned is None else planned, deadline_s=60.0)
         t0 = self.t
         if action in ("keep", "ttl"):
             self._add("kv_state", kv_tokens=retained, status="paused")
@@ -174,7 +178,7 @@ class Trajectory:
         self.step += 1
         if queue:
             self.t += queue
-            self._add("slot_wait", step=st, value_s=queue)
+            self._add("slot_wait", step=st, slot_wait_s=queue)
         ttl_swapped = (action == "ttl" and ttl_after == "swap" and ttl_expire_after is not None
                        and ttl_expire_after < wait)
         if action == "swap" or ttl_swapped:

@@ -379,8 +379,9 @@ def test_engine_order_pause_ends_at_resumed_call_start() -> None:
     add(0.15, "call_end", "a", step=0, status="ok", output_tokens=5, cached_tokens=0,
         prompt_n=100, server_ms=100.0)
     add(0.15, "kv_state", "a", kv_tokens=105, status="active")
-    add(0.15, "pause_decision", "a", step=1, action="keep", retained_tokens=105, value_s=2.0)
-    add(0.15, "tool_start", "a", step=1, tool_class="remote_read", value_s=2.0)
+    add(0.15, "pause_decision", "a", step=1, action="keep", retained_tokens=105,
+        predicted_wait_s=2.0)
+    add(0.15, "tool_start", "a", step=1, tool_class="remote_read", planned_latency_s=2.0)
     add(0.15, "kv_state", "a", kv_tokens=105, status="paused")
     add(2.15, "tool_end", "a", step=1, status="ok")
     add(2.15, "call_start", "a", step=2, prompt_tokens=115, appended_tokens=10, is_resume=True)

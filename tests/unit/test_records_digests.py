@@ -67,7 +67,10 @@ def _same(a: Any, b: Any) -> bool:
 def matching_figures(directory: Path) -> list[str]:
     """The summary.json figures that the summary recomputed from the records reproduces."""
     stored = _leaves(json.loads((directory / SUMMARY_JSON).read_text()))
-    fresh = _leaves(json.loads(json.dumps(summarize_dir(directory), default=str)))
+    summary: Any = summarize_dir(directory)
+    # the summary as summary.json holds it (an object that writes itself, or a dict)
+    as_json = summary.to_json() if hasattr(summary, "to_json") else summary
+    fresh = _leaves(json.loads(json.dumps(as_json, default=str)))
     return sorted(k for k, v in stored.items() if k in fresh and _same(fresh[k], v))
 
 

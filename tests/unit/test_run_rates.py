@@ -41,7 +41,7 @@ def call(tid: str, t0: float, t1: float, *, prompt: int = 100, computed: int = 1
             {**base, "event": "call_end", "t_ns": int(t1 * 1e6), "status": status,
              "prompt_n": computed, "server_ms": server_ms, "output_tokens": out,
              "decode_ms": decode_ms, "prompt_tokens": None,
-             "value_s": None if queue_ms is None else queue_ms / 1e3}]
+             "engine_queue_s": None if queue_ms is None else queue_ms / 1e3}]
 
 
 def frame(*calls: list[dict[str, Any]]) -> pd.DataFrame:

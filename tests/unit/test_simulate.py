@@ -150,7 +150,7 @@ def test_keep_blocks_admission_when_all_slots_are_kept(tmp_path: Path) -> None:
     df, _ = sim(tmp_path, path, "keep", Capacity(slots=1, ctx_per_slot=1000))
     # b waits for a's slot: a keeps it through its 10 s pause, until a completes.
     assert t_s(df, "call_start", "b") == pytest.approx(t_s(df, "trajectory_end", "a"))
-    wait = ev(df, "slot_wait", "b")["value_s"].iloc[0]
+    wait = ev(df, "slot_wait", "b")["slot_wait_s"].iloc[0]
     assert wait == pytest.approx(t_s(df, "trajectory_end", "a"))
     df2, _ = sim(tmp_path, path, "recompute", Capacity(slots=1, ctx_per_slot=1000), name="rc")
     # Recompute frees the slot at the pause: b starts when a pauses.

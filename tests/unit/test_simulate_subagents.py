@@ -150,7 +150,7 @@ def test_policies_account_the_parents_kv_while_its_children_run(tmp_path: Path,
     keep = sim(tmp_path, path, "keep", slots, engine, name="keep")
     # The parent keeps its slot through the pause: A and B share the other one, in turn.
     assert t_s(keep, "call_start", "B") == pytest.approx(t_s(keep, "trajectory_end", "A"))
-    assert ev(keep, "slot_wait", "B")["value_s"].iloc[0] > 0
+    assert ev(keep, "slot_wait", "B")["slot_wait_s"].iloc[0] > 0
     assert ev(keep, "recompute").empty and ev(keep, "swap_out").empty
     rc = sim(tmp_path, path, "recompute", slots, engine, name="rc")
     # Recompute frees the parent's slot as it pauses: both children run at once.

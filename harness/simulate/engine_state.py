@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from harness.model.iteration import IterationCosts
@@ -106,13 +107,30 @@ def trajectories(w: Workload) -> list[Trajectory]:
             for ti, (f, k) in enumerate(zip(w.first, w.n_steps, strict=True))]
 
 
+@dataclass(frozen=True)
+class LoopRules:
+    """How the loop runs besides its workload and server: trajectories arriving on their own
+    (`open_loop`) or taken by a closed loop's agents; the latencies per tool class a policy
+    sees (`history_window`); an agent that ends a trajectory starting its next one on the slot
+    it freed (`agent_handoff`); the seed of the server model's draws; the client's first-token
+    timeout (inf: none); a replay's trajectory starts and tool ends to keep to (`pins`)."""
+
+    open_loop: bool = False
+    history_window: int = 1000
+    agent_handoff: bool = False
+    seed: int = 0
+    first_token_timeout_s: float = INF
+    pins: Pins | None = None
+
+
 class EngineState:
     """One simulation's inputs and running state, and the record and event bookkeeping."""
 
     def __init__(self, w: Workload, server: ServerModel, cap: Capacity, policy: PausePolicy,
-                 open_loop: bool, sink: RecordSink, run_id: str, history_window: int,
-                 agent_handoff: bool, seed: int = 0,
-                 first_token_timeout_s: float = INF, pins: Pins | None = None) -> None:
+                 sink: RecordSink, run_id: str, rules: LoopRules) -> None:
+        open_loop, history_window, seed = rules.open_loop, rules.history_window, rules.seed
+        first_token_timeout_s, pins = rules.first_token_timeout_s, rules.pins
+        agent_handoff = rules.agent_handoff
         self.open_loop = open_loop
         self.agent_handoff = agent_handoff and cap.slot_mode and not open_loop
         self.barge = False  # the agent that just freed a slot starts its next trajectory on it

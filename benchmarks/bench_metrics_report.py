@@ -122,7 +122,7 @@ def _agents(n_traj: int, rng: np.random.Generator) -> pd.DataFrame:
         "recomputed_tokens": np.where(recompute, tok, np.nan).ravel(),
         "bytes": np.where(restore, tok * KV_BPT, np.nan).ravel(),
         "kv_tokens": kv.ravel(),
-        "value_s": planned.ravel(),
+        "planned_latency_s": planned.ravel(),
     })
 
 

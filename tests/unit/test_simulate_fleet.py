@@ -86,7 +86,7 @@ def test_one_server_is_exactly_the_simulation_without_the_flags(tmp_path: Path) 
     pd.testing.assert_frame_equal(plain, one)
     assert summary_of(tmp_path, "plain") == summary_of(tmp_path, "one")
     assert summary_of(tmp_path, "one")["routing"] is None  # no call names a server
-    assert plain.loc[plain["event"] == "call_end", "reason"].isna().all()
+    assert plain.loc[plain["event"] == "call_end", "served_by"].isna().all()
     for r in (run, run1):
         assert r["simulator"]["servers"] == 1 and r["simulator"]["router"] is None
         assert "routing" not in r["simulator"]
@@ -105,9 +105,9 @@ def test_a_fleet_of_one_server_simulates_what_one_server_does(
     fleet = engine_run(tmp_path, trace, policy, args, cap, agents, Fleet(1, "round-robin"))
     ends = fleet["event"] == "call_end"
     served = fleet["prompt_n"].notna()  # a context overflow names no server
-    assert (fleet.loc[ends & served, "reason"] == server_name(0)).all()
+    assert (fleet.loc[ends & served, "served_by"] == server_name(0)).all()
     fleet = plain(fleet)
-    fleet.loc[ends, "reason"] = float("nan")
+    fleet.loc[ends, "served_by"] = float("nan")
     pd.testing.assert_frame_equal(plain(alone), fleet)
     assert count(alone, "cancel") > 0 or count(alone, "swap_out") > 0
 
@@ -279,7 +279,7 @@ def test_compiled_and_pure_loops_route_alike(tmp_path: Path) -> None:
             capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stderr
         records.append(read_records(out))
-    assert records[0]["reason"].isin([server_name(k) for k in range(3)]).sum() > 0
+    assert records[0]["served_by"].isin([server_name(k) for k in range(3)]).sum() > 0
     pd.testing.assert_frame_equal(records[0], records[1])
 
 

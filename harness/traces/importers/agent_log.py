@@ -1,10 +1,7 @@
-"""The intermediate form of agent session logs (Codex rollouts, Claude Code transcripts).
-
-A format module reads its log into conversations (`Convo`): model responses in order
-(`Response`, one LLM call each, with the usage the log reports), the tool calls each made and
-what became of them (`Call`), what came between two responses (a user's prompt, a compaction,
-a /clear), and its file's counts (`FileStats`). agent_log_steps.Builder turns them into
-trajectories. Also here: the checks of the logs' fields and the provenance they share.
+"""What the agent session logs (Codex rollouts, Claude Code transcripts) share on the way to
+the intermediate form (form.py): their files' counts (`FileStats`), the checks of their fields,
+how their tool calls and pauses are timed (`measure`: from the logged times, since the logs
+state few durations) and the provenance they share.
 """
 
 from __future__ import annotations
@@ -18,6 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import InputError
+from harness.traces.importers.agent_tools import agent_tool_class
+from harness.traces.importers.form import (
+    APPROXIMATE,
+    EXACT,
+    UNKNOWN,
+    Call,
+    Convo,
+    Pause,
+    Response,
+)
+from harness.traces.schema import TOOL_SUBAGENT
 from harness.userfiles import MAX_COUNT
 
 # A sub-agent call (Task, Agent) whose conversation is not in the input: the parent still waits
@@ -47,44 +55,6 @@ COUNTS = (
 
 
 @dataclass
-class Call:
-    """A tool call a response made, and what became of it."""
-
-    call_id: str
-    name: str
-    ts: float | None  # when the call was logged
-    result_ts: float | None = None  # when its result was logged
-    has_result: bool = False
-    exact_s: float | None = None  # the duration the log states
-    error: bool = False
-    abandoned: bool = False  # interrupted or rejected: it never returned
-    spawn: bool = False  # a sub-agent call (Task, Agent)
-    kind: str = ""  # a sub-agent call's agent type
-    prompt: str = ""  # a sub-agent call's task (matched against sub-agents' first prompts)
-    agent_id: str = ""  # the sub-agent its result names
-    result_tokens: int = 0  # tokens counted in its result
-    children: list[Convo] = field(default_factory=list)
-
-
-@dataclass
-class Response:
-    """One model response: one LLM call."""
-
-    line: int
-    prompt: int | None  # tokens of its prompt (None: the log has no usage for it)
-    output: int  # output tokens the log reports
-    cached: int | None  # prompt tokens the provider's cache served
-    start_ts: float | None
-    end_ts: float | None
-    counted_in: int = 0  # tokens counted in what was appended before it (no usage: estimate)
-    counted_out: int = 0  # tokens counted in its own output
-    calls: list[Call] = field(default_factory=list)
-    user_turn: bool = False  # the user's prompt came before it
-    user_ts: float | None = None  # when (None: the log has no time)
-    cut: str | None = None  # "compaction" or "clear" before it
-
-
-@dataclass
 class FileStats:
     """What one log file held, for the provenance."""
 
@@ -100,18 +70,6 @@ class FileStats:
         return {"file": str(self.path), "id": self.ident, "version": self.version,
                 **{k: int(c[k]) for k in COUNTS}, **shares(c),
                 "skipped_lines": dict(sorted(self.skipped.items()))}
-
-
-@dataclass
-class Convo:
-    """A conversation: a session, a sub-agent's or a warm-up's, with its file's counts."""
-
-    key: str
-    stats: FileStats
-    responses: list[Response] = field(default_factory=list)
-    first_ts: float | None = None
-    last_ts: float | None = None
-    kind: str = "main"  # prefix group: main, a sub-agent type, warmup
 
 
 def shares(c: Counter[str] | dict[str, int]) -> dict[str, float | None]:
@@ -218,3 +176,55 @@ def inferred_fields(fmt: str) -> dict[str, str]:
                          "hit",
         "deadline_s": "null",
     }
+
+
+def measure(convo: Convo, fmt: str) -> None:
+    """Time each pause of `convo` and its sub-agents from the log's times (the builder replays
+    what this writes into the form), and name their prefix groups ('<fmt>/<kind>')."""
+    convo.prefix_group = f"{fmt}/{convo.kind}"
+    rs = convo.responses
+    for i, r in enumerate(rs):
+        r.after = _pause(r, rs[i + 1] if i + 1 < len(rs) else None)
+        for kid in (kid for k in r.calls for kid in k.children):
+            measure(kid, fmt)
+
+
+def _pause(prev: Response, nxt: Response | None) -> Pause:
+    """The pause after `prev` (`nxt`: the next response, None after the last)."""
+    if any(k.children for k in prev.calls):
+        # Sub-agents: the time from the last one's end to the end of the pause.
+        kids = [kid for k in prev.calls for kid in k.children]
+        ends = [kid.last_ts for kid in kids if kid.last_ts is not None]
+        end = nxt.user_ts if nxt is not None else None
+        ends_at = [t for t in [end, *(k.result_ts for k in prev.calls)] if t is not None]
+        wait = max(0.0, max(ends_at) - max(ends)) if ends and ends_at else 0.0
+        return Pause(children=kids, names=[k.kind or k.name for k in prev.calls if k.children],
+                     latency_s=wait)
+    for k in prev.calls:
+        _time_call(k, prev.end_ts)
+    results = [k.result_ts for k in prev.calls if k.result_ts is not None]
+    if nxt is not None and nxt.user_turn and (not results or nxt.user_ts is None
+                                              or nxt.user_ts >= max(results)):
+        # The user's prompt ended the pause (after any results came back).
+        wait = 0.0
+        if prev.end_ts is not None and nxt.user_ts is not None:
+            wait = max(0.0, nxt.user_ts - prev.end_ts)
+        return Pause(prev.calls, human=True, latency_s=wait)
+    return Pause(prev.calls)
+
+
+def _time_call(call: Call, start: float | None) -> None:
+    """A call's latency: the duration the log states where it has one, else the wall time
+    from the later of the call and its response's end (`start`) to its result."""
+    cls = agent_tool_class(call.name)
+    call.cls = UNLINKED_SPAWN_CLASS if cls == TOOL_SUBAGENT else cls  # its sub-agent is absent
+    call.mutating = call.cls in MUTATING_CLASSES
+    if call.abandoned or not call.has_result:
+        call.latency_s = None
+    elif call.exact_s is not None:
+        call.latency_s, call.timing = round(call.exact_s, 6), EXACT
+    elif call.result_ts is not None and (start is not None or call.ts is not None):
+        begin = max(t for t in (start, call.ts) if t is not None)
+        call.latency_s, call.timing = round(max(0.0, call.result_ts - begin), 6), APPROXIMATE
+    else:  # a log without times: nothing says how long it took
+        call.latency_s, call.timing = 0.0, UNKNOWN

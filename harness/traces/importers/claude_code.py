@@ -22,21 +22,16 @@ from typing import Any
 from harness.errors import InputError
 from harness.traces.importers._common import build_frame, summarize, take_options
 from harness.traces.importers.agent_log import (
-    Call,
-    Convo,
     FileStats,
-    Response,
     inferred_fields,
+    measure,
     raise_outputs,
     totals,
 )
-from harness.traces.importers.agent_log_steps import (
-    Builder,
-    Built,
-    assign_starts,
-)
 from harness.traces.importers.base import Format, Imported
+from harness.traces.importers.builder import Builder, Built, assign_starts
 from harness.traces.importers.claude_code_parse import ClaudeFile, Side, convo_of, read_file
+from harness.traces.importers.form import Call, Convo, Response
 from harness.traces.schema import Provenance
 from harness.userfiles import TOKEN_RULE
 
@@ -162,9 +157,10 @@ class _Import:
         self.added_finals += 1
 
     def build(self) -> Built:
-        builder, built = Builder(FORMAT, set()), Built()
+        builder, built = Builder(), Built()
         for f, main in self.mains:
             if main.responses:
+                measure(main, FORMAT)
                 builder.build(main, built)
             else:
                 self.empty.append(str(f.stats.path))
@@ -178,6 +174,7 @@ class _Import:
                 continue
             s.convo.kind = "warmup" if warm else "subagent"
             s.convo.key = f"{s.session or f.stats.ident}/{s.agent_id or s.entries[0].uuid}"
+            measure(s.convo, FORMAT)
             builder.build(s.convo, built)
         return built
 

@@ -22,14 +22,12 @@ import orjson
 
 from harness.errors import InputError
 from harness.traces.importers.agent_log import (
-    Call,
-    Convo,
     FileStats,
-    Response,
     count_field,
     parse_ts,
     seconds_field,
 )
+from harness.traces.importers.form import Call, Convo, Response
 from harness.userfiles import count_tokens, read_jsonl
 
 SPAWN_TOOLS = ("Task", "Agent")
@@ -221,7 +219,7 @@ def convo_of(entries: list[Entry], stats: FileStats, key: str, kind: str, task: 
              path: Path) -> Convo:
     """The conversation of `entries`: one response per message id, the tool calls they made
     and their results; `task`: its first user text is the task a parent gave (not a turn)."""
-    convo = Convo(key, stats, kind=kind)
+    convo = Convo(key, stats.counts, kind=kind)
     by_id: dict[str, Response] = {}
     calls: dict[str, Call] = {}
     st = _State()
@@ -241,7 +239,7 @@ def convo_of(entries: list[Entry], stats: FileStats, key: str, kind: str, task: 
 def _assistant(e: Entry, convo: Convo, by_id: dict[str, Response], calls: dict[str, Call],
                st: _State, path: Path) -> None:
     m = e.message
-    c = convo.stats.counts
+    c = convo.counts
     mid = m.get("id")
     key = mid if isinstance(mid, str) and mid else e.uuid or f"line{e.n}"
     usage = m.get("usage")

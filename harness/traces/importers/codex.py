@@ -29,14 +29,11 @@ from harness.traces.importers._common import build_frame, summarize, take_option
 from harness.traces.importers.agent_log import (
     FileStats,
     inferred_fields,
+    measure,
     totals,
 )
-from harness.traces.importers.agent_log_steps import (
-    Builder,
-    Built,
-    assign_starts,
-)
 from harness.traces.importers.base import Format, Imported
+from harness.traces.importers.builder import Builder, Built, assign_starts
 from harness.traces.importers.codex_parse import Rollout
 from harness.traces.schema import Provenance
 from harness.userfiles import TOKEN_RULE
@@ -83,16 +80,18 @@ def import_paths(paths: Sequence[Path], options: dict[str, str]) -> Imported:
     """Import Codex rollouts (files, or folders such as ~/.codex/sessions): one trajectory per
     session, continued after any call that never returned."""
     opts = take_options(options, FORMAT, OPTIONS)
-    builder, built = Builder(FORMAT, set()), Built()
+    builder, built = Builder(), Built()
     stats: list[FileStats] = []
     empty: list[str] = []
     for f in _files(paths):
-        convo = Rollout(f).read()
-        stats.append(convo.stats)
-        convo.key = _session_id(convo.stats)
+        rollout = Rollout(f)
+        convo = rollout.read()
+        stats.append(rollout.stats)
+        convo.key = _session_id(rollout.stats)
         if not convo.responses:
             empty.append(str(f))
             continue
+        measure(convo, FORMAT)
         builder.build(convo, built)
     if not built.trajectories:
         raise InputError(f"{FORMAT} import: no model response in "

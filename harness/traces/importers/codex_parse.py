@@ -13,14 +13,12 @@ import orjson
 from harness.errors import InputError
 from harness.traces.importers.agent_log import (
     MAX_LOG_S,
-    Call,
-    Convo,
     FileStats,
-    Response,
     count_field,
     parse_ts,
     seconds_field,
 )
+from harness.traces.importers.form import Call, Convo, Response
 from harness.userfiles import count_tokens, read_jsonl
 
 ENVELOPE = ("session_meta", "response_item", "event_msg", "compacted", "turn_context")
@@ -68,7 +66,7 @@ class Rollout:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.stats = FileStats(path)
-        self.convo = Convo("", self.stats)
+        self.convo = Convo("", self.stats.counts)
         self.calls: dict[str, Call] = {}
         self.facts: dict[str, dict[str, Any]] = {}  # call_id -> durations and exit code
         self.pending: list[Call] = []

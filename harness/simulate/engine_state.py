@@ -109,11 +109,8 @@ def trajectories(w: Workload) -> list[Trajectory]:
 
 @dataclass(frozen=True)
 class LoopRules:
-    """How the loop runs besides its workload and server: trajectories arriving on their own
-    (`open_loop`) or taken by a closed loop's agents; the latencies per tool class a policy
-    sees (`history_window`); an agent that ends a trajectory starting its next one on the slot
-    it freed (`agent_handoff`); the seed of the server model's draws; the client's first-token
-    timeout (inf: none); a replay's trajectory starts and tool ends to keep to (`pins`)."""
+    """How the loop runs besides its workload and server (harness.simulate.run's `simulate`
+    says what each rule means); read once, at the engine's construction."""
 
     open_loop: bool = False
     history_window: int = 1000

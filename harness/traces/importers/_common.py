@@ -205,3 +205,8 @@ def files_in(paths: Sequence[Path], suffixes: tuple[str, ...] = (".json.gz", ".j
         for q in found:
             unique.setdefault(q.resolve(), q)
     return list(unique.values())
+
+
+def share(part: int, total: int) -> float:
+    """part / total, rounded; 0 when there is nothing to share."""
+    return round(part / total, 4) if total else 0.0

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import InputError
-from harness.traces.importers.agent_tools import agent_tool_class
+from harness.traces.importers.agent_tools import UNLINKED_SPAWN_CLASS, call_class
 from harness.traces.importers.form import (
     APPROXIMATE,
     EXACT,
@@ -25,13 +25,7 @@ from harness.traces.importers.form import (
     Pause,
     Response,
 )
-from harness.traces.schema import TOOL_SUBAGENT
 from harness.userfiles import MAX_COUNT
-
-# A sub-agent call (Task, Agent) whose conversation is not in the input: the parent still waits
-# for it, minutes at a time, so it is a long job rather than a pause of the `subagent` class.
-UNLINKED_SPAWN_CLASS = "long_job"
-
 
 # Classes whose tools may change the environment (the `mutating` column), as in mini-swe-agent.
 MUTATING_CLASSES = frozenset({"mutating", "sandbox", "long_job"})
@@ -216,8 +210,7 @@ def _pause(prev: Response, nxt: Response | None) -> Pause:
 def _time_call(call: Call, start: float | None) -> None:
     """A call's latency: the duration the log states where it has one, else the wall time
     from the later of the call and its response's end (`start`) to its result."""
-    cls = agent_tool_class(call.name)
-    call.cls = UNLINKED_SPAWN_CLASS if cls == TOOL_SUBAGENT else cls  # its sub-agent is absent
+    call.cls = call_class(call.name)
     call.mutating = call.cls in MUTATING_CLASSES
     if call.abandoned or not call.has_result:
         call.latency_s = None

@@ -38,6 +38,9 @@ AGENT_TOOL_CLASSES: dict[str, str] = {
                     "human"),
 }
 BROWSER_PREFIXES = ("browser", "mcp__playwright", "mcp__puppeteer", "mcp__chrome")
+# A sub-agent call (Task, Agent) whose conversation is not in the input: the parent still waits
+# for it, minutes at a time, so it is a long job rather than a pause of the `subagent` class.
+UNLINKED_SPAWN_CLASS = "long_job"
 
 
 def agent_tool_class(name: str, default: str = "sandbox") -> str:
@@ -52,6 +55,13 @@ def agent_tool_class(name: str, default: str = "sandbox") -> str:
     if low.startswith("mcp__"):
         return tool_class_of(name.split("__")[-1], "remote_read")
     return tool_class_of(name, default)
+
+
+def call_class(name: str) -> str:
+    """The class of a call of tool `name` that started no sub-agent in the input: a launcher
+    (Task, Agent) is a long job (UNLINKED_SPAWN_CLASS)."""
+    cls = agent_tool_class(name)
+    return UNLINKED_SPAWN_CLASS if cls == TOOL_SUBAGENT else cls
 
 
 def merge_parallel(calls: Sequence[Tool]) -> Tool:

@@ -6,9 +6,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from harness.traces.importers._common import summarize
+from harness.traces.importers._common import share, summarize
 from harness.traces.importers.atif_read import Doc
-from harness.traces.importers.otel_build import GAP_TOOL, TERMINAL_TOOLS, share
+from harness.traces.importers.builder import ENDING_TOOLS
+from harness.traces.importers.otel_read import GAP_TOOL
 from harness.traces.schema import Provenance
 from harness.userfiles import TOKEN_RULE
 
@@ -116,7 +117,7 @@ def provenance(fmt: str, docs: list[Doc], counts: dict[Path, Counter[str]],
             "first prompt), not calls; a continued trajectory is read as one",
             "sub-agents named in one step start together (Harbor's summarisation runs its "
             "three one after another)",
-            f"ending tools ({', '.join(sorted(TERMINAL_TOOLS))}) and results after the last "
+            f"ending tools ({', '.join(sorted(ENDING_TOOLS))}) and results after the last "
             "model call are dropped (trailing_tools_dropped)",
         ],
         extra={"files": per, "totals": totals},

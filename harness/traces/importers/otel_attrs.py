@@ -10,7 +10,8 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from harness.traces.importers.otel_read import Span, Usage, count
+from harness.traces.importers.form import Usage
+from harness.traces.importers.otel_read import Span, count
 
 LLM_OPS = frozenset({"chat", "text_completion", "generate_content", "call_llm"})
 AGENT_OPS = frozenset({"invoke_agent", "create_agent"})

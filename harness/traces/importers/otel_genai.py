@@ -6,7 +6,8 @@ Jaeger exports, any-agent `AgentTrace` JSON or Langfuse trace exports (`otel_rea
 grouped by trace id over the whole import: one trace is one root trajectory, an agent nested in
 a tool or in an agent that made calls of its own is a sub-agent (`otel_trace`). Each LLM span is
 an LLM step with the span's usage; the tool spans between two LLM spans are one pause timed by
-their exact start and end; `otel_build` turns calls and pauses into steps.
+their exact start and end; `otel_trace` reads a trace into the intermediate form (form.py)
+and `builder` turns it into steps.
 """
 
 from __future__ import annotations
@@ -17,17 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import InputError
-from harness.traces.importers._common import (
-    Trajectory,
-    build_frame,
-    summarize,
-    take_options,
-)
+from harness.traces.importers._common import build_frame, share, summarize, take_options
 from harness.traces.importers.base import Format, Imported
-from harness.traces.importers.otel_build import GAP_TOOL, NS, TERMINAL_TOOLS, share
+from harness.traces.importers.builder import ENDING_TOOLS, Builder, Built, assign_starts, publish
 from harness.traces.importers.otel_files import files_in_tree, read_spans
-from harness.traces.importers.otel_read import FileSpans, Span
-from harness.traces.importers.otel_trace import build_trace
+from harness.traces.importers.otel_read import GAP_TOOL, NS, FileSpans, Span
+from harness.traces.importers.otel_trace import read_trace
 from harness.traces.schema import Provenance
 
 FORMAT = "otel-genai"
@@ -45,6 +41,15 @@ COUNTS = (
     "output_estimated", "zero_output", "prompt_plus_cached", "nested_llm_spans",
     "nested_tool_spans", "llm_in_tool", "duplicate_spans", "orphan_spans", "clock_skew",
 )
+# The counts of the OTel and ATIF importers that the builder counts under other names.
+PUBLISHED = {
+    "llm_calls": ("llm_steps",), "prompt_estimated": ("llm_calls_estimated",),
+    "prompt_tokens": ("prompt_tokens", "prompt_tokens_estimated"), "tool_calls": ("acts",),
+    "tool_results": ("acts_answered",), "exact_latency": ("acts_exact",),
+    "approx_latency": ("acts_approximate",), "latency_inferred": ("acts_inferred",),
+    "abandoned": ("acts_abandoned",), "errors": ("acts_error",), "tool_pauses": ("tool_steps",),
+    "gap_pauses": ("back_to_back_calls",), "subagents": ("subagents_built",),
+}
 
 
 def import_path(path: Path, options: dict[str, str]) -> Imported:
@@ -61,27 +66,21 @@ def import_paths(paths: Sequence[Path], options: dict[str, str]) -> Imported:
         for s in f.spans:
             traces.setdefault(s.trace, (i, []))[1].append(s)
     counts = [Counter[str]() for _ in files]
-    trajs: list[Trajectory] = []
-    roots: dict[str, int] = {}
-    root_of: dict[str, str] = {}
+    builder, built = Builder(GAP_TOOL, ENDING_TOOLS), Built()
     for trace, (i, spans) in traces.items():
         c = counts[i]
         c["traces"] += 1
-        built = build_trace(spans, trace, c)
-        c["trajectories"] += len(built.trajs)
-        trajs.extend(built.trajs)
-        roots.update(built.roots)
-        for t in built.trajs:
-            root_of[t.trajectory_id] = t.trajectory_id if t.parent_id is None else \
-                root_of[t.parent_id]
-    if not trajs:
+        before = len(built.trajectories)
+        for root in read_trace(spans, trace, c):
+            builder.build(root, built)
+        c["trajectories"] += len(built.trajectories) - before
+    for c in counts:
+        publish(c, PUBLISHED)
+    if not built.trajectories:
         raise InputError(f"{FORMAT} import: no LLM call in {len(files)} file(s) "
                          f"({sum(len(f.spans) for f in files)} spans): nothing to replay")
-    base = min(roots.values())
-    for t in trajs:
-        t.start_s = round((roots[root_of[t.trajectory_id]] - base) / NS, 6)
-        t.priority, t.tenant = opts["priority"], opts["tenant"]
-    return Imported(build_frame(trajs), _provenance(files, counts, opts),
+    assign_starts(built, opts["priority"], opts["tenant"], NS)
+    return Imported(build_frame(built.trajectories), _provenance(files, counts, opts),
                     _warnings(files, counts))
 
 
@@ -166,7 +165,7 @@ def _provenance(files: list[FileSpans], counts: list[Counter[str]],
             "inside a tool span, or inside an agent that made LLM calls of its own, is a "
             "sub-agent; an agent that only wraps others is the same conversation",
             "tool calls after the last LLM span whose results nobody read are dropped "
-            f"(trailing_tools_dropped); so are ending tools ({', '.join(sorted(TERMINAL_TOOLS))})"
+            f"(trailing_tools_dropped); so are ending tools ({', '.join(sorted(ENDING_TOOLS))})"
             " with no call after them",
             "cached_share: the log's cached prompt tokens over all prompt tokens",
         ],

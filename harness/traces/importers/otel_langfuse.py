@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from harness.traces.importers.form import Usage
 from harness.traces.importers.otel_read import (
     Span,
-    Usage,
     count,
     iso_ns,
     norm_id,

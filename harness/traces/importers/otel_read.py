@@ -27,22 +27,16 @@ from typing import Any
 
 from harness.errors import InputError
 from harness.limits import MAX_TOKENS
+from harness.traces.importers.form import Usage
 from harness.userfiles import check_regular
 
 MAX_DEPTH = 48  # nesting of an attribute value; deeper is refused, never recursed into
 MAX_NS = 2**63 - 1
+NS = 1_000_000_000
+GAP_TOOL = "no_tool"  # the agent called the model again with no tool or user message between
 # Span events that carry the model's response (older GenAI conventions); the other message
 # events repeat the prompt, whose earlier tool calls are not this call's.
 CHOICE_EVENTS = frozenset({"gen_ai.choice"})
-
-
-@dataclass
-class Usage:
-    """A call's token usage: the whole prompt (cached included), output, cached prompt."""
-
-    prompt: int | None = None
-    output: int | None = None
-    cached: int | None = None
 
 
 @dataclass

@@ -18,10 +18,10 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 from harness.limits import MAX_SECONDS, MAX_SUBAGENT_DEPTH
-from harness.traces.importers._common import Trajectory
+from harness.traces.importers.agent_tools import call_class
+from harness.traces.importers.form import APPROXIMATE, EXACT, Call, Convo, Pause, Response, Usage
 from harness.traces.importers.otel_attrs import (
     INPUT_ATTRS,
     OUTPUT_ATTRS,
@@ -35,21 +35,10 @@ from harness.traces.importers.otel_attrs import (
     tool_name,
     usage_of,
 )
-from harness.traces.importers.otel_build import NS, Act, Call, Child, Pause, assemble
-from harness.traces.importers.otel_read import Span, Usage, fail
+from harness.traces.importers.otel_read import NS, Span, fail
 from harness.userfiles import count_tokens
 
 ROOT = ""  # the trace itself, owner of every span outside a sub-agent
-
-
-@dataclass
-class Built:
-    """The trajectories of one trace (each parent before its children) and the start of each
-    root (ns), with what was counted."""
-
-    trajs: list[Trajectory] = field(default_factory=list)
-    roots: dict[str, int] = field(default_factory=dict)
-    counts: Counter[str] = field(default_factory=Counter)
 
 
 class _Trace:
@@ -109,8 +98,9 @@ def _secs(a: int, b: int, where: str, c: Counter[str]) -> float:
     return d
 
 
-def build_trace(spans: list[Span], root_id: str, c: Counter[str]) -> Built:
-    """The trajectories of one trace's spans (the root named `root_id`)."""
+def read_trace(spans: list[Span], root_id: str, c: Counter[str]) -> list[Convo]:
+    """The root conversations of one trace's spans (the root named `root_id`; its sub-agents
+    are their children), counting into `c`."""
     t = _Trace(spans, c)
     kind, by_id = t.kind, t.by_id
     for k, v in kind.items():
@@ -152,7 +142,6 @@ def build_trace(spans: list[Span], root_id: str, c: Counter[str]) -> Built:
             return k
         return next((a for a in t.up(k) if a in sub), ROOT)
 
-    out = Built()
     nest: dict[str, int] = {ROOT: 0}
     for a in sorted(sub, key=lambda x: t.depth[x]):
         up = t.parent[a]
@@ -168,18 +157,17 @@ def build_trace(spans: list[Span], root_id: str, c: Counter[str]) -> Built:
     for a in sub:
         up = t.parent[a]
         kids.setdefault(ROOT if up is None else owner(up), []).append(a)
-    _Owner(t, dup, sub, members, kids, out, c).build(ROOT, root_id, None)
-    return out
+    return _Owner(t, dup, sub, members, kids, c).roots(root_id)
 
 
 class _Owner:
-    """Builds each trajectory of a trace from the spans it owns."""
+    """Reads each conversation of a trace from the spans it owns."""
 
     def __init__(self, t: _Trace, dup: dict[str, str], sub: dict[str, str | None],
-                 members: dict[str, list[str]], kids: dict[str, list[str]], out: Built,
+                 members: dict[str, list[str]], kids: dict[str, list[str]],
                  c: Counter[str]) -> None:
         self.t, self.dup, self.sub, self.members, self.kids = t, dup, sub, members, kids
-        self.out, self.c = out, c
+        self.c = c
         self.inner: dict[str, list[str]] = {}
         for k, o in dup.items():
             self.inner.setdefault(o, []).append(k)
@@ -206,7 +194,7 @@ class _Owner:
             out.extend([a] if self._llms(a) else self._kids(a))
         return out
 
-    def _call(self, k: str) -> Call:
+    def _response(self, k: str) -> Response:
         s = self.t.by_id[k]
         u = usage_of(s)
         for other in self.inner.get(k, []):
@@ -218,27 +206,32 @@ class _Owner:
             self.c["prompt_plus_cached"] += 1
         # The text is read only where the usage is missing: messages can be long.
         prompt_est: int | None = None
-        output_est = 1
+        output = u.output
         if u.prompt is None:
             text_in = " ".join(texts(s.attrs.get(a)) for a in INPUT_ATTRS) + " " + texts(s.inputs)
             prompt_est = count_tokens(text_in) if text_in.strip() else None
-        if u.output is None:
-            output_est = count_tokens(" ".join(texts(s.attrs.get(a)) for a in OUTPUT_ATTRS)
-                                      + " " + texts(s.output))
-        return Call(u.prompt, u.output, u.cached, prompt_est, output_est, s.start, s.end)
+        if output is None:
+            self.c["output_estimated"] += 1
+            output = count_tokens(" ".join(texts(s.attrs.get(a)) for a in OUTPUT_ATTRS)
+                                  + " " + texts(s.output))
+        return Response(0, u.prompt, output, u.cached, s.start, s.end, prompt_est=prompt_est)
 
-    def build(self, o: str, tid: str, parent: tuple[str, int] | None) -> None:
-        """The trajectory `tid` of owner `o`, then its sub-agents; `parent`: the parent's id and
-        its step that starts this one."""
+    def roots(self, root_id: str) -> list[Convo]:
+        """The trace's root conversation; without calls of its own, its sub-agents."""
+        if self._llms(ROOT):
+            return [self.read(ROOT, root_id, True)]
+        out = []
+        for a in self._kids(ROOT):
+            self.c["subagents_promoted"] += 1
+            out.append(self.read(a, f"{root_id}/{a}", True))
+        return out
+
+    def read(self, o: str, key: str, root: bool) -> Convo:
+        """The conversation of owner `o` (it makes calls), its sub-agents as children."""
         t, c = self.t, self.c
         mine = self.members.get(o, [])
         llms = self._llms(o)
         c["llm_in_tool"] += sum(1 for k in mine if t.kind[k] == "llm") - len(llms)
-        if not llms:  # no calls of its own: its sub-agents stand alone
-            for a in self._kids(o):
-                c["subagents_promoted"] += 1
-                self.build(a, f"{tid}/{a}", None)
-            return
         starts = [t.by_id[k].start or 0 for k in llms]
         pauses = [Pause() for _ in llms]
         tools: list[list[str]] = [[] for _ in llms]
@@ -249,10 +242,11 @@ class _Owner:
                 c["tools_before_first_call"] += 1
                 continue
             tools[g].append(k)
+        spans: list[list[tuple[int | None, int | None]]] = []
         for g in range(len(llms)):
-            self._acts(llms, g, tools[g], pauses[g])
-        kids = self._kids(o)
-        for a in kids:
+            spans.append(self._calls(llms, g, tools[g], pauses[g]))
+        ends: list[list[int | None]] = [[] for _ in llms]
+        for a in self._kids(o):
             s = t.by_id[a]
             via = self.sub[a]
             at = t.by_id[via].start if via else s.start
@@ -260,28 +254,26 @@ class _Owner:
             if g < 0:
                 c["subagents_before_first_call"] += 1
                 g = 0
-            pauses[g].children.append(Child(a, agent_name(s), s.start, s.end))
-        for g, p in enumerate(pauses):
-            self._fill(llms, g, p)
-        calls = [self._call(k) for k in llms]
-        steps, spawned = assemble(calls, pauses, c)
-        traj = Trajectory(tid, steps, parent_id=parent[0] if parent else None,
-                          spawn_step=parent[1] if parent else None)
-        if parent is None:
+            pauses[g].children.append(self.read(a, a, False))
+            pauses[g].names.append(agent_name(s))
+            ends[g].append(s.end)
+        responses = [self._response(k) for k in llms]
+        for g, (r, p) in enumerate(zip(responses, pauses, strict=True)):
+            self._fill(llms, g, p, spans[g], ends[g])
+            r.after = p
+        if root:
             c["user_turns"] += 1
-            self.out.roots[tid] = starts[0]
-        else:
-            c["subagents"] += 1
-        self.out.trajs.append(traj)
-        for a in kids:
-            self.build(a, f"{tid}/{a}", (tid, spawned[a]))
+        return Convo(key, c, responses, first_ts=starts[0], under_parent=not root)
 
-    def _acts(self, llms: list[str], g: int, tools: list[str], p: Pause) -> None:
-        """The pause after call g: its tool spans, and calls it asked for with no span."""
+    def _calls(self, llms: list[str], g: int, tools: list[str], p: Pause
+               ) -> list[tuple[int | None, int | None]]:
+        """The calls of the pause after call g: its tool spans, and calls it asked for with no
+        span; each one's start and end (ns, where known)."""
         t, c = self.t, self.c
         nxt = t.by_id[llms[g + 1]].start if g + 1 < len(llms) else None
         llm = t.by_id[llms[g]]
         asked = list(t.asked.get(llms[g], []))
+        times: list[tuple[int | None, int | None]] = []
         for k in tools:
             s = t.by_id[k]
             name, ids = tool_name(s), call_ids(s)
@@ -298,34 +290,51 @@ class _Owner:
                 lat, exact, result = _secs(start, nxt, s.where, c), False, True
             else:
                 lat, exact, result = None, False, False
-            p.acts.append(Act(name, lat, exact, result, "error" if s.error else "ok",
-                              s.start, s.end if s.end is not None else (
-                                  nxt if lat is not None else None)))
+            p.calls.append(_call(name, lat, exact, result, s.error))
+            times.append((s.start, s.end if s.end is not None else (
+                nxt if lat is not None else None)))
         for _, name in asked:  # asked for, never traced: timed by the gap to the next call
             c["tool_calls_without_span"] += 1
             if nxt is not None and llm.end is not None:
-                lat = _secs(llm.end, nxt, llm.where, c)
-                p.acts.append(Act(name, lat, False, True, "ok", llm.end, nxt))
-            elif nxt is not None:
-                p.acts.append(Act(name, 0.0, False, True))
+                p.calls.append(_call(name, _secs(llm.end, nxt, llm.where, c), False, True))
+                times.append((llm.end, nxt))
             else:
-                p.acts.append(Act(name, None, False, False))
+                p.calls.append(_call(name, 0.0 if nxt is not None else None, False,
+                                     nxt is not None))
+                times.append((None, None))
+        return times
 
-    def _fill(self, llms: list[str], g: int, p: Pause) -> None:
-        """A pause's end (for sub-agents), or a user's turn or a gap's wall time."""
+    def _fill(self, llms: list[str], g: int, p: Pause,
+              times: list[tuple[int | None, int | None]], kid_ends: list[int | None]) -> None:
+        """A pause's wall time, the wait after its sub-agents, or a user's turn or a gap's."""
         t = self.t
+        if times and all(a is not None and b is not None for a, b in times):
+            first = min(a for a, _ in times if a is not None)
+            last = max(b for _, b in times if b is not None)
+            p.wall_s = max(0.0, (last - first) / NS)
         if p.children:
-            ends = [a.end_ns for a in p.acts if a.end_ns is not None]
-            ends += [ch.end_ns for ch in p.children if ch.end_ns is not None]
-            p.end_ns = max(ends) if ends else None
+            p.names += [k.name for k in p.calls]
+            ends = [b for _, b in times if b is not None] + [e for e in kid_ends if e is not None]
+            end = max(ends) if ends else None
+            if end is not None and all(e is not None for e in kid_ends):
+                done = max(e for e in kid_ends if e is not None)
+                p.latency_s = max(0.0, (end - done) / NS)
+            else:  # the children's times are not known: the pause's own calls come on top
+                p.latency_s = max((k.latency_s or 0.0 for k in p.calls), default=0.0)
             return
-        if p.acts or g + 1 >= len(llms):
+        if p.calls or g + 1 >= len(llms):
             return
         prev, nxt = t.by_id[llms[g]], t.by_id[llms[g + 1]]
         if prev.end is not None and nxt.start is not None:
             p.latency_s = _secs(prev.end, nxt.start, nxt.where, self.c)
-            p.latency_exact = True
         before, after = input_roles(prev), input_roles(nxt)
         p.human = bool(before is not None and after and len(after) > len(before)
                        and after[-1] in ("user", "human"))
         self.c["user_turns"] += p.human
+
+
+def _call(name: str, latency: float | None, exact: bool, result: bool,
+          error: bool = False) -> Call:
+    cls = call_class(name)
+    return Call("", name, None, has_result=result, error=error, latency_s=latency,
+                timing=EXACT if exact else APPROXIMATE, cls=cls, mutating=cls == "mutating")

@@ -52,6 +52,7 @@ from harness.metrics.summary import load_frames, summarize_frames
 from harness.model.calibration import resolve_calibration
 from harness.plan.planner import Arrivals
 from harness.records.store import read_json
+from harness.simulate.options import SimOptions
 from harness.simulate.run import run_simulation
 from harness.simulate.server import Capacity
 from harness.traces.importers import import_trace
@@ -138,8 +139,8 @@ def simulate_part(source: pd.DataFrame, out: Path, jobs: int, agents: int,
             d = out / f"{name}-{r}"
             t0 = time.perf_counter()
             # no client timeout: the paper's agents wait for their calls as long as it takes
-            run_simulation(trace, policy, args, cap, cal, None, Arrivals("closed", agents), r,
-                           d, first_token_timeout_s=math.inf)
+            run_simulation(SimOptions(trace, policy, args, cap, None, Arrivals("closed", agents),
+                                      r, d, first_token_timeout_s=math.inf), cal)
             facts = run_facts(d)
             results[name].append(facts)
             print(f"sim replicate {r} {name}: JCT mean {np.mean(facts['jct']):,.0f} s, "

@@ -25,15 +25,16 @@ from harness.capacity.slo import Slo
 from harness.errors import InputError
 from harness.metrics.window import window_of_dir
 from harness.model.calibration import Calibration
+from harness.model.engines import LLAMACPP, SGLANG, VLLM
 from harness.plan.planner import Arrivals
 from harness.policies.base import KEEP, KEEP_EVICTABLE, RECOMPUTE, SWAP
+from harness.simulate.options import SimOptions
 from harness.simulate.run import check_capacity, run_simulation
-from harness.simulate.server import LLAMACPP, Capacity
+from harness.simulate.server import Capacity
 from harness.traces.scale import scale_tokens
 from harness.traces.tile import copies_needed
 from harness.traces.validate import load_trajectories
 
-VLLM, SGLANG = "vllm", "sglang"
 # The pause actions each engine executes per pause (docs/runtimes.md): a static table, so the
 # space is known before any server starts.
 ENGINE_ACTIONS: dict[str, frozenset[str]] = {
@@ -179,10 +180,10 @@ def simulated_measure(trace: Path, calibration: Calibration, calibration_path: P
     def measure(spec: PointSpec, out: Path) -> dict[str, Any]:
         copies = copies_needed(steps, spec.agents, duration_s)
         try:
-            run_simulation(trace, spec.policy, spec.policy_args, capacity_of(spec),
-                           calibration, calibration_path, Arrivals("closed", spec.agents),
-                           seed, out, write_summary=False, token_scale=token_scale,
-                           copies=copies)
+            run_simulation(SimOptions(trace, spec.policy, spec.policy_args, capacity_of(spec),
+                                      calibration_path, Arrivals("closed", spec.agents), seed,
+                                      out, write_summary=False, token_scale=token_scale,
+                                      copies=copies), calibration)
         except InputError as exc:
             return {"error": str(exc)[:300], "success_rate": 0.0}
         return window_of_dir(out, warmup_s, duration_s, calibration.kv_bytes_per_token)

@@ -37,6 +37,7 @@ from harness.model.calibration import (
     resolve_calibration,
     write_calibration,
 )
+from harness.model.engines import BLOCK_SIZE, LLAMACPP
 from harness.records.atomic import write_text_atomic
 from harness.records.store import ensure_out_dir, write_json
 from harness.replay.options import RunOptions
@@ -44,7 +45,6 @@ from harness.replay.run import to_stderr
 from harness.report.capacity_view import advice_section
 from harness.report.data import load_runs
 from harness.report.render import render_runs
-from harness.simulate.server import BLOCK_SIZE, LLAMACPP
 from harness.traces.scale import scale_tokens
 from harness.traces.validate import load_trajectories
 

@@ -13,6 +13,7 @@ from harness.calibrate.measure import CALIBRATED_RUNTIMES
 from harness.capacity.slo import Slo, parse_slo
 from harness.errors import InputError
 from harness.model.calibration import resolve_calibration
+from harness.model.engines import PREFIX_CACHE_ENGINES
 from harness.plan.injection import load_injection
 from harness.policies import make_policy
 from harness.records.manifest import CpuPinning
@@ -22,7 +23,6 @@ from harness.replay.options import RunOptions
 from harness.replay.preflight import check_subagent_slots
 from harness.replay.run import plan_run
 from harness.report.repeats import repeat_dirs
-from harness.simulate.server import ENGINES
 from harness.traces.shipped import shipped_trace
 from harness.traces.validate import load_trajectories
 
@@ -97,7 +97,7 @@ def plan_bench(runtime: str, url: str | None, trace: Path | None, policies: str 
     # The simulator models slots the harness controls, or the engine a calibration of the
     # same engine describes (vLLM, SGLang), a closed loop and the trace's own tools.
     engine_ok = rt.per_slot_control or (
-        rt.name in ENGINES[1:] and (calibrate_first or (
+        rt.name in PREFIX_CACHE_ENGINES and (calibrate_first or (
             calibration is not None and resolve_calibration(calibration).engine_kind == rt.name)))
     simulable = engine_ok and base.inject == "none" and base.arrivals.time_scale == 1.0
     return BenchPlan(root, trace, rt, runs, calibration, calibrate_first, simulable, pin,

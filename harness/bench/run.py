@@ -27,6 +27,7 @@ from harness.model.calibration import (
     resolve_calibration,
     write_calibration,
 )
+from harness.model.engines import PREFIX_CACHE_ENGINES
 from harness.model.inputs import pauses_from_trace
 from harness.model.run_rates import SERVER_SPEED_JSON, server_speed, speed_doc
 from harness.plan.injection import Injection
@@ -45,8 +46,9 @@ from harness.replay.run import execute_run, to_stderr
 from harness.replay.runner import redact_url
 from harness.report.render import render_report
 from harness.report.repeats import repeat_dirs, write_repeats
+from harness.simulate.options import SimOptions
 from harness.simulate.run import FIRST_TOKEN_TIMEOUT_S, Arrivals, check_capacity, run_simulation
-from harness.simulate.server import ENGINES, Capacity
+from harness.simulate.server import Capacity
 
 # The advisor's pick and the capacity search judge each point over this window.
 POINT_DURATION_S = 45.0
@@ -77,7 +79,7 @@ def engine_pool(real: RunManifest) -> Capacity | None:
     """The KV pool a vLLM or SGLang replay's server reported (run.json `server_extra`), as the
     engine model's capacity; None for another runtime or a server that did not say. vLLM
     counts one block more than it can use (its null block)."""
-    if real.runtime not in ENGINES[1:]:
+    if real.runtime not in PREFIX_CACHE_ENGINES:
         return None
     block, tokens, _ = reported_kv(real.runtime, real.server_extra or {}, real.slots,
                                    real.ctx_per_slot)
@@ -98,7 +100,7 @@ def simulate_like(real_dir: Path, trace: Path, policy: str, policy_args: dict[st
     real = read_manifest(real_dir)
     if real.arrivals is None or real.seed is None:
         raise InputError(f"{real_dir}: run.json lacks the arrivals or seed to simulate it")
-    if real.runtime in ENGINES[1:]:
+    if real.runtime in PREFIX_CACHE_ENGINES:
         pool = engine_pool(real)
         if pool is None:
             raise InputError(f"{real_dir}: run.json lacks the {real.runtime} server's KV pool "
@@ -107,11 +109,13 @@ def simulate_like(real_dir: Path, trace: Path, policy: str, policy_args: dict[st
     else:
         cap = check_capacity(None, real.slots, real.ctx_per_slot)
     arrivals = Arrivals("closed", int(real.arrivals.concurrency))
-    return run_simulation(trace, policy, policy_args, cap, read_calibration(calibration),
-                          calibration, arrivals, int(real.seed), out,
-                          token_scale=real.trace.token_scale if real.trace else 1.0,
-                          first_token_timeout_s=replay_first_token_timeout(real),
-                          draws_seed=draws_seed, pinned_to=real_dir if pinned else None)
+    return run_simulation(SimOptions(trace, policy, policy_args, cap, calibration, arrivals,
+                                     int(real.seed), out,
+                                     token_scale=real.trace.token_scale if real.trace else 1.0,
+                                     first_token_timeout_s=replay_first_token_timeout(real),
+                                     draws_seed=draws_seed,
+                                     pinned_to=real_dir if pinned else None),
+                          read_calibration(calibration))
 
 
 def replay_first_token_timeout(real: RunManifest) -> float:
@@ -203,7 +207,7 @@ def simulable_policy(policy: str, args: dict[str, str], cal: Calibration,
     """Whether the simulator runs `policy` as the replay did: a client policy (not a server's
     own), an action the engine model has (keep-evictable only with a prefix cache), swap only
     where the calibrated engine has it."""
-    if policy not in POLICIES or (runtime not in ENGINES[1:]
+    if policy not in POLICIES or (runtime not in PREFIX_CACHE_ENGINES
                                   and policy not in SLOT_MODEL_POLICIES):
         return False
     try:
@@ -230,7 +234,7 @@ def bench_pick(plan: BenchPlan) -> dict[str, Any]:
     o = plan.runs[0]
     search = SearchSpec(plan.slo, 7 * 86_400.0, POINT_DURATION_S, POINT_WARMUP_S,
                         SearchSettings(confirm=False))
-    if plan.runtime.name in ENGINES[1:]:  # the KV pool the replays' server reported
+    if plan.runtime.name in PREFIX_CACHE_ENGINES:  # the KV pool the replays' server reported
         pool = engine_pool(read_manifest(o.out))
         if pool is None or pool.tokens is None:
             raise InputError(f"{o.out}: run.json lacks the server's KV pool for the advisor")

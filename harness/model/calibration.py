@@ -107,7 +107,9 @@ from harness.model.calibration_values import (
     parse_wake_curve,
     positive_number,
 )
-from harness.model.iteration import BATCH_TOKENS, IterationCosts, fit_costs
+from harness.model.engines import ENGINES
+from harness.model.engines import RUNTIME_ENGINES as RUNTIME_ENGINES
+from harness.model.iteration import BATCH_TOKENS, IterationCosts, MeasuredRates, fit_costs
 from harness.policies.base import ServerRates
 from harness.records.store import write_json
 
@@ -117,10 +119,6 @@ _SWAP_KEYS = ("swap_out_bytes_per_s", "swap_in_bytes_per_s")
 _TEXT_KEYS = ("runtime", "server_version", "model", "measured_at")
 _INT_KEYS = ("block_size", "kv_capacity_tokens", "batch_tokens")
 _FRONT_END_KEYS = ("front_end_ms", "front_end_cpu_ms", "stream_token_ms")
-ENGINES = ("llamacpp", "vllm", "sglang")
-# What a runtime's servers schedule and cache like (runtimes not listed: no known engine).
-RUNTIME_ENGINES = {"llamacpp": "llamacpp", "llama.cpp": "llamacpp", "vllm": "vllm",
-                   "sglang": "sglang"}
 DECLARED_NOTE = "declared, not measured here"
 
 
@@ -245,8 +243,9 @@ class Calibration:
         """What an iteration costs on this server (harness.model.iteration), fitted to these
         points; without a measured iteration budget, the default one. `way` False: a wake
         curve's server part alone (what the server reports as its prompt time)."""
-        return fit_costs(self.prefill_tok_s, self.decode_tok_s, self.prefill_points,
-                         self.decode_points, self.append_points, self.long_append_points,
+        return fit_costs(MeasuredRates(self.prefill_tok_s, self.decode_tok_s,
+                                       self.prefill_points, self.decode_points,
+                                       self.append_points, self.long_append_points),
                          self.batch_tokens or BATCH_TOKENS, self.wake(), self.wake_curve(way))
 
     @property

@@ -125,11 +125,9 @@ class EngineState:
 
     def __init__(self, w: Workload, server: ServerModel, cap: Capacity, policy: PausePolicy,
                  sink: RecordSink, run_id: str, rules: LoopRules) -> None:
-        open_loop, history_window, seed = rules.open_loop, rules.history_window, rules.seed
-        first_token_timeout_s, pins = rules.first_token_timeout_s, rules.pins
-        agent_handoff = rules.agent_handoff
-        self.open_loop = open_loop
-        self.agent_handoff = agent_handoff and cap.slot_mode and not open_loop
+        seed, first_token_timeout_s, pins = rules.seed, rules.first_token_timeout_s, rules.pins
+        self.open_loop = open_loop = rules.open_loop
+        self.agent_handoff = rules.agent_handoff and cap.slot_mode and not open_loop
         self.barge = False  # the agent that just freed a slot starts its next trajectory on it
         # per step
         self.inp, self.out, self.ctx, self.kept, self.lat, self.dl, self.cls = step_lists(w)
@@ -149,7 +147,7 @@ class EngineState:
         # a replay's own tool ends and trajectory starts, where the run is held to them
         self.pins: PinState | None = PinState(pins) if pins is not None else None
         self.classes: list[str] = list(w.classes)
-        self.hist: list[History] = [History(history_window) for _ in w.classes]
+        self.hist: list[History] = [History(rules.history_window) for _ in w.classes]
         # resumed calls that lost their context: their wait for admission (queue_delay_s)
         self.queue_delays = RecentMean()
         # server, capacity, policy

@@ -29,7 +29,11 @@ from harness.records.manifest import ArrivalsRef, Outcome, RunManifest, TraceRef
 from harness.records.store import RECORDS_DIR, RUN_JSON, SUMMARY_JSON, read_records, write_json
 from harness.simulate import native
 from harness.simulate.engine import SLOT_HANDOFFS, Engine
-from harness.simulate.fleet import ROUND_ROBIN, Fleet, check_fleet
+from harness.simulate.engine_state import LoopRules
+from harness.simulate.fleet import Fleet, check_fleet
+from harness.simulate.options import DEFAULT_DEADLINE_S as DEFAULT_DEADLINE_S
+from harness.simulate.options import FIRST_TOKEN_TIMEOUT_S as FIRST_TOKEN_TIMEOUT_S
+from harness.simulate.options import Loop, SimOptions
 from harness.simulate.pins import PIN_COLUMNS, Pins, pins_from_records
 from harness.simulate.records import RecordSink
 from harness.simulate.server import (
@@ -48,10 +52,9 @@ from harness.traces.schema import file_sha256
 from harness.traces.tile import tile_steps
 from harness.traces.validate import load_trajectories
 
-__all__ = ["Arrivals", "arrival_times", "check_capacity", "run_simulation", "summarize_into"]
+__all__ = ["Arrivals", "Loop", "SimOptions", "arrival_times", "check_capacity", "run_simulation",
+           "summarize_into"]
 
-DEFAULT_DEADLINE_S = 30.0  # as the replay plan's default injection
-FIRST_TOKEN_TIMEOUT_S = 600.0  # as the replay client's default (adapters.http.Timeouts)
 SERVER_MODEL_DOC = (
     "continuous batching in iterations: one token per generating call plus prompt chunks (slot "
     "order or arrival order) up to batch_tokens; iteration cost alpha + beta * tokens + "
@@ -133,13 +136,11 @@ def check_capacity(tokens: int | None, slots: int | None, ctx_per_slot: int | No
 
 
 def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolicy,
-             arrival_s: np.ndarray | None, concurrency: int, sink: RecordSink, run_id: str,
-             history_window: int = 1000, slot_handoff: str = "fifo", fleet: Fleet | None = None,
-             seed: int = 0, first_token_timeout_s: float = math.inf,
-             pins: Pins | None = None) -> Counters:
-    """Run every trajectory to its end; events go to `sink`. `arrival_s`: one arrival time per
-    root (w.roots, in order), None: a closed loop of `concurrency` agents taking the roots in
-    order. Sub-agents never arrive on their own: their parent's tool step starts them.
+             sink: RecordSink, run_id: str, loop: Loop | None = None) -> Counters:
+    """Run every trajectory to its end; events go to `sink`; `loop` (default: Loop()) says how.
+    `arrival_s`: one arrival time per root (w.roots, in order), None: a closed loop of
+    `concurrency` agents taking the roots in order. Sub-agents never arrive on their own: their
+    parent's tool step starts them.
 
     `slot_handoff` (slot mode, closed loop): "fifo", as the replay's slot pool does it: every
     freed slot goes to the longest waiter; "agent": the agent that ends a trajectory starts its
@@ -150,8 +151,10 @@ def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolic
     `pins`: a replay's trajectory starts and tool ends to hold the run to
     (harness.simulate.pins; None: the closed loop's own times).
     """
-    if slot_handoff not in SLOT_HANDOFFS:
-        raise ValueError(f"slot_handoff must be one of {SLOT_HANDOFFS}, got {slot_handoff!r}")
+    lp = loop or Loop()
+    arrival_s, concurrency = lp.arrival_s, lp.concurrency
+    if lp.slot_handoff not in SLOT_HANDOFFS:
+        raise ValueError(f"slot_handoff must be one of {SLOT_HANDOFFS}, got {lp.slot_handoff!r}")
     n = len(w.roots)
     if arrival_s is not None and len(arrival_s) != n:
         raise ValueError(f"{len(arrival_s)} arrival times for {n} root trajectories")
@@ -163,11 +166,11 @@ def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolic
     gc.disable()
     engine: Engine | None = None
     try:
-        engine = Engine(w, server, cap, policy, arrival_s is not None, sink, run_id,
-                        history_window, slot_handoff == "agent", seed, first_token_timeout_s,
-                        pins)
-        if fleet is not None:
-            fleet.bind(engine)  # sets engine.fleet
+        engine = Engine(w, server, cap, policy, sink, run_id, LoopRules(
+            arrival_s is not None, lp.history_window, lp.slot_handoff == "agent", lp.seed,
+            lp.first_token_timeout_s, lp.pins))
+        if lp.fleet is not None:
+            lp.fleet.bind(engine)  # sets engine.fleet
         return engine.run(times)
     finally:
         if engine is not None:
@@ -177,27 +180,15 @@ def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolic
             gc.enable()
 
 
-def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
-                   capacity: Capacity, calibration: Calibration, calibration_path: Path | None,
-                   arrivals: Arrivals, seed: int, out: Path, history_window: int = 1000,
-                   default_deadline_s: float = DEFAULT_DEADLINE_S,
-                   write_summary: bool = True, slot_handoff: str = "fifo",
-                   token_scale: float = 1.0, copies: int = 1, servers: int = 1,
-                   router: str = ROUND_ROBIN,
-                   first_token_timeout_s: float = FIRST_TOKEN_TIMEOUT_S,
-                   draws_seed: int | None = None, pinned_to: Path | None = None) -> RunManifest:
-    """Simulate `trace` under a policy and write a results directory; returns run.json.
-
-    `slot_handoff`: how a freed slot is handed on in a closed loop (see `simulate`);
-    `token_scale`: every token count of the trace times this, rounded up, as a replay does;
-    `copies`: the trace repeated end to end (harness.traces.tile), as a bounded replay does;
-    `servers`: K servers of `capacity` each behind `router` (harness.simulate.fleet); one
-    server (the default) runs no router; `first_token_timeout_s`: the client's (a call without
-    its first token that long after it was sent fails its trajectory; inf: none);
-    `draws_seed`: the seed of the server model's draws (iteration noise, request overheads)
-    where it is to differ from `seed`, whose arrivals stay as they were: the model's own
-    spread on one workload; `pinned_to`: a replay of this workload whose trajectory starts and
-    tool ends the simulation keeps to (harness.simulate.pins: the engine model in open loop)."""
+def run_simulation(opts: SimOptions, calibration: Calibration) -> RunManifest:
+    """Simulate `opts.trace` under a policy on a server of `calibration`'s rates and write a
+    results directory at `opts.out` (harness.simulate.options.SimOptions); returns run.json."""
+    o = opts
+    trace, policy_name, policy_args, capacity = o.trace, o.policy, o.policy_args, o.capacity
+    arrivals, seed, out, servers, router = o.arrivals, o.seed, o.out, o.servers, o.router
+    history_window, slot_handoff = o.history_window, o.slot_handoff
+    default_deadline_s, first_token_timeout_s = o.default_deadline_s, o.first_token_timeout_s
+    token_scale, copies, pinned_to = o.token_scale, o.copies, o.pinned_to
     check_fleet(servers, router)
     if slot_handoff not in SLOT_HANDOFFS:
         raise InputError(f"--slot-handoff must be one of {', '.join(SLOT_HANDOFFS)}")
@@ -231,10 +222,8 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     ref = TraceRef(str(trace), file_sha256(trace), roots, int(len(df)), w.n_trajectories - roots,
                    token_scale * imported_token_scale(trace), ideal_reuse_for(once, policy),
                    copies)
-    run = _manifest(trace, ref, policy_name, policy_args,
-                    policy.sees_true_latency, capacity, calibration, calibration_path, arrivals,
-                    seed)
-    draws = seed if draws_seed is None else draws_seed  # the server model's noise, overheads
+    run = _manifest(o, ref, policy.sees_true_latency, calibration)
+    draws = seed if o.draws_seed is None else o.draws_seed  # the server model's noise, overheads
     # a fleet's own loop (harness.simulate.fleet) is Python around the engine's transitions
     loop = "heapq event loop" if servers == 1 else "heapq event loop of a fleet (python)"
     doc = SERVER_MODEL_DOC
@@ -266,10 +255,9 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
     fleet = Fleet(servers, router) if servers > 1 else None
     t1 = time.perf_counter()
     try:
-        counters: Counters = simulate(w, server, capacity, policy, arrival_s,
-                                      arrivals.concurrency, sink, str(run.run_id),
-                                      history_window, slot_handoff, fleet, draws,
-                                      first_token_timeout_s, pins)
+        counters: Counters = simulate(w, server, capacity, policy, sink, str(run.run_id), Loop(
+            arrival_s, arrivals.concurrency, history_window, slot_handoff, fleet, draws,
+            first_token_timeout_s, pins))
     finally:
         t_loop = time.perf_counter() - t1
         sink.close()  # whatever was simulated is on disk, even when the loop failed
@@ -282,7 +270,7 @@ def run_simulation(trace: Path, policy_name: str, policy_args: dict[str, str],
             "first-token timeout or choose a policy that frees KV during pauses")
     _record_end(run, counters, sink, (t_load, t_loop, time.perf_counter() - t0), fleet)
     run.write(out)
-    if write_summary:
+    if o.write_summary:
         summarize_into(out, run)
     return run
 
@@ -318,16 +306,16 @@ def server_model(calibration: Calibration) -> ServerModel:
                        stream_token_s=(calibration.stream_token_ms or 0.0) / 1000.0)
 
 
-def _manifest(trace: Path, ref: TraceRef, policy_name: str, policy_args: dict[str, str],
-              sees_true_latency: bool, capacity: Capacity, calibration: Calibration,
-              calibration_path: Path | None, arrivals: Arrivals, seed: int) -> RunManifest:
+def _manifest(o: SimOptions, ref: TraceRef, sees_true_latency: bool,
+              calibration: Calibration) -> RunManifest:
     """run.json of a simulation as it starts."""
+    policy_name, capacity, arrivals, seed = o.policy, o.capacity, o.arrivals, o.seed
     return RunManifest(
         run_id=f"sim-{policy_name}-{ref.sha256[:8]}-s{seed}", runtime="simulator",
         server_version=f"harness-simulator {__version__}",
         model={"name": calibration.model, "kv_bytes_per_token": calibration.kv_bytes_per_token,
                "source": "calibration"},
-        policy=policy_name, policy_args=dict(policy_args),
+        policy=policy_name, policy_args=dict(o.policy_args),
         policy_sees_true_latency=sees_true_latency,
         capacity={"mode": "slots" if capacity.slot_mode else "tokens",
                   "tokens": capacity.tokens, "slots": capacity.slots,
@@ -336,14 +324,14 @@ def _manifest(trace: Path, ref: TraceRef, policy_name: str, policy_args: dict[st
                      if capacity.prefix_cache else {})},
         slots=capacity.slots, ctx_per_slot=capacity.ctx_per_slot,
         calibration={**calibration.to_dict(),
-                     "path": str(calibration_path) if calibration_path else None},
+                     "path": str(o.calibration_path) if o.calibration_path else None},
         trace=ref, seed=seed,
         # reuse is in whole blocks: up to one block of a kept context is computed again, which
         # the mismatch check tolerates as it does a live run's
         cache_block_tokens=capacity.block_size if capacity.prefix_cache else None,
         arrivals=ArrivalsRef(arrivals.mode, arrivals.concurrency, arrivals.rate, 1.0),
         harness_version=__version__, started_at=datetime.now(UTC).isoformat(),
-        status="running")
+        status="running", spec=o.spec)
 
 
 def _record_end(run: RunManifest, counters: Counters, sink: RecordSink,

@@ -11,7 +11,20 @@ from typing import Any
 import numpy as np
 
 from harness.errors import InputError
-from harness.model.iteration import BATCH_TOKENS, NOISE_DRAWS, IterationCosts, fit_costs
+
+# The engines whose memory semantics the simulator models (harness.model.engines): llama.cpp's
+# slots (or a plain token pool), and vLLM's and SGLang's paged prefix caches.
+from harness.model.engines import BLOCK_SIZE as BLOCK_SIZE
+from harness.model.engines import ENGINES as ENGINES
+from harness.model.engines import LLAMACPP as LLAMACPP
+from harness.model.engines import PREFIX_CACHE_ENGINES
+from harness.model.iteration import (
+    BATCH_TOKENS,
+    NOISE_DRAWS,
+    IterationCosts,
+    MeasuredRates,
+    fit_costs,
+)
 from harness.policies import check_slot_model_action
 from harness.policies.base import (
     KEEP,
@@ -29,11 +42,6 @@ from harness.policies.history import History as History  # re-exported for the e
 ACTION_CODE = {KEEP: 0, SWAP: 1, "recompute": 2, KEEP_EVICTABLE: 4}
 DROP = ACTION_CODE["recompute"]
 EVICTABLE = ACTION_CODE[KEEP_EVICTABLE]
-# The engines whose memory semantics the simulator models: llama.cpp's slots (or a plain token
-# pool), and vLLM's and SGLang's paged prefix caches (harness.simulate.block_cache).
-LLAMACPP = "llamacpp"
-ENGINES = (LLAMACPP, "vllm", "sglang")
-BLOCK_SIZE = {"vllm": 16, "sglang": 1}  # the engines' defaults, when the server tells none
 
 
 @dataclass(frozen=True)
@@ -73,8 +81,9 @@ class ServerModel:
 
     def iteration_costs(self) -> IterationCosts:
         """What an iteration costs (harness.model.iteration), fitted to these rates."""
-        return fit_costs(self.prefill_tok_s, self.decode_tok_s, self.prefill_points,
-                         self.decode_points, self.append_points, self.long_append_points,
+        return fit_costs(MeasuredRates(self.prefill_tok_s, self.decode_tok_s,
+                                       self.prefill_points, self.decode_points,
+                                       self.append_points, self.long_append_points),
                          self.batch_tokens, self.wake, self.wake_curve)
 
     def noise_draws(self, seed: int, server: int = 0) -> list[float]:
@@ -129,7 +138,7 @@ class Capacity:
     @property
     def prefix_cache(self) -> bool:
         """An engine with an evictable prefix cache (vLLM, SGLang)."""
-        return self.engine != LLAMACPP
+        return self.engine in PREFIX_CACHE_ENGINES
 
     @property
     def slot_mode(self) -> bool:

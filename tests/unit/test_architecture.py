@@ -33,6 +33,7 @@ MAX_FUNCTION_LOCAL_IMPORTS = 25
 LAYERS: dict[str, int] = {
     "commands": 7, "cli": 7, "__main__": 7,
     "bench": 6, "capacity": 6, "advise": 6, "calibrate": 6, "distributed": 6, "selftest": 6,
+    "specs": 6,
     "replay": 5, "simulate": 5,
     "adapters": 4,
     "plan": 3, "records": 3, "metrics": 3, "report": 3, "model": 3,

@@ -23,6 +23,7 @@ from harness.model.run_rates import (
     waits_in_flight,
 )
 from harness.records.store import read_records
+from harness.simulate.options import SimOptions
 from harness.simulate.run import Arrivals, run_simulation
 from harness.simulate.server import Capacity
 from tests.unit.test_simulate import CAL, llm, tool, trace
@@ -161,8 +162,8 @@ def test_a_simulated_run_reads_back_at_its_own_calibration(tmp_path: Path, engin
     if engine == "sglang":  # the first iteration after idle time slower: read back too
         cal = dataclasses.replace(cal, wake_ms=20.0, wake_tau_ms=300.0)
     out = tmp_path / "run"
-    run_simulation(trace(tmp_path, trajs, starts), "keep", {}, cap, cal, None,
-                   Arrivals("closed", 6), 0, out, write_summary=False)
+    run_simulation(SimOptions(trace(tmp_path, trajs, starts), "keep", {}, cap, None,
+                              Arrivals("closed", 6), 0, out, write_summary=False), cal)
     f = server_speed(read_records(out), cal)
     assert f.calls > 0
     assert f.prefill == pytest.approx(1.0) and f.decode == pytest.approx(1.0)

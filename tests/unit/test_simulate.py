@@ -24,6 +24,7 @@ from harness.records.schema import (
     RECORDS_VERSION_KEY,
 )
 from harness.records.store import RUN_JSON, read_records, records_version
+from harness.simulate.options import Loop, SimOptions
 from harness.simulate.records import RecordSink
 from harness.simulate.run import Arrivals, check_capacity, run_simulation, simulate
 from harness.simulate.server import Capacity, ServerModel, context_factory
@@ -82,8 +83,9 @@ def sim(tmp: Path, path: Path, policy: str, cap: Capacity, args: dict[str, str] 
         arrivals: Arrivals | None = None, seed: int = 0, name: str = "out",
         cal: Calibration = CAL) -> tuple[pd.DataFrame, dict[str, Any]]:
     out = tmp / name
-    run = run_simulation(path, policy, args or {}, cap, cal, None,
-                         arrivals or Arrivals("closed", 8), seed, out, write_summary=False)
+    run = run_simulation(SimOptions(path, policy, args or {}, cap, None,
+                                    arrivals or Arrivals("closed", 8), seed, out,
+                                    write_summary=False), cal)
     return read_records(out), run.to_dict()
 
 
@@ -197,9 +199,9 @@ def test_preemption_breaks_a_token_pool_deadlock_without_a_timeout(tmp_path: Pat
     path = trace(tmp_path, {"a": [llm(100, 10), tool(1.0), llm(100, 10)],
                             "b": [llm(100, 10), tool(1.0), llm(100, 10)]})
     out = tmp_path / "out"
-    run = run_simulation(path, "keep", {}, Capacity(tokens=250), CAL, None,
-                         Arrivals("closed", 8), 0, out, write_summary=False,
-                         first_token_timeout_s=float("inf")).to_dict()
+    run = run_simulation(SimOptions(path, "keep", {}, Capacity(tokens=250), None,
+                                    Arrivals("closed", 8), 0, out, write_summary=False,
+                                    first_token_timeout_s=float("inf")), CAL).to_dict()
     df = read_records(out)
     assert run["simulator"]["preemptions"] == 1
     assert run["simulator"]["record_writer"] == "thread"  # a small trace: no writer process
@@ -238,7 +240,7 @@ def test_policy_sees_what_the_replay_shows(tmp_path: Path) -> None:
     pol = Recording()
     server = ServerModel(1000.0, 100.0, 1e6, 1e6, BPT)
     sink = RecordSink(tmp_path / "r", "run", w, BPT, 1000)
-    simulate(w, server, Capacity(slots=2, ctx_per_slot=1000), pol, None, 1, sink, "run")
+    simulate(w, server, Capacity(slots=2, ctx_per_slot=1000), pol, sink, "run", Loop(None, 1))
     sink.close()
     h = [c.history_s for c in pol.seen]
     assert h == [(), (0.5,), ()]
@@ -327,7 +329,7 @@ def test_cli_end_to_end(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("extra, needle", [
     ([], "capacity"),
-    (["--capacity-tokens", "10", "--slots", "2", "--ctx-per-slot", "5"], "not both"),
+    (["--capacity-tokens", "10", "--slots", "2", "--ctx-per-slot", "50"], "not both"),
     (["--capacity-tokens", "0"], "capacity"),
     (["--capacity-tokens", "x"], "not an integer"),
     (["--capacity-tokens", "100", "--policy-arg", "tau"], "KEY=VALUE"),

@@ -25,6 +25,7 @@ from harness.model.iteration import (
 )
 from harness.records.store import read_records
 from harness.simulate.batch import slot_iteration_s
+from harness.simulate.options import SimOptions
 from harness.simulate.run import Arrivals, check_capacity, run_simulation
 from harness.simulate.server import Capacity
 from tests.unit.test_simulate import ALPHA, BETA, CAL, ev, llm, sim, t_s, tool, trace
@@ -139,8 +140,9 @@ def test_a_recompute_erase_waits_for_the_running_iteration(tmp_path: Path) -> No
 def test_slot_handoff_at_a_trajectory_end(tmp_path: Path, handoff: str, order: list[str]) -> None:
     path = trace(tmp_path, {k: [llm(10, 2)] for k in ("x", "y", "z")})
     out = tmp_path / handoff
-    run_simulation(path, "keep", {}, check_capacity(None, 1, 100), CAL, None,
-                   Arrivals("closed", 2), 0, out, write_summary=False, slot_handoff=handoff)
+    run_simulation(SimOptions(path, "keep", {}, check_capacity(None, 1, 100), None,
+                              Arrivals("closed", 2), 0, out, write_summary=False,
+                              slot_handoff=handoff), CAL)
     starts = ev(read_records(out), "call_start")
     assert starts["trajectory_id"].tolist() == order
 
@@ -159,8 +161,9 @@ def test_calibration_decode_points(tmp_path: Path) -> None:
 def test_unknown_slot_handoff_is_refused(tmp_path: Path) -> None:
     path = trace(tmp_path, {"x": [llm(10, 2)]})
     with pytest.raises(InputError, match="slot-handoff"):
-        run_simulation(path, "keep", {}, check_capacity(None, 1, 100), CAL, None,
-                       Arrivals("closed", 1), 0, tmp_path / "o", slot_handoff="lifo")
+        run_simulation(SimOptions(path, "keep", {}, check_capacity(None, 1, 100), None,
+                                  Arrivals("closed", 1), 0, tmp_path / "o", slot_handoff="lifo"),
+                                  CAL)
 
 
 SGLANG = Capacity(tokens=4096, engine="sglang", block_size=1)
@@ -170,8 +173,8 @@ def call_ends(tmp: Path, trajs: dict[str, list[tuple[object, ...]]], cal: Calibr
               cap: Capacity, seed: int = 0, name: str = "out") -> pd.DataFrame:
     """The call_end records of one closed-loop agent's keep-evictable simulation."""
     out = tmp / name
-    run_simulation(trace(tmp, trajs), "keep-evictable", {}, cap, cal, None,
-                   Arrivals("closed", 1), seed, out, write_summary=False)
+    run_simulation(SimOptions(trace(tmp, trajs), "keep-evictable", {}, cap, None,
+                              Arrivals("closed", 1), seed, out, write_summary=False), cal)
     ends = read_records(out)
     return ends[ends["event"] == "call_end"].reset_index(drop=True)
 
@@ -232,8 +235,9 @@ def test_a_measured_wake_curve_is_interpolated_in_the_idle_time(tmp_path: Path) 
     cal = dataclasses.replace(CAL, wake_ms=50.0, wake_tau_ms=100.0, engine="sglang",
                               wake_curve_ms=((10.0, 1.5, 0.5), (100.0, 4.0, 2.0)))
     out = tmp_path / "out"
-    run_simulation(trace(tmp_path, {"a": [llm(10, 2), tool(0.05), llm(40, 2)]}), "keep-evictable",
-                   {}, SGLANG, cal, None, Arrivals("closed", 1), 0, out, write_summary=False)
+    run_simulation(SimOptions(trace(tmp_path, {"a": [llm(10, 2), tool(0.05), llm(40, 2)]}),
+                              "keep-evictable", {}, SGLANG, None, Arrivals("closed", 1), 0, out,
+                              write_summary=False), cal)
     df = read_records(out)
     ends = df[df["event"] == "call_end"].reset_index(drop=True)
     first, resume = ends.iloc[0], ends.iloc[1]
@@ -261,8 +265,9 @@ def test_the_ways_wake_delays_the_requests_on_it_not_the_engine(tmp_path: Path) 
     cal = dataclasses.replace(CAL, engine="sglang", wake_curve_ms=((100.0, 0.0, 30.0),))
     out = tmp_path / "out"
     trajs = {"a": [llm(10, 1)], "b": [llm(10, 1)], "c": [llm(10, 1)]}
-    run_simulation(trace(tmp_path, trajs, {"a": 0.0, "b": 0.001, "c": 0.040}), "keep-evictable",
-                   {}, SGLANG, cal, None, Arrivals("trace", 8, 1.0), 0, out, write_summary=False)
+    run_simulation(SimOptions(trace(tmp_path, trajs, {"a": 0.0, "b": 0.001, "c": 0.040}),
+                              "keep-evictable", {}, SGLANG, None, Arrivals("trace", 8, 1.0), 0,
+                              out, write_summary=False), cal)
     df = read_records(out)
     both = 0.030 + ALPHA + 20 * BETA
     for tid in "ab":

@@ -15,6 +15,7 @@ import pytest
 
 from harness.records.manifest import RunManifest
 from harness.records.store import read_records
+from harness.simulate.options import SimOptions
 from harness.simulate.run import Arrivals, run_simulation
 from harness.simulate.server import Capacity
 from tests.unit.test_simulate import ALPHA, BETA, CAL, ev, llm, t_s, tool, trace
@@ -26,9 +27,9 @@ def run(tmp: Path, trajs: dict[str, list[tuple[object, ...]]], engine: str,
         arrivals: Arrivals, starts: dict[str, float] | None = None,
         policy: str = "keep-evictable") -> tuple[RunManifest, pd.DataFrame]:
     out = tmp / engine / "out"
-    m = run_simulation(trace(tmp, trajs, starts), policy, {}, Capacity(
-        tokens=1024, engine=engine, block_size=16), CAL, None, arrivals, 0, out,
-        write_summary=False)
+    m = run_simulation(SimOptions(trace(tmp, trajs, starts), policy, {}, Capacity(
+        tokens=1024, engine=engine, block_size=16), None, arrivals, 0, out, write_summary=False),
+            CAL)
     return m, read_records(out)
 
 
@@ -84,9 +85,9 @@ def test_a_stall_without_a_timeout_still_preempts_after_a_control(tmp_path: Path
     trajs = {"a": [llm(200, 2), tool(0.001), llm(150, 2)],
              "b": [llm(200, 2), tool(0.005), llm(150, 2)]}
     out = tmp_path / "out"
-    m = run_simulation(trace(tmp_path, trajs), "keep", {}, Capacity(
-        tokens=512, engine="vllm", block_size=16), CAL, None, Arrivals("closed", 2), 0, out,
-        write_summary=False, first_token_timeout_s=float("inf"))
+    m = run_simulation(SimOptions(trace(tmp_path, trajs), "keep", {}, Capacity(
+        tokens=512, engine="vllm", block_size=16), None, Arrivals("closed", 2), 0, out,
+            write_summary=False, first_token_timeout_s=float("inf")), CAL)
     df = read_records(out)
     assert ev(df, "trajectory_end")["status"].tolist() == ["completed"] * 2
     assert m.simulator is not None and m.simulator["preemptions"] >= 1

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.records.store import read_records
+from harness.simulate.options import SimOptions
 from harness.simulate.run import Arrivals, run_simulation
 from harness.simulate.server import Capacity
 from tests.unit.test_simulate import CAL, ev, llm, t_s, tool, trace
@@ -22,9 +23,9 @@ STARTS = {"a": 0.0, "b": 0.0, "c": 1.1}
 
 def run(tmp: Path, cap: Capacity, timeout_s: float = 600.0) -> pd.DataFrame:
     out = tmp / "out"
-    run_simulation(trace(tmp, TRAJS, STARTS), "keep", {}, cap, CAL, None,
-                   Arrivals("trace", 8, 1.0), 0, out, write_summary=False,
-                   first_token_timeout_s=timeout_s)
+    run_simulation(SimOptions(trace(tmp, TRAJS, STARTS), "keep", {}, cap, None, Arrivals("trace",
+                              8, 1.0), 0, out, write_summary=False,
+                              first_token_timeout_s=timeout_s), CAL)
     return read_records(out)
 
 
@@ -47,9 +48,9 @@ def test_without_a_timeout_an_idle_engine_preempts(tmp_path: Path) -> None:
     trajs = {"a": [llm(100, 10), tool(1.0), llm(100, 10)],
              "b": [llm(100, 10), tool(2.0), llm(100, 10)]}
     out = tmp_path / "out"
-    m = run_simulation(trace(tmp_path, trajs), "keep", {}, Capacity(
-        tokens=250, engine="vllm", block_size=1), CAL, None, Arrivals("closed", 8), 0, out,
-        write_summary=False, first_token_timeout_s=math.inf)
+    m = run_simulation(SimOptions(trace(tmp_path, trajs), "keep", {}, Capacity(
+        tokens=250, engine="vllm", block_size=1), None, Arrivals("closed", 8), 0, out,
+            write_summary=False, first_token_timeout_s=math.inf), CAL)
     df = read_records(out)
     assert m.simulator is not None and m.simulator["preemptions"] == 1
     assert ev(df, "erase", "b")["reason"].tolist() == ["preempted", "trajectory-end"]

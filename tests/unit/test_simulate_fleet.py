@@ -22,6 +22,7 @@ from harness.policies import make_policy
 from harness.records.store import RECORDS_DIR, RUN_JSON, SUMMARY_JSON, read_records
 from harness.simulate import native
 from harness.simulate.fleet import MOVED_REASON, Fleet, check_fleet, server_name
+from harness.simulate.options import Loop, SimOptions
 from harness.simulate.records import RecordSink
 from harness.simulate.run import Arrivals, run_simulation, simulate
 from harness.simulate.server import Capacity, ServerModel
@@ -38,8 +39,8 @@ CAL = read_calibration(CAL_PATH)
 def sim(tmp: Path, name: str, trace: str, policy: str, cap: Capacity, agents: int,
         summary: bool = False, **fleet: Any) -> tuple[pd.DataFrame, dict[str, Any]]:
     out = tmp / name
-    run = run_simulation(TRACES / trace, policy, {}, cap, CAL, None, Arrivals("closed", agents),
-                         0, out, write_summary=summary, **fleet)
+    run = run_simulation(SimOptions(TRACES / trace, policy, {}, cap, None, Arrivals("closed",
+                                    agents), 0, out, write_summary=summary, **fleet), CAL)
     return read_records(out), run.to_dict()
 
 
@@ -71,8 +72,8 @@ def engine_run(tmp: Path, trace: str, policy: str, args: dict[str, str], cap: Ca
     out = tmp / ("none" if fleet is None else f"{fleet.k}-{fleet.router}")
     sink = RecordSink(out / RECORDS_DIR, "r", w, CAL.kv_bytes_per_token, cap.context_limit)
     try:
-        simulate(w, server_model(CAL), cap, make_policy(policy, args), None, agents, sink, "r",
-                 1000, "fifo", fleet)
+        simulate(w, server_model(CAL), cap, make_policy(policy, args), sink, "r", Loop(None,
+            agents, 1000, "fifo", fleet))
     finally:
         sink.close()
     return read_records(out)
@@ -235,7 +236,7 @@ def cli(tmp: Path, *extra: str) -> Any:
     (["--servers", "0"], "--servers must be in [1, 1,024], got 0"),
     (["--servers", "-2"], "--servers must be in [1, 1,024], got -2"),
     (["--servers", "1000000000"], "--servers must be in [1, 1,024], got 1,000,000,000"),
-    (["--servers", "two"], "--servers must be an integer >= 1, got 'two'"),
+    (["--servers", "two"], "--servers 'two': not an integer"),
     (["--servers", "1.5"], "--servers"),
     (["--servers", "2", "--router", "random"], "--router must be one of round-robin, "
                                                 "prefix-affinity, got 'random'"),

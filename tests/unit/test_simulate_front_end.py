@@ -16,6 +16,7 @@ import pytest
 
 from harness.model.calibration import Calibration
 from harness.records.store import read_records
+from harness.simulate.options import SimOptions
 from harness.simulate.run import Arrivals, run_simulation
 from harness.simulate.server import Capacity, ServerModel
 from tests.unit.test_simulate import ALPHA, BETA, CAL, llm, t_s, tool, trace
@@ -27,9 +28,9 @@ MS = 1e-3
 def run(tmp: Path, trajs: dict[str, list[tuple[object, ...]]], cal: Calibration,
         starts: dict[str, float] | None = None, engine: str = "sglang") -> pd.DataFrame:
     out = tmp / "out"
-    run_simulation(trace(tmp, trajs, starts), "keep-evictable", {}, Capacity(
-        tokens=1024, engine=engine, block_size=16), cal, None, Arrivals("trace", 8, 1.0), 0,
-        out, write_summary=False)
+    run_simulation(SimOptions(trace(tmp, trajs, starts), "keep-evictable", {}, Capacity(
+        tokens=1024, engine=engine, block_size=16), None, Arrivals("trace", 8, 1.0), 0, out,
+            write_summary=False), cal)
     return read_records(out)
 
 

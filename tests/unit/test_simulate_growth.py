@@ -12,6 +12,7 @@ import pandas as pd
 from harness.records.manifest import RunManifest
 from harness.records.store import read_records
 from harness.simulate.growth import admission_tokens
+from harness.simulate.options import SimOptions
 from harness.simulate.run import Arrivals, run_simulation
 from harness.simulate.server import Capacity
 from tests.unit.test_simulate import CAL, ev, llm, t_s, tool, trace
@@ -24,9 +25,9 @@ TWO = {"a": [llm(100, 100)], "b": [llm(100, 100)]}
 def run(tmp: Path, trajs: dict[str, list[tuple[object, ...]]], policy: str, engine: str,
         tokens: int) -> tuple[RunManifest, pd.DataFrame]:
     out = tmp / engine / "out"
-    m = run_simulation(trace(tmp, trajs), policy, {}, Capacity(
-        tokens=tokens, engine=engine, block_size=16), CAL, None, Arrivals("closed", 8), 0,
-        out, write_summary=False)
+    m = run_simulation(SimOptions(trace(tmp, trajs), policy, {}, Capacity(
+        tokens=tokens, engine=engine, block_size=16), None, Arrivals("closed", 8), 0, out,
+            write_summary=False), CAL)
     return m, read_records(out)
 
 
@@ -68,9 +69,9 @@ def test_a_preempted_call_keeps_its_pinned_context(tmp_path: Path) -> None:
     # that decodes long; b, started during a's pause, leaves no room for both to grow
     trajs = {"a": [llm(100, 10), tool(0.2), llm(10, 150)], "b": [llm(60, 150)]}
     out = tmp_path / "out"
-    m = run_simulation(trace(tmp_path, trajs, {"a": 0.0, "b": 0.25}), "keep", {},
-                       Capacity(tokens=320, engine="vllm", block_size=16), CAL, None,
-                       Arrivals("trace", 8, 1.0), 0, out, write_summary=False)
+    m = run_simulation(SimOptions(trace(tmp_path, trajs, {"a": 0.0, "b": 0.25}), "keep", {},
+                                  Capacity(tokens=320, engine="vllm", block_size=16), None,
+                                  Arrivals("trace", 8, 1.0), 0, out, write_summary=False), CAL)
     df = read_records(out)
     assert m.simulator is not None and m.simulator["preempted_calls"] >= 1
     assert ev(df, "trajectory_end")["status"].tolist() == ["completed"] * 2
@@ -88,8 +89,9 @@ def test_on_vllm_a_pinned_resume_waits_behind_an_earlier_call(tmp_path: Path) ->
     path = trace(tmp_path, trajs, {"a": 0.0, "b": 0.0, "c": 1.1})
     for engine in ("vllm", "sglang"):
         out = tmp_path / engine
-        run_simulation(path, "keep", {}, Capacity(tokens=400, engine=engine, block_size=1),
-                       CAL, None, Arrivals("trace", 8, 1.0), 0, out, write_summary=False)
+        run_simulation(SimOptions(path, "keep", {}, Capacity(tokens=400, engine=engine,
+                                  block_size=1), None, Arrivals("trace", 8, 1.0), 0, out,
+                                  write_summary=False), CAL)
         df = read_records(out)
         resumed = t_s(df, "call_start", "a", 1)
         if engine == "vllm":

@@ -18,6 +18,7 @@ from harness.errors import InputError
 from harness.model.calibration import Calibration, write_calibration
 from harness.records.manifest import read_manifest
 from harness.records.store import RUN_JSON, read_records
+from harness.simulate.options import SimOptions
 from harness.simulate.pins import pins_from_records
 from harness.simulate.run import Arrivals, run_simulation
 from harness.simulate.server import Capacity
@@ -38,8 +39,9 @@ SLOW = dataclasses.replace(CAL, prefill_tok_s=200.0, decode_tok_s=20.0)
 def run(tmp: Path, name: str, cal: Calibration = CAL, policy: str = "keep",
         pinned_to: Path | None = None, path: Path | None = None) -> Path:
     out = tmp / name
-    run_simulation(path or trace(tmp, FAMILY, KIDS), policy, {}, SLOTS, cal, None,
-                   Arrivals("closed", 2), 0, out, write_summary=False, pinned_to=pinned_to)
+    run_simulation(SimOptions(path or trace(tmp, FAMILY, KIDS), policy, {}, SLOTS, None,
+                              Arrivals("closed", 2), 0, out, write_summary=False,
+                              pinned_to=pinned_to), cal)
     return out
 
 

@@ -18,6 +18,7 @@ from harness.model.calibration import write_calibration
 from harness.records.store import read_records
 from harness.simulate.block_cache import GROUP_KEY0, BlockCache
 from harness.simulate.fleet import Fleet
+from harness.simulate.options import SimOptions
 from harness.simulate.run import Arrivals, check_capacity, run_simulation
 from harness.simulate.server import Capacity
 from tests.unit.test_simulate import ALPHA, BETA, CAL, ev, llm, sim, t_s, tool, trace
@@ -208,9 +209,9 @@ def test_a_fleet_has_one_cache_per_server(tmp_path: Path) -> None:
     path = trace(tmp_path, {"a": [llm(100, 10), tool(1.0), llm(20, 5), tool(1.0), llm(20, 5)]})
     for router, cached in (("prefix-affinity", [0, 96, 128]), ("round-robin", [0, 0, 96])):
         out = tmp_path / router
-        run_simulation(path, "keep-evictable", {}, paged(1000), CAL, None,
-                       Arrivals("closed", 1), 0, out, write_summary=False, servers=2,
-                       router=router)
+        run_simulation(SimOptions(path, "keep-evictable", {}, paged(1000), None,
+                                  Arrivals("closed", 1), 0, out, write_summary=False, servers=2,
+                                  router=router), CAL)
         ends = ev(read_records(out), "call_end")
         # round-robin: the second call lands on server 1, which has nothing of `a`; the third
         # is back on server 0, whose cache still holds the first call's 110 tokens (96 in
@@ -223,8 +224,8 @@ def test_whole_block_reuse_is_no_mismatch_and_counts_as_retained(tmp_path: Path)
     from harness.records.manifest import read_manifest
 
     out = tmp_path / "run"
-    run_simulation(trace(tmp_path, ONE), "keep-evictable", {}, paged(1000, block=32), CAL, None,
-                   Arrivals("closed", 1), 0, out, write_summary=False)
+    run_simulation(SimOptions(trace(tmp_path, ONE), "keep-evictable", {}, paged(1000, block=32),
+                              None, Arrivals("closed", 1), 0, out, write_summary=False), CAL)
     assert read_manifest(out).cache_block_tokens == 32
     s = summarize_dir(out)
     # 110 tokens kept, 96 reused (3 blocks): within a block, so the context survived whole
@@ -279,8 +280,9 @@ def test_a_draws_seed_redraws_the_server_and_keeps_the_arrivals(tmp_path: Path) 
     poisson = Arrivals("poisson", rate=2.0)
 
     def run(name: str, draws_seed: int | None) -> pd.DataFrame:
-        run_simulation(path, "keep", {}, Capacity(tokens=4000), spread, None, poisson, 7,
-                       tmp_path / name, write_summary=False, draws_seed=draws_seed)
+        run_simulation(SimOptions(path, "keep", {}, Capacity(tokens=4000), None, poisson, 7,
+                                  tmp_path / name, write_summary=False, draws_seed=draws_seed),
+                                  spread)
         return read_records(tmp_path / name)
 
     base, same, other = run("base", None), run("same", 7), run("other", 8)

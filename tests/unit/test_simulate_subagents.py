@@ -21,6 +21,7 @@ from harness.model.calibration import Calibration, write_calibration
 from harness.records.schema import RECORD_COLUMNS
 from harness.records.store import RUN_JSON, read_records
 from harness.simulate import native
+from harness.simulate.options import SimOptions
 from harness.simulate.run import Arrivals, run_simulation
 from harness.simulate.server import Capacity
 from harness.simulate.workload import build_workload
@@ -75,8 +76,8 @@ def sim(tmp: Path, path: Path, policy: str, cap: Capacity, engine: str,
     """The records of one simulation, in this process's loop or the pure-Python one."""
     out = tmp / f"{name}-{engine}"
     if engine == "loaded":
-        run_simulation(path, policy, {}, cap, CAL, None, Arrivals("closed", concurrency), 0,
-                       out, write_summary=False)
+        run_simulation(SimOptions(path, policy, {}, cap, None, Arrivals("closed", concurrency), 0,
+                                  out, write_summary=False), CAL)
         return read_records(out)
     cal = write_calibration(tmp / "cal.json", CAL)
     res = subprocess.run(

@@ -18,6 +18,7 @@ from harness.cli import main
 from harness.model.calibration import write_calibration
 from harness.records.manifest import RunManifest
 from harness.records.store import read_records
+from harness.simulate.options import SimOptions
 from harness.simulate.run import FIRST_TOKEN_TIMEOUT_S, Arrivals, run_simulation
 from harness.simulate.server import Capacity
 from tests.unit.test_simulate import ALPHA, BETA, CAL, ev, llm, t_s, tool, trace
@@ -26,8 +27,9 @@ from tests.unit.test_simulate import ALPHA, BETA, CAL, ev, llm, t_s, tool, trace
 def run(tmp: Path, path: Path, cap: Capacity, timeout_s: float, policy: str = "keep"
         ) -> tuple[pd.DataFrame, dict[str, Any]]:
     out = tmp / "out"
-    manifest = run_simulation(path, policy, {}, cap, CAL, None, Arrivals("closed", 8), 0, out,
-                              write_summary=False, first_token_timeout_s=timeout_s)
+    manifest = run_simulation(SimOptions(path, policy, {}, cap, None, Arrivals("closed", 8), 0,
+                                         out, write_summary=False,
+                                         first_token_timeout_s=timeout_s), CAL)
     return read_records(out), manifest.to_dict()
 
 

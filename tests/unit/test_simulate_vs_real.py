@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from harness.model.calibration import read_calibration
+from harness.simulate.options import SimOptions
 from harness.simulate.run import Arrivals, check_capacity, run_simulation
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,10 +48,11 @@ def simulated(policy: str, tmp: Path) -> dict[str, Any]:
     assert real_run["trace"]["sha256"] == _sha(TRACE), "the trace changed since the reference"
     arrivals = real_run["arrivals"]
     out = tmp / policy
-    run_simulation(TRACE, policy, {}, check_capacity(None, real_run["slots"],
-                                                     real_run["ctx_per_slot"]),
-                   read_calibration(DATA / "calibration.json"), DATA / "calibration.json",
-                   Arrivals(arrivals["mode"], arrivals["concurrency"]), real_run["seed"], out)
+    cap = check_capacity(None, real_run["slots"], real_run["ctx_per_slot"])
+    run_simulation(SimOptions(TRACE, policy, {}, cap, DATA / "calibration.json",
+                              Arrivals(arrivals["mode"], arrivals["concurrency"]),
+                              real_run["seed"], out),
+                   read_calibration(DATA / "calibration.json"))
     data: dict[str, Any] = json.loads((out / "summary.json").read_text())
     return data
 

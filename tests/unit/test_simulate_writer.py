@@ -12,6 +12,7 @@ import pytest
 
 from harness.policies.builtin import Keep
 from harness.records.store import read_records
+from harness.simulate.options import Loop
 from harness.simulate.records import RecordSink
 from harness.simulate.run import simulate
 from harness.simulate.server import Capacity, ServerModel
@@ -33,7 +34,7 @@ def run(tmp: Path, writer: str, flush_rows: int = 2000) -> tuple[pd.DataFrame, s
     assert sink.writer == writer
     name = sink.cols.shm_name
     try:
-        simulate(w, SERVER, Capacity(tokens=600_000), Keep(), None, 120, sink, "run")
+        simulate(w, SERVER, Capacity(tokens=600_000), Keep(), sink, "run", Loop(None, 120))
     finally:
         sink.close()
     return read_records(tmp / writer), name
@@ -57,7 +58,7 @@ def test_a_failed_write_is_raised_and_memory_released(tmp_path: Path) -> None:
     shutil.rmtree(out)  # the writer cannot write its parts
     with pytest.raises(RuntimeError, match="writing a records part failed"):
         try:
-            simulate(w, SERVER, Capacity(tokens=60_000), Keep(), None, 12, sink, "run")
+            simulate(w, SERVER, Capacity(tokens=60_000), Keep(), sink, "run", Loop(None, 12))
         finally:
             sink.close()
     assert not Path("/dev/shm", name.lstrip("/")).exists()

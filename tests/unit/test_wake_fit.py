@@ -14,6 +14,7 @@ from harness.model.iteration import curve_at
 from harness.model.run_rates import rate_factors, rescaled, server_speed
 from harness.model.wake_fit import MAX_FIT_CALLS, curve_weights, fit_wake, l1_fit
 from harness.records.store import read_records
+from harness.simulate.options import SimOptions
 from harness.simulate.run import Arrivals, run_simulation
 from harness.simulate.server import Capacity
 from tests.unit.test_run_rates import COSTS, call, frame
@@ -158,9 +159,9 @@ def test_a_simulated_run_reads_back_its_calibrations_curve(tmp_path: Path) -> No
                                                                 (300.0, 4.0, 6.0),
                                                                 (3000.0, 9.0, 20.0)))
     out = tmp_path / "run"
-    run_simulation(trace(tmp_path, trajs, starts), "keep", {},
-                   Capacity(slots=8, ctx_per_slot=1024), cal, None,
-                   Arrivals("closed", 8), 0, out, write_summary=False)
+    run_simulation(SimOptions(trace(tmp_path, trajs, starts), "keep", {}, Capacity(slots=8,
+                              ctx_per_slot=1024), None, Arrivals("closed", 8), 0, out,
+                              write_summary=False), cal)
     f = server_speed(read_records(out), cal)
     assert f.calls > 0 and f.prefill == pytest.approx(1.0, abs=1e-6)
     for (_, server, _), (_, want, _), fitted in zip(f.wake_curve_ms, cal.wake_curve_ms,

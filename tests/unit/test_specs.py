@@ -1,0 +1,66 @@
+"""Job specs: one declaration per input, read from flags or a benchmark file (--config), the
+flags overriding the file; a bad key or value is one line naming the file, the key and the
+bound; run.json records the spec."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from harness.cli import main
+from harness.errors import InputError
+from harness.specs.simulate import SimSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACE = ROOT / "traces" / "bench-small.parquet"
+CALIBRATION = ROOT / "tests" / "data" / "llamacpp-bench-small" / "calibration.json"
+
+
+def _config(tmp: Path, text: str) -> Path:
+    path = tmp / "bench.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("slotz = 4\n", ("bench.toml", "unknown key 'slotz'")),
+    ("slots = 0\n", ("bench.toml: slots", "must be in [1, 65,536]")),
+    ("ctx-per-slot = 8\n", ("bench.toml: ctx-per-slot", "[16, 16,777,216]")),
+    ("seed = 'x'\n", ("bench.toml: seed", "not an integer")),
+    ("slots = [\n", ("bench.toml", "not valid TOML")),
+])
+def test_a_bad_benchmark_file_is_one_line_naming_the_file_and_key(
+        tmp_path: Path, text: str, words: tuple[str, ...]) -> None:
+    res = CliRunner().invoke(main, ["simulate", "--config", str(_config(tmp_path, text)),
+                                    "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and all(w in lines[0] for w in words), lines
+    assert not (tmp_path / "o").exists()
+
+
+def test_flags_override_the_file_and_run_json_records_the_spec(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, f"trace = '{TRACE}'\npolicy = 'keep'\ncalibration = "
+                            f"'{CALIBRATION}'\nslots = 2\nctx-per-slot = 4096\nseed = 5\n"
+                            "concurrency = 2\nno-summary = true\n")
+    out = tmp_path / "o"
+    res = CliRunner().invoke(main, ["simulate", "--config", str(cfg), "--slots", "3",
+                                    "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    run = json.loads((out / "run.json").read_text())
+    assert run["slots"] == 3 and run["seed"] == 5  # the flag over the file, the file's seed
+    spec = run["spec"]
+    assert spec["command"] == "simulate" and spec["values"]["slots"] == 3
+    assert spec["values"]["ctx-per-slot"] == 4096 and spec["values"]["trace"] == str(TRACE)
+    # the record builds the same spec again
+    fields = {f.key: f.name for f in SimSpec.fields()}
+    again = SimSpec.build({fields[k]: v for k, v in spec["values"].items()})
+    assert again.record() == spec
+
+
+def test_a_missing_required_input_is_named() -> None:
+    with pytest.raises(InputError, match="missing option --trace"):
+        SimSpec.build({"policy": "keep", "out": "o"})

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -119,6 +119,15 @@ def seconds_field(v: Any, where: str, key: str, scale: float = 1.0) -> float | N
         if math.isfinite(s) and 0 <= s <= MAX_LOG_S:
             return s
     raise InputError(f"{where}: {key!r} must be a duration >= 0, got {v!r}")
+
+
+def count_calls(calls: Iterable[Call], c: Counter[str]) -> None:
+    """The counts of tool calls' fates: results, exact durations, abandoned, errors."""
+    for k in calls:
+        c["tool_results"] += k.has_result
+        c["exact_durations"] += k.has_result and k.exact_s is not None
+        c["abandoned_calls"] += k.abandoned or not k.has_result
+        c["error_calls"] += k.error and not k.abandoned
 
 
 def raise_outputs(responses: list[Response], stats: FileStats) -> None:

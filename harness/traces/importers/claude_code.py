@@ -23,6 +23,7 @@ from harness.errors import InputError
 from harness.traces.importers._common import build_frame, summarize, take_options
 from harness.traces.importers.agent_log import (
     FileStats,
+    count_calls,
     inferred_fields,
     measure,
     raise_outputs,
@@ -184,12 +185,7 @@ def _call_counts(imp: _Import) -> None:
     convos: list[tuple[FileStats, Convo]] = [(f.stats, c) for f, c in imp.mains]
     convos += [(f.stats, s.convo) for f, s in imp.sides if s.convo is not None]
     for stats, convo in convos:
-        c = stats.counts
-        for k in (k for r in convo.responses for k in r.calls):
-            c["tool_results"] += k.has_result
-            c["exact_durations"] += k.has_result and k.exact_s is not None
-            c["abandoned_calls"] += k.abandoned or not k.has_result
-            c["error_calls"] += k.error and not k.abandoned
+        count_calls((k for r in convo.responses for k in r.calls), stats.counts)
 
 
 def import_path(path: Path, options: dict[str, str]) -> Imported:

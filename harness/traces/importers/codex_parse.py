@@ -1,6 +1,6 @@
-"""A Codex CLI rollout read into the agent logs' intermediate form (agent_log.py): one
-conversation of model responses, the tool calls each made and what became of them, and the
-user's turns and compactions between them. codex.py imports the rollouts."""
+"""A Codex CLI rollout read into the intermediate form (form.py): one conversation of model
+responses, the tool calls each made and what became of them, and the user's turns and
+compactions between them. codex.py imports the rollouts."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from harness.errors import InputError
 from harness.traces.importers.agent_log import (
     MAX_LOG_S,
     FileStats,
+    count_calls,
     count_field,
     parse_ts,
     seconds_field,
@@ -22,27 +23,16 @@ from harness.traces.importers.form import Call, Convo, Response
 from harness.userfiles import count_tokens, read_jsonl
 
 ENVELOPE = ("session_meta", "response_item", "event_msg", "compacted", "turn_context")
-
-
 CALL_ITEMS = ("function_call", "custom_tool_call", "local_shell_call")
-
-
 OUTPUT_ITEMS = ("function_call_output", "custom_tool_call_output")
-
 
 # Tools OpenAI runs inside the response: part of the LLM call, not a pause of the agent.
 HOSTED_ITEMS = ("web_search_call", "image_generation_call", "tool_search_call")
-
-
 COMPACTION_ITEMS = ("compaction", "compaction_summary")
-
 
 # A tool output's header (before "Output:"): unified exec and the shell tool state these.
 _WALL_RE = re.compile(r"^Wall time: ([0-9]+(?:\.[0-9]+)?) seconds?\s*$", re.M)
-
-
 _EXIT_RE = re.compile(r"^(?:Exit code:|Process exited with code) (-?[0-9]+)\s*$", re.M)
-
 
 # Context given as a user message that is not the user's prompt (legacy rollouts, which have
 # no user_message events).
@@ -347,7 +337,6 @@ class Rollout:
 
     def _finish(self) -> None:
         """Each call's exact duration from its facts, and its outcome."""
-        c = self.stats.counts
         for cid, call in self.calls.items():
             f = self.facts.get(cid, {})
             exact = next((f[k] for k in ("wall", "meta", "end") if f.get(k) is not None),
@@ -356,7 +345,4 @@ class Rollout:
             code = f.get("exit")
             if isinstance(code, int) and not isinstance(code, bool) and code != 0:
                 call.error = True
-            c["tool_results"] += call.has_result
-            c["exact_durations"] += call.exact_s is not None
-            c["abandoned_calls"] += call.abandoned or not call.has_result
-            c["error_calls"] += call.error and not call.abandoned
+        count_calls(self.calls.values(), self.stats.counts)

@@ -9,12 +9,11 @@ from typing import Any
 
 from harness.errors import InputError
 from harness.traces.importers.otel_langfuse import is_obs, langfuse
+from harness.traces.importers.otel_layouts import agent_trace, jaeger_trace
 from harness.traces.importers.otel_read import (
     FileSpans,
     Span,
-    agent_trace,
     fail,
-    jaeger_trace,
     load_docs,
     obj,
     otlp,

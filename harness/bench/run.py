@@ -13,11 +13,13 @@ from typing import Any
 from harness.advise.candidates import SPACE
 from harness.advise.run import AdvisePlan, advise
 from harness.bench.plan import BenchPlan
+from harness.bench.result import BenchPick, BenchResult, Replay
 from harness.calibrate.drift import recheck
 from harness.calibrate.measure import CalibratedServer, calibrate, reported_kv
 from harness.capacity.driver import SearchSettings, SearchSpec
 from harness.capacity.run import CapacityPlan, run_capacity
 from harness.errors import InputError
+from harness.metrics.summary_types import Summary, read_summary
 from harness.model.analytical import Rates, evaluate
 from harness.model.calibration import (
     Calibration,
@@ -34,13 +36,7 @@ from harness.plan.injection import Injection
 from harness.policies import POLICIES, SLOT_MODEL_POLICIES, make_policy
 from harness.records.atomic import write_text_atomic
 from harness.records.manifest import RunManifest, read_manifest
-from harness.records.store import (
-    SUMMARY_JSON,
-    ensure_out_dir,
-    read_json,
-    read_records,
-    write_json,
-)
+from harness.records.store import SUMMARY_JSON, ensure_out_dir, read_records, write_json
 from harness.replay.options import RunOptions
 from harness.replay.run import execute_run, to_stderr
 from harness.replay.runner import redact_url
@@ -126,13 +122,12 @@ def replay_first_token_timeout(real: RunManifest) -> float:
     return float(value) if isinstance(value, int | float) and value > 0 else FIRST_TOKEN_TIMEOUT_S
 
 
-def run_bench(plan: BenchPlan, echo: Callable[[str], None] = print
-              ) -> list[tuple[str, dict[str, Any]]]:
+def run_bench(plan: BenchPlan, echo: Callable[[str], None] = print) -> BenchResult:
     """Run a bench plan: calibrate first if asked (and re-check it after the replays: each
     rate's drift in calibration-drift.json beside it), replay each policy (and simulate it where
-    that applies; with repeats, the first round), render one report; returns each replay's
-    summary, labelled by policy (and `#k` for repeat k). With repeats, each policy's
-    directory gets repeats.json, the spread between its repeats."""
+    that applies; with repeats, the first round), render one report; returns each replay with
+    its summary, named by policy (and `#k` for repeat k), and what was measured beside them.
+    With repeats, each policy's directory gets repeats.json, the spread between its repeats."""
     if plan.preset is not None and plan.calibration is not None:
         cal = resolve_calibration(plan.preset)
         ensure_out_dir(plan.root)
@@ -148,58 +143,60 @@ def run_bench(plan: BenchPlan, echo: Callable[[str], None] = print
         calibrate(plan.calibration, CalibratedServer(
             first.runtime, first.url, server_args=first.server_args, pin=plan.pinning,
             ctx_per_slot=first.ctx_per_slot), sampling_s=first.scrape_interval_s)
-    rows: list[tuple[str, dict[str, Any]]] = []
+    replays: list[Replay] = []
     dirs: list[Path] = []
-    runs: list[RunManifest] = []
     t0 = time.monotonic()
     for k, round_runs in enumerate(plan.rounds(), 1):
         for o in round_runs:
             name = o.policy if plan.repeats == 1 else f"{o.policy}#{k}"
             echo(f"[{time.monotonic() - t0:6.0f}s] {name}: replaying {plan.trace} ...")
             run = execute_run(o, to_stderr, plan.runtime)
-            runs.append(run)
             dirs.append(o.out)
+            speed = None
             if plan.calibration is not None:
-                dirs += model_runs(plan, o, plan.calibration, simulate=k == 1)
-            summary = read_json(o.out / SUMMARY_JSON) if (o.out / SUMMARY_JSON).exists() else {}
-            rows.append((name, summary))
+                sim, speed = model_runs(plan, o, plan.calibration, simulate=k == 1)
+                dirs += sim
+            summary = read_summary(o.out) if (o.out / SUMMARY_JSON).exists() else Summary()
+            replays.append(Replay(name, o.policy, o.out, run, summary, speed))
             c = run.outcome
             echo(f"[{time.monotonic() - t0:6.0f}s] {name}: {c.completed if c else 0} "
                  f"completed, {c.cancelled if c else 0} cancelled, {c.failed if c else 0} "
                  "failed")
-    check_same_pinning(runs)
+    check_same_pinning([r.run for r in replays])
+    drift = None
     if plan.calibrate_first and plan.calibration is not None:
         first = plan.runs[0]
         echo(f"[{time.monotonic() - t0:6.0f}s] re-checking the calibration (drift) ...")
-        recheck(plan.calibration, first.runtime, first.url, first.server_args, plan.pinning,
-                first.ctx_per_slot)
-    if plan.repeats > 1:
-        for o in plan.runs:
-            write_repeats(o.out, repeat_dirs(o.out, plan.repeats))
-    write_text_atomic(plan.root / "report.html", render_report(dirs))
-    return rows
+        drift = recheck(plan.calibration, first.runtime, first.url, first.server_args,
+                        plan.pinning, first.ctx_per_slot)
+    spreads = {o.policy: write_repeats(o.out, repeat_dirs(o.out, plan.repeats))
+               for o in plan.runs} if plan.repeats > 1 else {}
+    result = BenchResult(plan.root, replays, drift, spreads)
+    write_text_atomic(result.report, render_report(dirs))
+    return result
 
 
 def model_runs(plan: BenchPlan, o: RunOptions, calibration: Path, simulate: bool
-               ) -> list[Path]:
+               ) -> tuple[list[Path], dict[str, Any] | None]:
     """After a policy's replay: the analytical prediction beside it (the slot model prices
     what a slot server does: no engine's evictable cache, and swap's bandwidth, which an
     engine without swap has none of), and its simulation where the bench simulates; returns
-    the simulated run's directory, if any. Beside a simulated replay: the server's speed during
-    it against the calibration (SERVER_SPEED_JSON, harness.model.run_rates)."""
+    the simulated run's directory, if any, and beside a simulated replay the server's speed
+    during it against the calibration (written to SERVER_SPEED_JSON, harness.model.run_rates),
+    None elsewhere."""
     cal = read_calibration(calibration)
     if o.policy in SLOT_MODEL_POLICIES and cal.has_swap:
         write_json(o.out / "prediction.json", predict(plan.trace, o.policy, calibration))
     if not (simulate and plan.simulable
             and simulable_policy(o.policy, o.policy_args, cal, plan.runtime.name)):
-        return []
+        return [], None
     sim = plan.root / f"{o.policy}-simulated"
     simulate_like(o.out, plan.trace, o.policy, o.policy_args, calibration, sim)
     # How fast the server computed during the replay against the calibration the simulation
     # was priced with: the first cause to look at when the two disagree.
-    speed = server_speed(read_records(o.out), cal)
-    write_json(o.out / SERVER_SPEED_JSON, speed_doc(speed, str(calibration)))
-    return [sim]
+    doc = speed_doc(server_speed(read_records(o.out), cal), str(calibration))
+    write_json(o.out / SERVER_SPEED_JSON, doc)
+    return [sim], doc
 
 
 def simulable_policy(policy: str, args: dict[str, str], cal: Calibration,
@@ -225,10 +222,10 @@ def check_same_pinning(runs: list[RunManifest]) -> None:
         raise RuntimeError(f"the bench's policies ran under different CPU pinning: {seen}")
 
 
-def bench_pick(plan: BenchPlan) -> dict[str, Any]:
+def bench_pick(plan: BenchPlan) -> BenchPick:
     """The advisor's pick on the bench's server settings, in simulation with the bench's
-    calibration, under the bench's SLO (harness.advise, unconfirmed, into <out>/advice); its
-    recommendation with the chosen candidate's predicted figures (`predicted`)."""
+    calibration, under the bench's SLO (harness.advise, unconfirmed, into <out>/advice): the
+    recommended candidate with its predicted capacity and resume P95 there."""
     if plan.calibration is None:
         raise InputError("the advisor's pick needs a calibration (--calibration or --calibrate)")
     o = plan.runs[0]
@@ -245,8 +242,9 @@ def bench_pick(plan: BenchPlan) -> dict[str, Any]:
                            tuple(SPACE), (o.slots,), (o.ctx_per_slot,), search, o)
     doc = advise(aplan, lambda _m: None)
     rec = doc["recommendation"]
-    top = next(r for r in doc["candidates"] if r["key"] == rec["key"])
-    return {**rec, "predicted": top["predicted"]}
+    predicted = next(r for r in doc["candidates"] if r["key"] == rec["key"])["predicted"]
+    return BenchPick(rec["label"], rec["key"], predicted["capacity"],
+                     (predicted.get("resume_latency_ms") or {}).get("p95"))
 
 
 def bench_capacity(plan: BenchPlan, echo: Callable[[str], None] = print) -> dict[str, Any]:

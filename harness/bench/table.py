@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from harness.metrics.health import problems
+from harness.metrics.health import FAIL, WARN
 from harness.metrics.registry import metric
+from harness.metrics.summary_types import Quantiles, Rate, Summary
 
 
-def _value(name: str, s: dict[str, Any], scale: float = 1.0, spec: str = ",.0f") -> str:
+def _value(name: str, s: Summary, scale: float = 1.0, spec: str = ",.0f") -> str:
     """A registry metric's value in a summary, formatted ('-' where it has none)."""
     v = metric(name).value(s)
     return "-" if v is None else format(float(v) * scale, spec)
 
 
-def headline_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
+def headline_table(rows: list[tuple[str, Summary]]) -> str:
     """A fixed-width table of the policies' summaries (the metrics as the registry defines
     them; the counts of resumes and trajectory outcomes beside them)."""
     head = (f"{'policy':<15}{'resume p50':>11}{'p95':>9}{'p99':>9}{'n':>5}  "
@@ -22,13 +21,12 @@ def headline_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
             f"{'mismatch':>9}{'JCT mean s':>11}{'makespan s':>11}")
     lines = [head, "-" * len(head)]
     for policy, s in rows:
-        r = s.get("resume_latency_ms") or {}
-        t = s.get("trajectories") or {}
+        t = s.trajectories
         lines.append(
             f"{policy:<15}{_value('resume_latency_ms.p50', s):>11}"
             f"{_value('resume_latency_ms.p95', s):>9}{_value('resume_latency_ms.p99', s):>9}"
-            f"{r.get('n', 0):>5}  {t.get('succeeded', 0):>4}{t.get('cancelled', 0):>7}"
-            f"{t.get('failed', 0):>5}{_value('tokens_recomputed', s):>11}"
+            f"{s.resume_latency_ms.n or 0:>5}  {t.succeeded or 0:>4}{t.cancelled or 0:>7}"
+            f"{t.failed or 0:>5}{_value('tokens_recomputed', s):>11}"
             f"{_value('bytes_moved', s, 1 / 2**20, '.1f'):>10}"
             f"{_value('cache_mismatches', s, spec='.0f'):>9}"
             f"{_value('job_completion_s.mean', s, spec=',.1f'):>11}"
@@ -38,31 +36,31 @@ def headline_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
-def _rate(s: dict[str, Any], key: str) -> str:
-    v = (s.get(key) or {}).get("rate")
+def _rate(share: Rate | None) -> str:
+    v = share.rate if share is not None else None
     return "-" if v is None else f"{100 * float(v):.0f}%"
 
 
-def _ms(s: dict[str, Any], key: str, q: str) -> str:
-    v = (s.get(key) or {}).get(q)
+def _ms(stats: Quantiles, q: str) -> str:
+    v = stats.at(q)
     return "-" if v is None else f"{float(v):,.0f}"
 
 
-def retention_table(rows: list[tuple[str, dict[str, Any]]]) -> str | None:
+def retention_table(rows: list[tuple[str, Summary]]) -> str | None:
     """What each policy's retention cost the run and others: whether the server honoured the
     pause's action, how many keep-evictable contexts survived, the bystanders' time to first
     token (their queue behind held contexts), goodput and the paused KV. None when no run has
     any of it (no judged resume, no bystander)."""
-    if not any(s.get("hint_honoured") or s.get("effective_retention")
-               or (s.get("bystander_ttft_ms") or {}).get("n") for _, s in rows):
+    if not any(s.hint_honoured is not None or s.effective_retention is not None
+               or s.bystander_ttft_ms.n for _, s in rows):
         return None
     head = (f"{'policy':<15}{'honoured':>9}{'evict kept':>11}{'byst TTFT p50':>14}{'p95':>9}"
             f"{'goodput/min':>12}{'paused KV':>11}")
     lines = [head, "-" * len(head)]
     for policy, s in rows:
         lines.append(
-            f"{policy:<15}{_rate(s, 'hint_honoured'):>9}{_rate(s, 'effective_retention'):>11}"
-            f"{_ms(s, 'bystander_ttft_ms', 'p50'):>14}{_ms(s, 'bystander_ttft_ms', 'p95'):>9}"
+            f"{policy:<15}{_rate(s.hint_honoured):>9}{_rate(s.effective_retention):>11}"
+            f"{_ms(s.bystander_ttft_ms, 'p50'):>14}{_ms(s.bystander_ttft_ms, 'p95'):>9}"
             f"{_value('goodput_per_min', s, spec='.2f'):>12}"
             f"{_value('memory_time_mib_s', s, spec=',.1f'):>11}")
     lines.append("(honoured: resumes whose server-reported reuse matched the action; evict kept: "
@@ -71,10 +69,12 @@ def retention_table(rows: list[tuple[str, dict[str, Any]]]) -> str | None:
     return "\n".join(lines)
 
 
-def health_lines(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
+def health_lines(rows: list[tuple[str, Summary]]) -> list[str]:
     """Each policy's health problems (summary.json `health`: fail and warn), one line each."""
     out = []
     for policy, summary in rows:
-        for c in problems(summary.get("health") or []):
-            out.append(f"health, {policy}: {c['status'].upper()} {c['check']}: {c['detail']}")
+        for c in summary.health:
+            status = c.status or ""
+            if status in (FAIL, WARN):
+                out.append(f"health, {policy}: {status.upper()} {c.check}: {c.detail}")
     return out or ["health: no problems found"]

@@ -14,7 +14,7 @@ from harness.adapters.http import Timeouts
 from harness.bench.plan import DEFAULT_PICK_SLO, DEFAULT_POLICIES, BenchPlan, plan_bench
 from harness.bench.run import bench_capacity, bench_pick, run_bench
 from harness.bench.table import headline_table, health_lines, retention_table
-from harness.calibrate.drift import DRIFT_JSON, drift_lines
+from harness.calibrate.drift import drift_lines
 from harness.capacity.budget import parse_span
 from harness.capacity.run import result_table
 from harness.capacity.slo import parse_slo
@@ -32,12 +32,10 @@ from harness.commands.options import (
     url_option,
 )
 from harness.errors import InputError
-from harness.model.run_rates import SERVER_SPEED_JSON, speed_line
+from harness.model.run_rates import speed_line
 from harness.policies import POLICIES
-from harness.records.manifest import read_manifest
-from harness.records.store import read_json
 from harness.replay.options import RunOptions
-from harness.report.repeats import REPEATS_JSON, format_spread
+from harness.report.repeats import format_spread
 from harness.selftest.result import read_selftest
 
 
@@ -116,7 +114,8 @@ def bench_command(runtime: str, url: str | None, trace_path: Path | None,
     plan = plan_bench(runtime, url, trace_path, policies, policy_args, base, calibration,
                       calibrate_first, out, repeats=repeats, slo=slo,
                       capacity_s=capacity_s if capacity_search else None)
-    rows = run_bench(plan, click.echo)
+    result = run_bench(plan, click.echo)
+    rows = result.rows()
     click.echo("")
     click.echo(headline_table(rows))
     retained = retention_table(rows)
@@ -124,39 +123,35 @@ def bench_command(runtime: str, url: str | None, trace_path: Path | None,
         click.echo(retained)
     for line in health_lines(rows):
         click.echo(line)
-    if plan.calibrate_first and (plan.root / DRIFT_JSON).exists():
+    if result.drift is not None:
         click.echo("")
-        for line in drift_lines(read_json(plan.root / DRIFT_JSON)):
+        for line in drift_lines(result.drift):
             click.echo(line)
-    speeds = [(o.policy, o.out / SERVER_SPEED_JSON) for o in plan.runs
-              if (o.out / SERVER_SPEED_JSON).exists()]
+    speeds = result.server_speeds()
     if speeds:
         click.echo("\nserver speed during each replay against the calibration (calls that ran "
                    "alone; x2.00: half as fast as calibrated):")
-        for policy, path in speeds:
-            click.echo(speed_line(policy, read_json(path)))
-    if plan.repeats > 1:
-        for o in plan.runs:
-            click.echo(f"\nspread between the {plan.repeats} repeats of {o.policy}:")
-            click.echo(format_spread(read_json(o.out / REPEATS_JSON)))
+        for policy, doc in speeds:
+            click.echo(speed_line(policy, doc))
+    for policy, spread in result.spreads.items():
+        click.echo(f"\nspread between the {plan.repeats} repeats of {policy}:")
+        click.echo(format_spread(spread))
     if plan.calibration is not None and plan.simulable:
         _show_pick(plan)
     if plan.capacity_s is not None:
         click.echo(f"\ncapacity search under {slo.spec()} (budget {plan.capacity_s:.0f} s) ...")
         click.echo(result_table(bench_capacity(plan, click.echo)))
         click.echo(f"capacity report: {plan.root / 'capacity' / 'report.html'}")
-    click.echo(f"\nresults: {plan.root}\nreport:  {plan.root / 'report.html'}")
-    exit_on_server_failures([read_manifest(o.out) for r in plan.rounds() for o in r
-                             if (o.out / "run.json").exists()])
+    click.echo(f"\nresults: {plan.root}\nreport:  {result.report}")
+    exit_on_server_failures([r.run for r in result.replays])
 
 
 def _show_pick(plan: BenchPlan) -> None:
     """The advisor's pick on the bench's server settings, in simulation with the bench's
     calibration (<out>/advice/advice.json); `harness advise` confirms one on the server."""
-    rec = bench_pick(plan)
-    p = rec["predicted"]
-    p95 = (p.get("resume_latency_ms") or {}).get("p95")
+    pick = bench_pick(plan)
+    p95 = pick.resume_p95_ms
     click.echo(f"\nadvisor's pick (simulated with {plan.calibration}, SLO {plan.slo.spec()}): "
-               f"{rec['label']}, predicted capacity {p['capacity']} agents"
+               f"{pick.label}, predicted capacity {pick.capacity} agents"
                + (f", resume P95 {p95:,.0f} ms there" if p95 is not None else "")
                + "; not confirmed on the server (harness advise confirms it)")

@@ -1,6 +1,7 @@
 """summary.json: the headline metrics of one run, a pure function of its records.
 
-`summarize(records, run, server_metrics)` is what the replay writes at the end of a run;
+`summarize(records, run, server_metrics)` is what the replay writes at the end of a run (a
+typed `Summary`, harness.metrics.summary_types, which also reads and writes the file);
 `summarize_dir(results_dir)` computes the same from a results directory, reading the records
 part by part (a fraction of the memory of the whole records table; summary.json is the same).
 """
@@ -24,31 +25,23 @@ from harness.metrics.health import CLIENT_LAG_WARN_MS, lag_cause, run_health
 from harness.metrics.reuse import measured_reuse
 from harness.metrics.routing import router_report, routing
 from harness.metrics.server_times import server_times
+from harness.metrics.summary_types import (
+    SUMMARY_KEYS,
+    SUMMARY_VERSION,
+    HealthCheck,
+    OutcomeIntervals,
+    Quantiles,
+    Rate,
+    Summary,
+    Trajectories,
+)
 from harness.policies.builtin import wants_program_order
 from harness.records.manifest import RunManifest, read_manifest
 from harness.records.store import read_records, read_server_metrics
 from harness.traces.buckets import PAUSE_BUCKETS
 
-SUMMARY_VERSION = "3"
-
-# The keys of summary.json, in order: the stable core first, then breakdowns and provenance.
-SUMMARY_KEYS: tuple[str, ...] = (
-    "runtime", "policy", "trajectories", "resume_latency_ms", "resume_parts_ms",
-    "client_lag_ms", "ttft_ms", "tpot_ms", "itl_ms", "itl_source", "e2e_ms",
-    "request_throughput_per_s", "output_token_throughput_per_s",
-    "tokens_recomputed", "bytes_moved", "cache_mismatches", "cache_mismatch_list",
-    "hint_honoured", "effective_retention",
-    "job_completion_s", "makespan_s",
-    "memory_time_token_s", "memory_time_mib_s", "kv_paused_peak_tokens", "kv_paused_mean_tokens",
-    "kv_active_peak_tokens", "kv_active_mean_tokens", "goodput_per_min", "outcome_ci95",
-    "bystander_ttft_ms",
-    "by_tool_class", "by_pause_bucket", "reuse", "routing", "server_occupancy",
-    "server_times_ms",
-    "duration_s", "pauses",
-    "pause_actions", "slo", "kv_bytes_per_token", "warnings", "health", "run_id",
-    "summary_version",
-)
-
+__all__ = ["SUMMARY_KEYS", "Summary", "load_dir", "load_frames", "summarize", "summarize_dir",
+           "summarize_frames"]
 
 def summarize(
     records: pd.DataFrame,
@@ -60,7 +53,7 @@ def summarize(
     mismatch_rel: float = outcomes.MISMATCH_REL,
     n_resamples: int = 1000,
     seed: int = 0,
-) -> dict[str, Any]:
+) -> Summary:
     """The headline metrics of one run (keys listed in the module's SUMMARY_KEYS).
 
     Pure: reads nothing, writes nothing. `run` is run.json (any field may be unknown);
@@ -84,7 +77,7 @@ def summarize_frames(
     n_resamples: int = 1000,
     seed: int = 0,
     damage: Sequence[str] = (),
-) -> dict[str, Any]:
+) -> Summary:
     """`summarize` on already-linked frames (the report reuses them for its plots); `damage`:
     what `load_frames` left out of a damaged results directory, a failed health check."""
     bpt = run.kv_bytes_per_token
@@ -101,50 +94,71 @@ def summarize_frames(
     lat = latency.call_latency(calls)
     lag = latency.pct(pauses["lag_ms"].dropna())
     job_rows = jobs.job_table(frames)
-    out: dict[str, Any] = {
-        "runtime": run.runtime,
-        "policy": run.policy,
-        "trajectories": traj,
-        "resume_latency_ms": latency.resume_latency(calls, n_resamples, seed),
-        "resume_parts_ms": latency.resume_parts(calls),
-        "client_lag_ms": lag,
-        "ttft_ms": lat["ttft_ms"],
-        "tpot_ms": lat["tpot_ms"],
-        "itl_ms": lat["itl_ms"],
-        "itl_source": lat["itl_source"],
-        "e2e_ms": lat["e2e_ms"],
-        **latency.throughput(calls, duration),
-        "tokens_recomputed": int(pauses["recomputed_tokens"].sum()),
-        "bytes_moved": int(pauses["swap_out_bytes"].sum() + pauses["swap_in_bytes"].sum()),
-        "cache_mismatches": int(len(mism)),
-        "cache_mismatch_list": outcomes.mismatch_list(mism),
-        "hint_honoured": retention.hint_honoured(judged),
-        "effective_retention": retention.effective_retention(judged),
-        "job_completion_s": jobs.job_completion(job_rows, n_resamples, seed),
-        "makespan_s": jobs.makespan_s(job_rows),
-        **mem,
-        "goodput_per_min": outcomes.goodput_per_min(traj["succeeded"], duration),
-        "outcome_ci95": _outcome_ci(outcomes.trajectory_units(frames, slo), duration, bpt,
-                                    n_resamples, seed),
-        "bystander_ttft_ms": lat["bystander_ttft_ms"],
-        "by_tool_class": _by_tool_class(frames, bpt),
-        "by_pause_bucket": _by_pause_bucket(frames, bpt),
-        "reuse": measured_reuse(frames),
-        "routing": _routing(calls, server_metrics),
-        "server_occupancy": occupancy.server_occupancy(server_metrics),
-        "server_times_ms": server_times(server_metrics),
-        "duration_s": duration,
-        "pauses": int(len(pauses)),
-        "pause_actions": {str(k): int(v) for k, v in
-                          pauses["action"].astype(object).value_counts().sort_index().items()},
-        "slo": dict(slo),
-        "kv_bytes_per_token": bpt,
-        "warnings": _warnings(lag, run),
-        "health": run_health(frames, run, lag, damage),
-        "run_id": run.run_id,
-        "summary_version": SUMMARY_VERSION,
-    }
-    return out
+    throughput = latency.throughput(calls, duration)
+    health = run_health(frames, run, lag, damage)
+    return Summary(
+        runtime=run.runtime,
+        policy=run.policy,
+        trajectories=Trajectories.read(traj, _WHERE),
+        resume_latency_ms=_quantiles(latency.resume_latency(calls, n_resamples, seed)),
+        resume_parts_ms=latency.resume_parts(calls),
+        client_lag_ms=_quantiles(lag),
+        ttft_ms=_quantiles(lat["ttft_ms"]),
+        tpot_ms=_quantiles(lat["tpot_ms"]),
+        itl_ms=_quantiles(lat["itl_ms"]),
+        itl_source=lat["itl_source"],
+        e2e_ms=_quantiles(lat["e2e_ms"]),
+        request_throughput_per_s=throughput["request_throughput_per_s"],
+        output_token_throughput_per_s=throughput["output_token_throughput_per_s"],
+        tokens_recomputed=int(pauses["recomputed_tokens"].sum()),
+        bytes_moved=int(pauses["swap_out_bytes"].sum() + pauses["swap_in_bytes"].sum()),
+        cache_mismatches=int(len(mism)),
+        cache_mismatch_list=outcomes.mismatch_list(mism),
+        hint_honoured=_rate(retention.hint_honoured(judged)),
+        effective_retention=_rate(retention.effective_retention(judged)),
+        job_completion_s=_quantiles(jobs.job_completion(job_rows, n_resamples, seed)),
+        makespan_s=jobs.makespan_s(job_rows),
+        memory_time_token_s=mem["memory_time_token_s"],
+        memory_time_mib_s=mem["memory_time_mib_s"],
+        kv_paused_peak_tokens=mem["kv_paused_peak_tokens"],
+        kv_paused_mean_tokens=mem["kv_paused_mean_tokens"],
+        kv_active_peak_tokens=mem["kv_active_peak_tokens"],
+        kv_active_mean_tokens=mem["kv_active_mean_tokens"],
+        goodput_per_min=outcomes.goodput_per_min(traj["succeeded"], duration),
+        outcome_ci95=OutcomeIntervals.read(
+            _outcome_ci(outcomes.trajectory_units(frames, slo), duration, bpt, n_resamples,
+                        seed), _WHERE),
+        bystander_ttft_ms=_quantiles(lat["bystander_ttft_ms"]),
+        by_tool_class=_by_tool_class(frames, bpt),
+        by_pause_bucket=_by_pause_bucket(frames, bpt),
+        reuse=measured_reuse(frames),
+        routing=_routing(calls, server_metrics),
+        server_occupancy=occupancy.server_occupancy(server_metrics),
+        server_times_ms=server_times(server_metrics),
+        duration_s=duration,
+        pauses=int(len(pauses)),
+        pause_actions={str(k): int(v) for k, v in
+                       pauses["action"].astype(object).value_counts().sort_index().items()},
+        slo=dict(slo),
+        kv_bytes_per_token=bpt,
+        warnings=_warnings(lag, run),
+        health=[HealthCheck.read(c, _WHERE) for c in health],
+        run_id=run.run_id,
+        summary_version=SUMMARY_VERSION,
+    )
+
+
+_WHERE = "summary"
+
+
+def _quantiles(stats: dict[str, Any]) -> Quantiles:
+    quantiles: Quantiles = Quantiles.read(stats, _WHERE)
+    return quantiles
+
+
+def _rate(stats: dict[str, Any] | None) -> Rate | None:
+    rate: Rate | None = None if stats is None else Rate.read(stats, _WHERE)
+    return rate
 
 
 def _routing(calls: pd.DataFrame, server_metrics: pd.DataFrame | None) -> dict[str, Any] | None:
@@ -284,7 +298,7 @@ def _results_dir(results_dir: Path | str) -> Path:
 
 def summarize_dir(
     results_dir: Path | str, slo: dict[str, float] | None = None, *, run: RunManifest | None = None
-) -> dict[str, Any]:
+) -> Summary:
     """summarize() of a results directory's records, run.json (or `run`, the manifest a run
     holds in memory) and server metrics."""
     bounds = outcomes.check_slo(slo)

@@ -22,6 +22,7 @@ from harness.adapters.base import Adapter, Runtime, RuntimeSession, ServerInfo, 
 from harness.adapters.http import KEEPALIVE_S, REQUEST_ERRORS, Timeouts, connect
 from harness.errors import InputError, ServerError
 from harness.metrics.summary import summarize_dir
+from harness.metrics.summary_types import Summary, save_summary
 from harness.metrics.window import WINDOW_JSON, window_of_dir
 from harness.plan.planner import Plan
 from harness.plan.shard import WHOLE, Shard, check_shard_slots, shard_slots
@@ -42,7 +43,6 @@ from harness.records.schema import RECORDS_SCHEMA, SERVER_METRICS_SCHEMA
 from harness.records.store import (
     RECORDS_DIR,
     SERVER_METRICS_DIR,
-    SUMMARY_JSON,
     write_json,
 )
 from harness.replay import loop, progress
@@ -303,12 +303,12 @@ async def _scrape_loop(adapter: Adapter, clock: Clock, writer: PartWriter, stats
         await sleep_s(clock, interval)
 
 
-def write_summary(out_dir: Path, run: RunManifest) -> dict[str, Any]:
+def write_summary(out_dir: Path, run: RunManifest) -> Summary:
     """Recompute summary.json (and, for a bounded run, window.json) from the records on disk;
     returns the summary."""
     # Streamed over the record parts: memory stays flat however long the run was.
-    summary: dict[str, Any] = summarize_dir(out_dir, run=run)
-    write_json(out_dir / SUMMARY_JSON, summary)
+    summary = summarize_dir(out_dir, run=run)
+    save_summary(out_dir, summary)
     if run.window is not None:  # a bounded run: the figures of its window too
         write_json(out_dir / WINDOW_JSON, window_of_dir(
             out_dir, run.window["warmup_s"], run.window["duration_s"], run.kv_bytes_per_token))

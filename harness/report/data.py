@@ -13,8 +13,9 @@ from harness.metrics.frames import Frames
 from harness.metrics.occupancy import server_kv_tokens
 from harness.metrics.outcomes import check_slo
 from harness.metrics.summary import load_frames, summarize_frames
+from harness.metrics.summary_types import Summary, save_summary
 from harness.records.manifest import RunManifest
-from harness.records.store import SUMMARY_JSON, read_json, write_json
+from harness.records.store import read_json
 
 PREDICTION_JSON = "prediction.json"
 
@@ -26,7 +27,7 @@ class RunData:
     path: Path
     run: RunManifest
     frames: Frames
-    summary: dict[str, Any]
+    summary: Summary
     prediction: dict[str, Any] | None = None
     label: str = field(default="")
     # the server's own count of KV tokens over time (label, t_ns/tokens), where it reports one
@@ -51,7 +52,7 @@ def load_run(
     frames, run, server = load_frames(path, damage)
     summary = summarize_frames(frames, run, server, check_slo(slo), damage=damage or ())
     if write_summary and not damage:
-        write_json(path / SUMMARY_JSON, summary)
+        save_summary(path, summary)
     prediction = None
     pred_path = path / PREDICTION_JSON
     if pred_path.is_file():

@@ -14,6 +14,7 @@ from typing import Any
 from harness.metrics.latency import resume_samples
 from harness.metrics.registry import Metric, metric
 from harness.metrics.reuse import reuse_rows
+from harness.metrics.summary_types import Summary
 from harness.report import plots
 from harness.report.data import RunData, load_runs
 from harness.report.differences import CSS as DIFF_CSS
@@ -103,7 +104,7 @@ def _head(m: Metric) -> str:
     return html.escape(m.label if m.unit in _UNITLESS else f"{m.label} {m.unit}")
 
 
-def _cell(m: Metric, s: dict[str, Any]) -> str:
+def _cell(m: Metric, s: Summary) -> str:
     """One metric's value in a summary, as its unit shows it, with its interval if any."""
     v = m.value(s)
     if v is None:
@@ -401,7 +402,7 @@ def by_class_section(runs: list[RunData]) -> str:
     return "<h2 id='by-class'>By tool class</h2>" + table(heads, rows, 4)
 
 
-def _measured(summary: dict[str, Any], key: str) -> Any:
+def _measured(summary: Summary, key: str) -> Any:
     if key.startswith("resume_ms_"):
         return (summary.get("resume_latency_ms") or {}).get(key[len("resume_ms_"):])
     if key.startswith("restore_ms_"):

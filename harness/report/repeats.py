@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.metrics.registry import HEADLINE
-from harness.records.store import read_json, write_json
+from harness.metrics.summary_types import Summary, read_summary
+from harness.records.store import SUMMARY_JSON, write_json
 from harness.report.fmt import fmt
 
 REPEATS_JSON = "repeats.json"
-SUMMARY_JSON = "summary.json"
 
 
 def repeat_dirs(root: Path, n: int) -> list[Path]:
@@ -25,7 +25,7 @@ def repeat_dirs(root: Path, n: int) -> list[Path]:
     return [root / f"repeat-{k}" for k in range(1, n + 1)]
 
 
-def spread(summaries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def spread(summaries: list[Summary]) -> dict[str, dict[str, Any]]:
     """Per headline metric: {unit, values, median, min, max, spread} over the summaries (a
     metric no summary has is left out; spread None where the median is 0)."""
     out: dict[str, dict[str, Any]] = {}
@@ -42,7 +42,7 @@ def spread(summaries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def write_repeats(root: Path, dirs: list[Path]) -> dict[str, Any]:
     """Read each repeat's summary.json and write root/repeats.json; returns its content."""
-    summaries = [read_json(d / SUMMARY_JSON) for d in dirs if (d / SUMMARY_JSON).exists()]
+    summaries = [read_summary(d) for d in dirs if (d / SUMMARY_JSON).exists()]
     doc = {"repeats": [str(d) for d in dirs], "summaries_read": len(summaries),
            "metrics": spread(summaries)}
     write_json(root / REPEATS_JSON, doc)

@@ -16,6 +16,7 @@ import numpy as np
 from harness import __version__
 from harness.errors import InputError
 from harness.metrics.summary import summarize_dir
+from harness.metrics.summary_types import save_summary
 from harness.model.calibration import Calibration, check_swap
 from harness.plan.planner import Arrivals
 from harness.policies import (
@@ -26,7 +27,7 @@ from harness.policies import (
 )
 from harness.policies.base import KEEP_EVICTABLE, PausePolicy
 from harness.records.manifest import ArrivalsRef, Outcome, RunManifest, TraceRef, read_manifest
-from harness.records.store import RECORDS_DIR, RUN_JSON, SUMMARY_JSON, read_records, write_json
+from harness.records.store import RECORDS_DIR, RUN_JSON, read_records
 from harness.simulate import native
 from harness.simulate.engine import SLOT_HANDOFFS, Engine
 from harness.simulate.engine_state import LoopRules
@@ -358,4 +359,4 @@ def _record_end(run: RunManifest, counters: Counters, sink: RecordSink,
 
 def summarize_into(out: Path, run: RunManifest) -> None:
     """summary.json from the records."""
-    write_json(out / SUMMARY_JSON, summarize_dir(out, run=run))
+    save_summary(out, summarize_dir(out, run=run))

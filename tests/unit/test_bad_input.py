@@ -66,7 +66,7 @@ def test_a_full_disk_while_writing_results(tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     import shutil
 
-    import harness.report.data as data
+    import harness.metrics.summary_types as summary_types
 
     run = tmp_path / "keep"
     shutil.copytree(BASELINE, run)
@@ -74,7 +74,7 @@ def test_a_full_disk_while_writing_results(tmp_path: Path,
     def full(path: Path, _: object) -> None:
         raise OSError(28, "No space left on device", str(path))
 
-    monkeypatch.setattr(data, "write_json", full)
+    monkeypatch.setattr(summary_types, "write_json", full)
     res = CliRunner().invoke(main, ["report", str(run), "--out", str(tmp_path / "r.html")])
     _one_line_exit_2(res, "No space left on device", "summary.json")
 

@@ -15,6 +15,7 @@ from harness.bench.run import check_same_pinning, run_bench
 from harness.cli import main
 from harness.commands.options import arrivals_from_flags
 from harness.errors import InputError
+from harness.metrics.summary_types import read_summary
 from harness.records.manifest import CpuPinning, RunManifest, read_manifest
 from harness.records.store import read_json
 from harness.replay import pinning
@@ -85,8 +86,8 @@ def test_every_policy_of_a_bench_runs_under_one_pinning(tmp_path: Path) -> None:
                       tmp_path / "b", lambda _: runtime)
     expected = pinning.decide(cpus, True, True)
     assert plan.pinning == expected
-    rows = run_bench(plan, lambda _: None)
-    assert [p for p, _ in rows] == ["keep", "swap", "recompute"]
+    result = run_bench(plan, lambda _: None)
+    assert [p for p, _ in result.rows()] == ["keep", "swap", "recompute"]
     manifests = [read_manifest(tmp_path / "b" / p) for p in ("keep", "swap", "recompute")]
     assert [m.status for m in manifests] == ["finished"] * 3
     assert [m.cpu_pinning for m in manifests] == [expected] * 3
@@ -142,10 +143,13 @@ def test_repeats_run_round_by_round_and_record_each_policys_spread(tmp_path: Pat
     trace = write_one_pause_trace(tmp_path / "t.parquet")
     plan = plan_bench("memory", None, trace, "keep,recompute", (), _base(), None, False,
                       tmp_path / "b", lambda _: runtime, repeats=2)
-    rows = run_bench(plan, lambda _: None)
-    assert [p for p, _ in rows] == ["keep#1", "recompute#1", "keep#2", "recompute#2"]
+    result = run_bench(plan, lambda _: None)
+    assert [p for p, _ in result.rows()] == ["keep#1", "recompute#1", "keep#2", "recompute#2"]
+    assert [r.summary for r in result.replays] == [
+        read_summary(r.out) for r in result.replays]  # what each replay wrote
     for policy in ("keep", "recompute"):
         doc = read_json(tmp_path / "b" / policy / "repeats.json")
+        assert result.spreads[policy] == doc
         assert doc["summaries_read"] == 2
         assert doc["repeats"] == [str(tmp_path / "b" / policy / f"repeat-{k}") for k in (1, 2)]
         resume = doc["metrics"]["resume_latency_ms.p50"]

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from harness.bench.table import headline_table, retention_table
+from harness.metrics.summary_types import Summary
 
 
-def summary(**kw: object) -> dict[str, object]:
+def summary(**kw: object) -> Summary:
     base: dict[str, object] = {"resume_latency_ms": {"n": 4, "p50": 10.0, "p95": 20.0,
                                                      "p99": 30.0},
                                "trajectories": {"succeeded": 2}, "goodput_per_min": 1.5,
                                "memory_time_mib_s": 12.25}
     base.update(kw)
-    return base
+    return Summary.from_json(base)
 
 
 def test_retention_table_shows_honoured_survival_and_others_queue() -> None:

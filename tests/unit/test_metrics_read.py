@@ -18,6 +18,7 @@ from harness.metrics import events as events_mod
 from harness.metrics.events import FRAME_COLUMNS, read_events
 from harness.metrics.frames import Frames, _Latest, build_frames, link_events
 from harness.metrics.summary import summarize, summarize_dir
+from harness.metrics.summary_types import Summary
 from harness.records import store
 from harness.records.manifest import RunManifest, read_manifest
 from harness.records.schema import RECORDS_SCHEMA
@@ -91,8 +92,8 @@ def whole_table(directory: Path, strings: str) -> pd.DataFrame:
     return df
 
 
-def dumps(summary: dict[str, Any]) -> str:
-    return json.dumps(summary, indent=2, sort_keys=True, default=str)
+def dumps(summary: Summary) -> str:
+    return json.dumps(summary.to_json(), indent=2, sort_keys=True, default=str)
 
 
 def assert_frames_equal(a: Frames, b: Frames) -> None:

@@ -14,11 +14,12 @@ from records_factory import KV_BPT, Records, default_run
 from harness.errors import InputError
 from harness.metrics.summary import SUMMARY_KEYS, summarize_dir
 from harness.metrics.summary import summarize as summarize_manifest
+from harness.metrics.summary_types import Summary
 from harness.records.manifest import RunManifest
 
 
 def summarize(records: pd.DataFrame, run: dict[str, Any], *args: Any, **kw: Any
-              ) -> dict[str, Any]:
+              ) -> Summary:
     """summarize() with the run given as run.json's content."""
     return summarize_manifest(records, RunManifest.from_dict(run), *args, **kw)
 
@@ -74,7 +75,7 @@ def test_keep_run_exact_values() -> None:
     assert s["server_occupancy"] is None
     assert s["pause_actions"] == {"keep": 1}
     assert tuple(s) == SUMMARY_KEYS
-    json.dumps(s, allow_nan=False)  # JSON-ready, no NaN
+    json.dumps(s.to_json(), allow_nan=False)  # JSON-ready, no NaN
 
 
 def test_swap_resume_parts_and_bytes() -> None:
@@ -365,7 +366,7 @@ def test_edge_summaries_are_strict_json() -> None:
     bystanders = Records()
     bystanders.bystander("bystander-0", at=0.0, ttft=0.1, decode=0.5)
     for recs in (Records(), cancelled, bystanders, keep_run()):
-        json.dumps(summarize(recs.frame(), {}, None), allow_nan=False)
+        json.dumps(summarize(recs.frame(), {}, None).to_json(), allow_nan=False)
 
 
 def test_engine_order_pause_ends_at_resumed_call_start() -> None:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 from report_fixtures import write_run
 
 from harness.metrics.registry import HEADLINE, METRICS, metric
+from harness.metrics.summary_types import Summary
 from harness.report.compare import REGRESSED, compare_runs, scalar_verdict
 from harness.report.data import load_run
 from harness.report.export import benchmark_entries
@@ -16,14 +16,14 @@ from harness.report.render import HEADLINE_COLUMNS, headline
 from harness.report.repeats import spread
 
 
-def _summary() -> dict[str, Any]:
-    return {"trajectories": {"succeeded": 3, "total": 4},
+def _summary() -> Summary:
+    return Summary.from_json({"trajectories": {"succeeded": 3, "total": 4},
             "resume_latency_ms": {"n": 9, "p50": 10.0, "p95": 20.0, "p99": 30.0,
                                   "ci95": {"p50": [9.0, 11.0]}},
             "ttft_ms": {"p50": 5.0, "p95": 6.0}, "e2e_ms": {"p50": 50.0},
             "goodput_per_min": 1.5, "memory_time_mib_s": None, "memory_time_token_s": 400.0,
             "outcome_ci95": {"memory_time_token_s": [300.0, 500.0]},
-            "bytes_moved": 2048, "tokens_recomputed": 7, "cache_mismatches": 1}
+            "bytes_moved": 2048, "tokens_recomputed": 7, "cache_mismatches": 1})
 
 
 def test_values_units_and_intervals_come_from_one_place() -> None:

@@ -9,12 +9,14 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
+from harness.metrics.summary_types import Summary
 from harness.report.repeats import format_spread, spread
 from harness.selftest import measure
 
 
-def _summary(p50: float, ok: int) -> dict[str, object]:
-    return {"resume_latency_ms": {"p50": p50}, "trajectories": {"succeeded": ok, "total": 10}}
+def _summary(p50: float, ok: int) -> Summary:
+    return Summary.from_json({"resume_latency_ms": {"p50": p50},
+                              "trajectories": {"succeeded": ok, "total": 10}})
 
 
 def test_spread_exact() -> None:

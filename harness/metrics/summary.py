@@ -9,6 +9,7 @@ part by part (a fraction of the memory of the whole records table; summary.json 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +41,8 @@ from harness.records.manifest import RunManifest, read_manifest
 from harness.records.store import read_records, read_server_metrics
 from harness.traces.buckets import PAUSE_BUCKETS
 
-__all__ = ["SUMMARY_KEYS", "Summary", "load_dir", "load_frames", "summarize", "summarize_dir",
-           "summarize_frames"]
+__all__ = ["SUMMARY_KEYS", "Judging", "Summary", "load_dir", "load_frames", "summarize",
+           "summarize_dir", "summarize_frames"]
 
 def summarize(
     records: pd.DataFrame,
@@ -63,8 +64,19 @@ def summarize(
     """
     bounds = outcomes.check_slo(slo)
     frames = build_frames(records)
-    return summarize_frames(frames, run, server_metrics, bounds, mismatch_abs_tokens,
-                            mismatch_rel, n_resamples, seed)
+    return summarize_frames(frames, run, server_metrics, bounds,
+                            Judging(mismatch_abs_tokens, mismatch_rel, n_resamples, seed))
+
+
+@dataclass(frozen=True)
+class Judging:
+    """How a summary judges and bootstraps: the cache-mismatch tolerance (`summarize`) and the
+    bootstrap's resamples and seed."""
+
+    mismatch_abs_tokens: int = outcomes.MISMATCH_ABS_TOKENS
+    mismatch_rel: float = outcomes.MISMATCH_REL
+    n_resamples: int = 1000
+    seed: int = 0
 
 
 def summarize_frames(
@@ -72,14 +84,13 @@ def summarize_frames(
     run: RunManifest,
     server_metrics: pd.DataFrame | None,
     slo: dict[str, float],
-    mismatch_abs_tokens: int = outcomes.MISMATCH_ABS_TOKENS,
-    mismatch_rel: float = outcomes.MISMATCH_REL,
-    n_resamples: int = 1000,
-    seed: int = 0,
+    judging: Judging = Judging(),
     damage: Sequence[str] = (),
 ) -> Summary:
     """`summarize` on already-linked frames (the report reuses them for its plots); `damage`:
     what `load_frames` left out of a damaged results directory, a failed health check."""
+    mismatch_abs_tokens, n_resamples, seed = (judging.mismatch_abs_tokens, judging.n_resamples,
+                                              judging.seed)
     bpt = run.kv_bytes_per_token
     duration = frames.duration_s
     calls, pauses = frames.calls, frames.pauses
@@ -87,7 +98,7 @@ def summarize_frames(
     block = run.cache_block_tokens
     if isinstance(block, int | float) and not isinstance(block, bool) and block > 0:
         mismatch_abs_tokens = max(mismatch_abs_tokens, int(block))
-    judged = outcomes.judge_resumes(frames, mismatch_abs_tokens, mismatch_rel,
+    judged = outcomes.judge_resumes(frames, mismatch_abs_tokens, judging.mismatch_rel,
                                     reuses_output=run.cache_reuses_output is not False)
     mism = outcomes.mismatches_of(judged)
     mem = occupancy.memory_time(frames.kv, duration, bpt)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.advise.candidates import SGLANG, VLLM, Candidate, better, objective_value
+from harness.advise.candidates import Candidate, better, objective_value
 from harness.capacity.budget import Budget
 from harness.capacity.driver import (
     PointSpec,
@@ -17,6 +17,7 @@ from harness.capacity.driver import (
     judge_point,
     search_policy,
 )
+from harness.model.engines import SGLANG, VLLM
 from harness.report.fidelity import relative_error
 
 FIGURES = ("resume_latency_ms", "ttft_ms", "success_rate", "goodput_per_min",

@@ -23,11 +23,9 @@ from harness.replay.options import RunOptions
 from harness.replay.preflight import check_subagent_slots
 from harness.replay.run import plan_run
 from harness.report.repeats import repeat_dirs
+from harness.specs.bench import DEFAULT_PICK_SLO, BenchSpec
 from harness.traces.shipped import shipped_trace
 from harness.traces.validate import load_trajectories
-
-DEFAULT_POLICIES = ("keep", "swap", "recompute")
-DEFAULT_PICK_SLO = "resume_p95=2000ms"
 
 
 @dataclass(frozen=True)
@@ -59,23 +57,21 @@ class BenchPlan:
                 for k in range(self.repeats)]
 
 
-def plan_bench(runtime: str, url: str | None, trace: Path | None, policies: str | None,
-               policy_args: tuple[str, ...], base: RunOptions, calibration: Path | None,
-               calibrate_first: bool, out: Path | None,
-               runtimes: Callable[[str], Runtime] = get_runtime, repeats: int = 1,
-               slo: Slo | None = None, capacity_s: float | None = None) -> BenchPlan:
+def plan_bench(spec: BenchSpec, runtimes: Callable[[str], Runtime] = get_runtime) -> BenchPlan:
     """Check every input of a bench (policies and their arguments, the trace, the injection
     profile, the calibration file) and decide its CPU pinning once; InputError on the first
-    problem, before anything is started."""
+    problem, before anything is started. `runtimes`: the runtime registry (a test's stand-in)."""
+    runtime, url, policy_args, out = spec.runtime, spec.url, spec.policy_args, spec.out
+    calibration, calibrate_first, base = spec.calibration, spec.calibrate_first, spec.base()
     rt = runtimes(runtime)
-    names = policy_names(policies or ",".join(rt.default_policies), rt)
+    names = policy_names(spec.policies or ",".join(rt.default_policies), rt)
     if calibrate_first and (calibration is not None or rt.name not in CALIBRATED_RUNTIMES):
         raise InputError(f"--calibrate measures {', '.join(CALIBRATED_RUNTIMES)} servers; it "
                          "replaces --calibration")
     args = scoped_policy_args(names, policy_args)
     for p in names:
         make_policy(per_pause_policy(p, rt), args[p])
-    trace = trace or shipped_trace()
+    trace = spec.trace or shipped_trace()
     load_trajectories(trace)
     load_injection(base.inject)
     preset = None
@@ -101,4 +97,4 @@ def plan_bench(runtime: str, url: str | None, trace: Path | None, policies: str 
             calibration is not None and resolve_calibration(calibration).engine_kind == rt.name)))
     simulable = engine_ok and base.inject == "none" and base.arrivals.time_scale == 1.0
     return BenchPlan(root, trace, rt, runs, calibration, calibrate_first, simulable, pin,
-                     repeats, slo or parse_slo(DEFAULT_PICK_SLO), capacity_s, preset)
+                     spec.repeats, spec.pick_slo(), spec.capacity_s(), preset)

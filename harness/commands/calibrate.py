@@ -13,17 +13,20 @@ from harness.calibrate.measure import (
     Measured,
     calibrate,
 )
-from harness.commands.options import Command, runtime_option, url_option
+from harness.commands.options import Command
+from harness.commands.specopts import checked_option
 from harness.errors import InputError
 from harness.model.calibration import Calibration, preset_names, resolve_calibration
 from harness.model.iteration import APPEND_TOKENS, LONG_APPEND_TOKENS
 from harness.replay.options import SCRAPE_INTERVAL_S
+from harness.specs.shared import RUNTIME, URL
 
 
 @click.command("calibrate", cls=Command)
-@runtime_option(f"The server to measure: {', '.join(CALIBRATED_RUNTIMES)}.")
-@url_option("A running server (llama-server started with --slot-save-path; vLLM with the "
-            "project's KV connector for swap); default: start a local one.")
+@checked_option(RUNTIME.but(help=f"The server to measure: {', '.join(CALIBRATED_RUNTIMES)}."))
+@checked_option(URL.but(help="A running server (llama-server started with --slot-save-path; "
+                             "vLLM with the project's KV connector for swap); default: start "
+                             "a local one."))
 @click.option("--out", type=click.Path(path_type=Path), help="JSON to write.")
 @click.option("--repeats", type=int, default=3, show_default=True)
 @click.option("--model", "model_path", type=click.Path(path_type=Path))

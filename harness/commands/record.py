@@ -7,10 +7,11 @@ from pathlib import Path
 
 import click
 
-from harness.commands.options import Command, check_url
+from harness.commands.options import Command
 from harness.errors import InputError
 from harness.proxy.proxy import DEFAULT_SESSION_HEADERS, ProxyConfig
 from harness.proxy.serve import describe_summary, parse_listen, run
+from harness.specs.shared import check_url
 
 _HEADER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_!#$%&'*+.^`|~")
 
@@ -36,10 +37,7 @@ _HEADER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_!#$%&'*+.^`|~")
 def record_command(upstream: str, listen: str, out: Path, keep_text: bool, allow_remote: bool,
                    session_headers: tuple[str, ...], connect_timeout: float) -> None:
     """Record an agent's LLM calls through a proxy, for `harness traces import recording`."""
-    try:
-        check_url(upstream)
-    except InputError as exc:
-        raise InputError(str(exc).replace("--url", "--upstream", 1)) from None
+    check_url(upstream, "--upstream")
     host, port = parse_listen(listen, allow_remote)
     if not 0 < connect_timeout <= 3600:
         raise InputError(f"--connect-timeout must be in (0, 3600] seconds, got {connect_timeout:g}")

@@ -44,10 +44,10 @@ def _click_type(f: Field) -> Any:
             "choice": click.Choice(list(f.choices)), "str": click.STRING}[f.kind]
 
 
-def field_option(f: Field) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """The click option of one field, shown as its declaration says."""
+def _option_kw(f: Field) -> dict[str, Any]:
+    """click's settings of one field's option, shown as its declaration says."""
     kw: dict[str, Any] = {"help": f.help, "show_default": f.show_default,
-                          "required": f.required, "metavar": f.metavar, "cls": SpecOption}
+                          "required": f.required, "metavar": f.metavar}
     if f.kind == "flag":
         kw["is_flag"] = True
     else:
@@ -55,7 +55,20 @@ def field_option(f: Field) -> Callable[[Callable[..., Any]], Callable[..., Any]]
                   multiple=f.multiple)
     if f.envvar is not None:
         kw.update(envvar=f.envvar, show_envvar=True)
-    return click.option(f.flag, f.name, **kw)
+    return kw
+
+
+def field_option(f: Field) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The click option of one field of a spec: its value is checked when the spec is built
+    (with the benchmark file's, if any)."""
+    return click.option(f.flag, f.name, cls=SpecOption, **_option_kw(f))
+
+
+def checked_option(f: Field) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The click option of one field for a command without a spec: the command gets the value
+    checked and typed as a spec would hold it (InputError naming the flag)."""
+    return click.option(f.flag, f.name, callback=lambda _c, _p, v: f.value(v, f.flag),
+                        **_option_kw(f))
 
 
 def spec_options(spec: type[S]) -> Callable[[Callable[[S], Any]], Callable[..., Any]]:

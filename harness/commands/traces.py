@@ -9,8 +9,10 @@ from typing import Any
 
 import click
 
-from harness.commands.options import Group, check_out_file, seed_option
+from harness.commands.options import Group, check_out_file
+from harness.commands.specopts import checked_option
 from harness.errors import InputError
+from harness.specs.shared import SEED
 from harness.traces.generator import generate, provenance_for
 from harness.traces.importers import FORMATS, import_to_file
 from harness.traces.profiles import builtin_profiles, load_profile
@@ -189,7 +191,7 @@ def import_command(fmt: str, paths: tuple[Path, ...], out: Path, options: tuple[
                                                "or a TOML file.")
 @click.option("--trajectories", type=click.IntRange(1, 10_000_000), default=10,
               show_default=True)
-@seed_option
+@checked_option(SEED)
 @click.option("--out", required=True, type=click.Path(path_type=Path))
 def gen_command(profile: str, trajectories: int, seed: int, out: Path) -> None:
     """Generate a synthetic workload from a profile; the same seed gives the same file."""

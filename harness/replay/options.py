@@ -64,3 +64,6 @@ class RunOptions:
     # with `url`: what the process that started that server on this machine passes on
     # (harness.adapters.base.ServerOptions.shared)
     server_shared: dict[str, Any] | None = None
+    # the job's inputs as run.json records them (harness.specs: the command and its values, no
+    # secret), for `harness rerun`; None where no command asked for it
+    spec: dict[str, Any] | None = field(default=None, compare=False)

@@ -136,7 +136,7 @@ def execute_run(o: RunOptions, echo: Echo = to_stderr, runtime: Runtime | None =
         instrument_error=o.instrument_error,
         window=(None if o.duration_s is None
                 else {"warmup_s": o.warmup_s, "duration_s": o.duration_s}),
-        shard=str(o.shard) if o.shard.count > 1 else None, start_at=o.start_at)
+        shard=str(o.shard) if o.shard.count > 1 else None, start_at=o.start_at, spec=o.spec)
     cal = resolve_calibration(o.calibration) if o.calibration else None
     if o.calibration and cal:
         run.calibration = {"path": str(o.calibration), **cal.to_dict()}

@@ -28,7 +28,9 @@ class Field:
     option (its TOML key is the flag without the dashes); `low`/`high`: inclusive bounds
     (`low_open`: low exclusive); `multiple`: a repeatable flag (a TOML array); `many`: a
     comma-separated list in one value (a TOML array too); `secret`: never recorded;
-    `check`: a further check and conversion of the typed value, given how the value was named."""
+    `recorded_as`: what run.json holds of the value where that is not all of it (a URL without
+    its password); `check`: a further check and conversion of the typed value, given how the
+    value was named."""
 
     name: str
     flag: str
@@ -47,6 +49,7 @@ class Field:
     many: bool = False
     envvar: str | None = None
     secret: bool = False
+    recorded_as: Callable[[Any], Any] | None = None
     check: Callable[[Any, str], Any] | None = None
 
     @property
@@ -192,10 +195,17 @@ class Spec:
 
     def record(self) -> dict[str, Any]:
         """The spec as run.json records it: the command and every input by its key in a
-        benchmark file (the secrets left out), so `harness rerun` runs it again."""
-        return {"command": self.COMMAND,
-                "values": {f.key: recorded(getattr(self, f.name)) for f in self.fields()
-                           if not f.secret}}
+        benchmark file (the secrets left out, a URL's password hidden), so `harness rerun`
+        runs it again."""
+        values = {}
+        for f in self.fields():
+            value = getattr(self, f.name)
+            if f.secret:
+                continue
+            if f.recorded_as is not None and value is not None:
+                value = f.recorded_as(value)
+            values[f.key] = recorded(value)
+        return {"command": self.COMMAND, "values": values}
 
     def replaced(self, **changes: Any) -> Self:
         """This spec with some inputs changed (checked again)."""

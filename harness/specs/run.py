@@ -23,6 +23,7 @@ from harness.specs.shared import (
     POLICY,
     POLICY_ARGS,
     RATE,
+    REPEATS,
     RUNTIME,
     SCRAPE_INTERVAL,
     SEED,
@@ -95,8 +96,7 @@ class RunSpec(Spec):
         "warmup_s", "--warmup", "float", 0.0, show_default=True,
         help="With --duration: the first seconds, which the run's window figures "
              "(window.json) leave out.").attr()
-    repeats: int = Field(
-        "repeats", "--repeats", "int", 1, low=1, high=100, shown="range", show_default=True,
+    repeats: int = REPEATS.but(
         help="Run N times (OUT/repeat-1 ...) and write the spread between the repeats to "
              "OUT/repeats.json.").attr()
     shard: str | None = Field(
@@ -142,7 +142,7 @@ class RunSpec(Spec):
             timeouts=timeouts_of(*group(self, TIMEOUTS)),
             headers=headers_of(self.api_key, self.header, self.url),
             skip_oversized=self.skip_oversized, token_scale=self.token_scale,
-            duration_s=self.duration, warmup_s=self.warmup_s)
+            duration_s=self.duration, warmup_s=self.warmup_s, spec=self.record())
         return sharding(opts, self.shard, self.start_at, self.workers, self.ray_address,
                         self.repeats)
 

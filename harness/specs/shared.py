@@ -18,6 +18,7 @@ from harness.errors import InputError
 from harness.limits import MAX_RATE_PER_S, MAX_SEED
 from harness.plan.planner import Arrivals
 from harness.replay.options import SCRAPE_INTERVAL_S
+from harness.replay.runner import redact_url
 from harness.specs.fields import Field
 
 # Characters no HTTP header (or URL) may carry: a line break would start a header of its own.
@@ -43,7 +44,7 @@ def check_url(url: str | None, label: str = "--url") -> str | None:
 
 RUNTIME = Field("runtime", "--runtime", "choice", "llamacpp", choices=tuple(RUNTIMES),
                 show_default=True)
-URL = Field("url", "--url", check=check_url)
+URL = Field("url", "--url", check=check_url, recorded_as=redact_url)
 TRACE = Field("trace", "--trace", "path")
 SHIPPED_TRACE_HELP = "Trajectory file (default: the shipped traces/bench-small.parquet)."
 POLICY = Field("policy", "--policy", required=True)
@@ -78,6 +79,8 @@ SERVER_ARGS = Field("server_args", "--server-arg", multiple=True)
 SELFTEST = Field("selftest", "--selftest", "path")
 REPEATS = Field("repeats", "--repeats", "int", 1, low=1, high=100, shown="range",
                 show_default=True)
+SCOPED_POLICY_ARGS = POLICY_ARGS.but(metavar="[POLICY.]KEY=VALUE")
+ROOT_HELP = "Results root (default: reports/{job}-<UTC time>)."
 
 _T = Timeouts()
 TIMEOUTS = (
@@ -126,8 +129,9 @@ SEARCH = (
 
 
 def arrivals_of(concurrency: int | None, rate: float | None, trace_timing: bool,
-                time_scale: float) -> Arrivals:
-    """The arrival process asked for; InputError when more than one is given."""
+                time_scale: float = 1.0) -> Arrivals:
+    """The arrival process asked for (a closed loop, Poisson arrivals or the trace's own
+    times); InputError when more than one is given. Every job checks it here."""
     if sum(x is not None and x is not False for x in (concurrency, rate, trace_timing)) > 1:
         raise InputError("choose one of --concurrency, --rate, --trace-timing")
     mode: Literal["closed", "poisson", "trace"] = (

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from harness.errors import InputError
 from harness.model.calibration import DEFAULT_PRESET, Calibration
@@ -14,7 +13,7 @@ from harness.model.engines import ENGINES, LLAMACPP
 from harness.policies import parse_policy_args
 from harness.simulate.fleet import ROUND_ROBIN, ROUTERS, check_fleet
 from harness.simulate.options import DEFAULT_DEADLINE_S, FIRST_TOKEN_TIMEOUT_S, SimOptions
-from harness.simulate.run import Arrivals, check_capacity
+from harness.simulate.run import check_capacity
 from harness.specs.fields import Field, Spec
 from harness.specs.shared import (
     CALIBRATION,
@@ -29,6 +28,7 @@ from harness.specs.shared import (
     TOKEN_SCALE,
     TRACE,
     TRACE_TIMING,
+    arrivals_of,
 )
 
 MAX_SERVERS = 1024
@@ -136,9 +136,7 @@ class SimSpec(Spec):
         if self.pinned_to is not None and self.servers > 1:
             raise InputError("--pinned-to holds one server's simulation to a replay: not with "
                              "--servers")
-        if sum(x is not None and x is not False
-               for x in (self.concurrency, self.rate, self.trace_timing)) > 1:
-            raise InputError("choose one of --concurrency, --rate, --trace-timing")
+        arrivals_of(self.concurrency, self.rate, self.trace_timing)
 
     def options(self, cal: Calibration) -> SimOptions:
         """The simulation on `cal`'s server: its engine and KV pool where the inputs leave them
@@ -152,9 +150,7 @@ class SimSpec(Spec):
                 block = cal.block_size
         cap = check_capacity(tokens, self.slots, self.ctx_per_slot, kind, block,
                              self.host_tokens)
-        mode: Literal["closed", "poisson", "trace"] = (
-            "poisson" if self.rate is not None else "trace" if self.trace_timing else "closed")
-        arrivals = Arrivals(mode, self.concurrency or 4, self.rate or 1.0)
+        arrivals = arrivals_of(self.concurrency, self.rate, self.trace_timing)
         timeout = (math.inf if self.first_token_timeout == "none"
                    else float(self.first_token_timeout))
         return SimOptions(

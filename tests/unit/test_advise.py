@@ -21,9 +21,9 @@ from harness.advise.explain import explain
 from harness.capacity.driver import SearchSettings
 from harness.capacity.slo import parse_slo
 from harness.cli import main
-from harness.commands.advise import int_list
 from harness.errors import InputError
 from harness.model.calibration import read_calibration
+from harness.specs.advise import AdviseSpec
 from harness.traces.validate import load_trajectories
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,11 +43,14 @@ def test_candidate_space_and_labels() -> None:
         candidate_space(["keep", "oracle"], [4], [4096])
     with pytest.raises(InputError, match="a fixed policy"):
         candidate_space(["ttl"], [4], [4096])
-    with pytest.raises(InputError):
-        int_list("--slots", "4,x", 1, 10)
-    with pytest.raises(InputError):
-        int_list("--slots", "4,4", 1, 10)
-    assert int_list("--slots", "2, 4", 1, 10) == [2, 4]
+    slots = {f.name: f for f in AdviseSpec.fields()}["slots"]  # a list, one parser for all
+    with pytest.raises(InputError, match="not an integer"):
+        slots.value("4,x", "--slots")
+    with pytest.raises(InputError, match="distinct"):
+        slots.value("4,4", "--slots")
+    with pytest.raises(InputError, match=r"--slots must be in \[1, 65,536\], got 0"):
+        slots.value("2,0", "--slots")
+    assert slots.value("2, 4", "--slots") == (2, 4)
 
 
 def test_objectives_and_errors() -> None:

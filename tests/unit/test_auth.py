@@ -14,9 +14,9 @@ from click.testing import CliRunner
 
 from harness.adapters.http import connect
 from harness.cli import main
-from harness.commands.options import headers_from_flags
 from harness.replay.runner import redact_url
 from harness.selftest import measure
+from harness.specs.shared import headers_of
 
 SECRET = "sk-test-0123456789"
 
@@ -36,7 +36,7 @@ def test_headers_go_with_every_request() -> None:
         await server.start_server()
         try:
             async with connect(str(server.make_url("")), 2,
-                               headers=headers_from_flags(SECRET, ())) as http:
+                               headers=headers_of(SECRET, ())) as http:
                 await http.get_json("/x")
                 await http.post_json("/y", {})
         finally:
@@ -51,7 +51,7 @@ def test_a_malformed_header_is_refused(bad: str) -> None:
     from harness.errors import InputError
 
     with pytest.raises(InputError, match="--header"):
-        headers_from_flags(None, (bad,))
+        headers_of(None, (bad,))
 
 
 def test_url_passwords_are_redacted() -> None:
@@ -78,6 +78,9 @@ def test_secrets_never_reach_the_results(tmp_path: Path) -> None:
     assert key["http"]["headers"] == ["Authorization", "X-Team"]
     creds_run = json.loads((tmp_path / "creds" / "run.json").read_text())
     assert creds_run["server_url"].startswith("http://me:***@")
+    # the job's spec is recorded without the secrets and the URL's password
+    assert creds_run["spec"]["values"]["url"].startswith("http://me:***@")
+    assert not {"api-key", "header"} & set(key["spec"]["values"])
     for f in tmp_path.rglob("*"):
         if f.is_file():  # run.json, summary, records, server samples, logs
             data = f.read_bytes()

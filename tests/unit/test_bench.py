@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -13,14 +14,13 @@ from click.testing import CliRunner
 from harness.bench.plan import plan_bench
 from harness.bench.run import check_same_pinning, run_bench
 from harness.cli import main
-from harness.commands.options import arrivals_from_flags
 from harness.errors import InputError
 from harness.metrics.summary_types import read_summary
 from harness.records.manifest import CpuPinning, RunManifest, read_manifest
 from harness.records.store import read_json
 from harness.replay import pinning
 from harness.replay.named_policies import scoped_policy_args
-from harness.replay.options import RunOptions
+from harness.specs.bench import BenchSpec
 from tests.fakes.runtime import MemoryRuntime
 from tests.live.traces import write_one_pause_trace
 
@@ -34,9 +34,10 @@ def _restore_affinity() -> Iterator[None]:
         os.sched_setaffinity(0, set(before))
 
 
-def _base() -> RunOptions:
-    return RunOptions(trace=Path(), policy="", out=Path(), scrape_interval_s=0.05,
-                      arrivals=arrivals_from_flags(2, None, False, 1.0))
+def _spec(trace: Path, policies: str, out: Path, **inputs: Any) -> BenchSpec:
+    """A bench on the stand-in runtime (not one `--runtime` names: the spec is built as is)."""
+    return BenchSpec(runtime="memory", trace=trace, policies=policies, out=out, concurrency=2,
+                     scrape_interval=0.05, **inputs)
 
 
 def test_policy_arguments_go_to_the_policies_that_take_them() -> None:
@@ -59,21 +60,18 @@ def test_bad_policies_and_arguments_are_refused_before_anything_starts(
     runtime = MemoryRuntime()
     trace = write_one_pause_trace(tmp_path / "t.parquet")
     with pytest.raises(InputError, match=message):
-        plan_bench("memory", None, trace, policies, args, _base(), None, False, tmp_path / "b",
-                   lambda _: runtime)
+        plan_bench(_spec(trace, policies, tmp_path / "b", policy_args=args), lambda _: runtime)
     assert runtime.started == []
 
 
 def test_a_bad_trace_or_injection_is_refused_before_anything_starts(tmp_path: Path) -> None:
     runtime = MemoryRuntime()
     with pytest.raises(InputError):
-        plan_bench("memory", None, tmp_path / "missing.parquet", "keep", (), _base(), None,
-                   False, tmp_path / "b", lambda _: runtime)
+        plan_bench(_spec(tmp_path / "missing.parquet", "keep", tmp_path / "b"),
+                   lambda _: runtime)
     trace = write_one_pause_trace(tmp_path / "t.parquet")
-    base = _base()
-    base.inject = "no-such-profile"
     with pytest.raises(InputError):
-        plan_bench("memory", None, trace, "keep", (), base, None, False, tmp_path / "b",
+        plan_bench(_spec(trace, "keep", tmp_path / "b", inject="no-such-profile"),
                    lambda _: runtime)
     assert runtime.started == []
 
@@ -82,8 +80,7 @@ def test_every_policy_of_a_bench_runs_under_one_pinning(tmp_path: Path) -> None:
     cpus = pinning.available_cpus()
     runtime = MemoryRuntime()
     trace = write_one_pause_trace(tmp_path / "t.parquet")
-    plan = plan_bench("memory", None, trace, "keep,swap,recompute", (), _base(), None, False,
-                      tmp_path / "b", lambda _: runtime)
+    plan = plan_bench(_spec(trace, "keep,swap,recompute", tmp_path / "b"), lambda _: runtime)
     expected = pinning.decide(cpus, True, True)
     assert plan.pinning == expected
     result = run_bench(plan, lambda _: None)
@@ -129,8 +126,8 @@ def test_the_replay_runs_on_the_loop_run_json_names(tmp_path: Path,
     for forced, expect in (("", "uvloop"), ("asyncio", "asyncio")):
         monkeypatch.setenv("HARNESS_EVENT_LOOP", forced)
         runtime = MemoryRuntime()
-        plan = plan_bench("memory", None, trace, "keep", (), _base(), None, False,
-                          tmp_path / f"b-{expect}", lambda _, rt=runtime: rt)
+        plan = plan_bench(_spec(trace, "keep", tmp_path / f"b-{expect}"),
+                          lambda _, rt=runtime: rt)
         run_bench(plan, lambda _: None)
         assert [m.split(".")[0] for m in runtime.loops] == [expect]
         assert str(read_manifest(tmp_path / f"b-{expect}" / "keep").event_loop).startswith(
@@ -141,8 +138,8 @@ def test_the_replay_runs_on_the_loop_run_json_names(tmp_path: Path,
 def test_repeats_run_round_by_round_and_record_each_policys_spread(tmp_path: Path) -> None:
     runtime = MemoryRuntime()
     trace = write_one_pause_trace(tmp_path / "t.parquet")
-    plan = plan_bench("memory", None, trace, "keep,recompute", (), _base(), None, False,
-                      tmp_path / "b", lambda _: runtime, repeats=2)
+    plan = plan_bench(_spec(trace, "keep,recompute", tmp_path / "b", repeats=2),
+                      lambda _: runtime)
     result = run_bench(plan, lambda _: None)
     assert [p for p, _ in result.rows()] == ["keep#1", "recompute#1", "keep#2", "recompute#2"]
     assert [r.summary for r in result.replays] == [
@@ -188,9 +185,8 @@ def test_an_engine_replay_is_simulated_on_the_pool_its_server_reported() -> None
 
 def test_too_few_slots_for_sub_agents_is_refused_before_a_calibration(tmp_path: Path) -> None:
     runtime = MemoryRuntime()
-    base = _base()
-    base.slots = 2  # 6 agents of the shipped sub-agent sample, each parent beside its children
+    # 6 agents of the shipped sub-agent sample, each parent beside its children, on 2 slots
+    spec = _spec(Path("traces/coding-subagents.parquet"), "keep", tmp_path / "b", slots=2)
     with pytest.raises(InputError, match="sub-agents need up to"):
-        plan_bench("memory", None, Path("traces/coding-subagents.parquet"), "keep", (), base,
-                   None, False, tmp_path / "b", lambda _: runtime)
+        plan_bench(spec, lambda _: runtime)
     assert runtime.started == []

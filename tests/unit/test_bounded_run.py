@@ -11,11 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.commands.options import check_window
 from harness.errors import InputError
 from harness.metrics.summary import load_frames
 from harness.metrics.window import mean_paused_tokens, window_figures
 from harness.policies import make_policy
+from harness.specs.run import check_window
 from harness.traces.tile import copies_needed, copy_id, least_trajectory_s, tile_steps
 from tests.unit.test_executor import plan_of, run_plan, traj
 

@@ -13,8 +13,8 @@ from harness.capacity.driver import PointSpec, SearchSettings, search_policy, ve
 from harness.capacity.live import nan_free
 from harness.capacity.run import policy_list, result_table
 from harness.capacity.slo import parse_slo
-from harness.commands.options import parse_search
 from harness.errors import InputError
+from harness.specs.shared import search_of
 
 
 def test_slo_parses_units_and_judges_every_term() -> None:
@@ -66,11 +66,11 @@ def test_spans_and_budget() -> None:
 
 def test_search_flags_are_checked_together() -> None:
     with pytest.raises(InputError, match="shorter than --point-duration"):
-        parse_search("success=0.9", "10m", "30s", "30s", 1, 8, 0.1, False)
+        search_of("success=0.9", "10m", "30s", "30s", 1, 8, 0.1, False)
     with pytest.raises(InputError, match="longer than --budget"):
-        parse_search("success=0.9", "1m", "2m", "10s", 1, 8, 0.1, False)
+        search_of("success=0.9", "1m", "2m", "10s", 1, 8, 0.1, False)
     with pytest.raises(InputError, match="--start 9 is above"):
-        parse_search("success=0.9", "10m", "30s", "5s", 9, 8, 0.1, False)
+        search_of("success=0.9", "10m", "30s", "5s", 9, 8, 0.1, False)
     with pytest.raises(InputError, match="unknown policy"):
         policy_list("keep,hold", ())
 
@@ -190,16 +190,16 @@ def test_run_capacity_end_to_end_on_the_in_memory_runtime(tmp_path: Path) -> Non
     import os
 
     from harness.capacity.run import CapacityPlan, run_capacity
-    from harness.commands.options import arrivals_from_flags
     from harness.replay import pinning
     from harness.replay.options import RunOptions
+    from harness.specs.shared import arrivals_of
     from tests.fakes.runtime import MemoryRuntime
     from tests.live.traces import write_one_pause_trace
 
     before = pinning.available_cpus()
     trace = write_one_pause_trace(tmp_path / "t.parquet")
     base = RunOptions(trace=trace, policy="", out=Path(), runtime="memory",
-                      scrape_interval_s=0.05, arrivals=arrivals_from_flags(1, None, False, 1.0),
+                      scrape_interval_s=0.05, arrivals=arrivals_of(1, None, False, 1.0),
                       pinning=None)
     plan = CapacityPlan(tmp_path / "cap", trace, parse_slo("resume_p95=30s"),
                         (("keep", {}),), base, 120.0, 1.5, 0.2,

@@ -61,15 +61,15 @@ def test_an_incomplete_run_is_marked_incomplete(tmp_path: Path) -> None:
 
 
 def test_a_server_that_exits_mid_run_ends_it_with_its_reason(tmp_path: Path) -> None:
-    from harness.commands.options import arrivals_from_flags
     from harness.errors import ServerError
     from harness.replay.run import RunOptions, execute_run
     from harness.selftest.measure import synthetic_trace
+    from harness.specs.shared import arrivals_of
     from tests.fakes.runtime import MemoryRuntime
 
     trace = synthetic_trace(tmp_path / "t.parquet", 2, 5, 1.0, 2)  # 1 s tool waits
     opts = RunOptions(trace=trace, policy="keep", out=tmp_path / "o", runtime="memory",
-                      arrivals=arrivals_from_flags(2, None, False, 1.0), pinning=None,
+                      arrivals=arrivals_of(2, None, False, 1.0), pinning=None,
                       scrape_interval_s=0.05)
     with pytest.raises(ServerError, match="exited mid-run"):
         execute_run(opts, lambda _: None, runtime=MemoryRuntime(dies_after_s=0.5))

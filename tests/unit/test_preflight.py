@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.commands.options import arrivals_from_flags
 from harness.errors import InputError
 from harness.plan.injection import Injection
 from harness.plan.planner import Arrivals, CallStep, Plan, ToolStep, TrajectoryPlan
 from harness.replay.preflight import MAX_CONTEXT_TOKENS, check_plan, context_needed
 from harness.replay.run import RunOptions, execute_run
+from harness.specs.shared import arrivals_of
 from harness.traces.schema import SYNTHETIC_DEFAULTS, Provenance, steps_table, write_trajectories
 from tests.fakes.runtime import MemoryRuntime
 
@@ -73,7 +73,7 @@ def _trace(path: Path) -> Path:
 def test_a_run_checks_before_its_first_request(tmp_path: Path, skip: bool) -> None:
     trace = _trace(tmp_path / "t.parquet")
     opts = RunOptions(trace=trace, policy="keep", out=tmp_path / "o", runtime="memory",
-                      arrivals=arrivals_from_flags(2, None, False, 1.0), pinning=None,
+                      arrivals=arrivals_of(2, None, False, 1.0), pinning=None,
                       scrape_interval_s=0.05, skip_oversized=skip)
     if not skip:
         with pytest.raises(InputError, match="big"):

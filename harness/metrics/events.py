@@ -1,6 +1,6 @@
 """One run's records split by event type: what the frames read, without the wide table.
 
-A records table is wide (35 columns) and sparse: each event fills a few of them. The frames read,
+A records table is wide (37 columns) and sparse: each event fills a few of them. The frames read,
 for every row, its seq, time, trajectory and event, and from each event type a handful of the
 columns it declares (EVENT_COLUMNS, checked against harness.records.kinds); a column asked of
 rows of several types is null on those of a type that does not have it. `Events` holds just

@@ -6,6 +6,11 @@ Linking rules (records are ordered by `seq`; calls of one trajectory never overl
   swap_out, erase, tool_end, slot_wait, swap_in, recompute, kv_state) belongs to the latest
   call_end of its trajectory, whose `seq` is the pause id;
 - a resumed call (is_resume) resumes the pause of the latest tool_end before it.
+
+An event's own column keeps its records name in the tables unless its declaration gives the
+tables another (harness.records.kinds: col's `frame`, which says why). Renamed here are only
+columns a table takes from several events (t_ns as start_ns or decision_ns, trajectory_id as
+tid, a decision's status as decision_status).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import pandas as pd
 from harness.arrays import BoolArray
 from harness.metrics.events import Events
 from harness.metrics.events import complete_columns as complete_columns
+from harness.records.kinds import FRAME_NAMES
 
 NS_PER_S = 1e9
 NS_PER_MS = 1e6
@@ -117,7 +123,8 @@ def link_events(events: Events) -> Frames:
 
 
 def _calls(ev: Events) -> pd.DataFrame:
-    calls = ev.rows(["call_start"], _CALL_COLS + ["_code", "_last_tool_end"])
+    calls = _named(ev.rows(["call_start"], _CALL_COLS + ["_code", "_last_tool_end"]),
+                   "call_start")
     calls = calls.set_index("seq", drop=False)
     calls = calls.rename(columns={"t_ns": "start_ns", "trajectory_id": "tid"})
     calls["bystander"] = (calls["traffic"].astype(object) == "bystander").to_numpy()
@@ -125,7 +132,8 @@ def _calls(ev: Events) -> pd.DataFrame:
     firsts = ev.rows(["first_token"], ["_last_start", "t_ns"]).dropna(subset=["_last_start"])
     ft = firsts.drop_duplicates("_last_start", keep="first").set_index("_last_start")["t_ns"]
     ends = ev.rows(["call_end"], ["_last_start"] + _END_COLS).dropna(subset=["_last_start"])
-    ends = ends.drop_duplicates("_last_start", keep="last").set_index("_last_start")
+    ends = _named(ends.drop_duplicates("_last_start", keep="last").set_index("_last_start"),
+                  "call_end")
     ends = ends.rename(columns={"t_ns": "end_ns"})
     calls["ft_ns"] = _num(ft.reindex(calls.index))
     calls = calls.join(ends, how="left")
@@ -170,7 +178,13 @@ def _first_per_pause(
     ev: Events, event: str, cols: list[str], keep: Literal["first", "last"]
 ) -> pd.DataFrame:
     sub = ev.rows([event], ["_pause"] + cols).dropna(subset=["_pause"])
-    return sub.drop_duplicates("_pause", keep=keep).set_index("_pause")
+    return _named(sub.drop_duplicates("_pause", keep=keep).set_index("_pause"), event)
+
+
+def _named(rows: pd.DataFrame, event: str) -> pd.DataFrame:
+    """An event's rows with its columns named as the tables name them: as declared, where a
+    declaration gives the tables another name (harness.records.kinds, col's `frame`)."""
+    return rows.rename(columns=FRAME_NAMES[event]) if FRAME_NAMES[event] else rows
 
 
 def _sum_per_pause(ev: Events, event: str, col: str) -> pd.Series:
@@ -182,13 +196,12 @@ def _pauses(ev: Events, t_max: int) -> pd.DataFrame:
     start = _first_per_pause(ev, "tool_start", ["trajectory_id", "_code", "step", "t_ns",
                              "tool_class", "tool_name", "planned_latency_s", "deadline_s"],
                              "first")
-    start = start.rename(columns={"trajectory_id": "tid", "t_ns": "start_ns",
-                                  "planned_latency_s": "planned_s"})
+    start = start.rename(columns={"trajectory_id": "tid", "t_ns": "start_ns"})
     dec = _first_per_pause(ev, "pause_decision", ["trajectory_id", "_code", "step", "t_ns",
                            "tool_class", "action", "reason", "retained_tokens",
                            "predicted_wait_s", "status"], "first")
-    dec = dec.rename(columns={"trajectory_id": "tid", "predicted_wait_s": "predicted_s",
-                              "t_ns": "decision_ns", "status": "decision_status"})
+    dec = dec.rename(columns={"trajectory_id": "tid", "t_ns": "decision_ns",
+                              "status": "decision_status"})
     index = start.index.union(dec.index)
     pauses = pd.DataFrame(index=index)
     for col in ("tid", "_code", "step", "tool_class"):

@@ -70,15 +70,23 @@ COLUMNS: tuple[Column, ...] = (
     Column("token_gaps", pa.binary(), "client times between streamed chunks, us (uint32 LE)"),
     Column("parent_id", _S, "a sub-agent's parent trajectory"),
     Column("served_by", _S, "the worker that served the call"),
+    Column("priority", _S, "the trajectory's priority (the trace's)"),
+    Column("spawn_step", _I32, "a sub-agent's: its parent's step that spawned it"),
 )
 BY_NAME: dict[str, Column] = {c.name: c for c in COLUMNS}
 STAMPED = ("run_id", "seq", "t_ns", "event")
-_DOC = "doc"
+_DOC, _FRAME = "doc", "frame"
+# A merge's note on the trajectory_start and trajectory_end it writes for a lost shard's
+# trajectories (harness.records.merge).
+WORKER_LOST = "worker-lost"
 
 
-def col(doc: str) -> Any:
-    """An event's column (null unless given) and what it holds in that event."""
-    return field(default=None, metadata={_DOC: doc})
+def col(doc: str, frame: str | None = None) -> Any:
+    """An event's column (null unless given) and what it holds in that event. `frame`: the
+    name the metrics' tables (harness.metrics.frames) give it, where that differs; the
+    declaration says why."""
+    meta = {_DOC: doc} if frame is None else {_DOC: doc, _FRAME: frame}
+    return field(default=None, metadata=meta)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,9 +102,11 @@ class Record:
 class TrajectoryStart(Record):
     KIND: ClassVar[str] = "trajectory_start"
     planned_ns: int | None = col("its scheduled arrival")
-    detail: str | None = col("its priority")
+    priority: str | None = col("its priority (the trace's)")
     parent_id: str | None = col("a sub-agent's parent")
-    step: int | None = col("a sub-agent's: the parent's step that spawned it")
+    spawn_step: int | None = col("a sub-agent's: the parent's step that spawned it")
+    detail: str | None = col(f"{WORKER_LOST} on the placeholder a merge writes for a lost "
+                             "shard's trajectory that never started")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -141,9 +151,12 @@ class CallEnd(Record):
 class ToolStart(Record):
     KIND: ClassVar[str] = "tool_start"
     step: int | None = col("the tool's step")
+    slot: int | None = col("the slot the paused context is in (the simulator's)")
     tool_class: str | None = col("the tool's class")
     tool_name: str | None = col("the tool's name")
-    planned_latency_s: float | None = col("its planned latency, s (hidden from policies)")
+    # planned_s in the pauses table: the name its metrics and reports have always read
+    planned_latency_s: float | None = col("its planned latency, s (hidden from policies)",
+                                          frame="planned_s")
     deadline_s: float | None = col("its deadline, s (null: none)")
 
 
@@ -151,6 +164,7 @@ class ToolStart(Record):
 class ToolEnd(Record):
     KIND: ClassVar[str] = "tool_end"
     step: int | None = col("the tool's step")
+    slot: int | None = col("the slot the paused context is in (the simulator's)")
     tool_class: str | None = col("the tool's class")
     status: str | None = col("ok | error | timeout | abandoned")
     planned_ns: int | None = col("when the tool was due to end; t_ns is when the harness woke "
@@ -167,7 +181,8 @@ class PauseDecision(Record):
     reason: str | None = col("the policy's reason")
     status: str | None = col("ok | unsupported (the server cannot do the action)")
     retained_tokens: int | None = col("the context at stake")
-    predicted_wait_s: float | None = col("the policy's predicted wait, s")
+    # predicted_s in the pauses table: the name its metrics and reports have always read
+    predicted_wait_s: float | None = col("the policy's predicted wait, s", frame="predicted_s")
     detail: str | None = col("the action's parameters (a TTL's)")
 
 
@@ -192,7 +207,8 @@ class SwapIn(Record):
     bytes: int | None = col("KV bytes read back")
     server_ms: float | None = col("the server's time for it, ms")
     retained_tokens: int | None = col("tokens swapped in")
-    reason: str | None = col("how (on the resumed call: by the server)")
+    detail: str | None = col("on the resumed call: the server restored it with the call, "
+                             "whose time holds its own")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -207,6 +223,7 @@ class Erase(Record):
 class Recompute(Record):
     KIND: ClassVar[str] = "recompute"
     step: int | None = col("the step resumed")
+    slot: int | None = col("the slot it is prefilled into (the simulator's)")
     recomputed_tokens: int | None = col("the context prefilled again")
 
 
@@ -260,6 +277,11 @@ def meanings(kind: type[Record]) -> dict[str, str]:
 
 # An event's columns: its declared fields; the writers' rows are built from these.
 KIND_COLUMNS: dict[str, tuple[str, ...]] = {k.KIND: columns_of(k) for k in KINDS}
+# Per event, its columns that the metrics' tables name otherwise (col's `frame`).
+FRAME_NAMES: dict[str, dict[str, str]] = {
+    k.KIND: {f.name: str(f.metadata[_FRAME]) for f in dataclasses.fields(k)
+             if _FRAME in f.metadata}
+    for k in KINDS}
 
 
 def _python_type(typ: pa.DataType) -> str:

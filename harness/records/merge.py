@@ -28,12 +28,12 @@ import pyarrow.parquet as pq
 
 from harness.errors import InputError
 from harness.records import legacy
+from harness.records.kinds import WORKER_LOST
 from harness.records.manifest import Cleanup, Outcome, RunManifest, read_manifest
 from harness.records.parts import write_part
 from harness.records.schema import RECORDS_SCHEMA, RECORDS_VERSION_KEY, SERVER_METRICS_SCHEMA
 from harness.records.store import RECORDS_DIR, SERVER_METRICS_DIR, records_version
 
-WORKER_LOST = "worker-lost"
 MERGED_PART_ROWS = 500_000  # rows per merged records part (as the simulator writes them)
 
 

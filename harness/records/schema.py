@@ -23,8 +23,10 @@ from harness.records.kinds import COLUMNS, KINDS, meanings
 # reads with it null); version 3 added `parent_id` (a sub-agent's parent, on trajectory_start);
 # version 4 split `value_s` (engine_queue_s on call_end, planned_latency_s on tool_start,
 # predicted_wait_s on pause_decision, slot_wait_s on slot_wait) and moved call_end's `reason`
-# to `served_by` (older parts read so: harness.records.legacy).
-RECORDS_SCHEMA_VERSION = 4
+# to `served_by`; version 5 moved trajectory_start's priority from `detail` to `priority` and
+# its spawning step from `step` to `spawn_step`, and swap_in's `reason` to `detail` (older
+# parts read so: harness.records.legacy).
+RECORDS_SCHEMA_VERSION = 5
 RECORDS_VERSION_KEY = b"harness.records_schema_version"
 
 # Events and the columns each one fills (besides run_id, seq, t_ns, event, trajectory_id,

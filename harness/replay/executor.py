@@ -171,8 +171,8 @@ class Executor:
                                          len(self._ranks) if parent is None else parent)
         ctx.progress.agents_active += 1
         ctx.rec.emit(TrajectoryStart(
-            trajectory_id=st.tid, traffic="agent", planned_ns=planned_ns, detail=traj.priority,
-            parent_id=traj.parent_id, step=spawn_step))
+            trajectory_id=st.tid, traffic="agent", planned_ns=planned_ns,
+            priority=traj.priority, parent_id=traj.parent_id, spawn_step=spawn_step))
         status, reason = "completed", None
         server_fault = False
         due = planned_ns

@@ -80,7 +80,7 @@ async def restore(ctx: ReplayContext, st: TrajectoryState, step: int) -> None:
                 _learn_swap(ctx, io.bytes, io.ms)
         else:  # restored by the server on the call itself; its time is in the call's
             ctx.rec.emit(SwapIn(trajectory_id=st.tid, traffic="agent", step=step,
-                                retained_tokens=len(st.context), reason="on the resumed call"))
+                                retained_tokens=len(st.context), detail="on the resumed call"))
         await delete_dump(ctx, st)
     elif not had_slot and st.context and ctx.pool is not None:
         ctx.rec.emit(Recompute(trajectory_id=st.tid, traffic="agent", step=step,

@@ -91,7 +91,8 @@ def decode(blocks: list[tuple[np.ndarray, ...]], texts: pa.Array,
             "engine_queue_s": pa.nulls(p.n, pa.float64()),
             # The simulator spaces a call's tokens evenly (decode_ms): no streamed chunk times.
             "token_gaps": pa.nulls(p.n, pa.binary()),
-            "parent_id": _parent_column(p)}
+            "parent_id": _parent_column(p),
+            **_start_columns(p)}
     return [cols[name] for name in RECORD_COLUMNS]
 
 
@@ -175,7 +176,8 @@ def _identity_columns(p: _Part) -> list[pa.Array]:
         dictionary(p.ev.astype(np.int32), _EVENT_NAMES),
         dictionary(p.ti.astype(np.int32), p.r.ids),
         dictionary(zeros, _AGENT),
-        pa.array(p.step.astype(np.int32), mask=p.step < 0),
+        # a trajectory_start's step is its parent's spawning step: spawn_step, not step
+        pa.array(p.step.astype(np.int32), mask=(p.step < 0) | (p.ev == E_TRAJ_START)),
         pa.array(p.slot.astype(np.int32), mask=p.slot < 0),
     ]
 
@@ -247,20 +249,17 @@ def _time_columns(p: _Part, ends: _CallEnds) -> list[pa.Array]:
 
 
 def _detail_column(p: _Part, texts: pa.Array, ends: _CallEnds) -> pa.Array:
-    """detail: a decision's detail text, a trajectory_start's priority, an error's message."""
+    """detail: a decision's detail text, an error's message."""
     r, w, err, g_end = p.r, p.w, ends.overflow, ends.steps
     overflow = [f"context overflow: {q} + {o} tokens exceed {r.ctx_limit}"
                 for q, o in zip(w.ctx[g_end[err]] - w.out[g_end[err]], w.out[g_end[err]],
                                 strict=True)]
-    vocab = pa.concat_arrays([texts, r.priorities, pa.array(overflow, type=pa.string())])
-    n_text, n_prio = len(texts), len(r.priorities)
+    vocab = pa.concat_arrays([texts, pa.array(overflow, type=pa.string())])
     err_detail = np.full(err.size, -1, dtype=np.int64)
-    err_detail[err] = n_text + n_prio + np.arange(int(err.sum()))
+    err_detail[err] = len(texts) + np.arange(int(err.sum()))
     err_detail[ends.timeout] = ends.message[ends.timeout].astype(np.int64)
     dec_a = p.a[p.sl[E_DECISION]].astype(np.int64)
-    priority = n_text + r.prio[p.ti[p.sl[E_TRAJ_START]]]
-    return p.strings({E_DECISION: dec_a // 8, E_TRAJ_START: priority, E_CALL_END: err_detail},
-                     vocab)
+    return p.strings({E_DECISION: dec_a // 8, E_CALL_END: err_detail}, vocab)
 
 
 def _parent_column(p: _Part) -> pa.Array:
@@ -268,3 +267,13 @@ def _parent_column(p: _Part) -> pa.Array:
     codes = np.full(p.n, -1, dtype=np.int64)
     codes[p.sl[E_TRAJ_START]] = p.w.parent[p.ti[p.sl[E_TRAJ_START]]]
     return dictionary(codes.astype(np.int32), p.r.ids, codes < 0)
+
+
+def _start_columns(p: _Part) -> dict[str, pa.Array]:
+    """priority and spawn_step: a trajectory_start's priority and, a sub-agent's, its parent's
+    step that spawned it."""
+    start = p.sl[E_TRAJ_START]
+    spawn = np.full(p.n, -1, dtype=np.int64)
+    spawn[start] = p.step[start]
+    return {"priority": p.strings({E_TRAJ_START: p.r.prio[p.ti[start]]}, p.r.priorities),
+            "spawn_step": pa.array(spawn.astype(np.int32), mask=spawn < 0)}

@@ -56,7 +56,7 @@ def test_children_run_beside_each_other_and_the_parent_waits(tmp_path: Path,
     starts = {t: ev(rec, "trajectory_start", t) for t in ("p/a", "p/b")}
     for s in starts.values():
         # started at the parent's pause, named as its sub-agent
-        assert s.t_ns.iloc[0] == t0 and s.parent_id.iloc[0] == "p" and s.step.iloc[0] == 1
+        assert s.t_ns.iloc[0] == t0 and s.parent_id.iloc[0] == "p" and s.spawn_step.iloc[0] == 1
     # both children's first calls were under way before either ended: concurrent
     ends = {t: ev(rec, "trajectory_end", t).t_ns.iloc[0] for t in ("p/a", "p/b")}
     first_calls = [ev(rec, "call_start", t).t_ns.iloc[0] for t in ("p/a", "p/b")]

@@ -99,7 +99,7 @@ def test_swap_restored_on_the_call_is_recorded_without_a_server_time(tmp_path: P
     out = rec[rec.event == "swap_out"].iloc[0]
     back = rec[rec.event == "swap_in"].iloc[0]
     assert (out.bytes, out.retained_tokens) == (105 * 100, 105)
-    assert back.reason == "on the resumed call" and pd.isna(back.server_ms)
+    assert back.detail == "on the resumed call" and pd.isna(back.server_ms)
     released = rec[(rec.event == "kv_state") & (rec.step.isna())]
     assert "released" in released.status.tolist()
 

@@ -20,9 +20,11 @@ from harness.records import legacy
 from harness.records.kinds import (
     BY_KIND,
     COLUMNS,
+    FRAME_NAMES,
     KIND_COLUMNS,
     KINDS,
     STAMPED,
+    WORKER_LOST,
     CallEnd,
     SlotWait,
     meanings,
@@ -41,7 +43,7 @@ from tests.unit.records_factory import Records
 
 
 def test_the_schema_is_the_declared_columns() -> None:
-    assert RECORDS_SCHEMA_VERSION == 4
+    assert RECORDS_SCHEMA_VERSION == 5
     assert RECORDS_SCHEMA.names == [c.name for c in COLUMNS]
     declared = {name for cols in KIND_COLUMNS.values() for name in cols}
     assert declared | set(STAMPED) == set(RECORDS_SCHEMA.names)
@@ -52,13 +54,27 @@ def test_the_schema_is_the_declared_columns() -> None:
         assert all(doc for doc in meanings(kind).values())
 
 
-def test_each_seconds_column_means_one_thing() -> None:
+def test_each_split_column_means_one_thing() -> None:
     owners = {c: [k.KIND for k in KINDS if c in KIND_COLUMNS[k.KIND]]
               for c in ("engine_queue_s", "planned_latency_s", "predicted_wait_s",
-                        "slot_wait_s", "served_by")}
+                        "slot_wait_s", "served_by", "priority", "spawn_step")}
     assert owners == {"engine_queue_s": ["call_end"], "planned_latency_s": ["tool_start"],
                       "predicted_wait_s": ["pause_decision"], "slot_wait_s": ["slot_wait"],
-                      "served_by": ["call_end"]}
+                      "served_by": ["call_end"], "priority": ["trajectory_start"],
+                      "spawn_step": ["trajectory_start"]}
+    # a trajectory_start's step was its parent's spawning step; a swap_in's reason said how
+    assert "step" not in KIND_COLUMNS["trajectory_start"]
+    assert "reason" not in KIND_COLUMNS["swap_in"]
+    # every moved value has its column on its event
+    for new, (_, event) in legacy.MOVED.items():
+        assert new in KIND_COLUMNS[event] and legacy.SINCE[new] <= RECORDS_SCHEMA_VERSION
+
+
+def test_the_frames_name_a_column_otherwise_only_where_it_is_declared() -> None:
+    assert FRAME_NAMES["tool_start"] == {"planned_latency_s": "planned_s"}
+    assert FRAME_NAMES["pause_decision"] == {"predicted_wait_s": "predicted_s"}
+    assert not any(v for k, v in FRAME_NAMES.items() if k not in ("tool_start",
+                                                                  "pause_decision"))
 
 
 def test_the_frames_read_only_declared_columns() -> None:
@@ -105,46 +121,71 @@ def _sample() -> Records:
     t.call(out=10, queue_ms=30.0).tool(wait=2.0, action="keep", queue=0.5)
     t.call(out=5, cached=100).tool(wait=1.0, action="recompute", planned=1.5).call().end()
     b.agent("b", at=0.2).call(queue_ms=5.0).end()
+    b.agent("a/s", at=0.3, parent="a").call().end()
+    b.add(0.4, "swap_in", "a", step=2, retained_tokens=10, detail="on the resumed call")
+    b.add(0.5, "trajectory_start", "lost", detail=WORKER_LOST)
     for row in b.rows:
         if row["event"] == "call_end":
             row["served_by"] = f"worker-{row['trajectory_id']}"
+        if row["event"] == "trajectory_start" and row["trajectory_id"] != "lost":
+            row.update(priority="batch" if row.get("parent_id") else "interactive",
+                       spawn_step=1 if row.get("parent_id") else None)
     return b
 
 
-def _as_version_3(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows as a version-3 writer wrote them: value_s and call_end's reason."""
+def _as_version(rows: list[dict[str, Any]], version: int) -> list[dict[str, Any]]:
+    """The rows as a writer of `version` wrote them: each moved value where it was then."""
     out = []
     for row in rows:
         old = dict(row)
         for new, (src, event) in legacy.MOVED.items():
-            value = old.pop(new, None)
-            if row["event"] == event and value is not None:
-                old[src] = value
+            if legacy.SINCE[new] > version and row["event"] == event:
+                old[new], value = None, old.get(new)
+                if value is not None:
+                    old[src] = value
         out.append(old)
     return out
 
 
-V3_SCHEMA = pa.schema(
-    [f for f in RECORDS_SCHEMA if f.name not in legacy.MOVED]
-    + [pa.field("value_s", pa.float64())],
-    metadata={RECORDS_VERSION_KEY: b"3"})
+def _schema_of(version: int) -> pa.Schema:
+    """The records schema of an older `version`."""
+    sources = {src for src, _ in legacy.MOVED.values()}
+    gone = {new for new in legacy.MOVED if legacy.SINCE[new] > version} - sources
+    return pa.schema(
+        [f for f in RECORDS_SCHEMA if f.name not in gone]
+        + [pa.field(c, pa.float64()) for c, v in legacy.DROPPED.items() if v > version],
+        metadata={RECORDS_VERSION_KEY: str(version).encode()})
 
 
-def test_a_version_3_part_reads_as_the_current_version(tmp_path: Path) -> None:
+@pytest.mark.parametrize("version", [3, 4])
+def test_an_older_part_reads_as_the_current_version(tmp_path: Path, version: int) -> None:
     b = _sample()
-    new = b.write(tmp_path / "v4")
-    old = tmp_path / "v3"
+    new = b.write(tmp_path / "new")
+    old = tmp_path / "old"
     (old / RECORDS_DIR).mkdir(parents=True)
     part = old / RECORDS_DIR / "part-00000.parquet"
-    pq.write_table(pa.Table.from_pylist(_as_version_3(b.rows), schema=V3_SCHEMA), part)
+    pq.write_table(pa.Table.from_pylist(_as_version(b.rows, version),
+                                        schema=_schema_of(version)), part)
+    raw = pq.read_table(part).to_pandas()
+    starts = raw[raw["event"] == "trajectory_start"]
+    assert starts["detail"].tolist() == ["interactive", "interactive", "batch", WORKER_LOST]
+    assert starts["step"].tolist()[2] == 1 and ("value_s" in raw) == (version < 4)
     (old / "run.json").write_text((new / "run.json").read_text())
     # the whole table
     a, c = read_records(old), read_records(new)
     pd.testing.assert_frame_equal(a, c)
     assert a["slot_wait_s"].notna().sum() == 1 and a["engine_queue_s"].notna().sum() == 2
+    first = a[a["event"] == "trajectory_start"]
+    def texts(col: str) -> list[str | None]:
+        return [None if pd.isna(v) else str(v) for v in first[col]]
+
+    assert texts("priority") == ["interactive", "interactive", "batch", None]
+    assert texts("detail") == [None, None, None, WORKER_LOST]
+    assert first["spawn_step"].tolist()[2] == 1 and first["step"].isna().all()
     # only some columns: what the moved ones are made from is read beside them
-    pd.testing.assert_frame_equal(read_records(old, ["seq", "served_by"]),
-                                  read_records(new, ["seq", "served_by"]))
+    for cols in (["seq", "served_by"], ["seq", "priority"], ["seq", "step"], ["seq", "detail"],
+                 ["seq", "reason"]):
+        pd.testing.assert_frame_equal(read_records(old, cols), read_records(new, cols))
     # part by part, and linked into frames
     fa, fc = load_frames(old)[0], load_frames(new)[0]
     for name in ("calls", "pauses", "kv", "trajectories"):
@@ -165,3 +206,6 @@ def test_a_current_part_is_read_as_written() -> None:
     assert legacy.upgrade(table, RECORDS_SCHEMA_VERSION) is table
     assert legacy.sources(["served_by"], RECORDS_SCHEMA_VERSION) == []
     assert legacy.sources(["served_by"], 3) == ["event", "reason"]
+    assert legacy.sources(["served_by"], 4) == []
+    assert legacy.sources(["spawn_step", "detail"], 4) == ["event", "reason", "step"]
+    assert legacy.sources(["event", "step"], 4) == []

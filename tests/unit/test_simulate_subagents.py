@@ -126,8 +126,8 @@ def test_children_start_at_the_pause_run_together_and_the_parent_waits_for_both(
     pause = t_s(df, "pause_decision", "P")
     starts = ev(df, "trajectory_start").set_index("trajectory_id")
     assert starts.loc["A", "t_ns"] == starts.loc["B", "t_ns"] == round(pause * 1e9)
-    assert starts.loc["A", "step"] == starts.loc["B", "step"] == 1
-    assert pd.isna(starts.loc["P", "step"])
+    assert starts.loc["A", "spawn_step"] == starts.loc["B", "spawn_step"] == 1
+    assert pd.isna(starts.loc["P", "spawn_step"])
     if "parent_id" in RECORD_COLUMNS:
         assert starts["parent_id"].dropna().astype(str).to_dict() == {"A": "P", "B": "P"}
     # Both children prefill in one iteration: 110 prompt tokens, from the pause on.

@@ -130,6 +130,9 @@ def step_trajectory(w: Workload) -> np.ndarray:
 # seq, t, trajectory, step, slot, a, b, c, d of one event's rows; `d`: a text for the reason
 # column where the event has none in a/b/c (a call_end's server in a fleet; 0: none)
 Block = tuple[np.ndarray, ...]
+# an event's a, b, c, d, as far as it has them (harness.simulate.records.PAYLOAD says which
+# is what): arrays over its rows, or a scalar for every row
+Payload = tuple[np.ndarray | float, ...]
 
 
 def blocks(cols: StepColumns, w: Workload, traj: np.ndarray, lo: int, hi: int,
@@ -181,20 +184,20 @@ class _PartBlocks:
         g = g[(self.w.cls[g] >= 0) == (seq_name in TOOL_FIELDS)]  # the steps of the field's kind
         return g, v(seq_name)[g].astype(np.int64)
 
-    def put(self, seq: np.ndarray, t: np.ndarray, ev: int, g: np.ndarray, own_step: bool,
-            s: np.ndarray | int, a: np.ndarray | float, b: np.ndarray | float = 0.0,
-            c: np.ndarray | float = 0.0, d: np.ndarray | float = 0.0) -> None:
-        """A block of event `ev` at steps `g`; `own_step` False: a trajectory-level event (no
-        step, no slot); scalar payloads are repeated over the rows."""
+    def put(self, ev: int, seq: np.ndarray, t: np.ndarray, g: np.ndarray,
+            s: np.ndarray | int | None, payload: Payload) -> None:
+        """A block of event `ev` at steps `g` on slots `s` (None: a trajectory-level event, no
+        step, no slot); `payload`: its a, b, c, d (those left out 0), a scalar repeated over
+        the rows."""
         m = len(g)
         if not m:
             return
         ti = self.traj[g]
         full = np.full
-        self.parts[ev].append((seq, t, ti, g - self.first[ti] if own_step else full(m, -1),
-                               np.asarray(s) if own_step else full(m, -1),
-                               *(x if isinstance(x, np.ndarray) else full(m, x)
-                                 for x in (a, b, c, d))))
+        pad = (*payload, *(0.0,) * (ROW - 5 - len(payload)))
+        self.parts[ev].append((seq, t, ti, full(m, -1) if s is None else g - self.first[ti],
+                               full(m, -1) if s is None else np.asarray(s),
+                               *(x if isinstance(x, np.ndarray) else full(m, x) for x in pad)))
 
     def add_call_events(self) -> None:
         """An LLM step's events: recompute, kv_state and call_start; first token; call end;
@@ -206,18 +209,18 @@ class _PartBlocks:
         t = v("st_t")[g]
         has = rc > 0
         s = slot[g].astype(np.int64)
-        put(seq[has], t[has], E_RECOMPUTE, g[has], True, s[has], rc[has])
-        put(seq + has, t, E_KV_STATE, g, False, -1, (w.ctx[g] - w.out[g]).astype(np.float64))
-        put(seq + has + 1, t, E_CALL_START, g, True, s, v("due")[g])
+        put(E_RECOMPUTE, seq[has], t[has], g[has], s[has], (rc[has],))
+        put(E_KV_STATE, seq + has, t, g, None, ((w.ctx[g] - w.out[g]).astype(np.float64),))
+        put(E_CALL_START, seq + has + 1, t, g, s, (v("due")[g],))
         g, seq = self.stamped("ft_seq")
-        put(seq, v("ft_t")[g], E_FIRST_TOKEN, g, True, slot[g].astype(np.int64), 0.0)
+        put(E_FIRST_TOKEN, seq, v("ft_t")[g], g, slot[g].astype(np.int64), ())
         g, seq = self.stamped("en_seq")
         ft, en = v("ft_t")[g], v("en_t")[g]
-        put(seq, en, E_CALL_END, g, True, slot[g].astype(np.int64), w.inp[g] + v("rc")[g],
-            (ft - v("pre_t")[g]) * 1000, (en - ft) * 1000, v("srv")[g])
+        put(E_CALL_END, seq, en, g, slot[g].astype(np.int64), (
+            w.inp[g] + v("rc")[g], (ft - v("pre_t")[g]) * 1000, (en - ft) * 1000, v("srv")[g]))
         g, seq = self.stamped("sw_seq")
-        put(seq, v("sw_t")[g], E_SLOT_WAIT, g, True, v("sw_slot")[g].astype(np.int64),
-            v("sw_wait")[g])
+        put(E_SLOT_WAIT, seq, v("sw_t")[g], g, v("sw_slot")[g].astype(np.int64),
+            (v("sw_wait")[g],))
 
     def add_pause_events(self) -> None:
         """A tool step's events: pause_decision, tool_start and (unless the KV is dropped)
@@ -226,17 +229,17 @@ class _PartBlocks:
         g, seq = self.stamped("pa_seq")
         # the slot the call before the pause ran on (the pause holds it, or held it)
         t, code, s = v("pa_t")[g], v("pa_code")[g], v("slot")[g - 1].astype(np.int64)
-        put(seq, t, E_DECISION, g, True, s, code, v("pa_wait")[g], v("pa_reason")[g])
-        put(seq + 1, t, E_TOOL_START, g, True, s, 0.0)
+        put(E_DECISION, seq, t, g, s, (code, v("pa_wait")[g], v("pa_reason")[g]))
+        put(E_TOOL_START, seq + 1, t, g, s, ())
         kept = code % 8 != DROP_CODE
         # paused (held), or evictable (left to the engine's prefix cache)
         status = np.where(code % 8 == EVICTABLE_CODE, KV_STATUSES.index("evictable"),
                           KV_STATUSES.index("paused")).astype(np.float64)
-        put(seq[kept] + 2, t[kept], E_KV_STATE, g[kept], False, -1,
-            w.ctx[g][kept].astype(np.float64), status[kept])
+        put(E_KV_STATE, seq[kept] + 2, t[kept], g[kept], None,
+            (w.ctx[g][kept].astype(np.float64), status[kept]))
         g, seq = self.stamped("te_seq")
-        put(seq, v("te_t")[g], E_TOOL_END, g, True, v("te_slot")[g].astype(np.int64),
-            w.outcome[g].astype(np.float64))
+        put(E_TOOL_END, seq, v("te_t")[g], g, v("te_slot")[g].astype(np.int64),
+            (w.outcome[g].astype(np.float64),))
 
     def merged(self) -> list[Block]:
         """One block per event, rows by seq; checks that the part holds every seq lo..hi-1."""

@@ -4,15 +4,18 @@
   A prompt below that sum, or one after a compaction or /clear the source declares, is a cut:
   it keeps the previous prompt when it still holds it (output that was not sent back, e.g.
   thinking), else what the provider's cache reused; after a declared cut only the cache says
-  what stayed. A response without a prompt count takes its estimate (never cutting a counted
-  context), else the context so far plus what was appended since.
+  what stayed. Where the source says what a prompt keeps (`Response.keep`: shared hash
+  blocks), the step keeps that and appends the rest, cut or not. A response without a prompt
+  count takes its estimate (never cutting a counted context), else the context so far plus
+  what was appended since.
 - The calls of one response are one pause (`merge_parallel`; its wall time where the source
   has one); sub-agents started in a pause are one `subagent` step starting the children; the
   user's prompt is a `human` pause; nothing between two responses is an instant gap step.
 - A call that never returned ends its trajectory (the replay cancels a trajectory at a tool
   that never returns); what the conversation did next is a continuation trajectory (`~2`).
   After the last response, a pause is kept only when it started sub-agents or a call never
-  returned (ending tools excepted); results nobody read are dropped (counted).
+  returned (ending tools excepted), or, for a source that saw the agent wait on them
+  (`keep_trailing`), when it made calls; results nobody read are dropped (counted).
 
 What the builder does is counted in each conversation's `counts` under the names of `COUNTED`;
 a format publishing other names for them maps them with `publish`.
@@ -43,6 +46,7 @@ COUNTED = {
     "output_tokens": "output tokens (at least 1 a step)", "zero_output": "outputs of 0",
     "cached_tokens": "cached tokens (at most the prompt)", "calls_with_cached": "with a count",
     "appended_tokens": "tokens the steps append", "kept_tokens": "tokens they keep",
+    "kept_tokens_given": "tokens kept where the source says what stays (Response.keep)",
     "compactions": "declared cuts: compactions", "clears": "declared cuts: /clear",
     "cuts_declared": "declared cuts", "context_cuts": "cuts, declared or not",
     "cuts": "undeclared cuts below the previous prompt",
@@ -65,10 +69,13 @@ COUNTED = {
 }
 
 
-def publish(c: Counter[str], names: Mapping[str, tuple[str, ...]]) -> None:
-    """Set each published count `name` to the sum of the builder's counts it names."""
+def publish(c: Counter[str], names: Mapping[str, tuple[str, ...]],
+            built: Counter[str] | None = None) -> None:
+    """Set each published count `name` to the sum of the builder's counts it names (in
+    `built`, else in `c` itself)."""
+    src = c if built is None else built
     for name, sources in names.items():
-        c[name] = sum(c[s] for s in sources)
+        c[name] = sum(src[s] for s in sources)
 
 
 @dataclass
@@ -92,10 +99,12 @@ class Built:
 
 class Builder:
     """Turns conversations into trajectories; `gap_tool` names a gap step, `ending` the tools
-    a run ends with (lower case)."""
+    a run ends with (lower case); `keep_trailing`: a trailing step of calls is kept even when
+    every call returned (the source saw the agent wait on them)."""
 
-    def __init__(self, gap_tool: str = "none", ending: frozenset[str] = frozenset()) -> None:
-        self.gap_tool, self.ending = gap_tool, ending
+    def __init__(self, gap_tool: str = "none", ending: frozenset[str] = frozenset(),
+                 keep_trailing: bool = False) -> None:
+        self.gap_tool, self.ending, self.keep_trailing = gap_tool, ending, keep_trailing
         self.taken: set[str] = set()
 
     def unique(self, tid: str) -> str:
@@ -173,8 +182,8 @@ class Builder:
             return tool
         never = any(k.latency_s is None for k in p.calls)
         if last:
-            if p.calls and not any(k.latency_s is None and k.name.lower() not in self.ending
-                                   for k in p.calls):
+            if p.calls and not self.keep_trailing and not any(
+                    k.latency_s is None and k.name.lower() not in self.ending for k in p.calls):
                 c["trailing_tools_dropped"] += len(p.calls)
                 _count_calls(p, c, False)
                 return None
@@ -183,7 +192,7 @@ class Builder:
             return self._calls(p, c)
         if p.human:
             c["human_pauses"] += 1
-            return Tool("user", "human", round(p.latency_s or 0.0, 6))
+            return Tool(p.name or "user", "human", round(p.latency_s or 0.0, 6))
         # Nothing between two calls (a retried or continued response): an instant step keeps
         # LLM and tool steps alternating.
         c["back_to_back_calls"] += 1
@@ -252,7 +261,10 @@ def _llm(r: Response, ctx: _Ctx | None, c: Counter[str]) -> tuple[LLM, _Ctx]:
         c["calls_with_cached"] += 1
     c["cached_tokens"] += min(r.cached or 0, p)
     keep: int | None = None
-    if ctx is not None and (r.cut is not None or p < before):
+    if ctx is not None and r.keep is not None:  # the source says what stays
+        keep = r.keep
+        c["kept_tokens_given"] += keep
+    elif ctx is not None and (r.cut is not None or p < before):
         c["context_cuts"] += 1
         if r.cut is not None:  # what stays is what the provider found cached
             c["cuts_declared"] += 1

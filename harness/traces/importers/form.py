@@ -63,9 +63,9 @@ class Call:
 class Pause:
     """What the agent waited for after a response: its tool calls, the sub-agents it started
     (one `subagent` step named by `names`, waiting `latency_s` after the last one ended), the
-    user's turn (`human`, lasting `latency_s`), or nothing (a gap of `latency_s`, else 0).
-    `wall_s`: the calls' wall time from the first start to the last end, where the source has
-    it (the step's latency instead of the slowest call's)."""
+    user's turn (`human`, lasting `latency_s`; its step named `name`, else 'user'), or nothing
+    (a gap of `latency_s`, else 0). `wall_s`: the calls' wall time from the first start to the
+    last end, where the source has it (the step's latency instead of the slowest call's)."""
 
     calls: list[Call] = field(default_factory=list)
     children: list[Convo] = field(default_factory=list)
@@ -73,13 +73,16 @@ class Pause:
     human: bool = False
     latency_s: float | None = None
     wall_s: float | None = None
+    name: str = ""
 
 
 @dataclass
 class Response:
     """One model response: one LLM call. Without a prompt count the builder estimates the
     prompt: `prompt_est` (an estimate of the whole prompt), else the context before it plus
-    `counted_in`."""
+    `counted_in`. `keep`: the leading tokens of the context before it that its prompt keeps,
+    where the source says so (the hash blocks it shares with the call before); None: the
+    builder works it out (the prompt extends the context, else a cut's estimate)."""
 
     line: int
     prompt: int | None  # tokens of its prompt (None: the source has no usage for it)
@@ -94,6 +97,7 @@ class Response:
     user_ts: float | None = None  # when (None: no time)
     cut: str | None = None  # "compaction" or "clear" before it: the context was replaced
     prompt_est: int | None = None
+    keep: int | None = None
     after: Pause = field(default_factory=Pause)  # the pause that follows it
 
 

@@ -7,7 +7,9 @@ request). A `subagent` entry has its own `requests[]`; its `t` is when it ended 
 timeline, `duration_ms` how long it ran. Each conversation becomes a trajectory, each request an
 LLM step whose prompt is exactly `in` tokens and keeps the blocks it shares with the previous
 request; between two requests a tool step of the next one's think_time. Sub-agents become child
-trajectories spawned by the parent's tool step in the gap where they started.
+trajectories spawned by the parent's tool step in the gap where they started. This module reads
+the files into the intermediate form (form.py: what each request keeps, each pause, where each
+sub-agent starts) and `builder` makes the steps.
 """
 
 from __future__ import annotations
@@ -23,9 +25,6 @@ from pathlib import Path
 
 from harness.errors import InputError
 from harness.traces.importers._common import (
-    LLM,
-    Tool,
-    Trajectory,
     arrival_offsets,
     build_frame,
     files_in,
@@ -35,6 +34,8 @@ from harness.traces.importers._common import (
     take_options,
 )
 from harness.traces.importers.base import Format, Imported
+from harness.traces.importers.builder import Builder, Built, publish
+from harness.traces.importers.form import APPROXIMATE, EXACT, Call, Convo, Pause, Response
 from harness.traces.importers.kv_cache_tester_read import (
     Conv,
     Limits,
@@ -44,8 +45,7 @@ from harness.traces.importers.kv_cache_tester_read import (
     read_conv,
     read_doc,
 )
-from harness.traces.importers.prompts import prompt_step
-from harness.traces.schema import TOOL_SUBAGENT, Provenance
+from harness.traces.schema import Provenance
 from harness.userfiles import is_count
 
 FORMAT = "kv-cache-tester"
@@ -54,6 +54,8 @@ MAIN_GROUP = f"{FORMAT}/main"
 # Request times are whole seconds: a sub-agent that started up to this long before a request's
 # `t` started after that request.
 SPAWN_TOLERANCE_S = 1.0
+# The counts the builder counts under other names.
+PUBLISHED = {"tool_pauses": ("tool_steps",), "subagents_replayed": ("subagents_built",)}
 # Every count a file's provenance entry holds (0 when nothing happened).
 COUNTS = (
     "requests", "subagent_requests", "llm_steps", "tool_pauses", "human_pauses",
@@ -73,13 +75,11 @@ class _File:
 
     path: Path
     block: int
-    ids: set[str]  # trajectory ids taken (all files)
     root: str = ""
     counts: Counter[str] = field(default_factory=Counter)
-    trajs: list[Trajectory] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-    late: list[str] = field(default_factory=list)
-    zero_out: list[str] = field(default_factory=list)
+    skipped: dict[int, list[str]] = field(default_factory=dict)  # id(Convo) -> sub-agents
+    late: dict[int, list[Convo]] = field(default_factory=dict)  # id(Convo) -> sub-agents
+    # started after its last request
 
 
 def _lcp(a: bytes, b: bytes) -> int:
@@ -94,25 +94,23 @@ def _lcp(a: bytes, b: bytes) -> int:
     return lo
 
 
-def _llm_steps(reqs: list[Req], block: int, c: Counter[str]) -> list[LLM]:
-    """Each request as an LLM step that keeps the blocks it shares with the one before."""
-    steps: list[LLM] = []
+def _keeps(reqs: list[Req], block: int, c: Counter[str]) -> list[int | None]:
+    """What each request keeps: the blocks it shares with the one before (the first: None)."""
+    keeps: list[int | None] = []
     # id -> a request that held it. The ids name a block and all before it (true of every
     # file here), so a request sharing more than k blocks with this one holds its id k;
     # were they not, earlier_shares_more would be a lower bound.
     seen: dict[int, int] = {}
     for k, r in enumerate(reqs):
-        h, out, blocks = r.hashes, max(r.out, 1), len(r.hashes) // 8
-        c["prompt_tokens"] += r.inp
-        c["output_tokens"] += out
+        h, blocks = r.hashes, len(r.hashes) // 8
         m = 0
         if not k:
-            steps.append(prompt_step(r.inp, out, 0))
+            keeps.append(None)
         else:
             prev = reqs[k - 1]
             m = _lcp(h, prev.hashes)
             full = min(prev.inp // block, len(prev.hashes) // 8)
-            keep = min(block * m, prev.inp, r.inp)
+            keeps.append(min(block * m, prev.inp, r.inp))
             if m >= full:
                 c["extends"] += 1
             elif m == full - 1:
@@ -130,55 +128,47 @@ def _llm_steps(reqs: list[Req], block: int, c: Counter[str]) -> list[LLM]:
             if best > m:
                 c["earlier_shares_more"] += 1
                 c["earlier_blocks_understated"] += best - m
-            c["kept_tokens"] += keep
-            steps.append(prompt_step(r.inp, out, 0, keep))
         seen.update(zip(struct.unpack(f"{blocks - m}q", h[8 * m:]), repeat(k)))
-    return steps
+    return keeps
 
 
-def _wait(prev: Req, nxt: Req, c: Counter[str]) -> float:
-    """The client's time between two requests: think_time, else the gap less the server's."""
-    if nxt.think is not None:
-        return nxt.think
-    c["think_time_inferred"] += 1
-    return max(0.0, nxt.t - prev.t - (prev.api or 0.0))
-
-
-def _pause(prev: Req, nxt: Req, subs: list[Sub], c: Counter[str]) -> Tool:
-    """The tool step between two requests: the sub-agents started there, else a tool's result
-    or the user's turn."""
-    wait = _wait(prev, nxt, c)
+def _pause(prev: Req, nxt: Req, subs: list[tuple[Sub, Convo]], c: Counter[str]) -> Pause:
+    """The pause between two requests: the sub-agents started there, else a tool's result or
+    the user's turn, lasting the next request's think_time (else the gap less the server's
+    time)."""
+    wait = nxt.think
+    if wait is None:
+        c["think_time_inferred"] += 1
+        wait = max(0.0, nxt.t - prev.t - (prev.api or 0.0))
     if subs:
-        ran_from = prev.t + prev.api if prev.api is not None else min(s.start for s in subs)
-        ran = max(s.end for s in subs) - ran_from
+        ran_from = prev.t + prev.api if prev.api is not None else min(s.start for s, _ in subs)
+        ran = max(s.end for s, _ in subs) - ran_from
         c["subagent_waits_clipped"] += wait < ran
-        return _spawn_step(subs, max(0.0, wait - ran), c)
-    c["tool_pauses" if nxt.tool else "human_pauses"] += 1
-    return (Tool("tool_result", "sandbox", round(wait, 6)) if nxt.tool
-            else Tool("user_turn", "human", round(wait, 6)))
+        return Pause(children=[k for _, k in subs], names=[s.kind for s, _ in subs],
+                     latency_s=max(0.0, wait - ran))
+    if nxt.tool:
+        return Pause([Call("", "tool_result", nxt.t, has_result=True, latency_s=wait,
+                           timing=APPROXIMATE if nxt.think is None else EXACT)])
+    return Pause(human=True, latency_s=wait, name="user_turn")
 
 
-def _spawn_step(subs: list[Sub], latency: float, c: Counter[str]) -> Tool:
-    c["subagent_steps"] += 1
-    return Tool("+".join(dict.fromkeys(s.kind for s in subs)), TOOL_SUBAGENT, round(latency, 6))
-
-
-def _build(conv: Conv, tid: str, group: str, parent: tuple[str, int] | None, f: _File,
-           lim: Limits) -> None:
-    """Append the trajectory `tid` of `conv` (one request at least stays under the limits),
-    then its sub-agents' trajectories, to `f`."""
+def _convo(conv: Conv, key: str, group: str, f: _File, lim: Limits) -> Convo:
+    """`conv` in the intermediate form (one request at least stays under the limits): its
+    requests kept, each keeping the blocks it shares with the one before, and its sub-agents'
+    conversations in the pauses where they started."""
     c = f.counts
     n, by_context = lim.kept(conv.reqs)
     c["dropped_max_context"] += by_context
     c["dropped_max_requests"] += len(conv.reqs) - by_context - n
     reqs = conv.reqs[:n]
+    out = Convo(key, c, prefix_group=group, prefix_tokens=conv.prefix)
     ts = [r.t for r in conv.reqs]
-    gaps: dict[int, list[tuple[Sub, str]]] = {}  # gap after request g -> sub-agents, ids
+    gaps: dict[int, list[tuple[Sub, Convo]]] = {}  # gap after request g -> sub-agents
     for s in conv.subs:
         if s.duration is None or s.status == "async_launched" or not s.conv.reqs:
             c["subagents_skipped_async" if s.status == "async_launched"
               else "subagents_skipped_other"] += 1
-            f.skipped.append(f"{tid}/{s.agent_id} ({s.status or 'no duration'})")
+            f.skipped.setdefault(id(out), []).append(f"{s.agent_id} ({s.status or 'no duration'})")
             continue
         g = bisect_right(ts, s.start + SPAWN_TOLERANCE_S) - 1
         if g < 0:
@@ -190,33 +180,20 @@ def _build(conv: Conv, tid: str, group: str, parent: tuple[str, int] | None, f: 
             c["dropped_max_context" if lim.max_context is not None
               else "dropped_max_requests"] += _count(s.conv)[0]
             continue
-        cid, k = f"{tid}/{s.agent_id}", 2
-        while cid in f.ids:
-            cid, k = f"{tid}/{s.agent_id}-{k}", k + 1
-        f.ids.add(cid)
-        gaps.setdefault(g, []).append((s, cid))
-    steps: list[LLM | Tool] = []
-    for i, call in enumerate(_llm_steps(reqs, f.block, c)):
-        if i:
-            steps.append(_pause(reqs[i - 1], reqs[i], [s for s, _ in gaps.get(i - 1, [])], c))
-        steps.append(call)
+        kid = _convo(s.conv, s.agent_id, f"{FORMAT}/{s.kind}", f, lim)
+        kid.under_parent = True
+        gaps.setdefault(g, []).append((s, kid))
+    out.responses = [Response(k, r.inp, r.out, None, r.t, None, keep=keep)
+                     for k, (r, keep) in enumerate(zip(reqs, _keeps(reqs, f.block, c),
+                                                       strict=True))]
+    for i in range(n - 1):
+        out.responses[i].after = _pause(reqs[i], reqs[i + 1], gaps.get(i, []), c)
     if n - 1 in gaps:  # sub-agents that started after the last request: the parent waits
         c["subagents_after_last_request"] += len(gaps[n - 1])
-        f.late.extend(cid for _, cid in gaps[n - 1])
-        steps.append(_spawn_step([s for s, _ in gaps[n - 1]], 0.0, c))
-    c["llm_steps"] += n
-    if zero := sum(r.out < 1 for r in reqs):
-        c["zero_output"] += zero
-        f.zero_out.append(f"{tid}: {zero}")
-    pre = min(conv.prefix, reqs[0].inp)
-    f.trajs.append(Trajectory(tid, steps, prefix_group=group if pre else None,
-                              prefix_tokens=pre or None,
-                              parent_id=None if parent is None else parent[0],
-                              spawn_step=None if parent is None else parent[1]))
-    for g in sorted(gaps):
-        for s, cid in gaps[g]:
-            c["subagents_replayed"] += 1
-            _build(s.conv, cid, f"{FORMAT}/{s.kind}", (tid, 2 * g + 1), f, lim)
+        f.late[id(out)] = [k for _, k in gaps[n - 1]]
+        out.responses[-1].after = Pause(children=[k for _, k in gaps[n - 1]],
+                                        names=[s.kind for s, _ in gaps[n - 1]])
+    return out
 
 
 def _count(conv: Conv) -> tuple[int, int]:
@@ -226,9 +203,9 @@ def _count(conv: Conv) -> tuple[int, int]:
             len(conv.subs) + sum(n for _, n in inner))
 
 
-def _import_file(path: Path, taken: set[str], lim: Limits) -> _File:
+def _import_file(path: Path, builder: Builder, built: Built, lim: Limits) -> _File:
     """One conversation file's trajectories (the root first, each parent before its
-    sub-agents) and counts; `taken` holds the ids used so far (all files)."""
+    sub-agents) into `built`, and its counts."""
     doc = read_doc(path)
     where = str(path)
     if not isinstance(doc, dict) or "requests" not in doc:
@@ -237,22 +214,21 @@ def _import_file(path: Path, taken: set[str], lim: Limits) -> _File:
     if not is_count(block) or not 0 < block <= 1 << 20:
         raise fail(where, f"'block_size' must be a positive integer (tokens per hash block), "
                            f"got {block!r}")
-    f = _File(path, block, ids=taken)
+    f = _File(path, block)
     conv = read_conv(doc, where, block, f.counts, 0, where)
     if not conv.reqs:
         raise fail(where, "no requests")
     f.counts["subagents"] = _count(conv)[1]
     raw_id = doc.get("id")
     base = raw_id if isinstance(raw_id, str) and raw_id else path.name.split(".")[0]
-    f.root, k = base, 2
-    while f.root in taken:
-        f.root, k = f"{base}-{k}", k + 1
-    taken.add(f.root)
     if lim.kept(conv.reqs)[0]:
-        _build(conv, f.root, MAIN_GROUP, None, f, lim)
+        first = len(built.trajectories)
+        builder.build(_convo(conv, base, MAIN_GROUP, f, lim), built)
+        f.root = built.trajectories[first].trajectory_id
     else:
+        f.root = builder.unique(base)  # taken all the same: ids do not depend on the limits
         f.counts["dropped_max_context"] += _count(conv)[0]
-    f.counts["appended_tokens"] = f.counts["prompt_tokens"] - f.counts["kept_tokens"]
+    publish(f.counts, PUBLISHED)
     return f
 
 
@@ -268,31 +244,39 @@ def import_paths(paths: Sequence[Path], options: dict[str, str]) -> Imported:
     seed = opt_int(opts, "seed", FORMAT, minimum=0)
     lim = Limits(*(None if opts[k] == "" else opt_int(opts, k, FORMAT, minimum=1)
                     for k in ("max_context", "max_requests")))
-    taken: set[str] = set()
-    files = [_import_file(p, taken, lim) for p in files_in(paths)]
-    trajs = [t for f in files for t in f.trajs]
+    builder, built = Builder(), Built()
+    files = [_import_file(p, builder, built, lim) for p in files_in(paths)]
+    trajs = built.trajectories
     if not trajs:
         raise InputError(f"{FORMAT} import: every conversation's first request is over "
                          f"max_context={opts['max_context']}")
-    roots = [t for t in trajs if t.parent_id is None]
-    starts = dict(zip((t.trajectory_id for t in roots),
-                      arrival_offsets(len(roots), rate, seed).tolist(), strict=True))
-    root = ""
-    for t in trajs:  # a sub-agent follows its root (in each file's list) and arrives with it
-        root = t.trajectory_id if t.parent_id is None else root
-        t.start_s, t.priority, t.tenant = starts[root], opts["priority"], opts["tenant"]
+    roots = [t.trajectory_id for t in trajs if t.parent_id is None]
+    starts = dict(zip(roots, arrival_offsets(len(roots), rate, seed).tolist(), strict=True))
+    for t in trajs:  # a sub-agent arrives with its root
+        t.start_s = starts[built.root[t.trajectory_id]]
+        t.priority, t.tenant = opts["priority"], opts["tenant"]
     return Imported(build_frame(trajs), _provenance(files, opts, len(roots), len(trajs)),
-                    _warnings(files))
+                    _warnings(files, built))
 
 
-def _warnings(files: list[_File]) -> list[str]:
+def _warnings(files: list[_File], built: Built) -> list[str]:
+    skipped: list[str] = []
+    late: list[str] = []
+    zero_out: list[str] = []
+    owner = {id(f.counts): f for f in files}
+    tid = {id(convo): t for t, convo in built.convo.items()}
+    for t in built.trajectories:  # each parent before its sub-agents, as they were read
+        convo = built.convo[t.trajectory_id]
+        f = owner[id(convo.counts)]
+        skipped += [f"{t.trajectory_id}/{s}" for s in f.skipped.get(id(convo), [])]
+        late += [tid[id(k)] for k in f.late.get(id(convo), [])]
+        if zero := sum(r.output < 1 for r in convo.responses):
+            zero_out.append(f"{t.trajectory_id}: {zero}")
     found = (
-        ("sub-agents not replayed (no duration: the parent did not wait for them)",
-         [s for f in files for s in f.skipped]),
+        ("sub-agents not replayed (no duration: the parent did not wait for them)", skipped),
         ("sub-agents started after their parent's last request: spawned by a final subagent "
-         "step (the time before them is not replayed)", [s for f in files for s in f.late]),
-        ("trajectories with requests of 0 output tokens raised to 1",
-         [s for f in files for s in f.zero_out]),
+         "step (the time before them is not replayed)", late),
+        ("trajectories with requests of 0 output tokens raised to 1", zero_out),
         ("files whose requests were not in time order: sorted",
          [str(f.path) for f in files if f.counts["unsorted_requests"]]),
     )

@@ -21,6 +21,7 @@ from harness.commands.merge import merge_command
 from harness.commands.model import model_command
 from harness.commands.record import record_command
 from harness.commands.report import report_command
+from harness.commands.rerun import rerun_command
 from harness.commands.run import run_command
 from harness.commands.selftest import selftest_command
 from harness.commands.simulate import simulate_command
@@ -68,5 +69,5 @@ def main() -> None:
 for command in (traces_command, report_command, compare_command, history_command,
                 export_command, model_command, simulate_command, run_command, merge_command,
                 bench_command, capacity_command, advise_command, calibrate_command,
-                clean_command, selftest_command, record_command):
+                clean_command, selftest_command, record_command, rerun_command):
     main.add_command(command)

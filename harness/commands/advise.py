@@ -15,6 +15,12 @@ from harness.specs.advise import AdviseSpec
 @spec_options(AdviseSpec)
 def advise_command(spec: AdviseSpec) -> None:
     """Recommend a pause policy: search in simulation, confirm on the live server."""
+    advise_job(spec)
+
+
+def advise_job(spec: AdviseSpec) -> None:
+    """Run the advise job `spec` asks for and print what it found; exits 5 when a confirmation
+    contradicted the search."""
     plan = spec.plan()
     doc = advise(plan, click.echo)
     click.echo("")

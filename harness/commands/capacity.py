@@ -15,6 +15,12 @@ from harness.specs.capacity import CapacitySpec
 @spec_options(CapacitySpec)
 def capacity_command(spec: CapacitySpec) -> None:
     """Find the most concurrent agents the server holds under an SLO, for each policy."""
+    capacity_job(spec)
+
+
+def capacity_job(spec: CapacitySpec) -> None:
+    """Run the capacity job `spec` asks for and print what it found; exits 5 when a confirmation
+    contradicted the search."""
     plan = spec.plan()
     doc = run_capacity(plan, click.echo)
     click.echo("")

@@ -5,6 +5,7 @@ bound; run.json records the spec."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,9 @@ from click.testing import CliRunner
 
 from harness.cli import main
 from harness.errors import InputError
+from harness.records.store import read_records
+from harness.specs.bench import BenchSpec
+from harness.specs.fields import read_config
 from harness.specs.simulate import SimSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,3 +68,66 @@ def test_flags_override_the_file_and_run_json_records_the_spec(tmp_path: Path) -
 def test_a_missing_required_input_is_named() -> None:
     with pytest.raises(InputError, match="missing option --trace"):
         SimSpec.build({"policy": "keep", "out": "o"})
+
+
+def _simulate(trace: Path, out: Path) -> None:
+    res = CliRunner().invoke(main, ["simulate", "--trace", str(trace), "--policy", "keep",
+                                    "--calibration", str(CALIBRATION), "--slots", "2",
+                                    "--ctx-per-slot", "4096", "--seed", "5", "--concurrency",
+                                    "3", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+
+
+def test_rerun_of_a_simulation_reproduces_its_records(tmp_path: Path) -> None:
+    first, again = tmp_path / "first", tmp_path / "again"
+    _simulate(TRACE, first)
+    res = CliRunner().invoke(main, ["rerun", str(first), "--out", str(again)])
+    assert res.exit_code == 0, res.output
+    a, b = read_records(first), read_records(again)
+    assert len(a) > 0 and a.equals(b)
+    spec_a = json.loads((first / "run.json").read_text())["spec"]
+    spec_b = json.loads((again / "run.json").read_text())["spec"]
+    assert spec_b["values"] == {**spec_a["values"], "out": str(again)}
+
+
+def test_rerun_refuses_a_directory_without_a_spec(tmp_path: Path) -> None:
+    out = tmp_path / "old"
+    _simulate(TRACE, out)
+    run = json.loads((out / "run.json").read_text())
+    del run["spec"]  # as a harness older than the specs wrote it
+    (out / "run.json").write_text(json.dumps(run))
+    res = CliRunner().invoke(main, ["rerun", str(out), "--out", str(tmp_path / "new")])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+    assert "records the job's spec" in res.output and not (tmp_path / "new").exists()
+
+
+def test_rerun_refuses_a_trace_that_changed(tmp_path: Path) -> None:
+    trace, out = tmp_path / "t.parquet", tmp_path / "old"
+    shutil.copyfile(TRACE, trace)
+    _simulate(trace, out)
+    shutil.copyfile(ROOT / "traces" / "coding-agent.parquet", trace)
+    res = CliRunner().invoke(main, ["rerun", str(out), "--out", str(tmp_path / "new")])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+    assert "changed since the run" in res.output and not (tmp_path / "new").exists()
+    trace.unlink()
+    res = CliRunner().invoke(main, ["rerun", str(out)])
+    assert res.exit_code == 2 and "is gone" in res.output, res.output
+
+
+def test_rerun_takes_secrets_only_for_a_job_that_has_them(tmp_path: Path) -> None:
+    out = tmp_path / "sim"
+    _simulate(TRACE, out)
+    res = CliRunner().invoke(main, ["rerun", str(out), "--api-key", "k"])
+    assert res.exit_code == 2 and "takes no api-key" in res.output, res.output
+
+
+def test_the_documented_ci_benchmark_file_parses() -> None:
+    path = ROOT / "docs" / "examples" / "ci-bench.toml"
+    spec = BenchSpec.build(read_config(path, BenchSpec.fields()))
+    assert spec.policies == "keep,swap,recompute" and spec.ctx_per_slot == 4096
+    assert spec.trace is not None and (ROOT / spec.trace).is_file()
+
+
+def test_secrets_are_refused_as_benchmark_file_keys(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="unknown key 'api-key'"):
+        read_config(_config(tmp_path, "api-key = 'k'\n"), BenchSpec.fields())

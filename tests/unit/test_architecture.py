@@ -12,7 +12,7 @@ TYPE_CHECKING included, so no arrow can hide from the check):
   between packages at all;
 - click only under harness/commands/ and the root cli;
 - few imports of project modules inside functions (each one an arrow the reader cannot see);
-- no module past a readable size.
+- no module past a readable size, and no function taking more than eight parameters.
 
 Each check is a function of the sources, so a planted violation shows that it bites.
 """
@@ -28,6 +28,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LOCAL_IMPORTS = 25
+# A function or constructor taking more than this many parameters (self and cls not counted)
+# wants a typed value that names what travels together.
+MAX_PARAMETERS = 8
+# The exceptions, each with its reason: functions of the simulator's compiled event loop may
+# pass scalars where a grouping value would cost an attribute load per event (none does today).
+WIDE_FUNCTIONS: dict[str, str] = {}
 
 # Higher imports lower or equal, never higher.
 LAYERS: dict[str, int] = {
@@ -198,6 +204,31 @@ def _strongly_connected(edges: dict[str, set[str]]) -> list[frozenset[str]]:
     return out
 
 
+def wide_functions(sources: dict[str, str]) -> list[str]:
+    """Functions and methods with more than MAX_PARAMETERS parameters (self and cls, *args and
+    **kwargs not counted), as module:qualified.name (N), less the WIDE_FUNCTIONS."""
+    out = []
+    for module, text in sources.items():
+        for name, n in _parameter_counts(ast.parse(text)):
+            key = f"{module}:{name}"
+            if n > MAX_PARAMETERS and key not in WIDE_FUNCTIONS:
+                out.append(f"{key} ({n})")
+    return sorted(out)
+
+
+def _parameter_counts(tree: ast.AST, prefix: str = "") -> Iterator[tuple[str, int]]:
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.ClassDef):
+            yield from _parameter_counts(node, f"{prefix}{node.name}.")
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            a = node.args
+            names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+            if names[:1] in (["self"], ["cls"]):
+                names = names[1:]
+            yield f"{prefix}{node.name}", len(names)
+            yield from _parameter_counts(node, f"{prefix}{node.name}.")
+
+
 def click_violations(sources: dict[str, str]) -> list[str]:
     return sorted({i.module for i in imports(sources)
                    if i.target.split(".")[0] == "click"
@@ -230,6 +261,17 @@ def test_no_import_cycle_between_packages() -> None:
 
 def test_click_only_in_the_commands() -> None:
     assert click_violations(product_sources()) == []
+
+
+def test_no_function_takes_more_than_eight_parameters() -> None:
+    assert wide_functions(product_sources()) == []
+
+
+def test_every_wide_function_allowed_still_exists_and_is_wide() -> None:
+    counts = {f"{m}:{name}": n for m, text in product_sources().items()
+              for name, n in _parameter_counts(ast.parse(text))}
+    assert {k: counts.get(k) for k in WIDE_FUNCTIONS
+            if counts.get(k, 0) <= MAX_PARAMETERS} == {}
 
 
 def test_few_function_local_imports_of_project_modules() -> None:
@@ -283,6 +325,13 @@ def test_a_planted_cycle_between_packages_is_caught() -> None:
     src = _planted(**{"harness.traces.planted": "from harness.proxy import events\n"},
                    **{"harness.proxy.planted": "def f():\n    import harness.traces.schema\n"})
     assert package_cycles(src) == [frozenset({"traces", "proxy"})]
+
+
+def test_a_planted_wide_function_is_caught() -> None:
+    src = _planted(**{"harness.plan.planted": "class A:\n    def f(self, a, b, c, d, e, f, g, h, "
+                                              "i, *rest, **kw):\n        pass\n"})
+    assert [w for w in wide_functions(src) if w.startswith("harness.plan.planted")] == [
+        "harness.plan.planted:A.f (9)"]
 
 
 def test_a_planted_click_import_is_caught() -> None:

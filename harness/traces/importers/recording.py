@@ -12,7 +12,9 @@ tool calls of the first call's answer (parallel calls merged), each timed as the
 sub-agents started while it waited (a `subagent` step, then the time after the last ended), or
 the user's turn (`human`). A conversation that ends waiting on its tool calls ends with a tool
 step that never returns (`abandoned`). Calls that failed (error status, unreachable upstream,
-cut stream, client gone) are not replayed; they are counted.
+cut stream, client gone) are not replayed; they are counted. This module reads a recording
+into the intermediate form (form.py: what each call keeps, each pause as the proxy timed it,
+which conversation each sub-agent's is) and `builder` makes the steps.
 """
 
 from __future__ import annotations
@@ -26,20 +28,16 @@ from harness.errors import InputError
 from harness.limits import MAX_SUBAGENT_DEPTH
 from harness.proxy.conversations import lcp
 from harness.proxy.events import Call, RecordedCalls, Result, load_calls
-from harness.traces.importers._common import (
-    LLM,
-    Tool,
-    Trajectory,
-    build_frame,
-    take_options,
-)
-from harness.traces.importers.agent_tools import agent_tool_class, merge_parallel
+from harness.traces.importers._common import build_frame, take_options
+from harness.traces.importers.agent_tools import agent_tool_class, call_class
 from harness.traces.importers.base import Format, Imported
-from harness.traces.importers.prompts import prompt_step
+from harness.traces.importers.builder import Builder, Built, assign_starts, publish
+from harness.traces.importers.form import APPROXIMATE, EXACT, Convo, Pause, Response
+from harness.traces.importers.form import Call as Act
 from harness.traces.importers.recording_counts import (
     DEFAULT_DEADLINE_S,
     FORMAT,
-    UNSPAWNED_CLASS,
+    PUBLISHED,
     Conv,
     Rec,
     recording_provenance,
@@ -58,27 +56,21 @@ def _scaled(call: Call, blocks: Sequence[tuple[str, int, str]]) -> int:
     return round(part * call.usage.prompt / total) if total else 0
 
 
-def _llm(prev: Call | None, call: Call, c: Counter[str]) -> LLM:
-    """`call` as an LLM step after `prev` (the conversation's previous replayed call)."""
+def _keep(prev: Call | None, call: Call, c: Counter[str]) -> int | None:
+    """What `call`'s prompt keeps of the context after `prev` (the conversation's previous
+    call replayed): None when its blocks extend that context, else the tokens of the blocks
+    both share."""
     assert call.usage is not None
-    p, out = call.usage.prompt, max(call.usage.output, 1)
-    c["zero_output"] += call.usage.output < 1
-    c["prompt_tokens"] += p
-    c["output_tokens"] += out
-    c["cached_tokens"] += call.usage.cached or 0
     c["usage_exact" if call.usage.exact else "usage_estimated"] += 1
     if prev is None:
-        c["appended_tokens"] += p
-        return prompt_step(p, out, 0)
+        return None
     assert prev.usage is not None
-    before = prev.usage.prompt + max(prev.usage.output, 1)
-    ours, theirs = tuple(b[0] for b in call.blocks), tuple(b[0] for b in prev.context)
-    m = lcp(ours, theirs)
-    extends = m >= len(theirs) - prev.tail
+    p, before = call.usage.prompt, prev.usage.prompt + max(prev.usage.output, 1)
+    m = lcp(tuple(b[0] for b in call.blocks), tuple(b[0] for b in prev.context))
+    extends = m >= len(prev.context) - prev.tail
     if extends and p >= before:
         c["extends"] += 1
-        c["appended_tokens"] += p - before
-        return prompt_step(p, out, before)
+        return None
     if extends:  # the same text, fewer tokens (e.g. reasoning not sent back)
         c["shorter_than_context"] += 1
         keep = p - _scaled(call, call.blocks[m:])
@@ -87,9 +79,7 @@ def _llm(prev: Call | None, call: Call, c: Counter[str]) -> LLM:
         keep = _scaled(call, call.blocks[:m])
     keep = max(0, min(keep, before, p))
     c["cut_tokens_dropped"] += before - keep if not extends else 0
-    c["kept_tokens"] += keep
-    c["appended_tokens"] += p - keep
-    return prompt_step(p, out, before, keep)
+    return keep
 
 
 def _answered(j: Call, conv: Conv) -> tuple[list[tuple[str, str]], dict[str, Result]]:
@@ -102,82 +92,73 @@ def _answered(j: Call, conv: Conv) -> tuple[list[tuple[str, str]], dict[str, Res
     return [*j.tool_calls, *own], back
 
 
-def _tools(j: Call, conv: Conv, until: float | None, c: Counter[str]) -> Tool:
-    """The pause for `j`'s tool calls: each timed by its result's return (else until the
-    next call, or never when none came)."""
+def _acts(j: Call, conv: Conv, until: float | None, spawn: bool, c: Counter[str]) -> list[Act]:
+    """The tool calls after `j`, each timed by its result's return (exact), else until the
+    next call (approximate), or never when none came (`until` None); with sub-agents
+    (`spawn`) the parent waits on them instead."""
     calls, back = _answered(j, conv)
-    tools = []
+    acts = []
     for ref, name in calls:
-        cls = agent_tool_class(name or "tool")
-        cls = UNSPAWNED_CLASS if cls == TOOL_SUBAGENT else cls
-        c["tool_calls"] += 1
-        if ref in back:
+        cls = call_class(name or "tool")
+        act = Act(ref, name or "tool", j.end, cls=cls, mutating=cls == "mutating")
+        if ref in back and not (spawn and until is None):
             r = back[ref]
-            c["tool_results"] += 1
-            c["exact_latency"] += 1
+            act.has_result, act.latency_s, act.timing, act.error = (True, round(r.wall_s, 6),
+                                                                     EXACT, r.error)
             c["client_tool_calls"] += r.client
-            c["long_tools"] += r.wall_s > DEFAULT_DEADLINE_S
-            tools.append(Tool(name or "tool", cls, round(r.wall_s, 6),
-                              "error" if r.error else "ok", cls == "mutating"))
-        elif until is None:
-            c["abandoned_tool_calls"] += 1
-            tools.append(Tool(name or "tool", cls, None, "abandoned", cls == "mutating"))
-        else:
-            c["results_missing"] += 1
-            tools.append(Tool(name or "tool", cls, round(max(0.0, until - j.end), 6), "ok",
-                              cls == "mutating"))
-    return merge_parallel(tools)
+            c["long_tools"] += r.wall_s > DEFAULT_DEADLINE_S and not spawn
+        elif until is not None:
+            act.latency_s, act.timing = round(max(0.0, until - j.end), 6), APPROXIMATE
+        acts.append(act)
+    return acts
 
 
-def _pause(conv: Conv, j: Call, k: Call | None, c: Counter[str]) -> Tool:
-    """The tool step after LLM call `j` (k: the next one replayed; None: j is the last)."""
+def _pause(conv: Conv, i: int, kids: list[Convo], c: Counter[str]) -> Pause:
+    """The pause after LLM call `conv.llm[i]`: its tool calls, the sub-agents started while it
+    waited, or the user's (else the client's) turn."""
+    j, k = conv.llm[i], conv.llm[i + 1] if i + 1 < len(conv.llm) else None
     later = [x for x in conv.calls if x.arrival >= j.end and x is not j]
     nxt = later[0].arrival if later else None
     if k is not None:
         c["failed_calls_between"] += sum(1 for x in later if x.arrival < k.arrival)
-    children = conv.children.get(j.id, [])
-    calls, back = _answered(j, conv)
-    if children:
-        c["subagent_steps"] += 1
-        names = [n for _, n in calls if agent_tool_class(n) == TOOL_SUBAGENT] or [
-            n for _, n in calls] or ["subagent"]
-        c["tool_calls"] += len(calls)
+    if kids:
+        calls = [n for _, n in _answered(j, conv)[0]]
+        names = [n for n in calls if agent_tool_class(n) == TOOL_SUBAGENT] or calls or [
+            "subagent"]
+        acts = _acts(j, conv, None if k is None else nxt, True, c)
         if k is None:  # the parent never went on: it ends when its sub-agents have
-            c["abandoned_tool_calls"] += len(calls)
-            c["subagents_after_last_call"] += len(children)
-            return Tool("+".join(dict.fromkeys(names)), TOOL_SUBAGENT, 0.0)
-        ended = max(x.end for ch in children for x in ch.calls)
+            c["subagents_after_last_call"] += len(kids)
+            return Pause(acts, kids, names, latency_s=0.0)
+        ended = max(x.end for ch in conv.children[j.id] for x in ch.calls)
         c["subagent_waits_clipped"] += k.arrival < ended
-        answered = sum(ref in back for ref, _ in calls)
-        c["tool_results"] += answered
-        c["exact_latency"] += answered
-        c["client_tool_calls"] += sum(back[ref].client for ref, _ in calls if ref in back)
-        c["results_missing"] += len(calls) - answered
-        return Tool("+".join(dict.fromkeys(names)), TOOL_SUBAGENT,
-                    round(max(0.0, k.arrival - ended), 6))
-    if calls:
-        c["tool_pauses"] += 1
-        return _tools(j, conv, None if k is None else nxt, c)
-    assert k is not None and nxt is not None
-    wait = round(max(0.0, nxt - j.end), 6)
-    if any(x.user_turn for x in later if x.arrival <= k.arrival):
-        c["human_pauses"] += 1
-        return Tool("user", "human", wait)
-    c["other_pauses"] += 1
-    return Tool("client", "human", wait)
+        return Pause(acts, kids, names, latency_s=round(max(0.0, k.arrival - ended), 6))
+    if k is None:
+        return Pause(_acts(j, conv, None, False, c) if j.tool_calls else [])
+    acts = _acts(j, conv, nxt, False, c)
+    assert nxt is not None
+    if acts:
+        return Pause(acts)
+    user = any(x.user_turn for x in later if x.arrival <= k.arrival)
+    c["other_pauses"] += not user
+    return Pause(human=True, latency_s=round(max(0.0, nxt - j.end), 6),
+                 name="user" if user else "client")
 
 
-def _steps(conv: Conv, c: Counter[str]) -> list[LLM | Tool]:
-    steps: list[LLM | Tool] = []
+def _convo(conv: Conv, key: str, depth: int, rec: Rec) -> Convo:
+    """`conv` in the intermediate form, its sub-agents' conversations in its pauses."""
+    if depth > MAX_SUBAGENT_DEPTH:
+        raise InputError(f"{rec.path}: sub-agents nested deeper than {MAX_SUBAGENT_DEPTH} "
+                         "levels (the limit)")
+    out = Convo(key, rec.built, under_parent=depth > 0)
+    rec.firsts.append((out, conv.llm[0]))
     for i, call in enumerate(conv.llm):
-        if i:
-            steps.append(_pause(conv, conv.llm[i - 1], call, c))
-        steps.append(_llm(conv.llm[i - 1] if i else None, call, c))
-    last = conv.llm[-1]
-    if last.tool_calls or conv.children.get(last.id):
-        steps.append(_pause(conv, last, None, c))
-    c["llm_steps"] += len(conv.llm)
-    return steps
+        assert call.usage is not None
+        r = Response(i, call.usage.prompt, call.usage.output, call.usage.cached, call.arrival,
+                     call.end, keep=_keep(conv.llm[i - 1] if i else None, call, rec.counts))
+        kids = [_convo(ch, ch.id, depth + 1, rec) for ch in conv.children.get(call.id, [])]
+        r.after = _pause(conv, i, kids, rec.counts)
+        out.responses.append(r)
+    return out
 
 
 def _outcome_counts(rc: RecordedCalls, c: Counter[str]) -> None:
@@ -227,8 +208,8 @@ def _import_folder(path: Path, taken: set[str]) -> Rec:
             host.children.setdefault(p[1], []).append(conv)
     for conv in live.values():
         if conv.parent is None:
-            conv.tid = f"{rid}/{conv.id}"
-            _emit(conv, None, 0, rec)
+            rec.roots.append(_convo(conv, f"{rid}/{conv.id}", 0, rec))
+            rec.roots[-1].first_ts = rec.started + conv.llm[0].arrival
     return rec
 
 
@@ -272,49 +253,22 @@ def _descends(conv: Conv, root: Conv, live: dict[str, Conv]) -> bool:
     return False
 
 
-def _emit(conv: Conv, parent: tuple[str, int] | None, depth: int, rec: Rec) -> None:
-    """Append `conv`'s trajectory, then its sub-agents' (depth-first)."""
-    if depth > MAX_SUBAGENT_DEPTH:
-        raise InputError(f"{rec.path}: sub-agents nested deeper than {MAX_SUBAGENT_DEPTH} "
-                         "levels (the limit)")
-    steps = _steps(conv, rec.counts)
-    rec.trajs.append(Trajectory(conv.tid, steps, parent_id=None if parent is None else parent[0],
-                                spawn_step=None if parent is None else parent[1]))
-    rec.first_calls[conv.tid] = conv.llm[0]
-    if parent is None:
-        rec.root_start[conv.tid] = rec.started + conv.llm[0].arrival
-    else:
-        rec.counts["subagents"] += 1
-    for i, call in enumerate(conv.llm):
-        for child in conv.children.get(call.id, []):
-            child.tid = f"{conv.tid}/{child.id}"
-            _emit(child, (conv.tid, 2 * i + 1), depth + 1, rec)
-
-
-def _prefix_groups(recs: list[Rec]) -> None:
-    """Trajectories whose first calls start with the same block share a prefix group; each's
+def _prefix_groups(rec: Rec) -> None:
+    """Conversations whose first calls start with the same block share a prefix group; each's
     prefix_tokens is the most tokens it shares with another of the group (its estimate)."""
-    for rec in recs:
-        groups: dict[str, list[Trajectory]] = {}
-        for t in rec.trajs:
-            first = rec.first_calls[t.trajectory_id]
-            if first.blocks:
-                groups.setdefault(first.blocks[0][0], []).append(t)
-        for key, members in groups.items():
-            if len(members) < 2:
-                continue
-            rec.counts["prefix_groups"] += 1
-            hashes = {t.trajectory_id: tuple(b[0] for b in rec.first_calls[t.trajectory_id]
-                                             .blocks) for t in members}
-            for t in members:
-                call = rec.first_calls[t.trajectory_id]
-                m = max(lcp(hashes[t.trajectory_id], hashes[o.trajectory_id])
-                        for o in members if o is not t)
-                first_step = t.steps[0]
-                assert isinstance(first_step, LLM)
-                shared = min(_scaled(call, call.blocks[:m]), first_step.input_tokens)
-                if shared > 0:
-                    t.prefix_group, t.prefix_tokens = f"{FORMAT}/{key[:12]}", shared
+    groups: dict[str, list[tuple[Convo, Call]]] = {}
+    for convo, first in rec.firsts:
+        if first.blocks:
+            groups.setdefault(first.blocks[0][0], []).append((convo, first))
+    for key, members in groups.items():
+        if len(members) < 2:
+            continue
+        rec.counts["prefix_groups"] += 1
+        hashes = [tuple(b[0] for b in call.blocks) for _, call in members]
+        for i, (convo, call) in enumerate(members):
+            m = max(lcp(hashes[i], h) for k, h in enumerate(hashes) if k != i)
+            convo.prefix_group = f"{FORMAT}/{key[:12]}"
+            convo.prefix_tokens = _scaled(call, call.blocks[:m])  # at most its first prompt
 
 
 def import_path(path: Path, options: dict[str, str]) -> Imported:
@@ -327,21 +281,21 @@ def import_paths(paths: Sequence[Path], options: dict[str, str]) -> Imported:
     opts = take_options(options, FORMAT, {})
     taken: set[str] = set()
     recs = [_import_folder(p, taken) for p in paths]
-    trajs = [t for r in recs for t in r.trajs]
-    if not trajs:
+    builder, built = Builder(keep_trailing=True), Built()
+    for r in recs:
+        _prefix_groups(r)
+        first = len(built.trajectories)
+        for convo in r.roots:
+            builder.build(convo, built)
+        r.counts["trajectories"] = len(built.trajectories) - first
+        publish(r.counts, PUBLISHED, r.built)
+        r.counts["human_pauses"] -= r.counts["other_pauses"]  # the user's turns only
+    if not built.trajectories:
         raise InputError(f"{FORMAT} import: no call in {', '.join(map(str, paths))} ended with "
                          "an answer: nothing to replay")
-    _prefix_groups(recs)
-    origin = min(s for r in recs for s in r.root_start.values())
-    for r in recs:
-        root = ""
-        for t in r.trajs:  # a sub-agent follows its root and arrives with it
-            root = t.trajectory_id if t.parent_id is None else root
-            t.start_s = round(max(0.0, r.root_start[root] - origin), 6)
-            t.priority, t.tenant = opts["priority"], opts["tenant"]
-    for r in recs:
-        r.counts["trajectories"] = len(r.trajs)
-    return Imported(build_frame(trajs), recording_provenance(recs, opts), recording_warnings(recs))
+    assign_starts(built, opts["priority"], opts["tenant"])
+    return Imported(build_frame(built.trajectories), recording_provenance(recs, opts),
+                    recording_warnings(recs))
 
 
 IMPORTER = Format("recording", import_paths, many=True)

@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.proxy.events import Call
-from harness.traces.importers._common import Trajectory, summarize
+from harness.traces.importers._common import summarize
+from harness.traces.importers.agent_tools import UNLINKED_SPAWN_CLASS
+from harness.traces.importers.form import Convo
 from harness.traces.schema import Provenance
 from harness.userfiles import TOKEN_RULE
 
@@ -17,7 +19,18 @@ FORMAT = "recording"
 
 
 # A Task/agent tool whose sub-agent is not in the recording: an ordinary (long) tool.
-UNSPAWNED_CLASS = "long_job"
+UNSPAWNED_CLASS = UNLINKED_SPAWN_CLASS
+# The counts the builder counts under other names (human_pauses: less the client's own).
+PUBLISHED = {
+    "llm_steps": ("llm_steps",), "subagent_steps": ("subagent_steps",),
+    "human_pauses": ("human_pauses",), "zero_output": ("zero_output",),
+    "prompt_tokens": ("prompt_tokens",), "output_tokens": ("output_tokens",),
+    "cached_tokens": ("cached_tokens",), "appended_tokens": ("appended_tokens",),
+    "kept_tokens": ("kept_tokens_given",), "tool_calls": ("acts",),
+    "tool_results": ("acts_answered",), "exact_latency": ("acts_exact",),
+    "abandoned_tool_calls": ("acts_abandoned",), "results_missing": ("acts_approximate",),
+    "tool_pauses": ("tool_steps",), "subagents": ("subagents_built",),
+}
 
 
 DEFAULT_DEADLINE_S = 30.0  # the injection profiles' default, which long tools would outlive
@@ -44,7 +57,6 @@ class Conv:
     llm: list[Call] = field(default_factory=list)  # those replayed (ended ok, with usage)
     parent: tuple[str, int] | None = None
     children: dict[int, list[Conv]] = field(default_factory=dict)  # parent call -> children
-    tid: str = ""
 
 
 @dataclass
@@ -58,9 +70,9 @@ class Rec:
     truncated: bool
     counts: Counter[str] = field(default_factory=Counter)
     skipped: Counter[str] = field(default_factory=Counter)
-    trajs: list[Trajectory] = field(default_factory=list)
-    first_calls: dict[str, Call] = field(default_factory=dict)  # tid -> its first LLM call
-    root_start: dict[str, float] = field(default_factory=dict)  # root tid -> unix arrival
+    built: Counter[str] = field(default_factory=Counter)  # what the builder counted
+    roots: list[Convo] = field(default_factory=list)  # its root conversations, as read
+    firsts: list[tuple[Convo, Call]] = field(default_factory=list)  # each one's first call
 
 
 def file_entry(r: Rec) -> dict[str, Any]:

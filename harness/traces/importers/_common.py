@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -210,3 +211,11 @@ def files_in(paths: Sequence[Path], suffixes: tuple[str, ...] = (".json.gz", ".j
 def share(part: int, total: int) -> float:
     """part / total, rounded; 0 when there is nothing to share."""
     return round(part / total, 4) if total else 0.0
+
+
+def summed(counts: Iterable[Counter[str]], keys: Sequence[str]) -> dict[str, int]:
+    """Each of `keys` summed over `counts` (the files' counts of one import)."""
+    total: Counter[str] = Counter()
+    for c in counts:
+        total.update({k: c[k] for k in keys})
+    return {k: int(total[k]) for k in keys}

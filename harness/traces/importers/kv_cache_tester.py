@@ -31,6 +31,7 @@ from harness.traces.importers._common import (
     opt_float,
     opt_int,
     summarize,
+    summed,
     take_options,
 )
 from harness.traces.importers.base import Format, Imported
@@ -283,36 +284,41 @@ def _warnings(files: list[_File], built: Built) -> list[str]:
     return [summarize(what, items) for what, items in found if items]
 
 
+def _inferred(opts: dict[str, str]) -> dict[str, str]:
+    """How each column of the trajectories is inferred from the trace."""
+    return {
+        "keep_tokens": "block_size x the hash_ids a request shares with the previous "
+                       "request of its trajectory (at most that one's `in`); first: null",
+        "input_tokens": "`in` - keep_tokens (the replayed prompt is exactly `in` tokens)",
+        "output_tokens": "`out` (at least 1)",
+        "latency_s": "the next request's think_time (else the gap less api_time, >= 0); a "
+                     "subagent step: that less the time from the request's end (t + "
+                     "api_time) to its last sub-agent's end, >= 0 (0 after the last request)",
+        "tool_class": "'sandbox' when the next request's input_types has tool_result (the "
+                      "tool is not named), else 'human'; 'subagent' where sub-agents start",
+        "tool_name": "'tool_result', 'user_turn', or the sub-agents' subagent_type(s)",
+        "outcome": "'ok'", "mutating": "false", "deadline_s": "null",
+        "spawn_step": "the tool step after the parent's last request with t <= the "
+                      f"sub-agent's start (t - duration_ms / 1000) + {SPAWN_TOLERANCE_S:g} s",
+        "prefix_tokens": f"min(tool_tokens + system_tokens, first `in`); group {MAIN_GROUP!r}"
+                         f", or '{FORMAT}/<subagent_type>' for sub-agents",
+        "start_s": (f"Poisson arrivals at {opts['arrival_rate']}/s, seed {opts['seed']}"
+                    if opts["arrival_rate"] else "0") + "; a sub-agent: its root's",
+        "priority": f"option priority ({opts['priority']!r})",
+        "tenant": f"option tenant ({opts['tenant']!r})",
+    }
+
+
 def _provenance(files: list[_File], opts: dict[str, str], roots: int,
                 trajectories: int) -> Provenance:
     per = [{"file": str(f.path), "id": f.root, "block_size": f.block,
             **{k: int(f.counts[k]) for k in COUNTS}} for f in files]
     totals = {"files": len(files), "conversations": roots, "trajectories": trajectories,
-              **{k: sum(int(f.counts[k]) for f in files) for k in COUNTS}}
+              **summed((f.counts for f in files), COUNTS)}
     return Provenance(
         source_format=FORMAT,
         source_files=[str(f.path) for f in files],
-        inferred={
-            "keep_tokens": "block_size x the hash_ids a request shares with the previous "
-                           "request of its trajectory (at most that one's `in`); first: null",
-            "input_tokens": "`in` - keep_tokens (the replayed prompt is exactly `in` tokens)",
-            "output_tokens": "`out` (at least 1)",
-            "latency_s": "the next request's think_time (else the gap less api_time, >= 0); a "
-                         "subagent step: that less the time from the request's end (t + "
-                         "api_time) to its last sub-agent's end, >= 0 (0 after the last request)",
-            "tool_class": "'sandbox' when the next request's input_types has tool_result (the "
-                          "tool is not named), else 'human'; 'subagent' where sub-agents start",
-            "tool_name": "'tool_result', 'user_turn', or the sub-agents' subagent_type(s)",
-            "outcome": "'ok'", "mutating": "false", "deadline_s": "null",
-            "spawn_step": "the tool step after the parent's last request with t <= the "
-                          f"sub-agent's start (t - duration_ms / 1000) + {SPAWN_TOLERANCE_S:g} s",
-            "prefix_tokens": f"min(tool_tokens + system_tokens, first `in`); group {MAIN_GROUP!r}"
-                             f", or '{FORMAT}/<subagent_type>' for sub-agents",
-            "start_s": (f"Poisson arrivals at {opts['arrival_rate']}/s, seed {opts['seed']}"
-                        if opts["arrival_rate"] else "0") + "; a sub-agent: its root's",
-            "priority": f"option priority ({opts['priority']!r})",
-            "tenant": f"option tenant ({opts['tenant']!r})",
-        },
+        inferred=_inferred(opts),
         notes=[
             "each request keeps exactly the hash blocks it shares with the previous request of "
             "its trajectory; one that shares more with an earlier request is still replayed "

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.proxy.events import Call
-from harness.traces.importers._common import summarize
+from harness.traces.importers._common import summarize, summed
 from harness.traces.importers.agent_tools import UNLINKED_SPAWN_CLASS
 from harness.traces.importers.form import Convo
 from harness.traces.schema import Provenance
@@ -106,8 +106,7 @@ def recording_warnings(recs: list[Rec]) -> list[str]:
 
 
 def recording_provenance(recs: list[Rec], opts: dict[str, str]) -> Provenance:
-    totals: dict[str, Any] = {"files": len(recs), **{k: sum(int(r.counts[k]) for r in recs)
-                                                     for k in COUNTS}}
+    totals: dict[str, Any] = {"files": len(recs), **summed((r.counts for r in recs), COUNTS)}
     totals.update(shares(totals))
     return Provenance(
         source_format=FORMAT,

@@ -8,7 +8,7 @@ previous prompt and output), else P less what it keeps. `cut_keep` is the estima
 cut keeps where the source does not say (agent logs): the previous prompt when P still holds
 it (output that was not sent back, e.g. thinking), else what the provider's cache served.
 Importers whose source names the shared blocks (recordings, kv-cache-tester) count the kept
-tokens from the blocks and hand them to `prompt_step`.
+tokens from the blocks (`Response.keep`), which the builder hands to `prompt_step`.
 """
 
 from __future__ import annotations

@@ -14,16 +14,14 @@ from harness.errors import InputError
 from harness.model.geometry import preset_names
 from harness.model.pricing import PER_PAUSE_AUTO, price, render
 from harness.records.store import write_json
+from harness.specs.fields import number
 
 
 def _number(flag: str, raw: str | None, kind: type = float) -> Any:
     """Parse a numeric flag, refusing junk with one line (click would print a usage block)."""
     if raw is None:
         return None
-    try:
-        v = float(raw)
-    except ValueError:
-        raise InputError(f"{flag} {raw!r}: not a number") from None
+    v = number(raw, flag)
     if not math.isfinite(v):
         raise InputError(f"{flag} {raw!r}: must be finite")
     if kind is int:

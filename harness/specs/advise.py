@@ -3,36 +3,15 @@ simulation, confirmed on the live server."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 from harness.advise.candidates import OBJECTIVES, SPACE, engine_space
 from harness.advise.run import AdvisePlan
 from harness.errors import InputError
-from harness.replay.options import RunOptions
+from harness.specs import shared
 from harness.specs.fields import Field, Spec
-from harness.specs.shared import (
-    AUTH,
-    CALIBRATION,
-    CTX_PER_SLOT,
-    OUT,
-    ROOT_HELP,
-    RUNTIME,
-    SEARCH,
-    SEED,
-    SHIPPED_TRACE_HELP,
-    SLOTS,
-    TIMEOUTS,
-    TOKEN_SCALE,
-    TRACE,
-    URL,
-    arrivals_of,
-    group,
-    headers_of,
-    search_of,
-    timeouts_of,
-)
 from harness.traces.shipped import shipped_trace
 
 MAX_KV_TOKENS = 1 << 40
@@ -50,8 +29,8 @@ class AdviseSpec(Spec):
 
     COMMAND = "advise"
 
-    trace: Path | None = TRACE.but(help=SHIPPED_TRACE_HELP).attr()
-    calibration: Path = CALIBRATION.but(
+    trace: Path | None = shared.TRACE.but(help=shared.SHIPPED_TRACE_HELP).attr()
+    calibration: Path = shared.CALIBRATION.but(
         required=True,
         help="Rates from `harness calibrate` for the simulator (measure next to the server "
              "confirmed on), or a shipped preset's name (harness calibrate --list); of the "
@@ -65,10 +44,12 @@ class AdviseSpec(Spec):
              f"{', '.join(engine_space('vllm'))}; sglang: "
              f"{', '.join(engine_space('sglang', has_swap=False))}).").attr()
     slots: tuple[int, ...] | None = _as_list(
-        SLOTS, "llama.cpp: slot counts the server may run with, e.g. 2,4,8 (default 4).").attr()
+        shared.SLOTS,
+        "llama.cpp: slot counts the server may run with, e.g. 2,4,8 (default 4).").attr()
     ctx_per_slot: tuple[int, ...] | None = _as_list(
-        CTX_PER_SLOT, "llama.cpp: context per slot the server may run with, e.g. 2048,4096 "
-                      "(default 4096).").attr()
+        shared.CTX_PER_SLOT,
+        "llama.cpp: context per slot the server may run with, e.g. 2048,4096 (default "
+        "4096).").attr()
     kv_tokens: tuple[int, ...] | None = Field(
         "kv_tokens", "--kv-tokens", "int", low=16, high=MAX_KV_TOKENS, many=True, shown="text",
         help="vLLM, SGLang: KV pool sizes in tokens the server may run with, e.g. 2560,4096 "
@@ -82,49 +63,32 @@ class AdviseSpec(Spec):
         "tolerance", "--tolerance", "float", 0.15, low=0.0, high=10.0, low_open=True,
         shown="range", show_default=True,
         help="The most the prediction may miss the measurement by.").attr()
-    slo: str = SEARCH[0].attr()
-    budget: str = SEARCH[1].attr()
-    point_duration: str = SEARCH[2].attr()
-    warmup: str = SEARCH[3].attr()
-    start: int = SEARCH[4].attr()
-    max_agents: int = SEARCH[5].attr()
-    resolution: float = SEARCH[6].attr()
-    no_confirm: bool = SEARCH[7].attr()
-    runtime: str = RUNTIME.attr()
-    url: str | None = URL.but(
+    search: shared.Search = shared.Search.attr()
+    runtime: str = shared.RUNTIME.attr()
+    url: str | None = shared.URL.but(
         help="A running server (then --slots and --ctx-per-slot, or --kv-tokens, are its "
              "own).").attr()
-    seed: int = SEED.attr()
-    token_scale: float = TOKEN_SCALE.attr()
-    out: Path | None = OUT.but(help=ROOT_HELP.format(job="advise")).attr()
-    connect_timeout: float = TIMEOUTS[0].attr()
-    first_token_timeout: float = TIMEOUTS[1].attr()
-    stall_timeout: float = TIMEOUTS[2].attr()
-    request_timeout: float = TIMEOUTS[3].attr()
-    api_key: str | None = AUTH[0].attr()
-    header: tuple[str, ...] = AUTH[1].attr()
-    skip_oversized: bool = AUTH[2].attr()
+    seed: int = shared.SEED.attr()
+    token_scale: float = shared.TOKEN_SCALE.attr()
+    out: Path | None = shared.OUT.but(help=shared.ROOT_HELP.format(job="advise")).attr()
+    connection: shared.Connection = shared.Connection.attr()
 
     def check(self) -> None:
         if self.url and (len(self.slots or ()) > 1 or len(self.ctx_per_slot or ()) > 1):
             raise InputError("--url: the server's own slots and context are what it has; give "
                              "one --slots and one --ctx-per-slot (its settings)")
-        search_of(*group(self, SEARCH))
-        headers_of(self.api_key, self.header, self.url)
-        timeouts_of(*group(self, TIMEOUTS))
+        self.search.spec()
+        self.connection.options(self.url)
 
     def plan(self, root: Path | None = None) -> AdvisePlan:
         """The advice asked for, its results under `root` (default: --out, else
         reports/advise-<UTC time>)."""
-        live = RunOptions(
-            trace=Path(), policy="", out=Path(), runtime=self.runtime, url=self.url,
-            seed=self.seed, arrivals=arrivals_of(1, None, False),
-            token_scale=self.token_scale, timeouts=timeouts_of(*group(self, TIMEOUTS)),
-            headers=headers_of(self.api_key, self.header, self.url),
-            skip_oversized=self.skip_oversized)
+        live = replace(self.connection.options(self.url), runtime=self.runtime, url=self.url,
+                       seed=self.seed, arrivals=shared.arrivals_of(1, None, False),
+                       token_scale=self.token_scale)
         root = root or self.out or Path("reports") / f"advise-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
         return AdvisePlan(
             root, self.trace or shipped_trace(), self.calibration, self.objective,
             tuple(p.strip() for p in (self.policies or "").split(",") if p.strip()),
-            self.slots or (), self.ctx_per_slot or (), search_of(*group(self, SEARCH)), live,
+            self.slots or (), self.ctx_per_slot or (), self.search.spec(), live,
             self.agents, self.tolerance, self.kv_tokens or ())

@@ -4,7 +4,7 @@ advisor's pick; on --capacity, a capacity search)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.capacity.budget import parse_span
@@ -13,37 +13,8 @@ from harness.errors import InputError
 from harness.policies import POLICIES
 from harness.replay.options import RunOptions
 from harness.selftest.result import read_selftest
+from harness.specs import shared
 from harness.specs.fields import Field, Spec
-from harness.specs.shared import (
-    AUTH,
-    CALIBRATION,
-    CONCURRENCY,
-    CTX_PER_SLOT,
-    INJECT,
-    OUT,
-    REPEATS,
-    ROOT_HELP,
-    RUNTIME,
-    SCOPED_POLICY_ARGS,
-    SCRAPE_INTERVAL,
-    SEED,
-    SELFTEST,
-    SERVER_ARGS,
-    SHIPPED_TRACE_HELP,
-    SLOTS,
-    TIME_SCALE,
-    TIMEOUTS,
-    TOKEN_SCALE,
-    TRACE,
-    URL,
-    arrivals_of,
-    group,
-    headers_of,
-    timeouts_of,
-)
-from harness.specs.shared import (
-    POLICIES as POLICIES_FIELD,
-)
 
 # What `--help` names as the runtimes' usual policies, and the SLO the advisor's pick is judged
 # under when --slo is not given.
@@ -59,25 +30,25 @@ class BenchSpec(Spec):
 
     COMMAND = "bench"
 
-    runtime: str = RUNTIME.attr()
-    url: str | None = URL.but(
+    runtime: str = shared.RUNTIME.attr()
+    url: str | None = shared.URL.but(
         help="A running server (default: start a local server per policy).").attr()
-    trace: Path | None = TRACE.but(help=SHIPPED_TRACE_HELP).attr()
-    policies: str | None = POLICIES_FIELD.but(
+    trace: Path | None = shared.TRACE.but(help=shared.SHIPPED_TRACE_HELP).attr()
+    policies: str | None = shared.POLICIES.but(
         help=f"Comma-separated, from: {', '.join(POLICIES)} and the runtime's server policies "
              f"(default: the runtime's, e.g. {','.join(DEFAULT_POLICIES)}).").attr()
-    policy_args: tuple[str, ...] = SCOPED_POLICY_ARGS.but(
+    policy_args: tuple[str, ...] = shared.SCOPED_POLICY_ARGS.but(
         help="A policy argument; POLICY.KEY=VALUE for one policy (e.g. ttl.tau=2), KEY=VALUE "
              "for every policy of the bench that takes KEY.").attr()
-    inject: str = INJECT.attr()
-    concurrency: int = CONCURRENCY.but(default=6, show_default=True, help=None).attr()
-    time_scale: float = TIME_SCALE.attr()
-    token_scale: float = TOKEN_SCALE.attr()
-    seed: int = SEED.attr()
-    slots: int = SLOTS.attr()
-    ctx_per_slot: int = CTX_PER_SLOT.attr()
-    scrape_interval: float = SCRAPE_INTERVAL.attr()
-    calibration: Path | None = CALIBRATION.but(
+    inject: str = shared.INJECT.attr()
+    concurrency: int = shared.CONCURRENCY.but(default=6, show_default=True, help=None).attr()
+    time_scale: float = shared.TIME_SCALE.attr()
+    token_scale: float = shared.TOKEN_SCALE.attr()
+    seed: int = shared.SEED.attr()
+    slots: int = shared.SLOTS.attr()
+    ctx_per_slot: int = shared.CTX_PER_SLOT.attr()
+    scrape_interval: float = shared.SCRAPE_INTERVAL.attr()
+    calibration: Path | None = shared.CALIBRATION.but(
         help="Rates from `harness calibrate`, or a shipped preset's name (harness calibrate "
              "--list): policies price actions with them, each policy's directory gets the "
              "analytical prediction (prediction.json), and (llama.cpp, closed loop, no "
@@ -89,12 +60,12 @@ class BenchSpec(Spec):
              "to <out>/calibration.json) and use it as --calibration: rates measured next to "
              "the replays they predict; re-measured briefly after the replays, each rate's "
              "drift in <out>/calibration-drift.json.").attr()
-    server_args: tuple[str, ...] = SERVER_ARGS.but(
+    server_args: tuple[str, ...] = shared.SERVER_ARGS.but(
         help="Extra flag for the local server, repeatable (e.g. -ngl 99).").attr()
-    out: Path | None = OUT.but(help=ROOT_HELP.format(job="bench")).attr()
-    selftest: Path | None = SELFTEST.but(
+    out: Path | None = shared.OUT.but(help=shared.ROOT_HELP.format(job="bench")).attr()
+    selftest: Path | None = shared.SELFTEST.but(
         help="A `harness selftest` file: its instrument error goes into each run.json.").attr()
-    repeats: int = REPEATS.but(
+    repeats: int = shared.REPEATS.but(
         help="Run every policy N times, round by round (<policy>/repeat-1 ...); each policy's "
              "spread between its repeats goes to <policy>/repeats.json and is printed, and "
              "the report sets the repeats side by side.").attr()
@@ -109,13 +80,7 @@ class BenchSpec(Spec):
     capacity_budget: str = Field(
         "capacity_budget", "--capacity-budget", default="10m", show_default=True,
         help="Wall time for the --capacity search.").attr()
-    connect_timeout: float = TIMEOUTS[0].attr()
-    first_token_timeout: float = TIMEOUTS[1].attr()
-    stall_timeout: float = TIMEOUTS[2].attr()
-    request_timeout: float = TIMEOUTS[3].attr()
-    api_key: str | None = AUTH[0].attr()
-    header: tuple[str, ...] = AUTH[1].attr()
-    skip_oversized: bool = AUTH[2].attr()
+    connection: shared.Connection = shared.Connection.attr()
 
     def check(self) -> None:
         if self.capacity_search and not self.slo:
@@ -137,12 +102,9 @@ class BenchSpec(Spec):
     def base(self) -> RunOptions:
         """What every replay of the bench shares (each policy's fills in its trace, policy,
         directory, server and calibration)."""
-        return RunOptions(
-            trace=Path(), policy="", out=Path(), inject=self.inject,
-            timeouts=timeouts_of(*group(self, TIMEOUTS)),
-            headers=headers_of(self.api_key, self.header, self.url),
-            skip_oversized=self.skip_oversized, token_scale=self.token_scale,
-            arrivals=arrivals_of(self.concurrency, None, False, self.time_scale),
+        return replace(
+            self.connection.options(self.url), inject=self.inject, token_scale=self.token_scale,
+            arrivals=shared.arrivals_of(self.concurrency, None, False, self.time_scale),
             seed=self.seed, slots=self.slots, ctx_per_slot=self.ctx_per_slot,
             scrape_interval_s=self.scrape_interval, server_args=self.server_args,
             instrument_error=read_selftest(self.selftest) if self.selftest else None,

@@ -104,12 +104,7 @@ class Field:
             except ValueError:
                 raise InputError(f"{label} {raw!r}: not an integer") from None
         if self.kind == "float":
-            if isinstance(raw, bool):
-                raise InputError(f"{label} {raw!r}: not a number")
-            try:
-                value = float(raw)
-            except ValueError:
-                raise InputError(f"{label} {raw!r}: not a number") from None
+            value = number(raw, label)
             if not math.isfinite(value):
                 raise InputError(f"{label} must be a finite number, got {raw!r}")
             return value
@@ -129,6 +124,17 @@ class Field:
         else:
             shown = f"{'(' if self.low_open else '['}{low:g}, {high:g}], got {v:g}"
         raise InputError(f"{label} must be in {shown}")
+
+
+def number(raw: Any, label: str) -> float:
+    """`raw` (text or a number, not a bool) as a float, which may be infinite or NaN; InputError
+    naming `label` when it is not a number."""
+    if isinstance(raw, bool):
+        raise InputError(f"{label} {raw!r}: not a number")
+    try:
+        return float(raw)
+    except ValueError:
+        raise InputError(f"{label} {raw!r}: not a number") from None
 
 
 def recorded(value: Any) -> Any:
@@ -164,16 +170,57 @@ def read_config(path: Path, fields: Sequence[Field]) -> dict[str, Any]:
     return out
 
 
-class Spec:
-    """A job's inputs, typed and checked: a frozen dataclass whose attributes are `Field.attr()`
-    declarations, in the order `--help` lists them. `COMMAND` names the command that runs it."""
+class Section:
+    """Inputs declared together: a frozen dataclass whose attributes are `Field.attr()`
+    declarations, or sections of their own (`Section.attr()`), in the order `--help` lists
+    them. A group of inputs several jobs share is one section, which each job's spec names in
+    one attribute; its inputs keep their own names on the command line, in a benchmark file
+    and in run.json."""
 
-    COMMAND: ClassVar[str] = ""
+    @classmethod
+    def attr(cls) -> Any:
+        """The attribute of a spec (or a section) holding this section: its inputs stand where
+        it does in the order, each with its default."""
+        return dataclasses.field(default_factory=cls, metadata={"section": cls})
 
     @classmethod
     def fields(cls) -> tuple[Field, ...]:
-        """The job's inputs, in order."""
-        return tuple(f.metadata["field"] for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+        """The inputs, in order (a section's where it stands)."""
+        out: list[Field] = []
+        for d in _declared(cls):
+            section = d.metadata.get("section")
+            out.extend(section.fields() if section is not None else [d.metadata["field"]])
+        return tuple(out)
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> Self:
+        """The section holding `values` (by field name, already checked; every one given)."""
+        kw = {}
+        for d in _declared(cls):
+            section = d.metadata.get("section")
+            kw[d.name] = section.of(values) if section is not None else values[d.name]
+        return cls(**kw)
+
+    def values(self) -> dict[str, Any]:
+        """Every input by field name, the sections' included."""
+        out: dict[str, Any] = {}
+        for d in _declared(type(self)):
+            value = getattr(self, d.name)
+            out.update(value.values() if "section" in d.metadata else {d.name: value})
+        return out
+
+
+def _declared(cls: type[Section]) -> tuple[dataclasses.Field[Any], ...]:
+    """The dataclass attributes of a section, in order."""
+    return dataclasses.fields(cls)  # type: ignore[arg-type]
+
+
+class Spec(Section):
+    """A job's inputs, typed and checked: a section (a frozen dataclass of `Field.attr()` and
+    `Section.attr()` declarations, in the order `--help` lists them) with the checks that join
+    several inputs. `COMMAND` names the command that runs it."""
+
+    COMMAND: ClassVar[str] = ""
 
     @classmethod
     def build(cls, values: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> Self:
@@ -186,7 +233,7 @@ class Spec:
                 raise InputError(f"missing option {f.flag} (give it on the command line or in "
                                  "--config)")
             kw[f.name] = f.value(raw, (labels or {}).get(f.name, f.flag))
-        spec = cls(**kw)
+        spec = cls.of(kw)
         spec.check()
         return spec
 
@@ -197,9 +244,10 @@ class Spec:
         """The spec as run.json records it: the command and every input by its key in a
         benchmark file (the secrets left out, a URL's password hidden), so `harness rerun`
         runs it again."""
+        given = self.values()
         values = {}
         for f in self.fields():
-            value = getattr(self, f.name)
+            value = given[f.name]
             if f.secret:
                 continue
             if f.recorded_as is not None and value is not None:
@@ -209,5 +257,4 @@ class Spec:
 
     def replaced(self, **changes: Any) -> Self:
         """This spec with some inputs changed (checked again)."""
-        values = {f.name: getattr(self, f.name) for f in self.fields()}
-        return type(self).build({**values, **changes})
+        return type(self).build({**self.values(), **changes})

@@ -12,36 +12,8 @@ from harness.policies import POLICIES, parse_policy_args
 from harness.replay.options import RunOptions
 from harness.replay.run import shared_run_id
 from harness.selftest.result import read_selftest
+from harness.specs import shared
 from harness.specs.fields import Field, Spec
-from harness.specs.shared import (
-    AUTH,
-    CALIBRATION,
-    CONCURRENCY,
-    CTX_PER_SLOT,
-    INJECT,
-    OUT,
-    POLICY,
-    POLICY_ARGS,
-    RATE,
-    REPEATS,
-    RUNTIME,
-    SCRAPE_INTERVAL,
-    SEED,
-    SELFTEST,
-    SERVER_ARGS,
-    SLOTS,
-    THREADS,
-    TIME_SCALE,
-    TIMEOUTS,
-    TOKEN_SCALE,
-    TRACE,
-    TRACE_TIMING,
-    URL,
-    arrivals_of,
-    group,
-    headers_of,
-    timeouts_of,
-)
 
 # A shared start this far from now is a mistake (a typo, milliseconds for seconds).
 START_AT_WINDOW_S = 86_400.0
@@ -54,39 +26,40 @@ class RunSpec(Spec):
 
     COMMAND = "run"
 
-    runtime: str = RUNTIME.attr()
-    url: str | None = URL.but(
+    runtime: str = shared.RUNTIME.attr()
+    url: str | None = shared.URL.but(
         help="A running server; without it a local one is started and stopped.").attr()
-    trace: Path = TRACE.but(required=True).attr()
-    policy: str = POLICY.but(
+    trace: Path = shared.TRACE.but(required=True).attr()
+    policy: str = shared.POLICY.but(
         help=f"One of {', '.join(POLICIES)}, or a server policy of the runtime's (e.g. "
              "Dynamo's round-robin, session).").attr()
-    policy_args: tuple[str, ...] = POLICY_ARGS.attr()
-    inject: str = INJECT.but(help="Injection profile: none, slow-tools, abandoned-tools, chaos, "
-                                  "or a TOML file.").attr()
-    concurrency: int | None = CONCURRENCY.attr()
-    rate: float | None = RATE.attr()
-    trace_timing: bool = TRACE_TIMING.attr()
-    time_scale: float = TIME_SCALE.but(
+    policy_args: tuple[str, ...] = shared.POLICY_ARGS.attr()
+    inject: str = shared.INJECT.but(
+        help="Injection profile: none, slow-tools, abandoned-tools, chaos, or a TOML "
+             "file.").attr()
+    concurrency: int | None = shared.CONCURRENCY.attr()
+    rate: float | None = shared.RATE.attr()
+    trace_timing: bool = shared.TRACE_TIMING.attr()
+    time_scale: float = shared.TIME_SCALE.but(
         help="Multiply arrivals, tool latencies and deadlines by this.").attr()
-    seed: int = SEED.attr()
-    token_scale: float = TOKEN_SCALE.attr()
-    out: Path = OUT.but(required=True).attr()
-    slots: int = SLOTS.but(help="Local server: -np.").attr()
-    ctx_per_slot: int = CTX_PER_SLOT.attr()
-    threads: int = THREADS.attr()
+    seed: int = shared.SEED.attr()
+    token_scale: float = shared.TOKEN_SCALE.attr()
+    out: Path = shared.OUT.but(required=True).attr()
+    slots: int = shared.SLOTS.but(help="Local server: -np.").attr()
+    ctx_per_slot: int = shared.CTX_PER_SLOT.attr()
+    threads: int = shared.THREADS.attr()
     model: Path | None = Field(
         "model", "--model", "path",
         help="Local server: GGUF model (default: SmolLM2-135M-Instruct); --runtime openai: the "
              "served model's name (default: the first /v1/models lists).").attr()
-    scrape_interval: float = SCRAPE_INTERVAL.attr()
-    calibration: Path | None = CALIBRATION.but(
+    scrape_interval: float = shared.SCRAPE_INTERVAL.attr()
+    calibration: Path | None = shared.CALIBRATION.but(
         help="Rates from `harness calibrate` (a file, or a shipped preset's name) for the "
              "policies to price actions with.").attr()
-    server_args: tuple[str, ...] = SERVER_ARGS.but(
+    server_args: tuple[str, ...] = shared.SERVER_ARGS.but(
         help="Extra flag for the local server, repeatable (e.g. --server-arg=-ngl "
              "--server-arg=99 to offload a llama-server to the GPU).").attr()
-    selftest: Path | None = SELFTEST.but(
+    selftest: Path | None = shared.SELFTEST.but(
         help="A `harness selftest` file: its instrument error goes into run.json.").attr()
     duration: float | None = Field(
         "duration", "--duration", "float", low=0.0, high=MAX_DURATION_S, low_open=True,
@@ -96,7 +69,7 @@ class RunSpec(Spec):
         "warmup_s", "--warmup", "float", 0.0, show_default=True,
         help="With --duration: the first seconds, which the run's window figures "
              "(window.json) leave out.").attr()
-    repeats: int = REPEATS.but(
+    repeats: int = shared.REPEATS.but(
         help="Run N times (OUT/repeat-1 ...) and write the spread between the repeats to "
              "OUT/repeats.json.").attr()
     shard: str | None = Field(
@@ -109,20 +82,13 @@ class RunSpec(Spec):
         help="With --shard: the run's shared start, in Unix seconds (every shard the same, "
              "e.g. $(( $(date +%s) + 30 ))).").attr()
     workers: int = Field(
-        "workers", "--workers", "int", 1, low=1, high=MAX_SHARDS, shown="range",
-        show_default=True,
+        "workers", "--workers", "int", 1, low=1, high=MAX_SHARDS, shown="range", show_default=True,
         help="Drive the run from N load generators (Ray actors; needs the [distributed] "
              "extra): a local Ray instance, or --ray-address.").attr()
     ray_address: str | None = Field(
         "ray_address", "--ray-address", metavar="HOST:PORT",
         help="With --workers: an existing Ray cluster instead of a local instance.").attr()
-    connect_timeout: float = TIMEOUTS[0].attr()
-    first_token_timeout: float = TIMEOUTS[1].attr()
-    stall_timeout: float = TIMEOUTS[2].attr()
-    request_timeout: float = TIMEOUTS[3].attr()
-    api_key: str | None = AUTH[0].attr()
-    header: tuple[str, ...] = AUTH[1].attr()
-    skip_oversized: bool = AUTH[2].attr()
+    connection: shared.Connection = shared.Connection.attr()
 
     def check(self) -> None:
         check_window(self.duration, self.warmup_s)
@@ -130,19 +96,18 @@ class RunSpec(Spec):
 
     def options(self) -> RunOptions:
         """The replay's RunOptions (one shard of a run where --shard asks for one)."""
-        opts = RunOptions(
-            trace=self.trace, policy=self.policy, out=self.out, runtime=self.runtime,
-            url=self.url, policy_args=parse_policy_args(self.policy_args), inject=self.inject,
-            arrivals=arrivals_of(self.concurrency, self.rate, self.trace_timing,
+        opts = dataclasses.replace(
+            self.connection.options(self.url), trace=self.trace, policy=self.policy,
+            out=self.out, runtime=self.runtime, url=self.url,
+            policy_args=parse_policy_args(self.policy_args), inject=self.inject,
+            arrivals=shared.arrivals_of(self.concurrency, self.rate, self.trace_timing,
                                  self.time_scale),
             seed=self.seed, slots=self.slots, ctx_per_slot=self.ctx_per_slot,
             threads=self.threads, model=self.model, scrape_interval_s=self.scrape_interval,
             calibration=self.calibration, server_args=self.server_args,
             instrument_error=read_selftest(self.selftest) if self.selftest else None,
-            timeouts=timeouts_of(*group(self, TIMEOUTS)),
-            headers=headers_of(self.api_key, self.header, self.url),
-            skip_oversized=self.skip_oversized, token_scale=self.token_scale,
-            duration_s=self.duration, warmup_s=self.warmup_s, spec=self.record())
+            token_scale=self.token_scale, duration_s=self.duration, warmup_s=self.warmup_s,
+            spec=self.record())
         return sharding(opts, self.shard, self.start_at, self.workers, self.ray_address,
                         self.repeats)
 

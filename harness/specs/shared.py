@@ -1,13 +1,16 @@
 """The inputs several jobs share, each declared once (its flag, type, bounds, default, help);
 a job shows one as its command always has (`Field.but`: its own help or default), never with
 other bounds. The checks that join several inputs (arrivals, timeouts, headers, a search) are
-here too, so a flag and a benchmark file are checked alike.
+here too, so a flag and a benchmark file are checked alike; the groups of inputs several jobs
+take together are sections (`Connection`, `Search`) that a job's spec names in one line.
 """
 
 from __future__ import annotations
 
 import urllib.parse
-from typing import Any, Literal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
 
 from harness.adapters.http import Timeouts
 from harness.adapters.runtimes import RUNTIMES
@@ -17,9 +20,9 @@ from harness.capacity.slo import TERMS, parse_slo
 from harness.errors import InputError
 from harness.limits import MAX_RATE_PER_S, MAX_SEED
 from harness.plan.planner import Arrivals
-from harness.replay.options import SCRAPE_INTERVAL_S
+from harness.replay.options import SCRAPE_INTERVAL_S, RunOptions
 from harness.replay.runner import redact_url
-from harness.specs.fields import Field
+from harness.specs.fields import Field, Section
 
 # Characters no HTTP header (or URL) may carry: a line break would start a header of its own.
 _CONTROL = frozenset("\r\n\x00")
@@ -197,6 +200,46 @@ def search_of(slo: str, budget: str, point_duration: str, warmup: str, start: in
         start=start, max_agents=max_agents, resolution=resolution, confirm=not no_confirm))
 
 
-def group(spec: Any, fields: tuple[Field, ...]) -> list[Any]:
-    """The values of `fields` in `spec`, in order (the arguments of a joining check)."""
-    return [getattr(spec, f.name) for f in fields]
+@dataclass(frozen=True)
+class Connection(Section):
+    """How a live job talks to its server: the client's timeouts, the credentials (never
+    recorded) and what becomes of a trajectory too long for a slot."""
+
+    connect_timeout: float = TIMEOUTS[0].attr()
+    first_token_timeout: float = TIMEOUTS[1].attr()
+    stall_timeout: float = TIMEOUTS[2].attr()
+    request_timeout: float = TIMEOUTS[3].attr()
+    api_key: str | None = AUTH[0].attr()
+    header: tuple[str, ...] = AUTH[1].attr()
+    skip_oversized: bool = AUTH[2].attr()
+
+    def options(self, url: str | None) -> RunOptions:
+        """A replay's options with the connection to `url` filled in (checked: InputError for a
+        timeout out of range or a bad header); the job fills in the rest (its trace, policy and
+        directory here are placeholders)."""
+        return RunOptions(
+            trace=Path(), policy="", out=Path(),
+            timeouts=timeouts_of(self.connect_timeout, self.first_token_timeout,
+                                 self.stall_timeout, self.request_timeout),
+            headers=headers_of(self.api_key, self.header, url),
+            skip_oversized=self.skip_oversized)
+
+
+@dataclass(frozen=True)
+class Search(Section):
+    """A search for the most agents a server holds under an SLO: its terms, wall time, points
+    and bisection."""
+
+    slo: str = SEARCH[0].attr()
+    budget: str = SEARCH[1].attr()
+    point_duration: str = SEARCH[2].attr()
+    warmup: str = SEARCH[3].attr()
+    start: int = SEARCH[4].attr()
+    max_agents: int = SEARCH[5].attr()
+    resolution: float = SEARCH[6].attr()
+    no_confirm: bool = SEARCH[7].attr()
+
+    def spec(self) -> SearchSpec:
+        """The search, checked (InputError for the first bad input)."""
+        return search_of(self.slo, self.budget, self.point_duration, self.warmup, self.start,
+                         self.max_agents, self.resolution, self.no_confirm)

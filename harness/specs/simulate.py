@@ -14,22 +14,8 @@ from harness.policies import parse_policy_args
 from harness.simulate.fleet import ROUND_ROBIN, ROUTERS, check_fleet
 from harness.simulate.options import DEFAULT_DEADLINE_S, FIRST_TOKEN_TIMEOUT_S, SimOptions
 from harness.simulate.run import check_capacity
+from harness.specs import shared
 from harness.specs.fields import Field, Spec
-from harness.specs.shared import (
-    CALIBRATION,
-    CONCURRENCY,
-    CTX_PER_SLOT,
-    OUT,
-    POLICY,
-    POLICY_ARGS,
-    RATE,
-    SEED,
-    SLOTS,
-    TOKEN_SCALE,
-    TRACE,
-    TRACE_TIMING,
-    arrivals_of,
-)
 
 MAX_SERVERS = 1024
 
@@ -53,17 +39,17 @@ class SimSpec(Spec):
 
     COMMAND = "simulate"
 
-    trace: Path = TRACE.but(required=True).attr()
-    policy: str = POLICY.but(help="keep, swap, recompute, ttl, threshold, ...").attr()
-    policy_args: tuple[str, ...] = POLICY_ARGS.attr()
+    trace: Path = shared.TRACE.but(required=True).attr()
+    policy: str = shared.POLICY.but(help="keep, swap, recompute, ttl, threshold, ...").attr()
+    policy_args: tuple[str, ...] = shared.POLICY_ARGS.attr()
     capacity_tokens: int | None = Field(
         "capacity_tokens", "--capacity-tokens", "int", low=1, high=10**12, shown="text",
         help="KV capacity as a token pool.").attr()
-    slots: int | None = SLOTS.but(default=None, shown="text", show_default=False,
-                                  help="KV capacity as llama.cpp slots (with --ctx-per-slot)."
-                                  ).attr()
-    ctx_per_slot: int | None = CTX_PER_SLOT.but(default=None, shown="text", show_default=False,
-                                                help="Context tokens per slot.").attr()
+    slots: int | None = shared.SLOTS.but(
+        default=None, shown="text", show_default=False,
+        help="KV capacity as llama.cpp slots (with --ctx-per-slot).").attr()
+    ctx_per_slot: int | None = shared.CTX_PER_SLOT.but(
+        default=None, shown="text", show_default=False, help="Context tokens per slot.").attr()
     engine: str | None = Field(
         "engine", "--engine", "choice", choices=ENGINES,
         help="Memory semantics: llamacpp (slots, or a plain token pool; nothing cached once "
@@ -78,14 +64,14 @@ class SimSpec(Spec):
         "host_tokens", "--host-tokens", "int", low=0, high=10**13, shown="text",
         help="vllm/sglang: the host tier's capacity for swap, in tokens (default: unbounded); "
              "an offload that does not fit is refused and the context stays pinned.").attr()
-    calibration: Path = CALIBRATION.but(
+    calibration: Path = shared.CALIBRATION.but(
         default=DEFAULT_PRESET, show_default=True,
         help="Rates: a file from `harness calibrate`, or a shipped preset's name (harness "
              "calibrate --list).").attr()
-    concurrency: int | None = CONCURRENCY.but(shown="text").attr()
-    rate: float | None = RATE.but(shown="text").attr()
-    trace_timing: bool = TRACE_TIMING.attr()
-    seed: int = SEED.but(shown="text").attr()
+    concurrency: int | None = shared.CONCURRENCY.but(shown="text").attr()
+    rate: float | None = shared.RATE.but(shown="text").attr()
+    trace_timing: bool = shared.TRACE_TIMING.attr()
+    seed: int = shared.SEED.but(shown="text").attr()
     history_window: int = Field(
         "history_window", "--history-window", "int", 1000, low=0, high=10**9, shown="text",
         show_default=True,
@@ -105,7 +91,7 @@ class SimSpec(Spec):
         help="Closed loop, slots: 'fifo' (as the replay: a freed slot goes to the longest "
              "waiter) or 'agent' (an agent that ends a trajectory starts its next one on the "
              "slot it freed, ahead of the waiters).").attr()
-    token_scale: float = TOKEN_SCALE.but(
+    token_scale: float = shared.TOKEN_SCALE.but(
         help="Multiply every token count of the trace by this (rounded up), as `harness run "
              "--token-scale` does.").attr()
     servers: int = Field(
@@ -129,14 +115,14 @@ class SimSpec(Spec):
              "company the replay's met; run.json counts those reached late.").attr()
     no_summary: bool = Field("no_summary", "--no-summary", "flag", False,
                              help="Skip summary.json.").attr()
-    out: Path = OUT.but(required=True).attr()
+    out: Path = shared.OUT.but(required=True).attr()
 
     def check(self) -> None:
         check_fleet(self.servers, self.router)
         if self.pinned_to is not None and self.servers > 1:
             raise InputError("--pinned-to holds one server's simulation to a replay: not with "
                              "--servers")
-        arrivals_of(self.concurrency, self.rate, self.trace_timing)
+        shared.arrivals_of(self.concurrency, self.rate, self.trace_timing)
 
     def options(self, cal: Calibration) -> SimOptions:
         """The simulation on `cal`'s server: its engine and KV pool where the inputs leave them
@@ -150,7 +136,7 @@ class SimSpec(Spec):
                 block = cal.block_size
         cap = check_capacity(tokens, self.slots, self.ctx_per_slot, kind, block,
                              self.host_tokens)
-        arrivals = arrivals_of(self.concurrency, self.rate, self.trace_timing)
+        arrivals = shared.arrivals_of(self.concurrency, self.rate, self.trace_timing)
         timeout = (math.inf if self.first_token_timeout == "none"
                    else float(self.first_token_timeout))
         return SimOptions(

@@ -15,6 +15,7 @@ from harness.cli import main
 from harness.errors import InputError
 from harness.records.store import read_records
 from harness.specs.bench import BenchSpec
+from harness.specs.capacity import CapacitySpec
 from harness.specs.fields import read_config
 from harness.specs.simulate import SimSpec
 
@@ -131,3 +132,20 @@ def test_the_documented_ci_benchmark_file_parses() -> None:
 def test_secrets_are_refused_as_benchmark_file_keys(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="unknown key 'api-key'"):
         read_config(_config(tmp_path, "api-key = 'k'\n"), BenchSpec.fields())
+
+
+def test_a_section_holds_its_inputs_in_place_under_their_own_names() -> None:
+    keys = [f.key for f in CapacitySpec.fields()]
+    # the search stands after the policy arguments, the connection last, as --help lists them
+    assert keys[keys.index("policy-arg") + 1:keys.index("policy-arg") + 3] == ["slo", "budget"]
+    assert keys[-3:] == ["api-key", "header", "skip-oversized"]
+    spec = CapacitySpec.build({"slo": "success=0.9", "api_key": "k", "max_agents": 8})
+    assert (spec.search.slo, spec.search.max_agents, spec.connection.api_key) == (
+        "success=0.9", 8, "k")
+    values = spec.record()["values"]
+    assert values["slo"] == "success=0.9" and values["max-agents"] == 8
+    assert "api-key" not in values and "connection" not in values and "search" not in values
+    again = spec.replaced(max_agents=16)
+    assert (again.search.max_agents, again.connection.api_key) == (16, "k")
+    with pytest.raises(InputError, match="--start 9 is above --max-agents 8"):
+        spec.replaced(start=9)

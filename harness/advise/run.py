@@ -26,6 +26,15 @@ from harness.advise.candidates import (
 )
 from harness.advise.confirm import confirm, disagreement, live_settings, recommend
 from harness.advise.explain import explain
+from harness.advise.result import (
+    AdviceResult,
+    Measured,
+    Predicted,
+    Recommendation,
+    read_advice,
+    save_advice,
+)
+from harness.advise.view import advice_section
 from harness.capacity.budget import Budget
 from harness.capacity.driver import PointSpec, SearchSpec
 from harness.capacity.live import live_measure, nan_free
@@ -39,16 +48,14 @@ from harness.model.calibration import (
 )
 from harness.model.engines import BLOCK_SIZE, LLAMACPP
 from harness.records.atomic import write_text_atomic
-from harness.records.store import ensure_out_dir, write_json
+from harness.records.store import ensure_out_dir
 from harness.replay.options import RunOptions
 from harness.replay.run import to_stderr
-from harness.report.capacity_view import advice_section
 from harness.report.data import load_runs
 from harness.report.render import render_runs
 from harness.traces.scale import scale_tokens
 from harness.traces.validate import load_trajectories
 
-ADVICE_JSON = "advice.json"
 CALIBRATION_COPY = "calibration.json"  # a shipped preset's copy, which the live runs read
 DEFAULT_SLOTS, DEFAULT_CTX = 4, 4096  # llama.cpp's server setting when none is given
 
@@ -138,10 +145,11 @@ def matching(engine: str) -> str:
 
 
 def advise(plan: AdvisePlan, echo: Callable[[str], None] = print,
-           runtime: Runtime | None = None) -> dict[str, Any]:
+           runtime: Runtime | None = None) -> AdviceResult:
     """Search the candidates in simulation, confirm the chosen ones on the server (unless the
     plan says not to), explain the pick, write advice.json and report.html under the plan's
-    root; returns advice.json's content. InputError for bad input, before the first run."""
+    root; returns the result advice.json holds. InputError for bad input, before the first
+    run."""
     space = plan_space(plan, echo)
     cal, cands = space.calibration, space.candidates
     steps = scale_tokens(load_trajectories(plan.trace), plan.live.token_scale)
@@ -169,7 +177,7 @@ def advise(plan: AdvisePlan, echo: Callable[[str], None] = print,
                            "engine": space.engine, "block_size": space.block_size,
                            "tolerance": plan.tolerance, "candidates": rows, "confirmed": [],
                            "point": {"duration_s": s.duration_s, "warmup_s": s.warmup_s}}
-    write_json(plan.root / ADVICE_JSON, nan_free(doc))
+    save_advice(plan.root, AdviceResult.from_json(nan_free(doc)))
     if s.settings.confirm:
         _confirm(plan, doc, rows, budget,
                  lambda spec: live_settings(server_of(spec), space.block_size, plan.live.url,
@@ -186,9 +194,10 @@ def advise(plan: AdvisePlan, echo: Callable[[str], None] = print,
     doc["explain"] = explain(steps, cal, Path(chosen["predicted"]["dir"])
                              if chosen["predicted"].get("dir") else None)
     doc["elapsed_s"] = budget.elapsed_s()
-    write_json(plan.root / ADVICE_JSON, nan_free(doc))
-    write_advice_report(plan.root, doc)
-    return doc
+    result = AdviceResult.from_json(nan_free(doc))
+    save_advice(plan.root, result)
+    write_advice_report(plan.root, result)
+    return result
 
 
 def _confirm(plan: AdvisePlan, doc: dict[str, Any], rows: list[dict[str, Any]],
@@ -210,35 +219,27 @@ def _confirm(plan: AdvisePlan, doc: dict[str, Any], rows: list[dict[str, Any]],
     doc["disagreement"] = disagreement(doc["confirmed"], plan.tolerance)
 
 
-def objective_missed(doc: dict[str, Any]) -> bool:
-    """Whether a confirmation disagreed with the prediction by more than the tolerance on the
-    objective."""
-    return bool(doc["confirmed"]) and not all(c["objective_within_tolerance"]
-                                              for c in doc["confirmed"])
-
-
-def advice_text(doc: dict[str, Any]) -> str:
+def advice_text(result: AdviceResult) -> str:
     """The recommendation with predicted and measured figures side by side."""
-    rec = doc["recommendation"]
-    lines = [f"recommendation ({doc['objective']}, SLO {doc['slo']}): {rec.get('label')} "
-             f"- {rec['why']} (rests on {rec['rests_on']})"]
-    if doc.get("best_fixed"):
-        bf = doc["best_fixed"]
-        lines.append(f"best fixed policy: {bf['label']}, measured {doc['objective']} "
-                     f"{_num(bf['measured_objective'])}")
+    rec = result.recommendation or Recommendation()
+    lines = [f"recommendation ({result.objective}, SLO {result.slo}): {rec.label} "
+             f"- {rec.why} (rests on {rec.rests_on})"]
+    if result.best_fixed:
+        bf = result.best_fixed
+        lines.append(f"best fixed policy: {bf.label}, measured {result.objective} "
+                     f"{_num(bf.measured_objective)}")
     head = (f"{'candidate':<28}{'agents':>7}{'pred p95':>10}{'meas p95':>10}{'err':>6}"
             f"{'pred obj':>10}{'meas obj':>10}{'err':>6}")
     lines += ["", head, "-" * len(head)]
-    for c in doc.get("confirmed") or []:
-        p95 = [((c[k].get("resume_latency_ms") or {}).get("p95")) for k in ("predicted",
-                                                                             "measured")]
-        e = c["error"]
-        lines.append(f"{c['label'][:27]:<28}{c['agents']:>7}{_num(p95[0]):>10}"
-                     f"{_num(p95[1]):>10}{_pct(e.get('resume_p95')):>6}"
-                     f"{_num(c['predicted']['objective']):>10}"
-                     f"{_num(c['measured']['objective']):>10}{_pct(e.get('objective')):>6}")
-    if doc.get("disagreement"):
-        lines.append(f"note: {doc['disagreement']}")
+    for c in result.confirmations():
+        pred, meas = c.predicted or Predicted(), c.measured or Measured()
+        e = c.error or {}
+        lines.append(f"{(c.label or '')[:27]:<28}{c.agents:>7}{_num(pred.resume_p95_ms):>10}"
+                     f"{_num(meas.resume_p95_ms):>10}{_pct(e.get('resume_p95')):>6}"
+                     f"{_num(pred.objective):>10}"
+                     f"{_num(meas.objective):>10}{_pct(e.get('objective')):>6}")
+    if result.disagreement:
+        lines.append(f"note: {result.disagreement}")
     return "\n".join(lines)
 
 
@@ -250,12 +251,17 @@ def _pct(v: Any) -> str:
     return "-" if v is None else f"{v:.0%}"
 
 
-def write_advice_report(root: Path, doc: dict[str, Any], out: Path | None = None) -> Path:
+def write_advice_report(root: Path, result: AdviceResult, out: Path | None = None) -> Path:
     """report.html (or `out`): the advice section, then the confirmed live runs side by
     side."""
-    dirs = [Path(c["dir"]) for c in doc.get("confirmed") or [] if c.get("dir")]
+    dirs = [Path(c.dir) for c in result.confirmations() if c.dir]
     runs = load_runs([d for d in dirs if d.is_dir()])
     out = out or root / "report.html"
-    write_text_atomic(out, render_runs(runs, lead=advice_section(doc),
+    write_text_atomic(out, render_runs(runs, lead=advice_section(result),
                                        title="Pause-policy advice"))
     return out
+
+
+def rewrite_advice_report(root: Path, out: Path | None = None) -> Path:
+    """report.html (or `out`) of the advice whose advice.json is in `root`."""
+    return write_advice_report(root, read_advice(root), out)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.advise.result import AdviceResult
 from harness.metrics.summary_types import Summary
 from harness.records.manifest import RunManifest
 
@@ -35,6 +36,17 @@ class BenchPick:
     key: str
     capacity: float
     resume_p95_ms: float | None
+
+    @classmethod
+    def of(cls, advice: AdviceResult) -> BenchPick:
+        """The recommended candidate of an unconfirmed advice; ValueError where the advice
+        recommends no simulated candidate with a predicted capacity."""
+        rec = advice.recommendation
+        chosen = advice.candidate(rec.key) if rec is not None and rec.key else None
+        predicted = chosen.predicted if chosen is not None else None
+        if rec is None or predicted is None or predicted.capacity is None:
+            raise ValueError("the advice recommends no simulated candidate")
+        return cls(str(rec.label), str(rec.key), predicted.capacity, predicted.resume_p95_ms)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from harness.bench.result import BenchPick, BenchResult, Replay
 from harness.calibrate.drift import recheck
 from harness.calibrate.measure import CalibratedServer, calibrate, reported_kv
 from harness.capacity.driver import SearchSettings, SearchSpec
+from harness.capacity.result import CapacityResult
 from harness.capacity.run import CapacityPlan, run_capacity
 from harness.errors import InputError
 from harness.metrics.summary_types import Summary, read_summary
@@ -240,16 +241,12 @@ def bench_pick(plan: BenchPlan) -> BenchPick:
     else:
         aplan = AdvisePlan(plan.root / "advice", plan.trace, plan.calibration, "capacity",
                            tuple(SPACE), (o.slots,), (o.ctx_per_slot,), search, o)
-    doc = advise(aplan, lambda _m: None)
-    rec = doc["recommendation"]
-    predicted = next(r for r in doc["candidates"] if r["key"] == rec["key"])["predicted"]
-    return BenchPick(rec["label"], rec["key"], predicted["capacity"],
-                     (predicted.get("resume_latency_ms") or {}).get("p95"))
+    return BenchPick.of(advise(aplan, lambda _m: None))
 
 
-def bench_capacity(plan: BenchPlan, echo: Callable[[str], None] = print) -> dict[str, Any]:
+def bench_capacity(plan: BenchPlan, echo: Callable[[str], None] = print) -> CapacityResult:
     """A capacity search of the bench's policies on its server under the bench's SLO, for
-    `plan.capacity_s` seconds (into <out>/capacity); returns capacity.json's content."""
+    `plan.capacity_s` seconds (into <out>/capacity); returns its result (capacity.json)."""
     if plan.capacity_s is None:
         raise InputError("--capacity needs --slo (e.g. --slo resume_p95=2000ms)")
     o = plan.runs[0]

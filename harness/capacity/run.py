@@ -24,19 +24,25 @@ from harness.capacity.driver import (
     verdict_line,
 )
 from harness.capacity.live import live_measure, nan_free
+from harness.capacity.result import (
+    CapacityPoint,
+    CapacityResult,
+    PolicyResult,
+    read_capacity,
+    save_capacity,
+)
 from harness.capacity.slo import Slo
+from harness.capacity.view import capacity_section
+from harness.metrics.summary_types import Quantiles
 from harness.records.atomic import write_text_atomic
-from harness.records.store import ensure_out_dir, write_json
+from harness.records.store import ensure_out_dir
 from harness.replay.named_policies import policy_names, scoped_policy_args
 from harness.replay.options import RunOptions
 from harness.replay.run import to_stderr
-from harness.report.capacity_view import capacity_section
 from harness.report.data import load_runs
 from harness.report.render import render_runs
 from harness.traces.shipped import shipped_trace
 from harness.traces.validate import load_trajectories
-
-CAPACITY_JSON = "capacity.json"
 
 
 @dataclass(frozen=True)
@@ -77,9 +83,9 @@ def plan_capacity(policies: str, policy_args: tuple[str, ...], trace: Path | Non
 
 
 def run_capacity(plan: CapacityPlan, echo: Callable[[str], None] = print,
-                 runtime: Runtime | None = None) -> dict[str, Any]:
+                 runtime: Runtime | None = None) -> CapacityResult:
     """Search every policy of the plan on its server (`runtime`, default the registry's);
-    returns capacity.json's content."""
+    returns the result capacity.json holds (rewritten after every point)."""
     budget = Budget(plan.budget_s, plan.settings.clock)
     doc: dict[str, Any] = {
         "kind": "capacity", "slo": plan.slo.spec(),
@@ -99,7 +105,7 @@ def run_capacity(plan: CapacityPlan, echo: Callable[[str], None] = print,
     def save(entry: dict[str, Any]) -> None:
         doc["policies"][entry["policy"]] = entry
         doc["elapsed_s"] = budget.elapsed_s()
-        write_json(plan.root / CAPACITY_JSON, nan_free(doc))
+        save_capacity(plan.root, CapacityResult.from_json(nan_free(doc)))
         for p in entry["points"][shown.get(entry["policy"], 0):]:  # each point once
             echo(f"[{budget.elapsed_s():5.0f}s / {plan.budget_s:.0f}s] "
                  + verdict_line(entry["policy"], p))
@@ -112,45 +118,54 @@ def run_capacity(plan: CapacityPlan, echo: Callable[[str], None] = print,
         search_policy(PointSpec(policy, args, 0), plan.slo, measure, plan.root, share,
                       plan.settings, save)
     doc["elapsed_s"] = budget.elapsed_s()
-    write_json(plan.root / CAPACITY_JSON, nan_free(doc))
-    write_capacity_report(plan.root, doc)
-    return doc
+    result = CapacityResult.from_json(nan_free(doc))
+    save_capacity(plan.root, result)
+    write_capacity_report(plan.root, result)
+    return result
 
 
-def write_capacity_report(root: Path, doc: dict[str, Any], out: Path | None = None) -> Path:
+def write_capacity_report(root: Path, result: CapacityResult, out: Path | None = None) -> Path:
     """report.html (or `out`): the capacity section, then the runs at each policy's
     capacity."""
-    dirs = [Path(e["at_capacity"]["dir"]) for e in doc["policies"].values()
-            if e.get("at_capacity") and e["at_capacity"].get("dir")]
+    dirs = [Path(p.at_capacity.dir) for _, p in result.searched()
+            if p.at_capacity is not None and p.at_capacity.dir]
     runs = load_runs([d for d in dirs if d.is_dir()])
-    html = render_runs(runs, lead=capacity_section(doc), title="Capacity under an SLO")
+    html = render_runs(runs, lead=capacity_section(result), title="Capacity under an SLO")
     out = out or root / "report.html"
     write_text_atomic(out, html)
     return out
 
 
-def result_table(doc: dict[str, Any]) -> str:
+def rewrite_capacity_report(root: Path, out: Path | None = None) -> Path:
+    """report.html (or `out`) of the capacity search whose capacity.json is in `root`."""
+    return write_capacity_report(root, read_capacity(root), out)
+
+
+def _policy_line(policy: str, e: PolicyResult) -> str:
+    at = e.at_capacity or CapacityPoint()
+    r = at.resume_latency_ms or Quantiles()
+    hi = e.failing_above
+    interval = f"{e.capacity}-{hi - 1}" if hi is not None else f">={e.capacity}"
+    c = e.confirm
+    skipped = "off" if "confirm_skipped" in e.absent else e.confirm_skipped
+    conf = "yes" if c and c.confirmed else "NO" if c else f"- ({skipped})"
+
+    def f(v: Any, spec: str = ",.0f") -> str:
+        return "-" if v is None else format(v, spec)
+
+    return (f"{policy:<11}{e.capacity:>9}{interval:>10}{f(r.p50):>11}"
+            f"{f(r.p95):>8}{f(r.p99):>8}"
+            f"{f(at.success_rate, '.2f'):>8}"
+            f"{f(at.goodput_per_min, '.1f'):>12}"
+            f"{f(at.jobs_per_hour, ',.0f'):>8}  {conf} ({e.reason})")
+
+
+def result_table(result: CapacityResult) -> str:
     """The headline: per policy, capacity, interval, figures there, confirmation."""
     head = (f"{'policy':<11}{'capacity':>9}{'interval':>10}{'resume p50':>11}{'p95':>8}"
             f"{'p99':>8}{'success':>8}{'goodput/min':>12}{'jobs/h':>8}  confirmed")
     lines = [head, "-" * len(head)]
-    for policy, e in doc["policies"].items():
-        at = e.get("at_capacity") or {}
-        r = at.get("resume_latency_ms") or {}
-        hi = e.get("failing_above")
-        interval = f"{e['capacity']}-{hi - 1}" if hi is not None else f">={e['capacity']}"
-        c = e.get("confirm")
-        conf = ("yes" if c and c["confirmed"] else "NO" if c else
-                f"- ({e.get('confirm_skipped', 'off')})")
-
-        def f(v: Any, spec: str = ",.0f") -> str:
-            return "-" if v is None else format(v, spec)
-
-        lines.append(f"{policy:<11}{e['capacity']:>9}{interval:>10}{f(r.get('p50')):>11}"
-                     f"{f(r.get('p95')):>8}{f(r.get('p99')):>8}"
-                     f"{f(at.get('success_rate'), '.2f'):>8}"
-                     f"{f(at.get('goodput_per_min'), '.1f'):>12}"
-                     f"{f(at.get('jobs_per_hour'), ',.0f'):>8}  {conf} ({e['reason']})")
+    lines += [_policy_line(policy, e) for policy, e in result.searched()]
     lines.append("(resume latency in ms at capacity; interval: the largest count that met the "
                  "SLO to the one below the smallest that did not)")
     return "\n".join(lines)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from harness.advise.run import advice_text, advise, objective_missed
+from harness.advise.run import advice_text, advise
 from harness.commands.exits import exit_confirm_failed
 from harness.commands.options import Command
 from harness.commands.specopts import spec_options
@@ -22,10 +22,10 @@ def advise_job(spec: AdviseSpec) -> None:
     """Run the advise job `spec` asks for and print what it found; exits 5 when a confirmation
     contradicted the search."""
     plan = spec.plan()
-    doc = advise(plan, click.echo)
+    result = advise(plan, click.echo)
     click.echo("")
-    click.echo(advice_text(doc))
+    click.echo(advice_text(result))
     click.echo(f"\nresults: {plan.root}\nreport:  {plan.root / 'report.html'}")
-    if objective_missed(doc):
+    if result.objective_missed:
         exit_confirm_failed(f"the confirmation disagrees with the prediction by more than "
                             f"{spec.tolerance:.0%} on the objective")

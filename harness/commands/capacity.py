@@ -22,11 +22,10 @@ def capacity_job(spec: CapacitySpec) -> None:
     """Run the capacity job `spec` asks for and print what it found; exits 5 when a confirmation
     contradicted the search."""
     plan = spec.plan()
-    doc = run_capacity(plan, click.echo)
+    result = run_capacity(plan, click.echo)
     click.echo("")
-    click.echo(result_table(doc))
+    click.echo(result_table(result))
     click.echo(f"\nresults: {plan.root}\nreport:  {plan.root / 'report.html'}")
-    if any(e.get("confirm") and not e["confirm"]["confirmed"]
-           for e in doc["policies"].values()):
+    if result.contradicted:
         exit_confirm_failed("a confirmation re-run contradicted the search (see 'confirmed' "
                             "above)")

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import click
 
-from harness.advise.run import write_advice_report
-from harness.capacity.run import write_capacity_report
+from harness.advise.result import ADVICE_JSON
+from harness.advise.run import rewrite_advice_report
+from harness.capacity.result import CAPACITY_JSON
+from harness.capacity.run import rewrite_capacity_report
 from harness.commands.options import DIRS_ARGUMENT, Command, outcome_slo_option
 from harness.errors import InputError
 from harness.records.atomic import write_text_atomic
-from harness.records.store import read_json
 from harness.report.data import load_runs
 from harness.report.render import render_runs
 
@@ -58,11 +59,11 @@ def report_command(dirs: tuple[Path, ...], out: Path | None, slo: dict[str, floa
 def _search_report(root: Path, out: Path) -> Path | None:
     """The report of a capacity search or an advice (a root with capacity.json or
     advice.json), re-rendered from it; None for any other directory."""
-    for name, write in (("capacity.json", write_capacity_report),
-                        ("advice.json", write_advice_report)):
+    for name, write in ((CAPACITY_JSON, rewrite_capacity_report),
+                        (ADVICE_JSON, rewrite_advice_report)):
         if (root / name).is_file():
             try:
-                return write(root, read_json(root / name), out)
+                return write(root, out)
             except (AttributeError, KeyError, TypeError, ValueError) as exc:
                 # a file edited or damaged by hand: its shape is not the one written
                 raise InputError(f"{root / name}: not the shape harness writes "

@@ -20,6 +20,7 @@ from harness.advise.candidates import (
     engine_space,
 )
 from harness.advise.confirm import live_settings
+from harness.advise.result import AdviceResult, read_advice, save_advice
 from harness.advise.run import AdvisePlan, advise
 from harness.capacity.driver import PointSpec, SearchSettings, SearchSpec
 from harness.capacity.slo import parse_slo
@@ -146,10 +147,20 @@ def test_confirmation_starts_the_server_with_the_candidates_pool(
                             kv_tokens=(2560,)), lambda _m: None, runtime=object())  # type: ignore[arg-type]
     assert calls and all(s == {"server_args": expected, "ctx_per_slot": 2560}
                          for _, s in calls)
-    assert doc["engine"] == engine and doc["block_size"] == block
-    assert {c["label"] for c in doc["confirmed"]} <= {"keep-evictable", "keep", "recompute"}
-    assert any(c["fixed"] for c in doc["confirmed"])
-    assert doc["recommendation"]["measured_objective"] == 2.0  # passes up to 2 agents
+    assert doc.engine == engine and doc.block_size == block
+    assert {c.label for c in doc.confirmations()} <= {"keep-evictable", "keep", "recompute"}
+    assert any(c.fixed for c in doc.confirmations())
+    assert doc.recommendation is not None
+    assert doc.recommendation.measured_objective == 2.0  # passes up to 2 agents
+    assert_written_back(tmp_path / "advice", doc)
+
+
+def assert_written_back(root: Path, result: AdviceResult) -> None:
+    """root/advice.json reads back as `result`, which writes the same bytes again."""
+    written = (root / "advice.json").read_bytes()
+    assert read_advice(root) == result
+    save_advice(root, result)
+    assert (root / "advice.json").read_bytes() == written
 
 
 def _advise(*args: str) -> list[str]:
@@ -207,3 +218,4 @@ def test_a_simulated_advice_on_vllm(tmp_path: Path) -> None:
                                "host_tokens": None, "mode": "tokens", "slots": None,
                                "tokens": 2560}
     assert "<h2>Advice</h2>" in (out / "report.html").read_text()
+    assert_written_back(out, read_advice(out))

@@ -11,6 +11,7 @@ import pytest
 from harness.capacity.budget import Budget, parse_span
 from harness.capacity.driver import PointSpec, SearchSettings, search_policy, verdict_line
 from harness.capacity.live import nan_free
+from harness.capacity.result import CapacityResult, read_capacity
 from harness.capacity.run import policy_list, result_table
 from harness.capacity.slo import parse_slo
 from harness.errors import InputError
@@ -114,7 +115,7 @@ def test_search_policy_finds_confirms_and_records(tmp_path: Path) -> None:
     assert verdict_line("keep", entry["points"][4]) == (
         "keep n=8: resume_p95 4,000 ms (<= 2,000) -> fail")
     doc = {"policies": {"keep": entry}}
-    table = result_table(doc)
+    table = result_table(CapacityResult.from_json(nan_free(doc)))
     assert "keep" in table and "4-4" in table and "yes (resolved)" in table
     json.dumps(nan_free(doc))
 
@@ -211,9 +212,11 @@ def test_run_capacity_end_to_end_on_the_in_memory_runtime(tmp_path: Path) -> Non
     finally:
         if before and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, set(before))
-    keep = doc["policies"]["keep"]
-    assert (keep["capacity"], keep["reason"]) == (1, "max-agents")
-    assert keep["confirm"]["confirmed"] is True and keep["confirm"]["above"] is None
+    keep = dict(doc.searched())["keep"]
+    assert (keep.capacity, keep.reason) == (1, "max-agents")
+    assert keep.confirm is not None
+    assert keep.confirm.confirmed is True and keep.confirm.above is None
+    assert read_capacity(tmp_path / "cap") == doc  # what was written reads back the same
     assert [o.policy for o in runtime.started] == ["keep"] * 2 and runtime.stopped == 2
     on_disk = json.loads((tmp_path / "cap" / "capacity.json").read_text())
     assert on_disk["policies"]["keep"]["capacity"] == 1

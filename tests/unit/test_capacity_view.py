@@ -1,5 +1,5 @@
-"""The capacity and advice report sections: their tables' phrasing, the figure, escaping, and
-documents with keys missing."""
+"""The capacity and advice report sections: their tables' phrasing, the figure, escaping,
+documents with keys missing, and values of the wrong kind refused in one line."""
 
 from __future__ import annotations
 
@@ -9,7 +9,19 @@ from typing import Any
 
 import pytest
 
-from harness.report.capacity_view import advice_section, capacity_section
+from harness.advise.result import AdviceResult
+from harness.advise.view import advice_section as advice_of
+from harness.capacity.result import CapacityResult
+from harness.capacity.view import capacity_section as capacity_of
+from harness.errors import InputError
+
+
+def capacity_section(doc: dict[str, Any]) -> str:
+    return capacity_of(CapacityResult.from_json(doc))
+
+
+def advice_section(doc: dict[str, Any]) -> str:
+    return advice_of(AdviceResult.from_json(doc))
 
 EVIL = "ttl<script>alert(1)</script>"
 TERMS = [{"term": "resume_p95", "bound": 2000.0, "kind": "latency"},
@@ -153,12 +165,12 @@ def test_capacity_interval_phrasing(policy: dict[str, Any], interval: str, capac
 def test_capacity_empty_and_missing_keys() -> None:
     assert capacity_section({}) == ("<h2>Capacity under the SLO</h2><p class='note'>No capacity "
                                     "was measured (no policy searched).</p>")
-    for doc in ({"policies": {"keep": {}}}, {"policies": {"keep": None}}, {"policies": None},
+    for doc in ({"policies": {"keep": {}}}, {"policies": None},
                 {"slo_terms": None, "point": None, "policies": {"a": {
-                    "capacity": "3", "confirm": {"at": None, "above": {"agents": 2}},
+                    "capacity": None, "confirm": {"at": None, "above": {"agents": 2}},
                     "at_capacity": {"resume_latency_ms": None},
-                    "points": [None, {}, {"agents": 2, "judgement": [{"term": "x"}, None],
-                                          "resume_latency_ms": {"ci95": None}}]}}}):
+                    "points": [{}, {"agents": 2, "judgement": [{"term": "x"}],
+                                    "resume_latency_ms": {"ci95": None}}]}}}):
         out = capacity_section(doc)
         assert "Capacity under the SLO" in out
     out = capacity_section({"policies": {"keep": {"points": [{"agents": 1, "phase": "search"}],
@@ -199,19 +211,43 @@ def test_advice_recommendation_and_tables() -> None:
 def test_advice_empty_and_missing_keys() -> None:
     assert advice_section({}) == ("<h2>Advice</h2><p class='note'>No advice was computed (no "
                                   "candidate measured or simulated).</p>")
-    for doc in ({"candidates": [{}]}, {"confirmed": [None, {"error": None}]},
+    for doc in ({"candidates": [{}]}, {"confirmed": [{}, {"error": None}]},
                 {"recommendation": {"label": "x"}, "candidates": None, "explain": [{}]},
                 {"candidates": [{"rank": None, "predicted": None}, {"rank": 2, "slots": 1}],
-                 "objective": "goodput", "tolerance": "wide"}):
+                 "objective": "goodput", "tolerance": None}):
         out = advice_section(doc)
         assert out.startswith("<h2>Advice</h2>")
     assert "<td>1 x -</td>" in advice_section({"candidates": [{"slots": 1}]})
 
 
-def test_figure_uses_search_points_and_averages_repeats() -> None:
-    from harness.report.capacity_view import _series
+@pytest.mark.parametrize(("doc", "says"), [
+    ({"policies": {"keep": None}}, "each of policies keep must be a JSON object, got NoneType"),
+    ({"policies": {"a": {"capacity": "3"}}}, "capacity must be an integer or null, got str"),
+    ({"policies": {"a": {"points": [None]}}}, "each of points must be a JSON object"),
+    ({"policies": {"a": {"points": [{"judgement": [{"met": "yes"}]}]}}},
+     "met must be true or false or null, got str"),
+])
+def test_capacity_values_of_the_wrong_kind_are_one_line(doc: dict[str, Any], says: str) -> None:
+    with pytest.raises(InputError, match=says) as err:
+        CapacityResult.from_json(doc)
+    assert str(err.value).startswith("capacity.json") and "\n" not in str(err.value)
 
-    rows = _series(capacity_doc()["policies"]["keep"]["points"])
+
+@pytest.mark.parametrize(("doc", "says"), [
+    ({"confirmed": [None]}, "each of confirmed must be a JSON object"),
+    ({"tolerance": "wide"}, "tolerance must be a number or null, got str"),
+    ({"candidates": [{"predicted": {"objective": [1]}}]}, "objective must be a number"),
+])
+def test_advice_values_of_the_wrong_kind_are_one_line(doc: dict[str, Any], says: str) -> None:
+    with pytest.raises(InputError, match=says):
+        AdviceResult.from_json(doc)
+
+
+def test_figure_uses_search_points_and_averages_repeats() -> None:
+    from harness.capacity.view import _series
+
+    keep = CapacityResult.from_json(capacity_doc()).searched()[0][1]
+    rows = _series(keep.measured())
     assert [r[0] for r in rows] == [1.0, 2.0, 3.0, 4.0]  # the confirm points left out
     assert rows[2][1] == pytest.approx(1800.0) and rows[2][4] is False  # 1900 and 1700
     assert rows[3][4] is True

@@ -18,10 +18,6 @@ set -euo pipefail
 
 DYNAMO_VERSION="1.6.1"  # the pins below belong to this release
 PY="${DYNAMO_PYTHON:-python3}"
-CACHE_ROOT="${HARNESS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agent-pause-harness}"
-py_tag=$("$PY" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
-dest="$CACHE_ROOT/dynamo-venv/dynamo-${DYNAMO_VERSION}-${py_tag}-$(uname -m)"
-python="$dest/bin/python"
 
 # Declared requirements of ai-dynamo and ai-dynamo-runtime (less aisimulate), with their
 # dependencies, as pip resolved them.
@@ -39,22 +35,16 @@ six==1.17.0 tokenizers==0.23.3 tqdm==4.70.1 transformers==5.24.0 truststore==0.1
 typer==0.29.2 typing-inspection==0.4.5 typing_extensions==4.16.0 tzdata==2026.6 urllib3==2.8.0
 uvloop==0.23.0 websocket-client==1.9.2 yarl==1.25.1 zstandard==0.25.0"
 
-mkdir -p "$CACHE_ROOT/dynamo-venv"
-exec 9>"$dest.lock"
-flock 9
+# shellcheck source=adapters/launchers/cached_venv.sh
+source "$(dirname "${BASH_SOURCE[0]}")/cached_venv.sh"
+cached_venv dynamo-venv "dynamo-${DYNAMO_VERSION}"
 
 ready() {
     "$python" -m dynamo.frontend --version >/dev/null 2>&1 \
         && "$python" -m dynamo.mocker --version >/dev/null 2>&1
 }
 
-if [ -f "$dest/.complete" ] && ready; then
-    echo "$python"
-    exit 0
-fi
-
-# pip prints a warning per package for this machine's empty local index folders: not news.
-quiet() { "$@" 2> >(grep -v '^WARNING: Location' >&2); }
+reuse_if_ready ready
 
 rm -rf "$dest"
 echo "installing ai-dynamo==${DYNAMO_VERSION} (frontend + mocker, one-time, ~1 minute, ~0.7 GB) into $dest" >&2

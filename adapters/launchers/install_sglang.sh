@@ -18,29 +18,18 @@ SGLANG_VERSION="${SGLANG_VERSION:-0.5.23}"
 TORCH_VERSION="${SGLANG_TORCH_VERSION:-2.14.1}"
 TORCHVISION_VERSION="${SGLANG_TORCHVISION_VERSION:-0.29.1}"
 PY="${SGLANG_PYTHON:-python3}"
-CACHE_ROOT="${HARNESS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agent-pause-harness}"
-py_tag=$("$PY" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
-dest="$CACHE_ROOT/sglang-venv/sglang-${SGLANG_VERSION}-torch${TORCH_VERSION}-${py_tag}-$(uname -m)"
-python="$dest/bin/python"
 
 # Declared requirements that are CUDA-only (or need a CUDA torch extension) and are left out.
 CUDA_ONLY="flashinfer-python sglang-kernel sgl-kernel nvidia-cutlass-dsl sgl-deep-ep sgl-deep-gemm
 sgl-flash-mla flash-attn-4 tilelang cuda-python humming-kernels nvidia-mathdx nvshmem4py-cu13
 quack-kernels torch-memory-saver torchaudio torchcodec torch torchvision"
 
-mkdir -p "$CACHE_ROOT/sglang-venv"
-exec 9>"$dest.lock"
-flock 9
+# shellcheck source=adapters/launchers/cached_venv.sh
+source "$(dirname "${BASH_SOURCE[0]}")/cached_venv.sh"
+cached_venv sglang-venv "sglang-${SGLANG_VERSION}-torch${TORCH_VERSION}"
+reuse_if_ready "$python" -c 'import sglang'
 
-if [ -f "$dest/.complete" ] && "$python" -c 'import sglang' >/dev/null 2>&1; then
-    echo "$python"
-    exit 0
-fi
-
-# pip prints a warning per package for this machine's local file indexes that lack it; noise.
-pip_install() {
-    "$python" -m pip install -q "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2) >&2
-}
+pip_install() { quiet "$python" -m pip install -q "$@" >&2; }
 
 rm -rf "$dest"
 echo "installing sglang==${SGLANG_VERSION} for CPU (one-time, ~5 minutes, ~6 GB) into $dest" >&2

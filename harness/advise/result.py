@@ -7,42 +7,26 @@ keys are kept as read, and a value of the wrong kind is one InputError naming th
 key. Every field may be None (null in the file, or absent).
 
 The advisor builds its rows as JSON while it searches (harness.advise.candidates,
-harness.advise.confirm); `AdviceResult.from_json` types them.
+harness.advise.confirm); `AdviceResult.from_json` types them. Reading and writing is
+harness.jsontypes's, by the fields' hints.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from harness.capacity.result import (
-    COUNT,
-    FLAG,
-    NUMBER,
-    OBJECT,
-    TEXT,
-    CapacityPoint,
-    Document,
-    PointLength,
-    nested,
-    nested_list,
-)
-from harness.metrics.summary_types import Decoder, Json, Quantiles
+from harness.capacity.result import CapacityPoint, PointLength
+from harness.jsontypes import Json, JsonType
+from harness.metrics.summary_types import Quantiles
 from harness.records.store import read_json, write_json
 
 ADVICE_JSON = "advice.json"
-_FIGURES = ("resume_latency_ms", "ttft_ms", "success_rate", "goodput_per_min",
-            "kv_paused_mean_mib")
-_FIGURE_DECODERS: dict[str, Decoder] = {
-    "resume_latency_ms": nested(Quantiles), "ttft_ms": nested(Quantiles),
-    "success_rate": NUMBER, "goodput_per_min": NUMBER, "kv_paused_mean_mib": NUMBER,
-    "dir": TEXT, "capacity": COUNT, "agents": COUNT, "meets_slo": FLAG, "objective": NUMBER}
 
 
 @dataclass(frozen=True)
-class Figures(Document):
+class Figures(JsonType):
     """A candidate's figures at its operating point: simulated (`Predicted`) or measured on
     the server (`Measured`), with the objective's value there."""
 
@@ -56,10 +40,6 @@ class Figures(Document):
     agents: int | None = None
     meets_slo: bool | None = None
     objective: float | None = None
-    absent: frozenset[str] = frozenset()
-    extra: Json = field(default_factory=dict)
-
-    DECODERS: ClassVar[dict[str, Decoder]] = _FIGURE_DECODERS
 
     @property
     def resume_p95_ms(self) -> float | None:
@@ -69,21 +49,22 @@ class Figures(Document):
 
 @dataclass(frozen=True)
 class Predicted(Figures):
-    """A candidate's simulated figures (harness.advise.candidates.simulate_candidates)."""
-
-    KEYS: ClassVar[tuple[str, ...]] = (*_FIGURES, "dir", "capacity", "agents", "meets_slo",
-                                       "objective")
+    """A candidate's simulated figures (harness.advise.candidates.simulate_candidates): every
+    field."""
 
 
 @dataclass(frozen=True)
 class Measured(Figures):
-    """A confirmed candidate's figures on the server (harness.advise.confirm.compare)."""
+    """A confirmed candidate's figures on the server (harness.advise.confirm.compare): no
+    `dir` or `capacity`."""
 
-    KEYS: ClassVar[tuple[str, ...]] = (*_FIGURES, "meets_slo", "objective", "agents")
+    JSON_KEYS: ClassVar[tuple[str, ...] | None] = (
+        "resume_latency_ms", "ttft_ms", "success_rate", "goodput_per_min", "kv_paused_mean_mib",
+        "meets_slo", "objective", "agents")
 
 
 @dataclass(frozen=True)
-class SimulatedCandidate(Document):
+class SimulatedCandidate(JsonType):
     """A candidate searched in simulation: its policy on a server setting, its simulated
     capacity search, its operating point's figures and its rank on the objective."""
 
@@ -104,23 +85,10 @@ class SimulatedCandidate(Document):
     predicted: Predicted | None = None
     rank: int | None = None
     objective: str | None = None
-    absent: frozenset[str] = frozenset()
-    extra: Json = field(default_factory=dict)
-
-    KEYS: ClassVar[tuple[str, ...]] = (
-        "label", "key", "policy", "policy_args", "engine", "slots", "ctx_per_slot", "kv_tokens",
-        "fixed", "capacity", "reason", "points", "at_capacity", "agents", "predicted", "rank",
-        "objective")
-    DECODERS: ClassVar[dict[str, Decoder]] = {
-        "label": TEXT, "key": TEXT, "policy": TEXT, "policy_args": OBJECT, "engine": TEXT,
-        "slots": COUNT, "ctx_per_slot": COUNT, "kv_tokens": COUNT, "fixed": FLAG,
-        "capacity": COUNT, "reason": TEXT, "points": nested_list(CapacityPoint),
-        "at_capacity": nested(CapacityPoint), "agents": COUNT, "predicted": nested(Predicted),
-        "rank": COUNT, "objective": TEXT}
 
 
 @dataclass(frozen=True)
-class ConfirmedCandidate(Document):
+class ConfirmedCandidate(JsonType):
     """A candidate measured on the server beside its prediction (harness.advise.confirm):
     the relative errors by figure, whether they are within the tolerance, and for the capacity
     objective the live search's capacity, reason and points."""
@@ -138,18 +106,6 @@ class ConfirmedCandidate(Document):
     live_capacity: int | None = None
     live_reason: str | None = None
     live_points: list[CapacityPoint] | None = None
-    absent: frozenset[str] = frozenset()
-    extra: Json = field(default_factory=dict)
-
-    KEYS: ClassVar[tuple[str, ...]] = (
-        "label", "key", "fixed", "agents", "dir", "predicted", "measured", "error",
-        "objective_within_tolerance", "within_tolerance", "live_capacity", "live_reason",
-        "live_points")
-    DECODERS: ClassVar[dict[str, Decoder]] = {
-        "label": TEXT, "key": TEXT, "fixed": FLAG, "agents": COUNT, "dir": TEXT,
-        "predicted": nested(Predicted), "measured": nested(Measured), "error": OBJECT,
-        "objective_within_tolerance": FLAG, "within_tolerance": FLAG, "live_capacity": COUNT,
-        "live_reason": TEXT, "live_points": nested_list(CapacityPoint)}
 
     def error_of(self, *keys: str) -> float | None:
         """The first of `keys` with a numeric relative error, else None."""
@@ -159,7 +115,7 @@ class ConfirmedCandidate(Document):
 
 
 @dataclass(frozen=True)
-class Recommendation(Document):
+class Recommendation(JsonType):
     """What the advisor recommends (label None: no confirmed candidate met the SLO), why,
     what the choice rests on (simulation or measurement) and its objective's values."""
 
@@ -169,33 +125,19 @@ class Recommendation(Document):
     rests_on: str | None = None
     measured_objective: float | None = None
     predicted_objective: float | None = None
-    absent: frozenset[str] = frozenset()
-    extra: Json = field(default_factory=dict)
-
-    KEYS: ClassVar[tuple[str, ...]] = ("label", "key", "why", "rests_on", "measured_objective",
-                                       "predicted_objective")
-    DECODERS: ClassVar[dict[str, Decoder]] = {
-        "label": TEXT, "key": TEXT, "why": TEXT, "rests_on": TEXT,
-        "measured_objective": NUMBER, "predicted_objective": NUMBER}
 
 
 @dataclass(frozen=True)
-class BestFixed(Document):
+class BestFixed(JsonType):
     """The best fixed policy confirmed, with its objective measured and predicted."""
 
     label: str | None = None
     measured_objective: float | None = None
     predicted_objective: float | None = None
-    absent: frozenset[str] = frozenset()
-    extra: Json = field(default_factory=dict)
-
-    KEYS: ClassVar[tuple[str, ...]] = ("label", "measured_objective", "predicted_objective")
-    DECODERS: ClassVar[dict[str, Decoder]] = {
-        "label": TEXT, "measured_objective": NUMBER, "predicted_objective": NUMBER}
 
 
 @dataclass(frozen=True)
-class ToolClassExplain(Document):
+class ToolClassExplain(JsonType):
     """Why, for one tool class (harness.advise.explain): its pauses, their wait and the
     context they retain (percentiles), what restoring it costs by swap and by recompute (ms),
     and the recommended policy's actions at them."""
@@ -206,21 +148,15 @@ class ToolClassExplain(Document):
     retained_tokens: Json | None = None
     restore_ms: Json | None = None
     actions: dict[str, int] | None = None
-    absent: frozenset[str] = frozenset()
-    extra: Json = field(default_factory=dict)
-
-    KEYS: ClassVar[tuple[str, ...]] = ("tool_class", "pauses", "wait_s", "retained_tokens",
-                                       "restore_ms", "actions")
-    DECODERS: ClassVar[dict[str, Decoder]] = {
-        "tool_class": TEXT, "pauses": COUNT, "wait_s": OBJECT, "retained_tokens": OBJECT,
-        "restore_ms": OBJECT, "actions": OBJECT}
 
 
 @dataclass(frozen=True)
-class AdviceResult(Document):
+class AdviceResult(JsonType):
     """advice.json: the candidates ranked in simulation, those confirmed on the server, the
     recommendation, the best fixed policy, what the simulator missed (`disagreement`), the
     explanation per tool class and the time it took (harness.advise.run.advise)."""
+
+    JSON_NAME: ClassVar[str] = ADVICE_JSON
 
     kind: str | None = "advice"
     slo: str | None = None
@@ -238,27 +174,6 @@ class AdviceResult(Document):
     disagreement: str | None = None
     explain: list[ToolClassExplain] | None = None
     elapsed_s: float | None = None
-    absent: frozenset[str] = frozenset()
-    extra: Json = field(default_factory=dict)
-
-    KEYS: ClassVar[tuple[str, ...]] = (
-        "kind", "slo", "objective", "trace", "calibration", "engine", "block_size", "tolerance",
-        "candidates", "confirmed", "point", "recommendation", "best_fixed", "disagreement",
-        "explain", "elapsed_s")
-    DECODERS: ClassVar[dict[str, Decoder]] = {
-        "kind": TEXT, "slo": TEXT, "objective": TEXT, "trace": TEXT, "calibration": TEXT,
-        "engine": TEXT, "block_size": COUNT, "tolerance": NUMBER,
-        "candidates": nested_list(SimulatedCandidate),
-        "confirmed": nested_list(ConfirmedCandidate), "point": nested(PointLength),
-        "recommendation": nested(Recommendation), "best_fixed": nested(BestFixed),
-        "disagreement": TEXT, "explain": nested_list(ToolClassExplain), "elapsed_s": NUMBER}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any], where: str = ADVICE_JSON) -> AdviceResult:
-        """The result of advice.json's content (see the module's note on missing and unknown
-        keys); InputError naming `where` and the key for a value of the wrong kind."""
-        result: AdviceResult = cls.read(data, where)
-        return result
 
     def ranked(self) -> list[SimulatedCandidate]:
         """The simulated candidates, best first (as written)."""

@@ -45,6 +45,7 @@ LAYERS: dict[str, int] = {
     "plan": 3, "records": 3, "metrics": 3, "report": 3, "model": 3,
     "traces": 2, "policies": 2, "proxy": 2,
     "": 1, "errors": 1, "limits": 1, "arrays": 1, "tomlfiles": 1, "signals": 1, "userfiles": 1,
+    "jsontypes": 1,
 }
 # The adapter seam: what the core may import of harness.adapters.
 ADAPTER_SEAM = frozenset({"harness.adapters.base", "harness.adapters.http",

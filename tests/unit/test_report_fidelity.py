@@ -13,6 +13,7 @@ from harness.records.manifest import RunManifest
 from harness.report.data import load_run
 from harness.report.fidelity import fidelity_section, pairs, relative_error
 from harness.report.render import render_runs
+from harness.simulate.options import SimOptions
 from harness.simulate.run import Arrivals, check_capacity, run_simulation
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,11 +34,11 @@ def test_a_simulated_and_a_real_run_of_one_trace_and_policy_pair_up(tmp_path: Pa
     shutil.copytree(DATA / "keep", real_dir)
     real_run = json.loads((real_dir / "run.json").read_text())
     sim_dir = tmp_path / "sim"
-    run_simulation(TRACE, "keep", {}, check_capacity(None, real_run["slots"],
-                                                     real_run["ctx_per_slot"]),
-                   read_calibration(DATA / "calibration.json"), None,
-                   Arrivals("closed", real_run["arrivals"]["concurrency"]), real_run["seed"],
-                   sim_dir)
+    cap = check_capacity(None, real_run["slots"], real_run["ctx_per_slot"])
+    run_simulation(SimOptions(TRACE, "keep", {}, cap, None,
+                              Arrivals("closed", real_run["arrivals"]["concurrency"]),
+                              real_run["seed"], sim_dir),
+                   read_calibration(DATA / "calibration.json"))
     real, sim = load_run(real_dir), load_run(sim_dir)
     found = pairs([real, sim])
     assert [(p.simulated.path, p.measured.path) for p in found] == [(sim_dir, real_dir)]

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from harness.adapters.base import Adapter
 from harness.policies.base import PausePolicy, ServerRates
 from harness.policies.history import History, RecentMean
+from harness.records.manifest import Outcome
 from harness.replay.clock import Clock
 from harness.replay.progress import Progress
 from harness.replay.recorder import Recorder, SlotPool
@@ -21,14 +22,11 @@ ToolOutcome = tuple[str, str | None, int]
 
 @dataclass
 class RunCounters:
-    """A run's outcome counts and the cleanup it could not do, for run.json."""
+    """A run's outcome counts (run.json's `outcome`, counted as the run goes: a trajectory's
+    end under its status, a pause action the server could not do as unsupported) and the
+    cleanup it could not do, for run.json."""
 
-    completed: int = 0
-    cancelled: int = 0
-    failed: int = 0
-    interrupted: int = 0
-    unsupported: int = 0
-    server_failed: int = 0  # failed because the server failed (an error, a timeout, bad data)
+    outcome: Outcome = field(default_factory=Outcome)
     bystanders_ended_s: float | None = None  # the planned bystanders ran out before the agents
     cleanup_errors: list[str] = field(default_factory=list)
     remote_dumps_left: list[str] = field(default_factory=list)

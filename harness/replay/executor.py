@@ -215,8 +215,9 @@ class Executor:
             # Recorded even when an interrupted run cuts its cleanup short.
             ctx.rec.emit(TrajectoryEnd(trajectory_id=st.tid, traffic="agent",
                                        status=status, reason=reason))
-        setattr(ctx.counters, status, getattr(ctx.counters, status) + 1)
-        ctx.counters.server_failed += status == "failed" and server_fault
+        outcome = ctx.counters.outcome
+        setattr(outcome, status, getattr(outcome, status) + 1)
+        outcome.server_failed += status == "failed" and server_fault
         ctx.progress.agents_active -= 1
         ctx.progress.trajectories_done += 1
 

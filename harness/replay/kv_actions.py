@@ -152,7 +152,7 @@ async def _swap_out(ctx: ReplayContext, st: TrajectoryState, step: int, reason: 
     try:
         io = await ctx.adapter.offload(paused_kv(st), name)
     except Unsupported as exc:
-        ctx.counters.unsupported += 1
+        ctx.counters.outcome.unsupported_actions += 1
         ctx.rec.emit(SwapOut(trajectory_id=st.tid, traffic="agent", step=step,
                              slot=st.slot, status="unsupported", detail=str(exc)[:300]))
         return False

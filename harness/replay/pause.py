@@ -84,7 +84,7 @@ async def _park(ctx: ReplayContext, st: TrajectoryState, tool: ToolStep, d: Deci
         await hold(ctx, st, d.ttl_s)
     else:
         # Nothing was done, so the context stays where it was: held while paused.
-        ctx.counters.unsupported += 1
+        ctx.counters.outcome.unsupported_actions += 1
     ctx.rec.emit(KvState(trajectory_id=st.tid, traffic="agent",
                          kv_tokens=len(st.context), status="paused"))
 

@@ -35,7 +35,6 @@ from harness.records.manifest import (
     RUN_JSON_RESERVE,
     RUN_JSON_RESERVE_BYTES,
     Cleanup,
-    Outcome,
     RunManifest,
 )
 from harness.records.parts import PartWriter
@@ -425,8 +424,7 @@ def _record_end(run: RunManifest, executor: Executor, clock: Clock, status: str,
                 cleanup: Cleanup, scrape_errors: list[str]) -> None:
     c: RunCounters = executor.counters
     run.status, run.duration_s = status, clock.now_ns() / NS
-    run.outcome = Outcome(c.completed, c.cancelled, c.failed, c.unsupported, c.server_failed,
-                          c.interrupted)
+    run.outcome = dataclasses.replace(c.outcome)
     run.final_rates = {"prefill_tok_s": executor.rates.prefill_tok_s,
                        "swap_bytes_per_s": executor.rates.swap_bytes_per_s}
     run.cleanup, run.scrape_errors = cleanup, scrape_errors

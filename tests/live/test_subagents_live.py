@@ -91,7 +91,7 @@ def test_subagents_run_beside_each_other_and_the_parent_resumes(
     kids = ("live-p/a", "live-p/b")
     for k in kids:
         start = at("trajectory_start", k).iloc[0]
-        assert start.parent_id == "live-p" and start.step == 1 and start.t_ns >= t0
+        assert start.parent_id == "live-p" and start.spawn_step == 1 and start.t_ns >= t0
     # concurrent: each child's first call began before the other child ended
     firsts = [at("call_start", k).t_ns.iloc[0] for k in kids]
     ends = [at("trajectory_end", k).t_ns.iloc[0] for k in kids]

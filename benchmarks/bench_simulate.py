@@ -62,8 +62,9 @@ FRONT_END = dict(front_end_ms=1.3743, front_end_cpu_ms=2.202, stream_token_ms=0.
 
 # One timed simulation, run in a fresh interpreter whose `harness` is the tree given (the
 # editable install's finder is taken out so that a reference tree is imported, not this one).
-# It uses only the API both trees have: run_simulation and check_capacity (and, where the tree
-# has it, no first-token timeout: the reference's behaviour, see the module docstring).
+# It uses the API the tree has: run_simulation of SimOptions where the tree has them, else of
+# its arguments, and check_capacity (and, where the tree has it, no first-token timeout: the
+# reference's behaviour, see the module docstring).
 CHILD = r"""
 import inspect, json, sys, time
 tree, trace, out, policy, engine, tokens, conc, cal = sys.argv[1:9]
@@ -76,11 +77,22 @@ from harness.simulate import native
 from harness.simulate.run import Arrivals, check_capacity, run_simulation
 cap = (check_capacity(int(tokens), None, None) if engine == "llamacpp"
        else check_capacity(int(tokens), None, None, engine))
+try:
+    from harness.simulate.options import SimOptions
+except ImportError:  # a tree before the simulation's options were one value
+    SimOptions = None
 t0 = time.perf_counter()
-kw = ({"first_token_timeout_s": float("inf")}
-      if "first_token_timeout_s" in inspect.signature(run_simulation).parameters else {})
-run = run_simulation(Path(trace), policy, {}, cap, Calibration(**json.loads(cal)), None,
-                     Arrivals("closed", int(conc)), 0, Path(out), write_summary=False, **kw)
+if SimOptions is not None:
+    run = run_simulation(SimOptions(Path(trace), policy, {}, cap, None,
+                                    Arrivals("closed", int(conc)), 0, Path(out),
+                                    write_summary=False, first_token_timeout_s=float("inf")),
+                         Calibration(**json.loads(cal)))
+else:
+    kw = ({"first_token_timeout_s": float("inf")}
+          if "first_token_timeout_s" in inspect.signature(run_simulation).parameters else {})
+    run = run_simulation(Path(trace), policy, {}, cap, Calibration(**json.loads(cal)), None,
+                         Arrivals("closed", int(conc)), 0, Path(out), write_summary=False,
+                         **kw)
 wall = time.perf_counter() - t0
 s = run.simulator
 print(json.dumps({"timed": wall - s["wall_s"]["load"], "load": s["wall_s"]["load"],

@@ -64,7 +64,9 @@ def plan_bench(spec: BenchSpec, runtimes: Callable[[str], Runtime] = get_runtime
     runtime, url, policy_args, out = spec.runtime, spec.url, spec.policy_args, spec.out
     calibration, calibrate_first, base = spec.calibration, spec.calibrate_first, spec.base()
     rt = runtimes(runtime)
-    names = policy_names(spec.policies or ",".join(rt.default_policies), rt)
+    # an empty --policies names none: refused (policy_names), never read as the default
+    names = policy_names(",".join(rt.default_policies) if spec.policies is None
+                         else spec.policies, rt)
     if calibrate_first and (calibration is not None or rt.name not in CALIBRATED_RUNTIMES):
         raise InputError(f"--calibrate measures {', '.join(CALIBRATED_RUNTIMES)} servers; it "
                          "replaces --calibration")

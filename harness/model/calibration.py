@@ -437,16 +437,18 @@ def calibration_label(name_or_path: str | Path, cal: Calibration) -> str:
     return f"{name_or_path} ({cal.provenance()})" if cal.is_declared else str(name_or_path)
 
 
-# The policies that swap whatever the prices say (ttl: after=swap, its default).
+# The policies that swap whatever the prices say (ttl: after=swap, its default; continuum:
+# after=swap, given: its reload would be priced as never finishing, so it would pin for ever).
 def check_swap(cal: Calibration, policy: str, policy_args: dict[str, str] | None = None,
                where: str = "calibration") -> None:
     """InputError when `policy` must swap and the calibrated engine has none (null swap rates);
     policies that price their options (threshold, min-waste, oracle) never choose it there."""
     if cal.has_swap:
         return
-    args = policy_args or {}
-    if policy == "swap" or (policy == "ttl" and args.get("after", "swap") == "swap"):
-        what = "ttl with after=swap" if policy == "ttl" else "swap"
+    after = (policy_args or {}).get("after", "swap" if policy == "ttl" else None)
+    if policy == "swap" or (policy in ("ttl", "continuum") and after == "swap"):
+        what = "swap" if policy == "swap" else f"{policy} with after=swap"
         raise InputError(f"{where}: {cal.engine_kind or cal.runtime} has no swap (null swap "
                          f"rates in the calibration): {what} cannot run there; use "
-                         "ttl.after=recompute, or another policy")
+                         f"{'ttl' if policy == 'swap' else policy}.after=recompute, or another "
+                         "policy")

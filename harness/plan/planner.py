@@ -20,6 +20,23 @@ from harness.plan.injection import Injection
 from harness.plan.tokens import shared_token_ids, stable_seed, token_ids
 from harness.traces.schema import DEFAULT_PREFIX_TOKENS, KIND_LLM, TOOL_SUBAGENT
 
+# The records' clock is int64 nanoseconds from the run's start (about 292 years). Planned
+# arrivals must end within half of it, so that what runs after the last one still fits.
+MAX_ARRIVAL_S = 2.0**62 / 1e9
+
+
+def poisson_arrivals(rng: np.random.Generator, arrivals: Arrivals, n_roots: int) -> np.ndarray:
+    """`n_roots` Poisson arrival times at `arrivals.rate` (s, unscaled: one draw per root from
+    `rng`); InputError naming --rate where, scaled by `arrivals.time_scale`, the last would not
+    fit the records' clock (a rate so low its arrivals would wrap round it)."""
+    times: np.ndarray = np.cumsum(rng.exponential(1.0 / arrivals.rate, size=n_roots))
+    last = float(times[-1]) * arrivals.time_scale if n_roots else 0.0
+    if arrivals.mode == "poisson" and not last <= MAX_ARRIVAL_S:
+        raise InputError(f"--rate {arrivals.rate:g}: {n_roots:,} arrivals at that rate span "
+                         f"{last:.3g} s, past what the records' clock holds ({MAX_ARRIVAL_S:.3g} "
+                         "s of int64 nanoseconds); give a higher --rate")
+    return times
+
 
 @dataclass(frozen=True)
 class CallStep:
@@ -170,7 +187,7 @@ def make_plan(steps: pd.DataFrame, injection: Injection, arrivals: Arrivals,
     bounds = [i for i in range(n) if i == 0 or tids[i] != tids[i - 1]] + [n]
     parents = [cols["parent_id"][lo] if "parent_id" in cols else None for lo in bounds[:-1]]
     n_roots = sum(p is None for p in parents)
-    poisson = np.cumsum(rng.exponential(1.0 / arrivals.rate, size=n_roots))
+    poisson = poisson_arrivals(rng, arrivals, n_roots)
     built: dict[str, TrajectoryPlan] = {}
     spawns: dict[str, dict[int, list[str]]] = {}  # parent -> spawn step -> children, in order
     roots: list[str] = []

@@ -344,12 +344,16 @@ def wants_program_order(name: object, args: object = None) -> bool:
 
 
 def parse_policy_args(pairs: tuple[str, ...], flag: str = "--policy-arg") -> dict[str, str]:
-    """`KEY=VALUE` flag values as a dict; InputError naming `flag` for one without `=`."""
+    """`KEY=VALUE` flag values as a dict; InputError naming `flag` for one without `=` or a
+    key given twice (the last would silently win, as no other repeated flag does)."""
     out: dict[str, str] = {}
     for p in pairs:
         if "=" not in p:
             raise InputError(f"{flag} {p!r}: expected KEY=VALUE")
         k, v = p.split("=", 1)
+        if k.strip() in out:
+            raise InputError(f"{flag} {k.strip()}: given twice ({k.strip()}={out[k.strip()]} "
+                             f"and {k.strip()}={v.strip()}); give each key once")
         out[k.strip()] = v.strip()
     return out
 

@@ -15,12 +15,14 @@ Times are the replay's records' `t_ns` from its first trajectory's start (the si
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from harness.errors import InputError
+from harness.records.manifest import RunManifest
 from harness.simulate.workload import Workload
 
 # the record columns the pins are read from
@@ -40,6 +42,42 @@ class Pins:
     @property
     def pinned(self) -> int:
         return int(np.isfinite(self.tool_end_s).sum() + np.isfinite(self.start_s).sum())
+
+
+def check_same_run(replay: RunManifest, sim: RunManifest, where: str) -> None:
+    """InputError (naming `where`) unless the replay's run.json says it ran what the
+    simulation `sim` runs: the same trace (its bytes), token scale, copies, arrivals (a closed
+    loop's concurrency, a Poisson rate) and seed. A run.json that does not say which run it
+    holds (no run id, runtime, trace, arrivals or seed) is refused too."""
+    missing = [k for k in ("run_id", "runtime", "trace", "arrivals", "seed")
+               if getattr(replay, k) is None]
+    if missing:
+        raise InputError(f"{where}: its run.json does not say its {', '.join(missing)}: pin to "
+                         "a replay's own results directory")
+    assert replay.trace is not None and replay.arrivals is not None
+    assert sim.trace is not None and sim.arrivals is not None
+    there, here = replay.trace, sim.trace
+    a, b = replay.arrivals, sim.arrivals
+    differ = []
+    if there.sha256 != here.sha256:
+        differ.append(f"another trace ({there.path})")
+    if not math.isclose(there.token_scale, here.token_scale):
+        differ.append(f"token scale {there.token_scale:g} (here {here.token_scale:g})")
+    if there.copies != here.copies:
+        differ.append(f"{there.copies} copies (here {here.copies})")
+    if a.mode != b.mode:
+        differ.append(f"{a.mode} arrivals (here {b.mode})")
+    elif a.mode == "closed" and a.concurrency != b.concurrency:
+        differ.append(f"--concurrency {a.concurrency} (here {b.concurrency})")
+    elif a.mode == "poisson" and not (a.rate is not None and b.rate is not None
+                                      and math.isclose(a.rate, b.rate)):
+        differ.append(f"--rate {a.rate} (here {b.rate})")
+    if replay.seed != sim.seed:
+        differ.append(f"--seed {replay.seed} (here {sim.seed})")
+    if differ:
+        raise InputError(f"{where}: the replay ran {'; '.join(differ)}: pin a simulation only "
+                         "to a replay of the same trace, --token-scale, copies, --concurrency "
+                         "and --seed")
 
 
 def pins_from_records(records: pd.DataFrame, w: Workload, source: str) -> Pins:

@@ -18,7 +18,7 @@ from harness.errors import InputError
 from harness.metrics.summary import summarize_dir
 from harness.metrics.summary_types import save_summary
 from harness.model.calibration import Calibration, check_swap
-from harness.plan.planner import Arrivals
+from harness.plan.planner import Arrivals, poisson_arrivals
 from harness.policies import (
     POLICIES,
     SLOT_MODEL_POLICIES,
@@ -35,7 +35,7 @@ from harness.simulate.fleet import Fleet, check_fleet
 from harness.simulate.options import DEFAULT_DEADLINE_S as DEFAULT_DEADLINE_S
 from harness.simulate.options import FIRST_TOKEN_TIMEOUT_S as FIRST_TOKEN_TIMEOUT_S
 from harness.simulate.options import Loop, SimOptions
-from harness.simulate.pins import PIN_COLUMNS, Pins, pins_from_records
+from harness.simulate.pins import PIN_COLUMNS, Pins, check_same_run, pins_from_records
 from harness.simulate.records import RecordSink
 from harness.simulate.server import (
     BLOCK_SIZE,
@@ -99,7 +99,7 @@ def arrival_times(arrivals: Arrivals, w: Workload, n_steps: int, seed: int
     rng = np.random.default_rng(seed)
     for _ in range(4):  # the planner draws four per-step uniforms first
         rng.random(n_steps)
-    return np.cumsum(rng.exponential(1.0 / arrivals.rate, size=len(roots)))
+    return poisson_arrivals(rng, arrivals, len(roots))
 
 
 def check_capacity(tokens: int | None, slots: int | None, ctx_per_slot: int | None,
@@ -216,7 +216,6 @@ def run_simulation(opts: SimOptions, calibration: Calibration) -> RunManifest:
     df = tile_steps(once, copies)
     w = build_workload(df, default_deadline_s)
     arrival_s = arrival_times(arrivals, w, len(df), seed)
-    pins = replay_pins(pinned_to, w) if pinned_to is not None else None
     server = server_model(calibration)
     roots = int(df.loc[trajectory_starts(df["trajectory_id"].astype(object).to_numpy()),
                        "parent_id"].isna().sum())
@@ -224,6 +223,7 @@ def run_simulation(opts: SimOptions, calibration: Calibration) -> RunManifest:
                    token_scale * imported_token_scale(trace), ideal_reuse_for(once, policy),
                    copies)
     run = _manifest(o, ref, policy.sees_true_latency, calibration)
+    pins = replay_pins(pinned_to, w, run) if pinned_to is not None else None
     draws = seed if o.draws_seed is None else o.draws_seed  # the server model's noise, overheads
     # a fleet's own loop (harness.simulate.fleet) is Python around the engine's transitions
     loop = "heapq event loop" if servers == 1 else "heapq event loop of a fleet (python)"
@@ -276,13 +276,15 @@ def run_simulation(opts: SimOptions, calibration: Calibration) -> RunManifest:
     return run
 
 
-def replay_pins(replay: Path, w: Workload) -> Pins:
-    """The pins of a replay's results directory onto `w` (harness.simulate.pins)."""
+def replay_pins(replay: Path, w: Workload, sim: RunManifest) -> Pins:
+    """The pins of a replay's results directory onto `w` (harness.simulate.pins), refused
+    unless the replay ran what the simulation `sim` (its run.json) runs."""
     if not (replay / RUN_JSON).exists():
         raise InputError(f"--pinned-to {replay}: not a results directory (no {RUN_JSON})")
     run = read_manifest(replay)
     if run.runtime == "simulator":
         raise InputError(f"--pinned-to {replay}: a simulation; pin to a replay of a server")
+    check_same_run(run, sim, f"--pinned-to {replay}")
     return pins_from_records(read_records(replay, PIN_COLUMNS), w, str(run.run_id))
 
 

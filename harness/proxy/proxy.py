@@ -17,6 +17,11 @@ proxy takes it: llama-server closes the connection after every streamed answer w
 so in its headers, and the proxy can reuse it before the close arrives. A request that fails
 that way (the upstream hung up, or reset, before any answer, on a reused connection) is sent
 once more, on a new connection of its own; one on a new connection is not.
+
+Credentials in the upstream URL (http://user:pw@host) are sent as Basic authorization and win
+over an Authorization header of the client's own, which is then not forwarded (one credential
+per request). A request the proxy cannot read (a target that is not a path, a malformed header
+or chunked body) gets a 400 and one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import contextlib
 import errno
 import itertools
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -33,10 +39,12 @@ from types import SimpleNamespace
 import aiohttp
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from harness.proxy.answers import FirstToken, api_of
+from harness.proxy.httpserver import first_line, server, stderr_line
 from harness.proxy.recorder import CallMeta, Recorder
 
 # Headers of one connection, never forwarded (RFC 9110 7.6.1), and those a proxy sets itself.
@@ -82,10 +90,17 @@ def forwarded(headers: CIMultiDictProxy[str], own: frozenset[str] = frozenset()
     return out
 
 
-def error_body(message: str) -> bytes:
-    """The one-line JSON a client gets with a 502 (readable as an OpenAI or Anthropic error)."""
-    return orjson.dumps({"type": "error", "error": {"type": "upstream_unreachable",
-                                                    "message": message}}) + b"\n"
+def error_body(message: str, kind: str = "upstream_unreachable") -> bytes:
+    """The one-line JSON a client gets with a 502 or a 400 (readable as an OpenAI or Anthropic
+    error)."""
+    return orjson.dumps({"type": "error", "error": {"type": kind, "message": message}}) + b"\n"
+
+
+def _bad_request(message: str) -> web.Response:
+    resp = web.Response(status=400, content_type="application/json",
+                        body=error_body(f"harness record: {message}", "bad_request"))
+    resp.force_close()  # what follows a request that could not be read cannot be trusted
+    return resp
 
 
 def _hung_up(exc: BaseException) -> bool:
@@ -121,7 +136,7 @@ def _why(exc: BaseException) -> str:
 
 
 async def _read_body(request: web.BaseRequest) -> bytes | None:
-    """The whole request body (None past MAX_BODY)."""
+    """The whole request body (None past MAX_BODY; HttpProcessingError when it is malformed)."""
     parts: list[bytes] = []
     size = 0
     while request.can_read_body and (chunk := await request.content.readany()):
@@ -135,13 +150,23 @@ async def _read_body(request: web.BaseRequest) -> bytes | None:
 class Proxy:
     """The proxy on an event loop: `start`, then `stop` (which closes the recording)."""
 
-    def __init__(self, config: ProxyConfig, recorder: Recorder) -> None:
+    def __init__(self, config: ProxyConfig, recorder: Recorder,
+                 warn: Callable[[str], None] = stderr_line) -> None:
         self.config = config
         self.recorder = recorder
         self.url = ""
         self.stopping = False
+        self._warn = warn
         parts = urllib.parse.urlsplit(config.upstream)  # a query or fragment is not a base
-        self._base = urllib.parse.urlunsplit((*parts[:3], "", "")).rstrip("/")
+        host = parts.hostname or ""
+        netloc = (f"[{host}]" if ":" in host else host) + (
+            f":{parts.port}" if parts.port else "")
+        self._base = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", "")
+                                             ).rstrip("/")
+        # The URL's credentials replace the client's Authorization (aiohttp refuses both).
+        self._auth = (aiohttp.encode_basic_auth(urllib.parse.unquote(parts.username),
+                                                urllib.parse.unquote(parts.password or ""))
+                      if parts.username is not None else None)
         self._ids = itertools.count(1)
         self._session_headers = tuple(h.lower() for h in config.session_headers)
         self._session: aiohttp.ClientSession | None = None
@@ -161,13 +186,19 @@ class Proxy:
         self._fresh = aiohttp.ClientSession(
             timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
             connector=aiohttp.TCPConnector(limit=0, force_close=True))
-        server = web.Server(self._handle, handler_cancellation=True, access_log=None)
-        self._runner = web.ServerRunner(server, shutdown_timeout=STOP_GRACE_S)
+        self._runner = web.ServerRunner(server(self._handle, self._warn),
+                                        shutdown_timeout=STOP_GRACE_S)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port)
         await site.start()
         host, port = self._runner.addresses[0][:2]
         self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
+    def listening(self) -> list[tuple[str, int]]:
+        """The (host, port) of each socket the proxy listens on (empty before `start`)."""
+        if self._runner is None:
+            return []
+        return [(str(a[0]), int(a[1])) for a in self._runner.addresses]
 
     async def stop(self) -> dict[str, object]:
         """Stop listening, cut the calls still running (recorded `stopped`), close the
@@ -187,13 +218,24 @@ class Proxy:
                 return value
         return None
 
+    def _refused(self, request: web.BaseRequest, why: str) -> web.Response:
+        self._warn(f"harness record: bad request (400) from {request.remote}: {why}")
+        return _bad_request(why)
+
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        if not request.raw_path.startswith("/"):
+            # An absolute-form target (a forward proxy's), `OPTIONS *`, CONNECT's authority:
+            # this proxy forwards paths to one upstream only.
+            return self._refused(request, "the request target is not a path")
         rec = self.recorder
         arrival = rec.now()
         api = api_of(request.method, request.path)
         meta = None if api is None else CallMeta(next(self._ids), api, request.path, arrival,
                                                  self._session_of(request))
-        body = await _read_body(request)
+        try:
+            body = await _read_body(request)
+        except HttpProcessingError as exc:
+            return self._refused(request, first_line(exc.message) or type(exc).__name__)
         if body is None:
             return web.Response(status=413, body=error_body(
                 f"harness record: request body over {MAX_BODY} bytes"),
@@ -208,6 +250,11 @@ class Proxy:
             if meta is not None:
                 meta.outcome, meta.end = ("stopped" if self.stopping else "aborted"), rec.now()
             raise
+        except Exception as exc:  # the server answers 500 and logs one line: never `ok`
+            if meta is not None and meta.outcome == "ok":
+                meta.outcome = "unreachable" if meta.status is None else "cut"
+                meta.error = _why(exc)
+            raise
         finally:
             if meta is None:
                 rec.passed(request.method, request.path, status, arrival, rec.now())
@@ -220,12 +267,15 @@ class Proxy:
                      chunks: list[bytes]) -> tuple[web.StreamResponse, int | None]:
         assert self._session is not None and self._fresh is not None
         skip = [h for h in _AUTO_HEADERS if h not in request.headers]
+        headers = forwarded(request.headers, _REQUEST_OWN)
+        if self._auth is not None:
+            headers["Authorization"] = self._auth
         attempt = _Attempt()
         try:
             for session in (self._session, self._fresh):
                 up_cm = session.request(
                     request.method, URL(self._base + request.raw_path, encoded=True),
-                    headers=forwarded(request.headers, _REQUEST_OWN), data=body or None,
+                    headers=headers, data=body or None,
                     allow_redirects=False, skip_auto_headers=skip, trace_request_ctx=attempt)
                 try:
                     up = await up_cm.__aenter__()
@@ -234,7 +284,8 @@ class Proxy:
                     if not (attempt.reused and _hung_up(exc)):
                         raise
                     attempt.reused = False  # a stale pooled connection: once more, on a new one
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
+            # ValueError: a request aiohttp would not send (a header it refuses, ...)
             if meta is not None:
                 meta.outcome, meta.error = "unreachable", _why(exc)
             return web.Response(status=502, content_type="application/json", body=error_body(

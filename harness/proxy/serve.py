@@ -11,6 +11,7 @@ import ipaddress
 import secrets
 import shutil
 import signal
+import socket
 import sys
 import time
 import urllib.parse
@@ -83,24 +84,78 @@ def recording_meta(config: ProxyConfig, started: float) -> dict[str, Any]:
     }
 
 
-async def start_recording(config: ProxyConfig) -> Proxy:
-    """A new recording in config.out and its proxy, listening. InputError (and no folder left
-    behind) when the folder or the address cannot be had."""
+def _ip(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        ip = ipaddress.ip_address(address.split("%")[0])
+    except ValueError:
+        return None
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return mapped or ip
+
+
+def _is_local(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether `ip` is one of this machine's addresses (one a socket can bind)."""
+    if ip.is_loopback:
+        return True
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind((str(ip), 0))
+    except OSError:
+        return False
+    return True
+
+
+async def forwards_to_itself(upstream: str, listening: list[tuple[str, int]]) -> bool:
+    """Whether `upstream` (its host resolved) is one of the addresses the proxy listens on:
+    every call would then be forwarded to the proxy again, without end."""
+    p = urllib.parse.urlsplit(upstream)
+    port = p.port or (443 if p.scheme == "https" else 80)
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(p.hostname, port,
+                                                             type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False  # not resolvable now: the reachability warning says so
+    targets = {ip for info in infos if (ip := _ip(str(info[4][0]))) is not None}
+    for host, lport in listening:
+        ip = _ip(host)
+        if lport != port or ip is None:
+            continue
+        if ip in targets or (ip.is_unspecified and any(_is_local(t) for t in targets)):
+            return True
+    return False
+
+
+async def start_recording(config: ProxyConfig,
+                          warn: Callable[[str], None] | None = None) -> Proxy:
+    """A new recording in config.out and its proxy, listening (the server's own one-line
+    messages to `warn`, stderr by default). InputError (and no folder left behind) when the
+    folder or the address cannot be had, or when the upstream is the proxy itself."""
     existed = config.out.exists()
     create_folder(config.out)
     started = time.time()
     recorder = Recorder(config.out, recording_meta(config, started), config.keep_text)
-    proxy = Proxy(config, recorder)
+    proxy = Proxy(config, recorder) if warn is None else Proxy(config, recorder, warn)
     try:
         await proxy.start()
+        loops = await forwards_to_itself(config.upstream, proxy.listening())
     except OSError as exc:
-        with contextlib.suppress(Exception):
-            await proxy.stop()
-        _remove(config, existed)
+        await _abandon(proxy, config, existed)
         raise InputError(f"--listen {config.host}:{config.port}: cannot listen: "
                          f"{exc.strerror or exc}") from None
+    if loops:
+        await _abandon(proxy, config, existed)
+        raise InputError(f"--upstream {public_url(config.upstream)} is the proxy's own "
+                         f"--listen address ({proxy.url}): every call would be forwarded to "
+                         "the proxy again; give the server's address")
     proxy.url = proxy.url or f"http://{config.host}:{config.port}"
     return proxy
+
+
+async def _abandon(proxy: Proxy, config: ProxyConfig, existed: bool) -> None:
+    with contextlib.suppress(Exception):
+        await proxy.stop()
+    _remove(config, existed)
 
 
 def _remove(config: ProxyConfig, existed: bool) -> None:
@@ -145,7 +200,7 @@ async def serve(config: ProxyConfig, say: Callable[[str], None],
             loop.add_signal_handler(s, on_signal, s)  # not in the main thread: not installed
             installed.append(s)
     try:
-        proxy = await start_recording(config)
+        proxy = await start_recording(config, warn)
         why = await upstream_reachable(config.upstream)
         if why is not None:
             warn(f"warning: upstream {public_url(config.upstream)} is not reachable now "

@@ -27,3 +27,10 @@ MAX_SLO = 1e9
 # Real agents nest a handful of levels; the planner and the replay walk a family recursively
 # (a few Python frames a level), so 64 stays far inside Python's default limit of 1,000.
 MAX_SUBAGENT_DEPTH = 64
+
+# A gzipped input's inflated size in bytes (trace files, agent logs, span exports). A gzip
+# stream inflates up to ~1,000x, so a 2 MB file can hold gigabytes; the reader inflates in
+# bounded chunks and stops at this bound, naming the file. The largest real gzipped trace
+# known (a kv-cache-tester conversation) inflates to 3.6 MB: 512 MiB is ~150x that, and what an
+# import then holds (the inflated bytes, their text, the parsed values) still fits a laptop.
+MAX_INFLATED_BYTES = 512 * 2**20

@@ -9,9 +9,11 @@ import gzip
 import json
 import math
 import re
+import zlib
 from pathlib import Path
 from typing import Any
 
+from harness import limits
 from harness.errors import InputError
 
 # One token per run of word characters and one per other non-space character. Crude next to a
@@ -41,13 +43,48 @@ def check_regular(path: Path) -> None:
         raise InputError(f"{path}: not a regular file")
 
 
+def real_path(path: Path) -> Path:
+    """`path` with every symbolic link resolved, to tell one file named twice from two files.
+
+    A link to itself, or links naming each other, can never be resolved: the path is refused
+    by name (Python raises RuntimeError, or OSError ELOOP from 3.13)."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError):
+        raise InputError(f"{path}: symbolic link loop (a link that leads back to itself)"
+                         ) from None
+
+
+_CHUNK = 1 << 20  # inflate a megabyte at a time: what is held never passes the cap by more
+
+
+def read_bytes(path: Path) -> bytes | bytearray:
+    """The file's bytes, inflated if its name ends in .gz, after check_regular.
+
+    A gzip stream can inflate a thousandfold, so it is inflated a chunk at a time and refused,
+    naming the file, as soon as it passes limits.MAX_INFLATED_BYTES: memory stays bounded
+    whatever the file holds. OSError, EOFError and zlib.error (a corrupt stream) are the
+    caller's to name."""
+    check_regular(path)
+    if not path.name.endswith(".gz"):
+        return path.read_bytes()
+    cap = limits.MAX_INFLATED_BYTES
+    out = bytearray()
+    with gzip.open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            out += chunk
+            if len(out) > cap:
+                raise InputError(f"{path}: inflates to more than {cap / 2**20:g} MiB, the "
+                                 "limit on a gzipped input")
+    return out
+
+
 def read_json(path: Path) -> Any:
     """Parse a JSON (or gzipped JSON) file; a bad file is an InputError naming it and the spot."""
     check_regular(path)
     try:
         if path.name.endswith(".gz"):
-            with gzip.open(path, "rt", encoding="utf-8") as fh:
-                return json.load(fh)
+            return json.loads(read_bytes(path).decode("utf-8"))
         with path.open(encoding="utf-8") as fh:
             return json.load(fh)
     except json.JSONDecodeError as exc:
@@ -55,7 +92,7 @@ def read_json(path: Path) -> Any:
                          f"{exc.msg}") from None
     except RecursionError:
         raise InputError(f"{path}: JSON nested too deeply to be a trace") from None
-    except (OSError, UnicodeDecodeError, EOFError) as exc:
+    except (OSError, UnicodeDecodeError, EOFError, zlib.error) as exc:
         raise InputError(f"{path}: cannot read: {exc}") from None
 
 

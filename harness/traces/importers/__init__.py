@@ -26,7 +26,7 @@ from harness.traces.importers.base import Format, Imported
 from harness.traces.scale import scale_tokens
 from harness.traces.schema import write_trajectories
 from harness.traces.validate import check_frame
-from harness.userfiles import check_regular
+from harness.userfiles import check_regular, real_path
 
 FORMATS: dict[str, Format] = {f.name: f for f in (
     atif.IMPORTER, claude_code.IMPORTER, codex.IMPORTER, infercept.IMPORTER,
@@ -50,6 +50,9 @@ def import_traces(fmt: str, paths: Sequence[Path], options: dict[str, str]) -> I
         raise InputError(f"{fmt} import: no path given")
     for path in paths:
         if not path.exists():
+            if path.is_symlink():  # a link that leads nowhere, or back to itself
+                real_path(path)
+                raise InputError(f"{path}: symbolic link to nothing")
             raise InputError(f"{path}: does not exist")
         if not path.is_dir():  # a directory is the importer's to read (or refuse)
             check_regular(path)

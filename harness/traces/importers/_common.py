@@ -14,6 +14,7 @@ import pandas as pd
 
 from harness.errors import InputError
 from harness.traces.schema import COLUMNS, KIND_LLM, KIND_TOOL, PRIORITIES
+from harness.userfiles import real_path
 
 # Options every importer accepts, with their defaults.
 COMMON_OPTIONS: dict[str, str] = {
@@ -204,7 +205,7 @@ def files_in(paths: Sequence[Path], suffixes: tuple[str, ...] = (".json.gz", ".j
         if not found:
             raise InputError(f"{p}: no {' or '.join('*' + s for s in suffixes)} files")
         for q in found:
-            unique.setdefault(q.resolve(), q)
+            unique.setdefault(real_path(q), q)
     return list(unique.values())
 
 

@@ -34,7 +34,7 @@ from harness.traces.importers.builder import Builder, Built, assign_starts
 from harness.traces.importers.claude_code_parse import ClaudeFile, Side, convo_of, read_file
 from harness.traces.importers.form import Call, Convo, Response
 from harness.traces.schema import Provenance
-from harness.userfiles import TOKEN_RULE
+from harness.userfiles import TOKEN_RULE, real_path
 
 FORMAT = "claude-code"
 OPTIONS = {"warmups": "keep"}
@@ -54,16 +54,16 @@ def _files(paths: Sequence[Path]) -> list[tuple[Path, Path | None]]:
             if not found:
                 raise InputError(f"{p}: no *.jsonl transcripts")
             for q in found:
-                out.setdefault(q.resolve(), (q, None))
+                out.setdefault(real_path(q), (q, None))
             continue
-        out.setdefault(p.resolve(), (p, None))
+        out.setdefault(real_path(p), (p, None))
         if p.name.startswith("agent-"):
             continue
         sub = p.with_suffix("") / "subagents"
         for q in sorted(sub.glob("*.jsonl")) if sub.is_dir() else []:
-            out.setdefault(q.resolve(), (q, None))
+            out.setdefault(real_path(q), (q, None))
         for q in sorted(p.parent.glob("agent-*.jsonl")):
-            out.setdefault(q.resolve(), (q, p))
+            out.setdefault(real_path(q), (q, p))
     return list(out.values())
 
 

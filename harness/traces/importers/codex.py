@@ -36,7 +36,7 @@ from harness.traces.importers.base import Format, Imported
 from harness.traces.importers.builder import Builder, Built, assign_starts
 from harness.traces.importers.codex_parse import Rollout
 from harness.traces.schema import Provenance
-from harness.userfiles import TOKEN_RULE
+from harness.userfiles import TOKEN_RULE, real_path
 
 FORMAT = "codex"
 OPTIONS: dict[str, str] = {}
@@ -58,7 +58,7 @@ def _files(paths: Sequence[Path]) -> list[Path]:
         if not found:
             raise InputError(f"{p}: no rollout-*.jsonl or *.jsonl files")
         for q in found:
-            unique.setdefault(q.resolve(), q)
+            unique.setdefault(real_path(q), q)
     return list(unique.values())
 
 

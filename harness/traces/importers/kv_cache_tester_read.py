@@ -7,7 +7,6 @@ within the limits of the options (`Limits`).
 
 from __future__ import annotations
 
-import gzip
 import struct
 import zlib
 from collections import Counter
@@ -19,7 +18,7 @@ import orjson
 
 from harness.errors import InputError
 from harness.limits import MAX_SUBAGENT_DEPTH
-from harness.userfiles import check_regular, is_count, is_seconds
+from harness.userfiles import is_count, is_seconds, read_bytes
 
 MAX_TRACE_S = 1e9  # any time or duration in a file (ms for duration_ms)
 
@@ -63,10 +62,8 @@ def fail(where: str, what: str) -> InputError:
 
 
 def read_doc(path: Path) -> Any:
-    check_regular(path)  # a FIFO or a device would block read_bytes, or never end
-    try:
-        raw = path.read_bytes()
-        return orjson.loads(gzip.decompress(raw) if path.name.endswith(".gz") else raw)
+    try:  # read_bytes refuses a FIFO or a device (either would block, or never end)
+        return orjson.loads(read_bytes(path))
     except orjson.JSONDecodeError as exc:
         raise fail(str(path), f"not valid JSON at line {exc.lineno} column {exc.colno}: "
                                f"{exc.msg}") from None

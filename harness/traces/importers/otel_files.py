@@ -18,6 +18,7 @@ from harness.traces.importers.otel_read import (
     obj,
     otlp,
 )
+from harness.userfiles import real_path
 
 
 def _jaeger_list(items: list[Any], where: str, out: list[Span]) -> None:
@@ -114,7 +115,7 @@ def files_in_tree(paths: Sequence[Path], suffixes: tuple[str, ...]) -> list[tupl
                 raise InputError(f"{p}: no {' or '.join('*' + s for s in suffixes)} files "
                                  "(sub-folders included)")
             for q in found:
-                unique.setdefault(q.resolve(), (q, True))
+                unique.setdefault(real_path(q), (q, True))
         else:
-            unique.setdefault(p.resolve(), (p, False))
+            unique.setdefault(real_path(p), (p, False))
     return list(unique.values())

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import gzip
 import json
 import re
 import zlib
@@ -28,7 +27,7 @@ from typing import Any
 from harness.errors import InputError
 from harness.limits import MAX_TOKENS
 from harness.traces.importers.form import Usage
-from harness.userfiles import check_regular
+from harness.userfiles import read_bytes
 
 MAX_DEPTH = 48  # nesting of an attribute value; deeper is refused, never recursed into
 MAX_NS = 2**63 - 1
@@ -77,12 +76,8 @@ def fail(where: str, what: str) -> InputError:
 
 def load_docs(path: Path) -> list[tuple[str, Any]]:
     """The file's JSON documents: one, or one per non-blank line (JSON Lines)."""
-    check_regular(path)
     try:
-        raw = path.read_bytes()
-        if path.name.endswith(".gz"):
-            raw = gzip.decompress(raw)
-        text = raw.decode("utf-8")
+        text = read_bytes(path).decode("utf-8")
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
         raise fail(str(path), f"cannot read: {exc}") from None
     try:

@@ -21,6 +21,7 @@ their order, or the class's `JSON_KEYS` where its document has only some of them
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -135,6 +136,34 @@ def _plan(cls: type[JsonType]) -> _Plan:
                      frozenset(k.name for k in keys if k.typed is not None))
         _PLANS[cls] = plan
     return plan
+
+
+def non_finite(value: Any, at: str = "") -> str | None:
+    """The key path (`a.b[2]`) of the first NaN or infinity in a JSON value, else None: JSON has
+    neither, and a result file that held one would not read back as JSON elsewhere."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else at or "the value"
+    if isinstance(value, dict):
+        items: Any = ((f"{at}.{k}" if at else str(k), v) for k, v in value.items())
+    elif isinstance(value, list | tuple):
+        items = ((f"{at}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for path, v in items:
+        found = non_finite(v, path)
+        if found is not None:
+            return found
+    return None
+
+
+def check_finite(data: Any, where: str) -> None:
+    """ValueError naming `where` and the key when `data` holds NaN or an infinity. Every input
+    a result is computed from is refused up front when outside its documented range, so this
+    is a fault of the harness, never a file it writes with a value JSON cannot hold."""
+    found = non_finite(data)
+    if found is not None:
+        raise ValueError(f"{where}: {found} is not a finite number; not written (JSON has no "
+                         "NaN or Infinity)")
 
 
 def encode(value: Any) -> Any:

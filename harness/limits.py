@@ -28,6 +28,29 @@ MAX_SLO = 1e9
 # (a few Python frames a level), so 64 stays far inside Python's default limit of 1,000.
 MAX_SUBAGENT_DEPTH = 64
 
+# A calibration's values (harness.model.calibration), from a file or measured; a flag for the
+# same value (simulate's --block-size, --capacity-tokens) takes the same bound.
+# A KV block / page size in tokens (vLLM 16, SGLang 1): the simulator keeps state per token of
+# a block, so a block far past any engine's would exhaust memory before the run began.
+MAX_BLOCK_SIZE = 1 << 20
+# A KV pool in tokens (a calibration's kv_capacity_tokens, simulate's --capacity-tokens).
+MAX_POOL_TOKENS = 10**12
+# Bytes of KV cache a token takes: a 405B-parameter model in 16 bits takes ~0.5 MiB, so a GiB
+# is far past any model; products with token counts stay far inside a float.
+MAX_KV_BYTES_PER_TOKEN = float(1 << 30)
+# A rate in tokens per second (prefill, decode, a measured point's): a token each 100 s at
+# least (MAX_TOKENS then take ~32 years, inside the records' nanosecond clock), a billion at most.
+MIN_TOK_S = 1e-2
+MAX_TOK_S = 1e9
+# A bandwidth in bytes per second (swap out and in): a byte a second up to a petabyte.
+MIN_BYTES_PER_S = 1.0
+MAX_BYTES_PER_S = 1e15
+# A time measured on a server in milliseconds (overheads, wake, the front end): MAX_SECONDS.
+MAX_MS = MAX_SECONDS * 1e3
+# A noise factor (one iteration's time over the median of its kind): a thousandth to a
+# thousand; a factor of 0 would give an iteration that takes no time.
+MIN_NOISE_FACTOR = 1e-3
+MAX_NOISE_FACTOR = 1e3
 # A gzipped input's inflated size in bytes (trace files, agent logs, span exports). A gzip
 # stream inflates up to ~1,000x, so a 2 MB file can hold gigabytes; the reader inflates in
 # bounded chunks and stops at this bound, naming the file. The largest real gzipped trace

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from harness.errors import InputError
-from harness.jsontypes import Json, JsonType
+from harness.jsontypes import Json, JsonType, check_finite
 from harness.records.store import SUMMARY_JSON, read_json, write_json
 
 SUMMARY_VERSION = "3"
@@ -167,8 +167,11 @@ _KNOWN = frozenset(SUMMARY_KEYS)
 
 
 def save_summary(directory: Path, summary: Summary) -> None:
-    """Write `summary` as the directory's summary.json (atomically)."""
-    write_json(directory / SUMMARY_JSON, summary.to_json())
+    """Write `summary` as the directory's summary.json (atomically); ValueError naming the
+    key when a value is NaN or an infinity (check_finite)."""
+    data = summary.to_json()
+    check_finite(data, str(directory / SUMMARY_JSON))
+    write_json(directory / SUMMARY_JSON, data)
 
 
 def read_summary(directory: Path) -> Summary:

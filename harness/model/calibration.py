@@ -1,6 +1,11 @@
 """The calibration file: rates measured on a live server, read by the model and the simulator.
 
-JSON with these keys (all rates positive and finite):
+JSON with these keys (each value within its documented range, harness.limits: rates MIN_TOK_S
+to MAX_TOK_S tokens/s, swap MIN_BYTES_PER_S to MAX_BYTES_PER_S, KV bytes 1 to
+MAX_KV_BYTES_PER_TOKEN a token, block_size to MAX_BLOCK_SIZE tokens, kv_capacity_tokens to
+MAX_POOL_TOKENS, batch_tokens and context lengths to MAX_TOKENS, times 0 to MAX_MS ms, noise
+factors MIN_NOISE_FACTOR to MAX_NOISE_FACTOR; a value outside is refused naming the file and
+the key, so whatever the model computes from them stays finite):
 
     {"runtime": "llama.cpp", "server_version": "b6000", "model": "SmolLM2-135M-Instruct.Q4_1",
      "kv_bytes_per_token": 23040, "prefill_tok_s": 240.0,
@@ -96,6 +101,14 @@ import numpy as np
 
 from harness.arrays import FloatArray
 from harness.errors import InputError
+from harness.limits import (
+    MAX_BLOCK_SIZE,
+    MAX_KV_BYTES_PER_TOKEN,
+    MAX_POOL_TOKENS,
+    MAX_TOK_S,
+    MAX_TOKENS,
+    MIN_TOK_S,
+)
 from harness.model.calibration_values import (
     check_points,
     check_wake,
@@ -118,6 +131,11 @@ _RATE_KEYS = ("kv_bytes_per_token", "prefill_tok_s", "decode_tok_s")
 _SWAP_KEYS = ("swap_out_bytes_per_s", "swap_in_bytes_per_s")
 _TEXT_KEYS = ("runtime", "server_version", "model", "measured_at")
 _INT_KEYS = ("block_size", "kv_capacity_tokens", "batch_tokens")
+# The documented ranges (harness.limits): (low, high) of each rate, the most of each count.
+_RATE_RANGES = {"kv_bytes_per_token": (1.0, MAX_KV_BYTES_PER_TOKEN),
+                "prefill_tok_s": (MIN_TOK_S, MAX_TOK_S), "decode_tok_s": (MIN_TOK_S, MAX_TOK_S)}
+_INT_HIGH = {"block_size": MAX_BLOCK_SIZE, "kv_capacity_tokens": MAX_POOL_TOKENS,
+             "batch_tokens": MAX_TOKENS}
 _FRONT_END_KEYS = ("front_end_ms", "front_end_cpu_ms", "stream_token_ms")
 DECLARED_NOTE = "declared, not measured here"
 
@@ -194,16 +212,16 @@ class Calibration:
             if not isinstance(getattr(self, key), str):
                 raise InputError(f"{where}: {key} must be a string")
         for key in _RATE_KEYS:
-            positive_number(getattr(self, key), key, where)
+            _rate(getattr(self, key), key, where)
         swaps = [getattr(self, k) for k in _SWAP_KEYS]
         if swaps != [0.0, 0.0]:  # both 0.0: no swap (null in the file)
             for key in _SWAP_KEYS:
-                positive_number(getattr(self, key), key, where)
+                parse_swap_rate(getattr(self, key), key, where)
         if self.engine is not None and self.engine not in ENGINES:
             raise InputError(f"{where}: engine must be one of {', '.join(ENGINES)}, got "
                              f"{self.engine!r}")
         for key in _INT_KEYS:
-            parse_count(getattr(self, key), key, where)
+            parse_count(getattr(self, key), key, where, _INT_HIGH[key])
         if self.declared is not None and (not isinstance(self.declared, str)
                                           or not self.declared.strip()):
             raise InputError(f"{where}: declared must be a non-empty string citing sources")
@@ -330,7 +348,7 @@ class Calibration:
         for k in _TEXT_KEYS:
             if not isinstance(data[k], str):
                 raise InputError(f"{where}: {k} must be a string")
-        rates = {k: positive_number(data[k], k, where) for k in _RATE_KEYS}
+        rates = {k: _rate(data[k], k, where) for k in _RATE_KEYS}
         if (data["swap_out_bytes_per_s"] is None) != (data["swap_in_bytes_per_s"] is None):
             raise InputError(f"{where}: swap_out_bytes_per_s and swap_in_bytes_per_s are both "
                              "null (the engine has no swap) or both rates")
@@ -341,6 +359,7 @@ class Calibration:
         declared = data.get("declared")
         if declared is not None and (not isinstance(declared, str) or not declared.strip()):
             raise InputError(f"{where}: declared must be a non-empty string citing sources")
+        check_wake(data.get("wake_ms"), data.get("wake_tau_ms"), where)
         return cls(runtime=data["runtime"], server_version=data["server_version"],
                    model=data["model"], measured_at=data["measured_at"],
                    prefill_points=parse_points(data, "prefill_points", where),
@@ -360,16 +379,26 @@ class Calibration:
                                                    "swap_out_bytes_per_s", where),
                    swap_in_bytes_per_s=parse_swap_rate(data["swap_in_bytes_per_s"],
                                                   "swap_in_bytes_per_s", where),
-                   block_size=parse_count(data.get("block_size"), "block_size", where),
-                   kv_capacity_tokens=parse_count(data.get("kv_capacity_tokens"),
-                                             "kv_capacity_tokens", where),
-                   batch_tokens=parse_count(data.get("batch_tokens"), "batch_tokens", where),
+                   block_size=_count(data, "block_size", where),
+                   kv_capacity_tokens=_count(data, "kv_capacity_tokens", where),
+                   batch_tokens=_count(data, "batch_tokens", where),
                    front_end_ms=parse_overhead(data.get("front_end_ms"), where, "front_end_ms"),
                    front_end_cpu_ms=parse_overhead(data.get("front_end_cpu_ms"), where,
                                                    "front_end_cpu_ms"),
                    stream_token_ms=parse_overhead(data.get("stream_token_ms"), where,
                                                   "stream_token_ms"),
                    **rates)
+
+
+def _rate(value: Any, key: str, where: str) -> float:
+    """One of _RATE_KEYS, in its documented range."""
+    low, high = _RATE_RANGES[key]
+    return positive_number(value, key, where, high, low)
+
+
+def _count(data: dict[str, Any], key: str, where: str) -> int | None:
+    """One of _INT_KEYS, absent or in its documented range."""
+    return parse_count(data.get(key), key, where, _INT_HIGH[key])
 
 
 def read_calibration(path: str | Path) -> Calibration:
@@ -381,6 +410,8 @@ def read_calibration(path: str | Path) -> Calibration:
         raise InputError(f"{p}: calibration file does not exist") from None
     except (OSError, ValueError) as exc:
         raise InputError(f"{p}: cannot read as JSON: {exc}") from None
+    except RecursionError:
+        raise InputError(f"{p}: JSON nested too deeply to be a calibration") from None
     return Calibration.from_dict(data, str(p))
 
 
@@ -429,6 +460,8 @@ def _read_json(p: Path) -> Any:
         return json.loads(p.read_text())
     except (OSError, ValueError) as exc:
         raise InputError(f"{p}: cannot read as JSON: {exc}") from None
+    except RecursionError:
+        raise InputError(f"{p}: JSON nested too deeply to be a calibration") from None
 
 
 def calibration_label(name_or_path: str | Path, cal: Calibration) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import InputError
+from harness.jsontypes import check_finite
 from harness.records.store import RUN_JSON, write_json
 
 # Disk set aside while a run writes its results (removed before run.json's last write): run.json
@@ -198,8 +199,11 @@ class RunManifest:
         return dataclasses.asdict(self)
 
     def write(self, directory: Path) -> None:
-        """Write run.json into `directory` atomically."""
-        write_json(directory / RUN_JSON, self.to_dict())
+        """Write run.json into `directory` atomically; ValueError naming the field when a value
+        is NaN or an infinity (check_finite)."""
+        data = self.to_dict()
+        check_finite(data, str(directory / RUN_JSON))
+        write_json(directory / RUN_JSON, data)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = RUN_JSON,

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import InputError
+from harness.limits import MAX_BLOCK_SIZE, MAX_POOL_TOKENS
 from harness.model.calibration import DEFAULT_PRESET, Calibration
 from harness.model.engines import ENGINES, LLAMACPP
 from harness.policies import parse_policy_args
@@ -43,7 +44,7 @@ class SimSpec(Spec):
     policy: str = shared.POLICY.but(help="keep, swap, recompute, ttl, threshold, ...").attr()
     policy_args: tuple[str, ...] = shared.POLICY_ARGS.attr()
     capacity_tokens: int | None = Field(
-        "capacity_tokens", "--capacity-tokens", "int", low=1, high=10**12, shown="text",
+        "capacity_tokens", "--capacity-tokens", "int", low=1, high=MAX_POOL_TOKENS, shown="text",
         help="KV capacity as a token pool.").attr()
     slots: int | None = shared.SLOTS.but(
         default=None, shown="text", show_default=False,
@@ -57,7 +58,7 @@ class SimSpec(Spec):
              "cached, evictable, least recently freed first). Default: the calibration's "
              "engine, else llamacpp.").attr()
     block_size: int | None = Field(
-        "block_size", "--block-size", "int", low=1, high=1 << 20, shown="text",
+        "block_size", "--block-size", "int", low=1, high=MAX_BLOCK_SIZE, shown="text",
         help="vllm/sglang: tokens per KV block (default: the calibration's, else 16 for vLLM, "
              "1 for SGLang).").attr()
     host_tokens: int | None = Field(

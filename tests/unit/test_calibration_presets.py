@@ -78,7 +78,7 @@ def test_engine_kind_falls_back_to_runtime() -> None:
     ({"declared": ""}, "declared must be a non-empty string"),
     ({"declared": ["a"]}, "declared must be a non-empty string"),
     ({"swap_out_bytes_per_s": None}, "both null"),
-    ({"swap_in_bytes_per_s": 0}, "swap_in_bytes_per_s must be finite and > 0"),
+    ({"swap_in_bytes_per_s": 0}, "swap_in_bytes_per_s must be a finite number >= 1"),
     ({"swap_out_bytes_per_s": "fast"}, "swap_out_bytes_per_s must be a number"),
 ])
 def test_each_bad_value_is_one_line_naming_the_key(patch: dict[str, Any], needle: str,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -157,13 +158,34 @@ def non_finite(value: Any, at: str = "") -> str | None:
 
 
 def check_finite(data: Any, where: str) -> None:
-    """ValueError naming `where` and the key when `data` holds NaN or an infinity. Every input
-    a result is computed from is refused up front when outside its documented range, so this
-    is a fault of the harness, never a file it writes with a value JSON cannot hold."""
+    """ValueError naming `where` and the key when `data` holds NaN or an infinity."""
     found = non_finite(data)
     if found is not None:
         raise ValueError(f"{where}: {found} is not a finite number; not written (JSON has no "
                          "NaN or Infinity)")
+
+
+def finite_json(data: Any, where: str) -> Any:
+    """`data` with every NaN or infinity replaced by null (unknown), and one line on stderr
+    naming `where` and the first such key. Every input a result is computed from is refused up
+    front when outside its documented range, so this is a fault of the harness; a results file
+    is still written (a run's end must never be lost), and never with a value JSON cannot
+    hold."""
+    found = non_finite(data)
+    if found is None:
+        return data
+    sys.stderr.write(f"warning: {where}: {found} is not a finite number; written as null\n")
+    return _nulled(data)
+
+
+def _nulled(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _nulled(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_nulled(v) for v in value]
+    return value
 
 
 def encode(value: Any) -> Any:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from harness.errors import InputError
-from harness.jsontypes import Json, JsonType, check_finite
+from harness.jsontypes import Json, JsonType, finite_json
 from harness.records.store import SUMMARY_JSON, read_json, write_json
 
 SUMMARY_VERSION = "3"
@@ -167,11 +167,10 @@ _KNOWN = frozenset(SUMMARY_KEYS)
 
 
 def save_summary(directory: Path, summary: Summary) -> None:
-    """Write `summary` as the directory's summary.json (atomically); ValueError naming the
-    key when a value is NaN or an infinity (check_finite)."""
-    data = summary.to_json()
-    check_finite(data, str(directory / SUMMARY_JSON))
-    write_json(directory / SUMMARY_JSON, data)
+    """Write `summary` as the directory's summary.json (atomically); a NaN or an infinity is
+    written as null and named on stderr (finite_json)."""
+    write_json(directory / SUMMARY_JSON, finite_json(summary.to_json(),
+                                                     str(directory / SUMMARY_JSON)))
 
 
 def read_summary(directory: Path) -> Summary:

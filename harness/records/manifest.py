@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import InputError
-from harness.jsontypes import check_finite
+from harness.jsontypes import finite_json
 from harness.records.store import RUN_JSON, write_json
 
 # Disk set aside while a run writes its results (removed before run.json's last write): run.json
@@ -199,11 +199,9 @@ class RunManifest:
         return dataclasses.asdict(self)
 
     def write(self, directory: Path) -> None:
-        """Write run.json into `directory` atomically; ValueError naming the field when a value
-        is NaN or an infinity (check_finite)."""
-        data = self.to_dict()
-        check_finite(data, str(directory / RUN_JSON))
-        write_json(directory / RUN_JSON, data)
+        """Write run.json into `directory` atomically; a NaN or an infinity is written as null
+        and named on stderr (finite_json)."""
+        write_json(directory / RUN_JSON, finite_json(self.to_dict(), str(directory / RUN_JSON)))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = RUN_JSON,

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from harness.cli import main
 from harness.errors import InputError
-from harness.jsontypes import check_finite, non_finite
+from harness.jsontypes import check_finite, finite_json, non_finite
 from harness.limits import MAX_BLOCK_SIZE
 from harness.metrics.summary_types import read_summary
 from harness.model.calibration import PRESETS_DIR, Calibration, read_calibration
@@ -119,3 +119,12 @@ def test_a_non_finite_value_is_never_written_and_is_named() -> None:
     assert non_finite({"a": [1.0, {"b": math.inf}]}) == "a[1].b"
     with pytest.raises(ValueError, match=r"summary.json: kv.gb is not a finite number"):
         check_finite({"kv": {"gb": math.nan}}, "summary.json")
+
+
+def test_a_non_finite_result_is_written_as_null_and_named(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    doc = {"kv": {"gb": math.nan, "n": 3}, "p": [1.5, -math.inf]}
+    assert finite_json(doc, "summary.json") == {"kv": {"gb": None, "n": 3}, "p": [1.5, None]}
+    assert capsys.readouterr().err == ("warning: summary.json: kv.gb is not a finite number; "
+                                       "written as null\n")
+    assert finite_json({"a": 1.0}, "run.json") == {"a": 1.0}

@@ -7,6 +7,10 @@ prompt_tokens_details.cached_tokens; Anthropic: input_tokens + cache_creation_in
 cache_read_input_tokens is the prompt, cache_read_input_tokens the cached part), else from
 llama.cpp's `timings` (prompt_n + cache_n, predicted_n, cache_n); the request is never changed to
 ask for it. Without either, the caller estimates it (Usage.source "estimate").
+
+An answer is `readable` when at least one JSON object of the API's own shape was found in it
+(OpenAI: one with `choices`, `usage`, `error` or `timings`; Anthropic: a message, an error or a
+stream event other than a ping): a body of other bytes is no answer, whatever its status.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ APIS = (OPENAI_CHAT, OPENAI_COMPLETIONS, ANTHROPIC)
 _DONE = object()
 # An API's error type or code is kept only when it looks like one (never free text).
 _SAFE_CODE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+# The keys that make a JSON object an OpenAI answer or stream event (see `readable`).
+_OPENAI_KEYS = ("choices", "usage", "error", "timings")
+_ANTHROPIC_EVENTS = frozenset({"message_start", "content_block_start", "content_block_delta",
+                               "content_block_stop", "message_delta", "message_stop", "error"})
 
 
 @dataclass
@@ -52,6 +60,7 @@ class Answer:
     error_type: str | None = None
     token_events: int = 0  # stream events that carried generated tokens
     complete: bool = False  # the stream's end was seen (or a whole JSON body)
+    readable: bool = False  # an object of the API's shape was found (see the module's doc)
 
 
 def api_of(method: str, path: str) -> str | None:
@@ -159,7 +168,7 @@ def parse_answer(api: str, body: bytes, sse: bool) -> Answer:
     if api == ANTHROPIC:
         return _anthropic_whole(obj)
     ans = Answer(model=_str(obj.get("model")) or None, error_type=_error_type(obj),
-                 complete=True)
+                 complete=True, readable=any(k in obj for k in _OPENAI_KEYS))
     choice = _dict(_list(obj.get("choices"))[0]) if _list(obj.get("choices")) else {}
     ans.finish = _str(choice.get("finish_reason")) or None
     if api == OPENAI_CHAT:
@@ -183,6 +192,7 @@ def _first_choices(events: list[Any], ans: Answer, raw: dict[str, Any]) -> Itera
             continue
         if not isinstance(obj, dict):
             continue
+        ans.readable = ans.readable or any(k in obj for k in _OPENAI_KEYS)
         ans.error_type = _error_type(obj) or ans.error_type
         ans.model = _str(obj.get("model")) or ans.model
         raw["usage"] = obj.get("usage") or raw.get("usage")
@@ -242,7 +252,8 @@ def _completion_stream(events: list[Any]) -> Answer:
 
 
 def _anthropic_whole(obj: dict[str, Any]) -> Answer:
-    ans = Answer(model=_str(obj.get("model")) or None, complete=True)
+    ans = Answer(model=_str(obj.get("model")) or None, complete=True,
+                 readable=obj.get("type") in ("message", "error") or "content" in obj)
     if obj.get("type") == "error":
         ans.error_type = _error_type(obj)
         return ans
@@ -267,6 +278,7 @@ def _anthropic_stream(events: list[Any]) -> Answer:
     timings: Any = None
     for obj in map(_dict, events):
         kind = obj.get("type")
+        ans.readable = ans.readable or (isinstance(kind, str) and kind in _ANTHROPIC_EVENTS)
         idx = obj.get("index")
         i = idx if isinstance(idx, int) else -1
         if kind == "message_start":

@@ -305,7 +305,7 @@ class Proxy:
         first = FirstToken(meta.api) if meta is not None and sse and not encoding else None
         if meta is not None:
             meta.status, meta.sse, meta.encoding = up.status, sse, encoding
-            if up.status >= 400:
+            if not 200 <= up.status < 300:  # an error, or a redirect (never followed)
                 meta.outcome = "http_error"
         try:
             await resp.prepare(request)

@@ -41,10 +41,12 @@ from harness.proxy.hashing import (
 from harness.proxy.store import RecordingWriter
 from harness.userfiles import count_tokens
 
-# Call outcomes: the answer came whole; the upstream answered with an error status; it could
-# not be reached or gave no answer (the client got a 502); its stream broke off; the client
-# went away; the proxy was stopped while the call ran.
-OUTCOMES = ("ok", "http_error", "unreachable", "cut", "aborted", "stopped")
+# Call outcomes: the answer came whole; the upstream answered with a status other than 2xx
+# (an error, a redirect: never followed); it could not be reached or gave no answer (the client
+# got a 502); its stream broke off; the client went away; the proxy was stopped while the call
+# ran; it answered 2xx with nothing the API's answer could be read from (no body, bytes of no
+# JSON of the API's shape, a body its Content-Encoding does not decode). Only `ok` is replayed.
+OUTCOMES = ("ok", "http_error", "unreachable", "cut", "aborted", "stopped", "unreadable")
 
 
 @dataclass
@@ -99,8 +101,7 @@ class Recorder:
         self.counts["other_requests"] += 1
 
     def ended(self, m: CallMeta, request: bytes, response: bytes | None) -> None:
-        self.counts["calls"] += 1
-        self.counts[m.outcome] += 1
+        self.counts["calls"] += 1  # its outcome is counted once its answer is read
         self._pool.submit(self._record, m, request, response)
 
     def close(self) -> dict[str, Any]:
@@ -129,6 +130,7 @@ class Recorder:
                 self._warned = True
                 print(f"warning: call {m.id} could not be analysed ({type(exc).__name__}); "
                       "it is recorded without its context", file=sys.stderr, flush=True)
+        self.counts[m.outcome] += 1
         self._writer.event(event)
 
     def _base(self, m: CallMeta) -> dict[str, Any]:
@@ -139,9 +141,11 @@ class Recorder:
     def _call_event(self, m: CallMeta, request: bytes, response: bytes | None
                     ) -> dict[str, Any]:
         h = self._hasher
+        answer, unreadable = _read_answer(m, response)
+        if m.outcome == "ok" and unreadable is not None:
+            m.outcome, m.error = "unreadable", unreadable
         event = self._base(m)
         body = _json_object(request)
-        answer = _read_answer(m, response)
         # a local server names its model by its file's path: the file's name is enough
         model = answer.model.rsplit("/", 1)[-1] if answer.model and answer.model.startswith(
             "/") else answer.model
@@ -190,9 +194,10 @@ def _json_object(raw: bytes) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def _read_answer(m: CallMeta, response: bytes | None) -> Answer:
+def _read_answer(m: CallMeta, response: bytes | None) -> tuple[Answer, str | None]:
+    """The answer, and why none could be read from it (None when one could)."""
     if not response:
-        return Answer()
+        return Answer(), "empty_answer"
     if m.encoding:
         try:  # gzip or zlib (47: either, by its header), else raw deflate
             response = zlib.decompress(response, 47 if m.encoding != "deflate" else 15)
@@ -200,8 +205,9 @@ def _read_answer(m: CallMeta, response: bytes | None) -> Answer:
             try:
                 response = zlib.decompress(response, -15)
             except zlib.error:
-                return Answer()
-    return parse_answer(m.api, response, m.sse)
+                return Answer(), "undecodable_body"
+    answer = parse_answer(m.api, response, m.sse)
+    return answer, None if answer.readable else "unparsable_answer"
 
 
 def _request_blocks(api: str, body: dict[str, Any], h: Hasher) -> list[Block]:

@@ -242,7 +242,7 @@ def describe_summary(summary: dict[str, Any], folder: str) -> str:
     """One line: what the recording holds."""
     c = summary.get("counts", {})
     failed = sum(int(c.get(k, 0)) for k in ("http_error", "unreachable", "cut", "aborted",
-                                            "stopped"))
+                                            "stopped", "unreadable"))
     return (f"recording closed: {folder}: {c.get('calls', 0)} calls ({failed} not ok), "
             f"{c.get('conversations', 0)} conversations ({c.get('subagents', 0)} sub-agents), "
             f"{c.get('tool_results', 0)} tool results, {c.get('user_turns', 0)} user turns, "

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import InputError
+from harness.traces.importers._common import summarize
 from harness.traces.importers.agent_tools import UNLINKED_SPAWN_CLASS, call_class
 from harness.traces.importers.form import (
     APPROXIMATE,
@@ -62,7 +63,7 @@ class FileStats:
         """This file's provenance entry: its counts, the shares, lines skipped by type."""
         c = self.counts
         return {"file": str(self.path), "id": self.ident, "version": self.version,
-                **{k: int(c[k]) for k in COUNTS}, **shares(c),
+                **{k: int(c[k]) for k in COUNTS}, **skew(c), **shares(c),
                 "skipped_lines": dict(sorted(self.skipped.items()))}
 
 
@@ -81,8 +82,22 @@ def totals(files: Sequence[FileStats], extra: dict[str, int]) -> dict[str, Any]:
     for f in files:
         summed.update({k: f.counts[k] for k in COUNTS})
         skipped.update(f.skipped)
-    return {**extra, **{k: int(summed[k]) for k in COUNTS}, **shares(summed),
+    summed["clock_skew"] = sum(f.counts["clock_skew"] for f in files)
+    return {**extra, **{k: int(summed[k]) for k in COUNTS}, **skew(summed), **shares(summed),
             "skipped_lines": dict(sorted(skipped.items()))}
+
+
+def skew(c: Counter[str]) -> dict[str, int]:
+    """{'clock_skew': n} where n > 0 pauses were timed from times that run backwards (taken
+    as 0 s), else nothing: a log whose times run forward keeps its entry as it was."""
+    return {"clock_skew": int(c["clock_skew"])} if c["clock_skew"] else {}
+
+
+def skew_warning(files: Sequence[FileStats]) -> list[str]:
+    """The warning line for the files whose times run backwards (none when no file's do)."""
+    items = [f"{f.path}: {f.counts['clock_skew']}" for f in files if f.counts["clock_skew"]]
+    return [summarize("files with times that run backwards (clock skew): pauses timed from "
+                      "them taken as 0 s", items)] if items else []
 
 
 def parse_ts(value: Any, where: str) -> float | None:
@@ -187,13 +202,14 @@ def measure(convo: Convo, fmt: str) -> None:
     convo.prefix_group = f"{fmt}/{convo.kind}"
     rs = convo.responses
     for i, r in enumerate(rs):
-        r.after = _pause(r, rs[i + 1] if i + 1 < len(rs) else None)
+        r.after = _pause(r, rs[i + 1] if i + 1 < len(rs) else None, convo.counts)
         for kid in (kid for k in r.calls for kid in k.children):
             measure(kid, fmt)
 
 
-def _pause(prev: Response, nxt: Response | None) -> Pause:
-    """The pause after `prev` (`nxt`: the next response, None after the last)."""
+def _pause(prev: Response, nxt: Response | None, c: Counter[str]) -> Pause:
+    """The pause after `prev` (`nxt`: the next response, None after the last); a time that
+    runs backwards is taken as 0 s and counted in `c` ('clock_skew')."""
     if any(k.children for k in prev.calls):
         # Sub-agents: the time from the last one's end to the end of the pause.
         kids = [kid for k in prev.calls for kid in k.children]
@@ -204,19 +220,27 @@ def _pause(prev: Response, nxt: Response | None) -> Pause:
         return Pause(children=kids, names=[k.kind or k.name for k in prev.calls if k.children],
                      latency_s=wait)
     for k in prev.calls:
-        _time_call(k, prev.end_ts)
+        _time_call(k, prev.end_ts, c)
     results = [k.result_ts for k in prev.calls if k.result_ts is not None]
     if nxt is not None and nxt.user_turn and (not results or nxt.user_ts is None
                                               or nxt.user_ts >= max(results)):
         # The user's prompt ended the pause (after any results came back).
         wait = 0.0
         if prev.end_ts is not None and nxt.user_ts is not None:
-            wait = max(0.0, nxt.user_ts - prev.end_ts)
+            wait = _elapsed(prev.end_ts, nxt.user_ts, c)
         return Pause(prev.calls, human=True, latency_s=wait)
     return Pause(prev.calls)
 
 
-def _time_call(call: Call, start: float | None) -> None:
+def _elapsed(start: float, end: float, c: Counter[str]) -> float:
+    """Seconds from `start` to `end`; 0 when the log's times run backwards (counted)."""
+    if end < start:
+        c["clock_skew"] += 1
+        return 0.0
+    return end - start
+
+
+def _time_call(call: Call, start: float | None, c: Counter[str]) -> None:
     """A call's latency: the duration the log states where it has one, else the wall time
     from the later of the call and its response's end (`start`) to its result."""
     call.cls = call_class(call.name)
@@ -227,6 +251,11 @@ def _time_call(call: Call, start: float | None) -> None:
         call.latency_s, call.timing = round(call.exact_s, 6), EXACT
     elif call.result_ts is not None and (start is not None or call.ts is not None):
         begin = max(t for t in (start, call.ts) if t is not None)
-        call.latency_s, call.timing = round(max(0.0, call.result_ts - begin), 6), APPROXIMATE
+        # A result logged before its call is clock skew; one logged while the response was
+        # still being written (before its end, after the call) is not: both time as 0 s.
+        made = call.ts if call.ts is not None else begin
+        call.latency_s = round(max(0.0, call.result_ts - begin), 6)
+        c["clock_skew"] += call.result_ts < made
+        call.timing = APPROXIMATE
     else:  # a log without times: nothing says how long it took
         call.latency_s, call.timing = 0.0, UNKNOWN

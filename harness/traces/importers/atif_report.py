@@ -29,6 +29,8 @@ COUNTS = (
 
 def _entry(c: Counter[str]) -> dict[str, Any]:
     out: dict[str, Any] = {k: int(c[k]) for k in COUNTS}
+    if c["clock_skew"]:  # only where timestamps ran backwards: other entries stay as they were
+        out["clock_skew"] = int(c["clock_skew"])
     out["exact_latency_share"] = share(c["exact_latency"], c["tool_calls"])
     out["cached_share"] = share(c["cached_tokens"], c["prompt_tokens"])
     return out
@@ -46,6 +48,8 @@ def warnings(counts: dict[Path, Counter[str]], skipped: list[str]) -> list[str]:
           if c["subagents_missing"]]),
         ("files with tool calls that have no result and nothing after them (abandoned)",
          [f"{p}: {c['abandoned']}" for p, c in counts.items() if c["abandoned"]]),
+        ("files with timestamps that run backwards (clock skew): gaps timed from them taken "
+         "as 0 s", [f"{p}: {c['clock_skew']}" for p, c in counts.items() if c["clock_skew"]]),
         ("JSON files of the folders that are not ATIF trajectories (skipped)", skipped),
         ("files with no model call (nothing replayed from them)",
          [str(p) for p, c in counts.items() if not c["llm_calls"]]),

@@ -58,8 +58,12 @@ def _list(d: dict[str, Any], key: str, at: str) -> list[Any]:
     return v
 
 
-def _gap(a: float, b: float) -> float:
-    return min(max(0.0, (b - a) / NS), MAX_SECONDS)
+def _gap(a: float, b: float, c: Counter[str]) -> float:
+    """Seconds from `a` to `b`; 0 when the timestamps run backwards (counted: clock_skew)."""
+    if b < a:
+        c["clock_skew"] += 1
+        return 0.0
+    return min((b - a) / NS, MAX_SECONDS)
 
 
 @dataclass
@@ -156,11 +160,11 @@ class Reader:
                     cls=cls, mutating=cls == "mutating")
 
     @staticmethod
-    def _settle(w: Walk, ts: int | None) -> None:
+    def _settle(w: Walk, ts: int | None, c: Counter[str]) -> None:
         """Time the calls (and a spawning pause) waiting for the step that follows them."""
         for k in w.waiting:
             if k.ts is not None and ts is not None:
-                k.latency_s = _gap(k.ts, ts)
+                k.latency_s = _gap(k.ts, ts, c)
                 k.result_ts, k.timing = ts, APPROXIMATE
         if w.waiting_pause is not None and ts is not None:
             w.ends[w.waiting_pause] = ts
@@ -298,7 +302,7 @@ class Reader:
                     _text(r.get("content")) for r in (results if isinstance(results, list) else [])
                     if isinstance(r, dict)))
                 continue
-            self._settle(w, ts)
+            self._settle(w, ts, c)
             if ts is not None and w.first_ts is None:
                 w.first_ts = ts
             if src == "agent":
@@ -309,7 +313,7 @@ class Reader:
                 p = w.responses[-1].after if w.responses else None
                 if p is not None and not p.calls and not w.kids[-1] and not p.human:
                     p.human = True
-                    gap = None if ts is None or w.last_ts is None else _gap(w.last_ts, ts)
+                    gap = None if ts is None or w.last_ts is None else _gap(w.last_ts, ts, c)
                     p.latency_s = self.opt.human if gap is None else gap
                     c["human_latency_inferred" if gap is None else "human_latency_timed"] += 1
             else:

@@ -27,6 +27,7 @@ from harness.traces.importers.agent_log import (
     inferred_fields,
     measure,
     raise_outputs,
+    skew_warning,
     totals,
 )
 from harness.traces.importers.base import Format, Imported
@@ -215,7 +216,7 @@ def import_paths(paths: Sequence[Path], options: dict[str, str]) -> Imported:
                          "trajectories": len(built.trajectories), "roots": roots,
                          "subagent_final_calls_added": imp.added_finals})
     return Imported(build_frame(built.trajectories), _provenance(stats, tot, opts),
-                    _warnings(imp, tot))
+                    _warnings(imp, tot) + skew_warning(stats))
 
 
 def _warnings(imp: _Import, tot: dict[str, Any]) -> list[str]:

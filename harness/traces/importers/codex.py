@@ -30,6 +30,7 @@ from harness.traces.importers.agent_log import (
     FileStats,
     inferred_fields,
     measure,
+    skew_warning,
     totals,
 )
 from harness.traces.importers.base import Format, Imported
@@ -105,6 +106,7 @@ def import_paths(paths: Sequence[Path], options: dict[str, str]) -> Imported:
         warnings.append(f"{tot['continuations']} calls never returned in the middle of a "
                         "session: each ends its trajectory and the rest of the session is a "
                         "continuation trajectory (id ~2, ~3, ...)")
+    warnings += skew_warning(stats)
     return Imported(build_frame(built.trajectories), _provenance(stats, tot), warnings)
 
 

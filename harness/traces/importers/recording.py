@@ -198,6 +198,7 @@ def _import_folder(path: Path, taken: set[str]) -> Rec:
     live = {cid: cv for cid, cv in convs.items() if cv.llm}
     rec.counts["conversations_without_answer"] = len(convs) - len(live)
     _link_client_spawns(live, rec.counts)
+    _break_cycles(live, rec.counts)
     for conv in live.values():
         p = conv.parent
         host = live.get(p[0]) if p is not None else None
@@ -237,6 +238,19 @@ def _link_client_spawns(live: dict[str, Conv], c: Counter[str]) -> None:
         if best is not None:
             r.parent = (best[1].id, best[2].id)
             c["subagents_linked"] += 1
+
+
+def _break_cycles(live: dict[str, Conv], c: Counter[str]) -> None:
+    """A conversation whose chain of parents comes back to itself (a sub-agent that names
+    itself, or a conversation of a cycle, as its parent) would hang under no root: each on
+    such a cycle is imported as a trajectory of its own (counted as orphaned and as cyclic)."""
+    cyclic = [conv for conv in live.values() if conv.parent is not None
+              and (conv.parent[0] == conv.id or _descends(live.get(conv.parent[0], conv),
+                                                          conv, live))]
+    for conv in cyclic:
+        conv.parent = None
+    c["subagents_orphaned"] += len(cyclic)
+    c["subagents_cyclic"] += len(cyclic)
 
 
 def _descends(conv: Conv, root: Conv, live: dict[str, Conv]) -> bool:

@@ -101,6 +101,10 @@ def recording_warnings(recs: list[Rec]) -> list[str]:
         (f"recordings with tools slower than the default {DEFAULT_DEADLINE_S:g} s deadline "
          "(replay with an injection profile whose default_deadline_s is longer)",
          [f"{r.path}: {r.counts['long_tools']}" for r in recs if r.counts["long_tools"]]),
+        ("recordings with sub-agents whose parents come back to themselves (a cycle): "
+         "imported as trajectories of their own (counted in subagents_orphaned)",
+         [f"{r.path}: {r.counts['subagents_cyclic']}" for r in recs
+          if r.counts["subagents_cyclic"]]),
     )
     return [summarize(what, items) for what, items in found if items]
 

@@ -157,14 +157,6 @@ def non_finite(value: Any, at: str = "") -> str | None:
     return None
 
 
-def check_finite(data: Any, where: str) -> None:
-    """ValueError naming `where` and the key when `data` holds NaN or an infinity."""
-    found = non_finite(data)
-    if found is not None:
-        raise ValueError(f"{where}: {found} is not a finite number; not written (JSON has no "
-                         "NaN or Infinity)")
-
-
 def finite_json(data: Any, where: str) -> Any:
     """`data` with every NaN or infinity replaced by null (unknown), and one line on stderr
     naming `where` and the first such key. Every input a result is computed from is refused up

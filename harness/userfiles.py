@@ -81,10 +81,10 @@ def read_bytes(path: Path) -> bytes | bytearray:
 
 def read_json(path: Path) -> Any:
     """Parse a JSON (or gzipped JSON) file; a bad file is an InputError naming it and the spot."""
-    check_regular(path)
     try:
-        if path.name.endswith(".gz"):
+        if path.name.endswith(".gz"):  # read_bytes checks the file and bounds the inflating
             return json.loads(read_bytes(path).decode("utf-8"))
+        check_regular(path)
         with path.open(encoding="utf-8") as fh:
             return json.load(fh)
     except json.JSONDecodeError as exc:

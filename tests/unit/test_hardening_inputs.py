@@ -10,32 +10,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner, Result
 
-from harness.cli import main
 from harness.errors import InputError
 from harness.model.calibration import write_calibration
 from harness.plan.planner import MAX_ARRIVAL_S, Arrivals, poisson_arrivals
 from harness.policies import parse_policy_args
 from harness.records.store import RUN_JSON
+from tests.unit.test_flag_checks import NOWHERE, TRACE, _invoke, _one_line_exit_2
 from tests.unit.test_simulate_pins import FAMILY, KIDS, as_replay, run
 from tests.unit.test_simulate_subagents import CAL, trace
-
-ROOT = Path(__file__).resolve().parents[2]
-TRACE = ROOT / "traces" / "bench-small.parquet"
-NOWHERE = "http://127.0.0.1:9"
-
-
-def _one_line_exit_2(res: Result, *words: str) -> str:
-    assert res.exit_code == 2, res.output
-    lines = res.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
-    assert all(w in lines[0] for w in words), lines[0]
-    return lines[0]
-
-
-def _invoke(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args))
 
 
 def _simulate(tmp_path: Path, *args: str) -> list[str]:

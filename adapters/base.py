@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from harness.adapters.http import TIMEOUT_PREFIX, HttpClient
 from harness.adapters.models import kv_bytes_per_token
+from harness.policies.pin_release import PinSettings
 
 
 class Unsupported(Exception):
@@ -36,6 +37,10 @@ class Capabilities:
     # Each call may carry a scheduling priority the server orders its waiting calls by (and
     # preempts the lowest of): vLLM under --scheduling-policy priority.
     call_priority: bool = False
+    # The server reports what became of each pause's hint (`Adapter.hint_reports`: held until
+    # the resume, released early, applied late). False: what the server holds is the harness's
+    # own state (slots it owns), and a hint the server carried out is accepted at the resume.
+    hint_reports: bool = False
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,23 @@ class PausedKv:
     session: str  # the trajectory id; adapters derive the names their server accepts
     slot: int | None = None  # the slot the harness gave it (runtimes with harness_slots)
     tokens: int = 0  # the context's length
+    step: int | None = None  # the pause's step (the tag of its hint); None outside a pause
+
+
+@dataclass(frozen=True)
+class HintReport:
+    """What the server reported of one pause's hint (harness.policies.pin_release's
+    vocabulary): `outcome` accepted, clipped (`held_s`: how long it was held before the
+    server released it), deferred (`delay_s`: how late the server applied it) or rejected, and
+    why in the server's terms."""
+
+    session: str  # the trajectory id (PausedKv.session)
+    step: int  # the pause's step (PausedKv.step)
+    outcome: str
+    reason: str | None = None
+    held_s: float | None = None
+    delay_s: float | None = None
+    detail: str | None = None
 
 
 @dataclass(frozen=True)
@@ -178,6 +200,11 @@ class Adapter(Protocol):
         end-of-run leftover check; None where it cannot be seen."""
         ...
 
+    def hint_reports(self) -> list[HintReport]:
+        """The server's reports of pauses' hints that arrived since the last call (each once);
+        [] where the server reports none (Capabilities.hint_reports False)."""
+        ...
+
     async def scrape(self) -> list[tuple[str, str, str, float]]: ...
 
     async def slots_idle(self) -> bool | None: ...
@@ -207,6 +234,9 @@ class ServerOptions:
     # The policy wants its calls served in program order (a call priority): a local server
     # that can is started scheduling by priority.
     program_order: bool = False
+    # How a local server releases pinned paused contexts when its pool is full, how long its
+    # safety net keeps one, and the host memory its offloaded copies may use.
+    pins: PinSettings = field(default_factory=PinSettings)
 
 
 @dataclass(frozen=True)

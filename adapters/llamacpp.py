@@ -19,6 +19,7 @@ from harness.adapters.base import (
     Capabilities,
     CompletionRequest,
     CompletionResult,
+    HintReport,
     PausedKv,
     ServerInfo,
     SlotIO,
@@ -165,6 +166,10 @@ class LlamaCppAdapter:
 
     async def held(self) -> list[str] | None:
         """Nothing outlives a slot's erase; the slots' state is checked by `slots_idle`."""
+        return []
+
+    def hint_reports(self) -> list[HintReport]:
+        """The harness owns the slots: the server never releases one on its own."""
         return []
 
     async def delete_dump(self, name: str) -> bool:

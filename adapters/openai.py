@@ -33,6 +33,7 @@ from harness.adapters.base import (
     Capabilities,
     CompletionRequest,
     CompletionResult,
+    HintReport,
     PausedKv,
     ServerInfo,
     SlotIO,
@@ -289,6 +290,10 @@ class OpenAIAdapter:
 
     async def held(self) -> list[str] | None:
         """Nothing is ever held through the OpenAI API."""
+        return []
+
+    def hint_reports(self) -> list[HintReport]:
+        """Nothing is pinned through the OpenAI API: nothing to report."""
         return []
 
     async def scrape(self) -> list[Sample]:

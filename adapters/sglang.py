@@ -23,6 +23,7 @@ from harness.adapters.base import (
     Capabilities,
     CompletionRequest,
     CompletionResult,
+    HintReport,
     PausedKv,
     ServerInfo,
     SlotIO,
@@ -303,6 +304,10 @@ class SglangAdapter:
     async def held(self) -> list[str]:
         """The sessions this adapter opened and has not closed (a failed close included)."""
         return self.sessions.names() + self.radix.names()
+
+    def hint_reports(self) -> list[HintReport]:
+        """SGLang says nothing of its sessions' fate until asked: nothing to report."""
+        return []
 
     async def delete_dump(self, name: str) -> bool:
         """No dump files: the harness never saves KV on an SGLang server."""

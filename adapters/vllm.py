@@ -27,6 +27,7 @@ from harness.adapters.base import (
     Capabilities,
     CompletionRequest,
     CompletionResult,
+    HintReport,
     PausedKv,
     ServerInfo,
     SlotIO,
@@ -36,6 +37,7 @@ from harness.adapters.base import (
 )
 from harness.adapters.http import REQUEST_ERRORS, HttpClient, Sample
 from harness.adapters.models import local_vocab
+from harness.adapters.vllm_fates import Fates
 from harness.policies.base import KEEP, KEEP_EVICTABLE, RECOMPUTE, SWAP
 
 DEFAULT_VOCAB = 32000
@@ -122,6 +124,9 @@ class VllmAdapter:
         # What the connector answered over the run, by op (ServerInfo.extra holds this very
         # dict, so run.json's server_extra gets the figures the run ends with).
         self.pause_report: dict[str, Any] = {}
+        # What the connector reported of each pause's pin and host copy (tagged by step).
+        self.fates = Fates()
+        self._trajectories: dict[str, str] = {}  # connector session -> trajectory id
 
     async def _model_name(self) -> str:
         if self._model is None:
@@ -253,7 +258,7 @@ class VllmAdapter:
         if not self._connector:
             raise Unsupported("this vLLM server runs no harness KV connector: nothing pins a "
                               "paused context (keep-evictable is the engine's own cache)")
-        params: dict[str, Any] = {"op": "hold", "session": session_key(self._scope, kv.session)}
+        params: dict[str, Any] = {"op": "hold", **self._about(kv)}
         if ttl_s is not None:
             params["ttl_s"] = ttl_s + TTL_GRACE_S
         self._note_pinned(kv, await self._op(params))
@@ -262,7 +267,7 @@ class VllmAdapter:
         """Hand the pinned context to vLLM's evictable prefix cache (without the connector it
         is there already); nothing is prefilled again."""
         if self._connector:
-            await self._op({"op": "unpin", "session": session_key(self._scope, kv.session)})
+            await self._op({"op": "unpin", **self._about(kv)})
         return 0
 
     async def offload(self, kv: PausedKv, name: str) -> SlotIO:
@@ -272,8 +277,7 @@ class VllmAdapter:
         if not self._connector:
             raise Unsupported("this vLLM server runs no harness KV connector: no per-pause "
                               "offload")
-        ans = await self._op({"op": "offload", "session": session_key(self._scope, kv.session),
-                              "name": name})
+        ans = await self._op({"op": "offload", **self._about(kv), "name": name})
         report = self.pause_report.setdefault("offload", {"tokens": 0, "bytes": 0, "ms": 0.0,
                                                           "failed": 0})
         if not ans.get("ok"):
@@ -297,7 +301,7 @@ class VllmAdapter:
         """Discard the pinned context and any host copy (the core also salts the resumed
         call, which is all a server without the connector needs)."""
         if self._connector:
-            await self._op({"op": "drop", "session": session_key(self._scope, kv.session)})
+            await self._op({"op": "drop", **self._about(kv)})
 
     async def restore(self, kv: PausedKv, name: str) -> SlotIO | None:
         """Nothing to do before the call: the connector loads the host copy when the
@@ -307,7 +311,7 @@ class VllmAdapter:
     async def release(self, kv: PausedKv) -> None:
         """Free the trajectory's pin and host copy, if any."""
         if self._connector:
-            await self._op({"op": "release", "session": session_key(self._scope, kv.session)})
+            await self._op({"op": "release", **self._about(kv)})
 
     async def delete_dump(self, name: str) -> bool:
         """No dump files: offloaded contexts live in the server's memory."""
@@ -325,6 +329,22 @@ class VllmAdapter:
         return ([f"pinned {p['session']} ({p['tokens']} tokens)" for p in status["pins"]]
                 + [f"host copy {c['session']} ({c['tokens']} tokens, {c['bytes']} bytes)"
                    for c in status["host"]])
+
+    def hint_reports(self) -> list[HintReport]:
+        """What the connector said of pauses' pins and host copies since the last call."""
+        return self.fates.take()
+
+    def _about(self, kv: PausedKv) -> dict[str, Any]:
+        """A control's subject: the session, and the pause it is about (its hint's tag)."""
+        key = session_key(self._scope, kv.session)
+        self._trajectories[key] = kv.session
+        out: dict[str, Any] = {"session": key}
+        if kv.step is not None:
+            out["tag"] = str(kv.step)
+        return out
+
+    def _trajectory_of(self, session: str) -> str | None:
+        return self._trajectories.get(session)
 
     def session_name(self, trajectory_id: str) -> str:
         """The connector's name of a trajectory's context on this run."""
@@ -361,6 +381,7 @@ class VllmAdapter:
         if ans is None:
             raise PauseControlError(f"{params['op']}: the server answered without the harness "
                                     "KV connector")
+        self.fates.read(ans, self._trajectory_of)
         if not ans.get("ok") and params["op"] != "offload":
             raise PauseControlError(f"{params['op']}: {ans.get('error')}")
         return ans
@@ -405,7 +426,7 @@ def _capabilities(connector: bool, priority: bool = False) -> Capabilities:
     actions = {KEEP, KEEP_EVICTABLE, SWAP, RECOMPUTE} if connector else {KEEP_EVICTABLE,
                                                                           RECOMPUTE}
     return Capabilities(harness_slots=False, pause_actions=frozenset(actions), dump_files=False,
-                        call_priority=priority)
+                        call_priority=priority, hint_reports=connector)
 
 
 def _read_usage(chunk: dict[str, Any], result: CompletionResult) -> None:

@@ -39,6 +39,11 @@ class _Root(click.Group):
         except HarnessError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(exc.exit_code)
+        except click.UsageError as exc:
+            # A flag click itself refuses (a word for a number, an unknown choice or flag):
+            # one line too, naming the flag, exit 2.
+            click.echo(f"error: {exc.format_message()}", err=True)
+            sys.exit(2)
         except OSError as exc:
             if exc.filename is None:
                 raise

@@ -72,6 +72,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("served_by", _S, "the worker that served the call"),
     Column("priority", _S, "the trajectory's priority (the trace's)"),
     Column("spawn_step", _I32, "a sub-agent's: its parent's step that spawned it"),
+    Column("held_s", _F64, "how long the server held a context before it released it, s"),
+    Column("hint_delay_s", _F64, "how long after it was asked the server applied a hint, s"),
 )
 BY_NAME: dict[str, Column] = {c.name: c for c in COLUMNS}
 STAMPED = ("run_id", "seq", "t_ns", "event")
@@ -236,6 +238,20 @@ class KvState(Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class HintOutcome(Record):
+    KIND: ClassVar[str] = "hint_outcome"
+    step: int | None = col("the pause's step")
+    action: str | None = col("the hint the pause sent: keep | swap | recompute | ttl")
+    status: str | None = col("accepted | clipped | deferred | rejected | missing "
+                             "(harness.policies.pin_release)")
+    reason: str | None = col("why, in the server's terms (the valve's order, an expiry, a cap)")
+    held_s: float | None = col("clipped: how long the server held it before releasing it, s")
+    hint_delay_s: float | None = col("deferred: how long after it was asked the server "
+                                     "applied it, s")
+    detail: str | None = col("the server's own words")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SlotWait(Record):
     KIND: ClassVar[str] = "slot_wait"
     step: int | None = col("the step that waited")
@@ -260,7 +276,7 @@ class TrajectoryEnd(Record):
 # Every event kind, in the order a simulated part groups its rows.
 KINDS: tuple[type[Record], ...] = (
     TrajectoryStart, CallStart, FirstToken, CallEnd, ToolStart, PauseDecision, SwapOut, SwapIn,
-    Erase, Recompute, KvState, SlotWait, Cancel, ToolEnd, TrajectoryEnd)
+    Erase, Recompute, KvState, SlotWait, Cancel, ToolEnd, TrajectoryEnd, HintOutcome)
 BY_KIND: dict[str, type[Record]] = {k.KIND: k for k in KINDS}
 
 

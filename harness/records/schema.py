@@ -25,8 +25,9 @@ from harness.records.kinds import COLUMNS, KINDS, meanings
 # predicted_wait_s on pause_decision, slot_wait_s on slot_wait) and moved call_end's `reason`
 # to `served_by`; version 5 moved trajectory_start's priority from `detail` to `priority` and
 # its spawning step from `step` to `spawn_step`, and swap_in's `reason` to `detail` (older
-# parts read so: harness.records.legacy).
-RECORDS_SCHEMA_VERSION = 5
+# parts read so: harness.records.legacy); version 6 added the `hint_outcome` event and its
+# `held_s` and `hint_delay_s` (an older part has no hint outcomes).
+RECORDS_SCHEMA_VERSION = 6
 RECORDS_VERSION_KEY = b"harness.records_schema_version"
 
 # Events and the columns each one fills (besides run_id, seq, t_ns, event, trajectory_id,

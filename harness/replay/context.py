@@ -12,6 +12,7 @@ from harness.policies.base import PausePolicy, ServerRates
 from harness.policies.history import History, RecentMean
 from harness.records.manifest import Outcome
 from harness.replay.clock import Clock
+from harness.replay.hints import HintLedger
 from harness.replay.progress import Progress
 from harness.replay.recorder import Recorder, SlotPool
 
@@ -44,6 +45,8 @@ class TrajectoryState:
     # Pinned through its pause on a server without harness slots (held, not yet evicted).
     pinned: bool = False
     rank: int = 0  # its task's arrival order in the run (0 first): its calls' program order
+    # The step of the pause whose hint is out (until its resume): the tag of its hint.
+    hint_step: int | None = None
 
 
 @dataclass
@@ -65,6 +68,7 @@ class ReplayContext:
     # Per tool class; each pause hands the policy the live window (no copy): decide() is
     # synchronous.
     history: dict[str, History]
+    hints: HintLedger
     # Agents' calls ask the server to hold their context once they end (runtimes that pin).
     hold_calls: bool = False
     # Recent queueing delays of resumed calls whose context was not held (queue_delay_s).

@@ -31,6 +31,7 @@ from harness.records.kinds import (
 from harness.replay.bystanders import Bystanders
 from harness.replay.clock import NS, Clock
 from harness.replay.context import ReplayContext, RunCounters, TrajectoryState
+from harness.replay.hints import HintLedger
 from harness.replay.kv_actions import learn_prefill, release, restore
 from harness.replay.pause import pause_at_tool
 from harness.replay.progress import Progress
@@ -75,6 +76,7 @@ class Executor:
             progress=Progress(sum(isinstance(s, CallStep) for t in plan.all_trajectories()
                                   for s in t.steps)),
             history=defaultdict(lambda: History(history_window)),
+            hints=HintLedger(recorder, adapter),
             # Where the server pins on request, an agent's call is held once it ends, so its
             # context cannot be evicted before the pause's decision reaches the server.
             hold_calls=(pool is None and KEEP in caps.pause_actions
@@ -136,6 +138,7 @@ class Executor:
             # Requests already sent finish (and free their slots) before the run ends; an
             # interrupted run stops them.
             await settle(list(self.bystanders.in_flight), cancel=interrupted)
+            self.ctx.hints.finish()
             self.ctx.rec.flush()
         return self.ctx.counters
 
@@ -211,6 +214,7 @@ class Executor:
             ctx.rec.emit(Cancel(trajectory_id=st.tid, traffic="agent", reason=reason))
         try:
             await release(ctx, st, "trajectory-end")
+            ctx.hints.collect()
         finally:
             # Recorded even when an interrupted run cuts its cleanup short.
             ctx.rec.emit(TrajectoryEnd(trajectory_id=st.tid, traffic="agent",
@@ -239,6 +243,9 @@ class Executor:
         # Lost its context while paused: its wait for the server joins queue_delay_s.
         evicted = is_resume and bool(st.context) and not ctx.kept_through_pause(st)
         await restore(ctx, st, call.step)
+        if is_resume:
+            ctx.hints.resumed(st.tid, st.hint_step)
+            st.hint_step = None
         if st.context:
             # The resumed call holds its context on the device from here (kept, restored, or
             # being re-prefilled).

@@ -47,8 +47,9 @@ def dump_name(run_id: str, trajectory_id: str, step: int) -> str:
 
 # ---- the pause actions, through the adapter's seam ----------------------------------------
 def paused_kv(st: TrajectoryState) -> PausedKv:
-    """What the adapter is told about the trajectory's context."""
-    return PausedKv(st.tid, st.slot, len(st.context))
+    """What the adapter is told about the trajectory's context (and the pause whose hint it
+    carries)."""
+    return PausedKv(st.tid, st.slot, len(st.context), st.hint_step)
 
 
 async def acquire(ctx: ReplayContext, st: TrajectoryState, step: int,
@@ -155,6 +156,7 @@ async def _swap_out(ctx: ReplayContext, st: TrajectoryState, step: int, reason: 
         ctx.counters.outcome.unsupported_actions += 1
         ctx.rec.emit(SwapOut(trajectory_id=st.tid, traffic="agent", step=step,
                              slot=st.slot, status="unsupported", detail=str(exc)[:300]))
+        ctx.hints.rejected(st.tid, step, str(exc))
         return False
     st.dump = name
     ctx.rec.emit(SwapOut(trajectory_id=st.tid, traffic="agent", step=step, slot=st.slot,

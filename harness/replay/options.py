@@ -10,6 +10,7 @@ from typing import Any, Literal
 from harness.adapters.http import Timeouts
 from harness.plan.planner import Arrivals
 from harness.plan.shard import WHOLE, Shard
+from harness.policies.pin_release import PinSettings
 from harness.records.manifest import CpuPinning
 
 AUTO: Literal["auto"] = "auto"
@@ -44,6 +45,7 @@ class RunOptions:
     instrument_error: dict[str, Any] | None = None
     timeouts: Timeouts = field(default_factory=Timeouts)
     skip_oversized: bool = False  # skip (and record) trajectories that cannot fit a slot
+    pins: PinSettings = field(default_factory=PinSettings)  # the server's pin release valve
     token_scale: float = 1.0  # every token count of the trace times this, rounded up
     # A bounded run: stop at duration_s (harness.plan.planner.Plan.horizon_s); the figures of
     # its window (harness.metrics.window) leave out the first warmup_s.

@@ -9,6 +9,7 @@ import math
 
 from harness.plan.planner import ToolStep, TrajectoryPlan
 from harness.policies.base import KEEP, Decision, PauseContext
+from harness.records.atomic import UnwritableResults
 from harness.records.kinds import KvState, PauseDecision, ToolEnd, ToolStart
 from harness.replay.clock import NS
 from harness.replay.context import ReplayContext, ToolOutcome, TrajectoryState
@@ -21,6 +22,7 @@ async def pause_at_tool(ctx: ReplayContext, subagents: Subagents, st: Trajectory
     """Run one tool step of `traj` under the pause policy; returns how it ended and when (the
     next call is due then)."""
     d, supported = _decide(ctx, st, traj, tool)
+    st.hint_step = tool.step if ctx.hints.sent(st.tid, tool.step, d, supported) else None
     t0 = ctx.rec.emit(ToolStart(
         trajectory_id=st.tid, traffic="agent", step=tool.step, tool_class=tool.tool_class,
         tool_name=tool.tool_name, planned_latency_s=tool.latency_s,
@@ -76,15 +78,25 @@ def _pause_context(ctx: ReplayContext, st: TrajectoryState, traj: TrajectoryPlan
 
 async def _park(ctx: ReplayContext, st: TrajectoryState, tool: ToolStep, d: Decision,
                 supported: bool) -> None:
-    """Carry out the decision at the tool's start: evict the KV, or hold it while paused."""
-    if supported and d.action != KEEP:
-        await evict(ctx, st, d.action, tool.step, "policy")
-        return
-    if supported:
-        await hold(ctx, st, d.ttl_s)
-    else:
-        # Nothing was done, so the context stays where it was: held while paused.
-        ctx.counters.outcome.unsupported_actions += 1
+    """Carry out the decision at the tool's start: evict the KV, or hold it while paused. A
+    control the server does not answer leaves the hint missing and the context where it was;
+    the trajectory goes on."""
+    try:
+        if supported and d.action != KEEP:
+            await evict(ctx, st, d.action, tool.step, "policy")
+            return
+        if supported:
+            await hold(ctx, st, d.ttl_s)
+        else:
+            # Nothing was done, so the context stays where it was: held while paused.
+            ctx.counters.outcome.unsupported_actions += 1
+    except UnwritableResults:
+        raise
+    except Exception as exc:
+        ctx.hints.lost(st.tid, tool.step, exc)
+        st.pinned = ctx.pool is None
+    finally:
+        ctx.hints.collect()
     ctx.rec.emit(KvState(trajectory_id=st.tid, traffic="agent",
                          kv_tokens=len(st.context), status="paused"))
 

@@ -101,7 +101,7 @@ def server_options(o: RunOptions, run_id: str, pin: CpuPinning | None,
                          ctx_per_slot=o.ctx_per_slot, threads=o.threads, model=o.model,
                          server_args=o.server_args, server_cpus=pin.server if pin else None,
                          shared=o.server_shared if o.url else None,
-                         program_order=program_order(policy))
+                         program_order=program_order(policy), pins=o.pins)
 
 
 def new_run_id(policy: str) -> str:

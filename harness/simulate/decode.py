@@ -24,7 +24,7 @@ from harness.simulate.workload import OUTCOMES, Workload
 EVENTS = tuple(k.KIND for k in KINDS)
 (E_TRAJ_START, E_CALL_START, E_FIRST_TOKEN, E_CALL_END, E_TOOL_START, E_DECISION, E_SWAP_OUT,
  E_SWAP_IN, E_ERASE, E_RECOMPUTE, E_KV_STATE, E_SLOT_WAIT, E_CANCEL, E_TOOL_END,
- E_TRAJ_END) = range(len(EVENTS))
+ E_TRAJ_END, E_HINT_OUTCOME) = range(len(EVENTS))
 ACTIONS = ("keep", "swap", "recompute", "ttl", "keep-evictable")
 KV_STATUSES = ("active", "paused", "released", "evictable")
 END_STATUSES = ("completed", "cancelled", "failed")
@@ -92,6 +92,8 @@ def decode(blocks: list[tuple[np.ndarray, ...]], texts: pa.Array,
             # The simulator spaces a call's tokens evenly (decode_ms): no streamed chunk times.
             "token_gaps": pa.nulls(p.n, pa.binary()),
             "parent_id": _parent_column(p),
+            "held_s": pa.nulls(p.n, pa.float64()),
+            "hint_delay_s": pa.nulls(p.n, pa.float64()),
             **_start_columns(p)}
     return [cols[name] for name in RECORD_COLUMNS]
 

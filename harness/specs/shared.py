@@ -20,6 +20,12 @@ from harness.capacity.slo import TERMS, parse_slo
 from harness.errors import InputError
 from harness.limits import MAX_RATE_PER_S, MAX_SEED
 from harness.plan.planner import Arrivals
+from harness.policies.pin_release import (
+    DEFAULT_PIN_RELEASE,
+    MAX_PIN_EXPIRY_S,
+    PIN_RELEASE_ORDERS,
+    PinSettings,
+)
 from harness.replay.options import SCRAPE_INTERVAL_S, RunOptions
 from harness.replay.runner import redact_url
 from harness.specs.fields import Field, Section
@@ -131,6 +137,23 @@ SEARCH = (
 )
 
 
+PINS = (
+    Field("pin_release", "--pin-release", "choice", DEFAULT_PIN_RELEASE,
+          choices=PIN_RELEASE_ORDERS, show_default=True,
+          help="When pinned paused contexts fill the server's KV pool, release them in this "
+               "order until it can admit or grow a call: the latest program's first "
+               "(Continuum's), the least recently used, or the largest (vLLM with the "
+               "harness's connector, SGLang sessions, the engine model)."),
+    Field("pin_expiry_s", "--pin-expiry-s", "float", low=0.0, high=MAX_PIN_EXPIRY_S,
+          low_open=True,
+          help="Local vLLM server: seconds a pin or host copy may be held before the "
+               "server's safety net releases it (default 900)."),
+    Field("host_cap_bytes", "--host-cap-bytes", "int", low=0, high=1 << 50,
+          help="Local vLLM server: host memory its offloaded contexts may use (default 1 "
+               "GiB)."),
+)
+
+
 def arrivals_of(concurrency: int | None, rate: float | None, trace_timing: bool,
                 time_scale: float = 1.0) -> Arrivals:
     """The arrival process asked for (a closed loop, Poisson arrivals or the trace's own
@@ -201,6 +224,24 @@ def search_of(slo: str, budget: str, point_duration: str, warmup: str, start: in
 
 
 @dataclass(frozen=True)
+class Pins(Section):
+    """How the server holds pinned paused contexts: the release valve's order, the pins'
+    safety-net expiry and the host memory for offloaded copies."""
+
+    pin_release: str = PINS[0].attr()
+    pin_expiry_s: float | None = PINS[1].attr()
+    host_cap_bytes: int | None = PINS[2].attr()
+
+    def settings(self) -> PinSettings:
+        """As the runtimes take them (checked: InputError naming the flag)."""
+        try:
+            return PinSettings(self.pin_release, self.pin_expiry_s, self.host_cap_bytes)
+        except ValueError as exc:
+            raise InputError(f"--pin-release / --pin-expiry-s / --host-cap-bytes: {exc}"
+                             ) from None
+
+
+@dataclass(frozen=True)
 class Connection(Section):
     """How a live job talks to its server: the client's timeouts, the credentials (never
     recorded) and what becomes of a trajectory too long for a slot."""
@@ -212,6 +253,7 @@ class Connection(Section):
     api_key: str | None = AUTH[0].attr()
     header: tuple[str, ...] = AUTH[1].attr()
     skip_oversized: bool = AUTH[2].attr()
+    pins: Pins = Pins.attr()
 
     def options(self, url: str | None) -> RunOptions:
         """A replay's options with the connection to `url` filled in (checked: InputError for a
@@ -222,7 +264,7 @@ class Connection(Section):
             timeouts=timeouts_of(self.connect_timeout, self.first_token_timeout,
                                  self.stall_timeout, self.request_timeout),
             headers=headers_of(self.api_key, self.header, url),
-            skip_oversized=self.skip_oversized)
+            skip_oversized=self.skip_oversized, pins=self.pins.settings())
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from harness.adapters.base import (
     Capabilities,
     CompletionRequest,
     CompletionResult,
+    HintReport,
     PausedKv,
     ServerInfo,
     SlotIO,
@@ -43,6 +44,11 @@ class MemoryAdapter:
     host: dict[str, list[int]] = field(default_factory=dict)  # offloaded, per session
     pause_log: list[tuple[str, str]] = field(default_factory=list)  # (action, session)
     call_priority: bool = False  # schedules by a call's priority (recorded on `calls`)
+    # What the server reports of pauses' hints, drained by hint_reports (with reports_hints,
+    # the capabilities say the server reports them)
+    reports: list[HintReport] = field(default_factory=list)
+    reports_hints: bool = False
+    fail_ops: set[str] = field(default_factory=set)  # pause ops whose control is lost
 
     def __post_init__(self) -> None:
         if self.slotted:
@@ -54,7 +60,8 @@ class MemoryAdapter:
         actions = {"keep", "keep-evictable", "recompute"} | (
             {"swap"} if self.swap_supported else set())
         self.capabilities = Capabilities(harness_slots=False, pause_actions=frozenset(actions),
-                                         dump_files=False, call_priority=self.call_priority)
+                                         dump_files=False, call_priority=self.call_priority,
+                                         hint_reports=self.reports_hints)
         self._sessions: dict[str, list[int]] = {}  # session -> its cached context
         self._salts: dict[str, str | None] = {}  # session -> the salt it was cached under
 
@@ -117,7 +124,12 @@ class MemoryAdapter:
                                 decode_ms=req.max_tokens * self.decode_s_per_token * 1000)
 
     # ---- the pause actions ---------------------------------------------------------------
+    def _control(self, op: str) -> None:
+        if op in self.fail_ops:
+            raise TimeoutError(f"{op}: the control was never answered")
+
     async def hold(self, kv: PausedKv, ttl_s: float | None) -> None:
+        self._control("hold")
         self.pause_log.append(("hold", kv.session))
         if self.slotted:
             return
@@ -138,6 +150,7 @@ class MemoryAdapter:
             return io
         if not self.swap_supported:
             raise Unsupported("no offload")
+        self._control("offload")
         self.pause_log.append(("offload", kv.session))
         await self._sleep(self.save_s)
         toks = self._sessions.pop(kv.session, [])
@@ -150,6 +163,7 @@ class MemoryAdapter:
             assert kv.slot is not None
             await self.erase_slot(kv.slot)
             return
+        self._control("drop")
         self.pause_log.append(("drop", kv.session))
         self.pinned.discard(kv.session)
         self._sessions.pop(kv.session, None)
@@ -174,6 +188,10 @@ class MemoryAdapter:
         if self.slotted:
             return []
         return sorted(self.pinned | set(self.host))
+
+    def hint_reports(self) -> list[HintReport]:
+        out, self.reports = self.reports, []
+        return out
 
     async def save_slot(self, slot: int, name: str) -> SlotIO:
         if not self.swap_supported:

@@ -152,3 +152,15 @@ def test_validate_refuses_a_fifo_at_once(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     res = _invoke("traces", "validate", str(fifo))  # would block forever if it were opened
     assert res.exit_code == 2 and "not a regular file" in res.output
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (("--pin-release", "nonsense"), ("--pin-release", "nonsense")),
+    (("--pin-expiry-s", "-1"), ("--pin-expiry-s",)),
+    (("--pin-expiry-s", "nan"), ("--pin-expiry-s",)),
+    (("--host-cap-bytes", "nan"), ("--host-cap-bytes", "nan")),
+    (("--host-cap-bytes", "-5"), ("--host-cap-bytes",)),
+])
+def test_pin_settings_refused_in_one_line(tmp_path: Path, args: tuple[str, ...],
+                                          words: tuple[str, ...]) -> None:
+    _one_line_exit_2(_invoke(*_run(tmp_path, *args)), *words)

@@ -43,12 +43,12 @@ from tests.unit.records_factory import Records
 
 
 def test_the_schema_is_the_declared_columns() -> None:
-    assert RECORDS_SCHEMA_VERSION == 5
+    assert RECORDS_SCHEMA_VERSION == 6
     assert RECORDS_SCHEMA.names == [c.name for c in COLUMNS]
     declared = {name for cols in KIND_COLUMNS.values() for name in cols}
     assert declared | set(STAMPED) == set(RECORDS_SCHEMA.names)
     assert "value_s" not in RECORDS_SCHEMA.names
-    assert list(EVENTS) == [k.KIND for k in KINDS] and len(BY_KIND) == len(KINDS) == 15
+    assert list(EVENTS) == [k.KIND for k in KINDS] and len(BY_KIND) == len(KINDS) == 16
     for kind in KINDS:
         assert set(meanings(kind)) == set(KIND_COLUMNS[kind.KIND])
         assert all(doc for doc in meanings(kind).values())

@@ -136,15 +136,18 @@ def test_secrets_are_refused_as_benchmark_file_keys(tmp_path: Path) -> None:
 
 def test_a_section_holds_its_inputs_in_place_under_their_own_names() -> None:
     keys = [f.key for f in CapacitySpec.fields()]
-    # the search stands after the policy arguments, the connection last, as --help lists them
+    # the search stands after the policy arguments, the connection last (its pins at its
+    # end), as --help lists them
     assert keys[keys.index("policy-arg") + 1:keys.index("policy-arg") + 3] == ["slo", "budget"]
-    assert keys[-3:] == ["api-key", "header", "skip-oversized"]
+    assert keys[-6:] == ["api-key", "header", "skip-oversized", "pin-release", "pin-expiry-s",
+                         "host-cap-bytes"]
     spec = CapacitySpec.build({"slo": "success=0.9", "api_key": "k", "max_agents": 8})
     assert (spec.search.slo, spec.search.max_agents, spec.connection.api_key) == (
         "success=0.9", 8, "k")
     values = spec.record()["values"]
     assert values["slo"] == "success=0.9" and values["max-agents"] == 8
     assert "api-key" not in values and "connection" not in values and "search" not in values
+    assert values["pin-release"] == "latest-program" and "pins" not in values
     again = spec.replaced(max_agents=16)
     assert (again.search.max_agents, again.connection.api_key) == (16, "k")
     with pytest.raises(InputError, match="--start 9 is above --max-agents 8"):

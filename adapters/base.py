@@ -101,6 +101,9 @@ class CompletionRequest:
     hold: bool = False
     # Lower is served first (runtimes with Capabilities.call_priority; the others ignore it).
     priority: int | None = None
+    # The longest pause planned in the call's trajectory, s: how long the server may be asked
+    # to hold its context (SGLang sizes a session's timeout by it); None: not known.
+    hold_s: float | None = None
 
 
 @dataclass

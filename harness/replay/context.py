@@ -47,6 +47,7 @@ class TrajectoryState:
     rank: int = 0  # its task's arrival order in the run (0 first): its calls' program order
     # The step of the pause whose hint is out (until its resume): the tag of its hint.
     hint_step: int | None = None
+    longest_pause_s: float | None = None  # the longest pause its plan has (None: unbounded)
 
 
 @dataclass

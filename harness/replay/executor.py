@@ -12,11 +12,12 @@ calls); the pause at a tool step is `pause`, what is done to the KV `kv_actions`
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
 from harness.adapters.base import Adapter, CompletionRequest
-from harness.plan.planner import CallStep, Plan, TrajectoryPlan
+from harness.plan.planner import CallStep, Plan, ToolStep, TrajectoryPlan
 from harness.policies.base import KEEP, PausePolicy, ServerRates, call_priority, program_order
 from harness.policies.history import DEFAULT_WINDOW, History
 from harness.records.atomic import UnwritableResults
@@ -55,6 +56,23 @@ class ServerFacts:
     ctx_per_slot: int | None
     rates: ServerRates
     slot_ids: list[int] | None = None
+
+
+def longest_pause_s(traj: TrajectoryPlan) -> float | None:
+    """The longest pause `traj`'s plan has: a tool's latency, or its deadline when it does not
+    return by then; None when one may last without bound (a tool that never returns and has no
+    deadline, or sub-agents, whose length the plan does not fix)."""
+    longest = 0.0
+    for step in traj.steps:
+        if isinstance(step, ToolStep):
+            if step.children:
+                return None
+            ends = (step.latency_s if step.latency_s is not None
+                    and step.latency_s <= step.deadline_s else step.deadline_s)
+            if not math.isfinite(ends):
+                return None
+            longest = max(longest, ends)
+    return longest
 
 
 class Executor:
@@ -168,7 +186,7 @@ class Executor:
         """Run one trajectory; it ends completed | cancelled | failed | interrupted. A
         sub-agent's record names its parent and the parent's step that spawned it."""
         ctx = self.ctx
-        st = TrajectoryState(traj.trajectory_id)
+        st = TrajectoryState(traj.trajectory_id, longest_pause_s=longest_pause_s(traj))
         parent = self._ranks.get(traj.parent_id) if traj.parent_id is not None else None
         st.rank = self._ranks.setdefault(traj.trajectory_id,
                                          len(self._ranks) if parent is None else parent)
@@ -259,7 +277,7 @@ class Executor:
         res = await ctx.adapter.complete(
             CompletionRequest(prompt, call.output_tokens, st.slot,
                               abort_after_first_token=call.disconnect, cache_salt=st.salt,
-                              session=st.tid, hold=ctx.hold_calls,
+                              session=st.tid, hold=ctx.hold_calls, hold_s=st.longest_pause_s,
                               priority=(call_priority(st.rank, is_resume and not evicted)
                                         if self.ordered else None)),
             chunks)

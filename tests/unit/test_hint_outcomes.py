@@ -118,3 +118,12 @@ def test_the_valve_orders_agree_on_ties_and_kinds() -> None:
 def test_pin_settings_refuse_what_no_server_can_do(kw: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         PinSettings(**kw)  # type: ignore[arg-type]
+
+
+def test_a_trajectory_s_longest_pause_comes_from_its_plan() -> None:
+    from harness.replay.executor import longest_pause_s
+
+    assert longest_pause_s(traj("a", latency=2.0, deadline=10.0)) == 2.0
+    assert longest_pause_s(traj("a", latency=30.0, deadline=10.0)) == 10.0  # cut at its deadline
+    assert longest_pause_s(traj("a", latency=None, deadline=5.0)) == 5.0
+    assert longest_pause_s(traj("a", latency=None, deadline=float("inf"))) is None

@@ -46,26 +46,38 @@ def _ms(stats: Quantiles, q: str) -> str:
     return "-" if v is None else f"{float(v):,.0f}"
 
 
+def _share(s: Summary, outcome: str) -> str:
+    h = s.hint_outcomes
+    v = h.share(outcome) if h is not None else None
+    return "-" if v is None else f"{100 * v:.0f}%"
+
+
 def retention_table(rows: list[tuple[str, Summary]]) -> str | None:
     """What each policy's retention cost the run and others: whether the server honoured the
     pause's action, how many keep-evictable contexts survived, the bystanders' time to first
-    token (their queue behind held contexts), goodput and the paused KV. None when no run has
-    any of it (no judged resume, no bystander)."""
+    token (their queue behind held contexts), goodput and the paused KV; where a run recorded
+    what became of its hints, the share of hinted pauses the server clipped. None when no run
+    has any of it (no judged resume, no bystander)."""
     if not any(s.hint_honoured is not None or s.effective_retention is not None
-               or s.bystander_ttft_ms.n for _, s in rows):
+               or s.hint_outcomes is not None or s.bystander_ttft_ms.n for _, s in rows):
         return None
+    # the column only where some run has hint outcomes (records before version 6 have none)
+    clipped = any(s.hint_outcomes is not None for _, s in rows)
     head = (f"{'policy':<15}{'honoured':>9}{'evict kept':>11}{'byst TTFT p50':>14}{'p95':>9}"
-            f"{'goodput/min':>12}{'paused KV':>11}")
+            f"{'goodput/min':>12}{'paused KV':>11}" + (f"{'clipped':>9}" if clipped else ""))
     lines = [head, "-" * len(head)]
     for policy, s in rows:
         lines.append(
             f"{policy:<15}{_rate(s.hint_honoured):>9}{_rate(s.effective_retention):>11}"
             f"{_ms(s.bystander_ttft_ms, 'p50'):>14}{_ms(s.bystander_ttft_ms, 'p95'):>9}"
             f"{_value('goodput_per_min', s, spec='.2f'):>12}"
-            f"{_value('memory_time_mib_s', s, spec=',.1f'):>11}")
+            f"{_value('memory_time_mib_s', s, spec=',.1f'):>11}"
+            + (f"{_share(s, 'clipped'):>9}" if clipped else ""))
     lines.append("(honoured: resumes whose server-reported reuse matched the action; evict kept: "
                  "keep-evictable contexts still cached at the resume; bystander TTFT in ms; "
-                 "paused KV in MiB·s, token·s where the bytes per token are unknown)")
+                 "paused KV in MiB·s, token·s where the bytes per token are unknown"
+                 + ("; clipped: hinted pauses whose hint the server released early"
+                    if clipped else "") + ")")
     return "\n".join(lines)
 
 

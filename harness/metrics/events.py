@@ -61,6 +61,8 @@ EVENT_COLUMNS: dict[str, tuple[str, ...]] = {
     "kv_state": ("kv_tokens", "status", "traffic"),
     "slot_wait": ("slot_wait_s",),
     "trajectory_end": ("trajectory_id", "traffic", "status", "reason"),
+    "hint_outcome": ("trajectory_id", "step", "action", "status", "reason", "held_s",
+                     "hint_delay_s"),
 }
 for _event, _cols in EVENT_COLUMNS.items():
     if _undeclared := set(_cols) - set(KIND_COLUMNS[_event]):

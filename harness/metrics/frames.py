@@ -5,7 +5,9 @@ Linking rules (records are ordered by `seq`; calls of one trajectory never overl
 - a pause is the span after an LLM call ends: every pause event (pause_decision, tool_start,
   swap_out, erase, tool_end, slot_wait, swap_in, recompute, kv_state) belongs to the latest
   call_end of its trajectory, whose `seq` is the pause id;
-- a resumed call (is_resume) resumes the pause of the latest tool_end before it.
+- a resumed call (is_resume) resumes the pause of the latest tool_end before it;
+- a hint_outcome, recorded whenever the server's report of it arrives (at the resume, or much
+  later), belongs to the pause of its trajectory and step.
 
 An event's own column keeps its records name in the tables unless its declaration gives the
 tables another (harness.records.kinds: col's `frame`, which says why). Renamed here are only
@@ -15,7 +17,7 @@ tid, a decision's status as decision_status).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -31,6 +33,7 @@ NS_PER_MS = 1e6
 
 _CALL_COLS = ["seq", "t_ns", "trajectory_id", "traffic", "step", "planned_ns", "prompt_tokens",
               "appended_tokens", "is_resume"]
+_HINT_COLS = ("tid", "step", "action", "status", "reason", "held_s", "hint_delay_s", "pause_id")
 _END_COLS = ["t_ns", "status", "output_tokens", "cached_tokens", "prompt_n", "server_ms",
              "decode_ms", "token_gaps", "served_by", "engine_queue_s"]
 
@@ -43,6 +46,9 @@ class Frames:
     pauses: one row per pause (index = pause id), with decision, tool, swap and resume columns.
     kv: one row per kv_state event with the interval it holds (`dt_ns`) and its pause id.
     trajectories: one row per trajectory id (agent and bystander).
+    hints: one row per hint_outcome (index = its seq) with the pause it belongs to
+    (`pause_id`, NaN where none has its trajectory and step); empty for records before
+    version 6 and for runs whose pauses sent no hint.
     """
 
     calls: pd.DataFrame
@@ -51,6 +57,7 @@ class Frames:
     trajectories: pd.DataFrame
     t_min_ns: int
     t_max_ns: int
+    hints: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=_HINT_COLS))
 
     @property
     def duration_s(self) -> float:
@@ -119,7 +126,7 @@ def link_events(events: Events) -> Frames:
         pauses["paused_token_s"] = 0.0
     calls, pauses = _link_resumes(calls, pauses, ev)
     trajectories = _trajectories(ev)
-    return Frames(calls, pauses, kv, trajectories, t_min, t_max)
+    return Frames(calls, pauses, kv, trajectories, t_min, t_max, _hints(ev, pauses))
 
 
 def _calls(ev: Events) -> pd.DataFrame:
@@ -308,6 +315,22 @@ def _link_resumes(
     reusable = _num(res["prompt_tokens"]) - _num(res["appended_tokens"])
     pauses["resume_reusable_tokens"] = reusable.reindex(pauses.index)
     return calls, pauses
+
+
+def _hints(ev: Events, pauses: pd.DataFrame) -> pd.DataFrame:
+    """Each hint's outcome with the pause it belongs to: the pause of its trajectory and step
+    (an outcome may be recorded long after its pause, so not by record order)."""
+    rows = ev.rows(["hint_outcome"], ["seq", "trajectory_id", "step", "action", "status",
+                                      "reason", "held_s", "hint_delay_s"])
+    rows = rows.rename(columns={"trajectory_id": "tid"}).set_index("seq")
+    keys = pd.DataFrame({"tid": pauses["tid"].astype(object), "step": _num(pauses["step"]),
+                         "pause_id": pauses.index.to_numpy(dtype="float64")})
+    keys = keys.dropna(subset=["tid", "step"]).drop_duplicates(["tid", "step"], keep="last")
+    found = pd.DataFrame({"tid": rows["tid"].astype(object), "step": _num(rows["step"])},
+                         index=rows.index).merge(keys, how="left", on=["tid", "step"])
+    rows["step"] = _num(rows["step"])
+    rows["pause_id"] = found["pause_id"].to_numpy(dtype="float64")
+    return rows[list(_HINT_COLS)]
 
 
 def _trajectories(ev: Events) -> pd.DataFrame:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.metrics.summary_types import Quantiles, Rate, Summary
+from harness.policies.pin_release import ACCEPTED, HINT_OUTCOMES
 
 
 def _success_rate(s: Summary) -> float | None:
@@ -36,6 +37,17 @@ def _q_ci(stats: Callable[[Summary], Quantiles], q: str
 
 def _rate(share: Callable[[Summary], Rate | None]) -> Callable[[Summary], float | None]:
     return lambda s: r.rate if (r := share(s)) is not None else None
+
+
+def _hint_share(outcome: str) -> Callable[[Summary], float | None]:
+    return lambda s: h.share(outcome) if (h := s.hint_outcomes) is not None else None
+
+
+def _hint(outcome: str) -> Metric:
+    # What the server did with the pauses' hints (metrics.hint_outcomes): the share of hinted
+    # pauses with this outcome; accepted is the good one, every other a hint not carried out.
+    return Metric(f"hint_outcomes.shares.{outcome}", "fraction", _hint_share(outcome),
+                  f"hint {outcome}", bigger_is_better=outcome == ACCEPTED, optional=True)
 
 
 def _memory_ci(s: Summary) -> list[float] | None:
@@ -123,6 +135,7 @@ HEADLINE: tuple[Metric, ...] = (
     # keep-evictable only: the share of paused contexts the engine's cache still held.
     Metric("effective_retention.rate", "fraction", _rate(lambda s: s.effective_retention),
            "evictable kept", bigger_is_better=True, optional=True),
+    *(_hint(o) for o in HINT_OUTCOMES),
 )
 METRICS: dict[str, Metric] = {m.name: m for m in HEADLINE}
 

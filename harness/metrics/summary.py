@@ -18,7 +18,7 @@ import pandas as pd
 import pyarrow as pa
 
 from harness.errors import InputError
-from harness.metrics import jobs, latency, occupancy, outcomes, retention
+from harness.metrics import hint_outcomes, jobs, latency, occupancy, outcomes, retention
 from harness.metrics.bootstrap import mean_ci
 from harness.metrics.events import read_events
 from harness.metrics.frames import Frames, build_frames, link_events
@@ -30,6 +30,7 @@ from harness.metrics.summary_types import (
     SUMMARY_KEYS,
     SUMMARY_VERSION,
     HealthCheck,
+    HintOutcomes,
     OutcomeIntervals,
     Quantiles,
     Rate,
@@ -127,6 +128,7 @@ def summarize_frames(
         cache_mismatch_list=outcomes.mismatch_list(mism),
         hint_honoured=_rate(retention.hint_honoured(judged)),
         effective_retention=_rate(retention.effective_retention(judged)),
+        hint_outcomes=_hints(hint_outcomes.hint_outcomes(frames, judged)),
         job_completion_s=_quantiles(jobs.job_completion(job_rows, n_resamples, seed)),
         makespan_s=jobs.makespan_s(job_rows),
         memory_time_token_s=mem["memory_time_token_s"],
@@ -170,6 +172,11 @@ def _quantiles(stats: dict[str, Any]) -> Quantiles:
 def _rate(stats: dict[str, Any] | None) -> Rate | None:
     rate: Rate | None = None if stats is None else Rate.read(stats, _WHERE)
     return rate
+
+
+def _hints(stats: dict[str, Any] | None) -> HintOutcomes | None:
+    hints: HintOutcomes | None = None if stats is None else HintOutcomes.read(stats, _WHERE)
+    return hints
 
 
 def _routing(calls: pd.DataFrame, server_metrics: pd.DataFrame | None) -> dict[str, Any] | None:

@@ -72,6 +72,35 @@ class Rate(JsonType):
 
 
 @dataclass(frozen=True)
+class HintTally(JsonType):
+    """Hint outcomes over some hinted pauses (harness.metrics.hint_outcomes): how many, and the
+    count and share of each outcome (accepted, clipped, deferred, rejected, missing)."""
+
+    hinted: int | None = 0
+    counts: dict[str, int] = field(default_factory=dict)
+    shares: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HintOutcomes(JsonType):
+    """What became of the run's hints: the tally over all hinted pauses, how many accepted
+    hints had their resume judged and how many of those the reuse bore out, and the tally
+    per pause-length bucket."""
+
+    hinted: int | None = 0
+    counts: dict[str, int] = field(default_factory=dict)
+    shares: dict[str, float] = field(default_factory=dict)
+    accepted_judged: int | None = None
+    accepted_and_reused: int | None = None
+    by_pause_bucket: dict[str, HintTally] = field(default_factory=dict)
+
+    def share(self, outcome: str) -> float | None:
+        """The share of hinted pauses with this outcome; None where none was hinted."""
+        v = self.shares.get(outcome) if self.hinted else None
+        return None if v is None else float(v)
+
+
+@dataclass(frozen=True)
 class OutcomeIntervals(JsonType):
     """Bootstrap 95% intervals over trajectories of the outcome metrics."""
 
@@ -118,6 +147,8 @@ class Summary(JsonType, Mapping[str, Any]):
     cache_mismatch_list: list[Json] = field(default_factory=list)
     hint_honoured: Rate | None = None
     effective_retention: Rate | None = None
+    # absent from summaries of records before version 6; null where no pause sent a hint
+    hint_outcomes: HintOutcomes | None = None
     job_completion_s: Quantiles = field(default_factory=Quantiles)
     makespan_s: float | None = None
     memory_time_token_s: float | None = None

@@ -185,11 +185,13 @@ def format_text(result: dict[str, Any]) -> str:
     for d in result.get("differences", []):
         how = "allowed" if d["checked"] else "not checked (not recorded by one run)"
         lines.append(f"differs, {how}: {d['aspect']}: {d['base'] or '-'} vs {d['new'] or '-'}")
-    lines += [f"{'metric':<24} {'base':>12} {'new':>12} {'ratio':>8}  {'95% CI':<15} verdict"]
+    # as wide as the longest name shown (the hint outcomes' are longer than the rest)
+    w = max([24, *(len(r["name"]) for r in result["metrics"])])
+    lines += [f"{'metric':<{w}} {'base':>12} {'new':>12} {'ratio':>8}  {'95% CI':<15} verdict"]
     for r in result["metrics"]:
         ci = f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]" if r["ci95"] else ""
         ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
-        lines.append(f"{r['name']:<24} {fmt(r['base']):>12} {fmt(r['new']):>12} {ratio:>8}  "
+        lines.append(f"{r['name']:<{w}} {fmt(r['base']):>12} {fmt(r['new']):>12} {ratio:>8}  "
                      f"{ci:<15} {r['verdict']}")
     bad = [r["name"] for r in result["metrics"] if r["verdict"] == REGRESSED]
     lines.append(f"REGRESSED: {', '.join(bad)}" if bad else

@@ -22,6 +22,7 @@ from harness.report.differences import differences_section
 from harness.report.fidelity import fidelity_section
 from harness.report.fmt import fmt, fmt_bytes, table
 from harness.report.health_view import HEALTH_CSS, health_section
+from harness.report.hints_view import hints_section
 from harness.report.routing_view import routing_section
 from harness.report.turns import turns
 from harness.traces.buckets import PAUSE_BUCKETS
@@ -73,7 +74,8 @@ def render_runs(runs: list[RunData], baseline: int = 0, lead: str = "",
     parts += [lead, health_section(runs, _label), headline(runs),
               differences_section(runs, _label, baseline), instrument_section(runs),
               cdf_section(runs), bucket_grid(runs),
-              parts_section(runs), reuse_section(runs), routing_section(runs, _label),
+              parts_section(runs), reuse_section(runs), hints_section(runs, _label),
+              routing_section(runs, _label),
               occupancy_section(runs),
               timeline_section(runs),
               tools_section(runs), by_class_section(runs), prediction_section(runs),

@@ -51,10 +51,11 @@ def write_repeats(root: Path, dirs: list[Path]) -> dict[str, Any]:
 
 def format_spread(doc: dict[str, Any]) -> str:
     """A fixed-width table: metric, median, min, max, spread."""
-    lines = [f"{'metric':<24} {'median':>12} {'min':>12} {'max':>12} {'spread':>8}"]
+    w = max([24, *(len(name) for name in doc["metrics"])])
+    lines = [f"{'metric':<{w}} {'median':>12} {'min':>12} {'max':>12} {'spread':>8}"]
     for name, m in doc["metrics"].items():
         sp = f"{100 * m['spread']:.1f}%" if m["spread"] is not None else "-"
-        lines.append(f"{name:<24} {fmt(m['median']):>12} {fmt(m['min']):>12} "
+        lines.append(f"{name:<{w}} {fmt(m['median']):>12} {fmt(m['min']):>12} "
                      f"{fmt(m['max']):>12} {sp:>8}")
     lines.append(f"({doc['summaries_read']} repeats; spread = (max - min) / median)")
     return "\n".join(lines)

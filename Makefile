@@ -11,6 +11,19 @@ RUNTIME ?= llamacpp
 URL ?=
 BENCH_ARGS ?=
 PYTEST_ARGS ?=
+# The local vLLM and SGLang servers' model: tiny (random weights, the default) or smollm2
+# (SmolLM2-135M-Instruct's real weights: llama.cpp's GGUF converted once to safetensors).
+MODEL ?= tiny
+CONVERT := adapters/launchers/convert_gguf_model.py \
+  --gguf "$$(bash adapters/launchers/fetch_model.sh | tail -1)"
+# What `make vllm` / `make sglang` add for MODEL=smollm2: the conversion, with the runtime's python.
+SMOLLM2 = $(filter smollm2,$(MODEL))
+CONVERT_STEP = "$$py" $(CONVERT) >/dev/null
+# The converted folder named to the launcher (bench, pressure): made by then, so the project's
+# python finds it (reusing a folder needs no torch).
+MODEL_VAR_vllm := HARNESS_VLLM_MODEL
+MODEL_VAR_sglang := HARNESS_SGLANG_MODEL
+MODEL_ENV = $(if $(and $(SMOLLM2),$(MODEL_VAR_$(RUNTIME))),$(MODEL_VAR_$(RUNTIME))="$$($(BIN)/python $(CONVERT))" )
 
 .DEFAULT_GOAL := help
 .PHONY: help setup llama vllm sglang dynamo browser bench pressure test test-unit lint perf clean
@@ -34,12 +47,13 @@ llama: ## Build llama-server once (cached) and fetch the default model
 
 vllm: ## Install CPU vLLM once into its own cached virtualenv and make the tiny local model
 	@py=$$(bash adapters/launchers/install_vllm.sh | tail -1) && \
-	  "$$py" adapters/launchers/make_tiny_model.py >/dev/null
+	  "$$py" adapters/launchers/make_tiny_model.py >/dev/null$(if $(SMOLLM2), && $(CONVERT_STEP))
 
 sglang: ## Install CPU SGLang (pinned, sgl_kernel stand-in) once into its own cached virtualenv and make the tiny model
 	@py=$$(bash adapters/launchers/install_sglang.sh) && "$$py" adapters/launchers/make_tiny_model.py \
 	  >/dev/null || { echo "error: the CPU SGLang setup failed (install_sglang.sh: pinned sglang" \
-	  "without its CUDA-only requirements, unsupported upstream); see the lines above" >&2; exit 1; }
+	  "without its CUDA-only requirements, unsupported upstream); see the lines above" >&2; exit 1; }$(if $(SMOLLM2),; \
+	  $(CONVERT_STEP))
 
 dynamo: ## Install NVIDIA Dynamo (frontend + mocker workers) once into its own cached virtualenv and make the tiny model's config
 	@py=$$(bash adapters/launchers/install_dynamo.sh | tail -1) && \
@@ -48,7 +62,7 @@ dynamo: ## Install NVIDIA Dynamo (frontend + mocker workers) once into its own c
 bench: setup ## Replay the shipped trace under the runtime's policies on a local server (RUNTIME=llamacpp|vllm|sglang|dynamo; openai needs URL)
 ifeq ($(URL),)
 	@$(MAKE) --no-print-directory $(if $(filter vllm sglang dynamo,$(RUNTIME)),$(RUNTIME),llama)
-	$(BIN)/harness bench --runtime $(RUNTIME) $(BENCH_ARGS)
+	$(MODEL_ENV)$(BIN)/harness bench --runtime $(RUNTIME) $(BENCH_ARGS)
 else
 	$(BIN)/harness bench --runtime $(RUNTIME) --url $(URL) $(BENCH_ARGS)
 endif
@@ -65,8 +79,9 @@ PRESSURE_POOL_sglang := --server-arg=--max-total-tokens=2560 \
 
 pressure: setup ## The memory-pressure scenario on a local engine (RUNTIME=vllm|sglang): a small KV pool, bystanders, each policy's retention and its cost to others
 	@test -n "$(PRESSURE_POOL_$(RUNTIME))" || { echo "error: make pressure runs RUNTIME=vllm or RUNTIME=sglang" >&2; exit 2; }
+	@case "$(MODEL)" in tiny|smollm2) ;; *) echo "error: MODEL is tiny (the default) or smollm2" >&2; exit 2;; esac
 	@$(MAKE) --no-print-directory $(RUNTIME)
-	$(BIN)/harness bench --runtime $(RUNTIME) --trace traces/bench-small.parquet --inject pressure \
+	$(MODEL_ENV)$(BIN)/harness bench --runtime $(RUNTIME) --trace traces/bench-small.parquet --inject pressure \
 	  --ctx-per-slot 2048 --first-token-timeout 120 $(PRESSURE_POOL_$(RUNTIME)) \
 	  --out reports/pressure-$(RUNTIME)-$$(date -u +%Y%m%dT%H%M%SZ) $(BENCH_ARGS)
 

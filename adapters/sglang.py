@@ -8,7 +8,14 @@ Per pause the harness can
   *evictable* cached tokens (memory pressure may evict them);
 - recompute: close the session, and the core sends the next call with a fresh `extra_key`
   (SGLang's cache salt: radix-tree keys are namespaced by it), so no cached prefix can match.
-Without streaming sessions nothing can be pinned, so keep is not offered. On a server started
+Without streaming sessions nothing can be pinned, so keep is not offered.
+
+What became of each pause's hint (`hint_reports`, with streaming sessions): a keep whose resumed
+call ran in the still-open session is accepted; one whose session the server closed first is
+clipped, with the server's reason: its pin-release valve (listed in /server_info, with when and
+how long it was held) or else its timeout (sized from the plan, `session_timeout`); a drop
+(recompute) is accepted once the server confirmed the close, and a close that fails raises, so
+the core records the hint missing. On a server started
 with `--disable-radix-cache` nothing is kept after a request ends, so only recompute executes.
 Swap is SGLang's HiCache, a server configuration, never a per-pause action.
 """
@@ -34,12 +41,16 @@ from harness.adapters.base import (
 from harness.adapters.http import REQUEST_ERRORS, HttpClient, Sample
 from harness.adapters.models import local_vocab
 from harness.adapters.sglang_sessions import (
+    CALL_MARGIN_S,
     GONE,
     SESSION_TIMEOUT_S,
     RadixSessions,
+    Session,
     SessionError,
     StreamingSessions,
+    valve_releases,
 )
+from harness.policies.pin_release import ACCEPTED, CLIPPED, REJECTED
 
 # Used when the model's vocabulary cannot be read: SGLang 0.5.23 does not check prompt ids, and
 # one id beyond the vocabulary crashes its scheduler, so the fallback is small enough for any
@@ -91,9 +102,10 @@ class SglangAdapter:
     prefixes the names of the sessions the adapter opens.
     `vocab_size`: the model's vocabulary when known (the local launcher knows it); otherwise it
     is read from the model folder the server reports when that folder is on this machine, else
-    SAFE_VOCAB. `session_timeout_s`: the server-side timeout of each streaming session, the
-    safety net for a run that ends without closing it. `capabilities` follow what
-    `server_info()` reports: keep needs streaming sessions.
+    SAFE_VOCAB. `session_timeout_s`: the cap of each streaming session's server-side timeout
+    (sized from the plan, `session_timeout`), the safety net for a run that ends without
+    closing it. `capabilities` follow what `server_info()` reports: keep needs streaming
+    sessions, and the hints' outcomes are reported where they run.
     """
 
     runtime = "sglang"
@@ -110,6 +122,8 @@ class SglangAdapter:
         self.radix = RadixSessions(http, salt or "harness")
         # Tokens prefilled again to hand a held context to the radix cache (unpin).
         self.republished_tokens = 0
+        self._pauses: dict[str, int] = {}  # trajectory -> the step of the keep it holds for
+        self._reports: list[HintReport] = []
         self.capabilities = Capabilities(harness_slots=False, dump_files=False,
                                          pause_actions=pause_actions({}))
 
@@ -126,9 +140,11 @@ class SglangAdapter:
             not args.get("disable_radix_cache")
         self._radix_tags = bool(args.get("enable_session_radix_cache"))
         self.capabilities = Capabilities(harness_slots=False, dump_files=False,
-                                         pause_actions=pause_actions(args))
+                                         pause_actions=pause_actions(args),
+                                         hint_reports=self._streaming)
         if self._streaming:
             extra["session_timeout_s"] = self.sessions.timeout_s
+            extra["session_call_margin_s"] = CALL_MARGIN_S
         vocab = self._vocab
         if vocab is None:
             vocab = local_vocab(model.get("model_path"))
@@ -179,18 +195,23 @@ class SglangAdapter:
             ids = session.new_ids(req.prompt, salt) if session is not None else None
             if session is not None and ids is None:
                 await self.sessions.close(tid)  # a context cut, or a fresh salt (recompute)
+                await self._settle_closed(tid, session, gone=False)
                 session = None
             if session is None:
-                session = await self.sessions.open(tid, salt)
+                session = await self.sessions.open(tid, salt, req.hold_s)
                 ids = req.prompt
             assert ids is not None
             body = self._body(req, ids, salt)
             body["session_params"] = {"id": session.name}
             result, prompt_tokens = await self._generate(body, req, on_tokens)
             if result.status != "ok" and not result.tokens and GONE in (result.error or ""):
-                # Its timeout closed it on the server: the context is owed in full again.
+                # The server closed it (its timeout, or the pin-release valve): the context
+                # is owed in full again.
                 self.sessions.forget(tid)
+                await self._settle_closed(tid, session, gone=True)
                 continue
+            if result.status == "ok" or result.tokens:  # it ran in the session still open
+                self._settle(tid, ACCEPTED, "held until the resume")
             if result.status == "ok" and prompt_tokens in (None, len(req.prompt)):
                 if not session.context:
                     session.published = len(req.prompt)
@@ -253,9 +274,45 @@ class SglangAdapter:
     async def hold(self, kv: PausedKv, ttl_s: float | None) -> None:
         """The trajectory's streaming session stays open: its KV stays pinned. SGLang 0.5.23
         cannot change an open session's timeout, so the safety net stays the one it was opened
-        with (`session_timeout_s`, counted from the last call's arrival); the core ends a TTL
+        with (sized from the plan, counted from the last call's arrival); the core ends a TTL
         itself. Without an open session (the call before the pause was not held) nothing is
-        pinned, and the radix cache keeps what it keeps."""
+        pinned, the radix cache keeps what it keeps, and the hint is rejected."""
+        if kv.step is None:
+            return
+        if self.sessions.get(kv.session) is None:
+            self._reports.append(HintReport(
+                kv.session, kv.step, REJECTED, reason="no open session",
+                detail="the call before the pause ran in no streaming session: nothing pinned"))
+            return
+        self._pauses[kv.session] = kv.step
+
+    def _settle(self, tid: str, outcome: str, reason: str, held_s: float | None = None,
+                detail: str | None = None) -> None:
+        """The outcome of the keep the trajectory's session held for, if it held for one."""
+        step = self._pauses.pop(tid, None)
+        if step is not None:
+            self._reports.append(HintReport(tid, step, outcome, reason=reason, held_s=held_s,
+                                            detail=detail))
+
+    async def _settle_closed(self, tid: str, session: Session, gone: bool) -> None:
+        """The session held for a keep ended: clipped by the server's pin-release valve when it
+        lists the session; else, when the server had closed it (`gone`), by its timeout; else
+        it was held until the harness closed it (accepted)."""
+        if tid not in self._pauses:
+            return
+        release = (await valve_releases(self.http) or {}).get(session.name)
+        if release is not None:
+            held = release.get("held_s")
+            self._settle(tid, CLIPPED, str(release.get("reason") or "valve")[:100],
+                         held_s=float(held) if isinstance(held, int | float) else None,
+                         detail=f"{release.get('why')} ({release.get('tokens')} tokens held, "
+                                f"released at {release.get('at')})"[:300])
+        elif not gone:
+            self._settle(tid, ACCEPTED, "held until the harness closed the session")
+        else:
+            self._settle(tid, CLIPPED, "session timeout", held_s=session.timeout_s,
+                         detail=f"the server closed the session after its {session.timeout_s:g}"
+                                " s timeout, counted from its last call's arrival")
 
     async def unpin(self, kv: PausedKv) -> int:
         """Hand the context to the radix cache as evictable tokens. Closing a streaming session
@@ -287,8 +344,14 @@ class SglangAdapter:
     async def drop(self, kv: PausedKv) -> None:
         """Close the trajectory's session (what it held beyond its first prompt is freed); the
         core's fresh extra_key keeps the resumed call from reusing what stays cached."""
+        session = self.sessions.get(kv.session)
         await self.sessions.close(kv.session)
         await self.radix.close(kv.session)
+        if session is not None:  # a TTL's hold ended: was it held until now?
+            await self._settle_closed(kv.session, session, gone=False)
+        if kv.step is not None:
+            self._reports.append(HintReport(kv.session, kv.step, ACCEPTED,
+                                            reason="session closed"))
 
     async def restore(self, kv: PausedKv, name: str) -> SlotIO | None:
         """Nothing is ever offloaded (`offload` is unsupported)."""
@@ -296,6 +359,7 @@ class SglangAdapter:
 
     async def release(self, kv: PausedKv) -> None:
         """The trajectory ended: close its streaming session and its radix-session tag."""
+        self._pauses.pop(kv.session, None)
         try:
             await self.sessions.close(kv.session)
         finally:
@@ -306,8 +370,9 @@ class SglangAdapter:
         return self.sessions.names() + self.radix.names()
 
     def hint_reports(self) -> list[HintReport]:
-        """SGLang says nothing of its sessions' fate until asked: nothing to report."""
-        return []
+        """What became of the pauses' hints since the last call (each once)."""
+        out, self._reports = self._reports, []
+        return out
 
     async def delete_dump(self, name: str) -> bool:
         """No dump files: the harness never saves KV on an SGLang server."""

@@ -7,8 +7,10 @@ after what the session holds; the server appends the previous turn's whole outpu
 takes one request at a time per session. Closing frees the session's KV except its first turn's
 prompt, which the session published to the radix tree, where it stays as evictable cached tokens.
 The server's own `timeout` counts from the last request's arrival (not its end) and is checked
-about once a second, so the harness closes sessions itself and the timeout is only a safety net
-for a run that dies; a closed session's id answers HTTP 400 ("does not exist").
+about once a second, so the harness closes sessions itself and the timeout is a safety net
+sized from the plan; a closed session's id answers HTTP 400 ("does not exist"). A local server
+also closes idle sessions itself when their pins stall a full pool (the pin-release valve,
+launchers/sglang_site), and lists each such release in `/server_info` (`valve_releases`).
 
 Radix sessions (`--enable-session-radix-cache`, a top-level `session_id` on plain requests) are
 soft retention: the tagged context survives plain traffic and is evicted by other sessions'
@@ -18,15 +20,33 @@ traffic. Closing a radix session removes the tag.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from harness.adapters.http import REQUEST_ERRORS, HttpClient
 
 # An open, never closed session pins memory on the server until its timeout: the safety net for
-# a run that dies without closing it. A call's generation plus its pause must fit in it, since
-# SGLang counts it from the request's arrival.
+# a run that dies without closing it. Each session's timeout is sized from the plan: the longest
+# pause planned in its trajectory (CompletionRequest.hold_s) plus CALL_MARGIN_S, since SGLang
+# counts it from a request's arrival, so the call's own time must fit in it too. SGLang 0.5.23
+# sets no limit of its own (OpenSessionReqInput.timeout is any float), so SESSION_TIMEOUT_S is
+# the declared cap (--pin-expiry-s replaces it), and the timeout of a call whose plan is not
+# known. A pause longer than the cap outlives its session: the resume finds it gone.
 SESSION_TIMEOUT_S = 900.0
+# A call's own time, prefill, queueing and generation, declared: a CPU server under load
+# generates a call's few hundred tokens well within it.
+CALL_MARGIN_S = 120.0
 # What SGLang 0.5.23 answers for a session that is not open (closed, or reaped by its timeout).
 GONE = "does not exist"
+# Where the pin-release valve lists its releases in each scheduler's internal state.
+RELEASES_KEY = "harness_session_releases"
+
+
+def session_timeout(hold_s: float | None, cap_s: float = SESSION_TIMEOUT_S) -> float:
+    """A session's timeout for calls whose trajectory plans pauses of at most `hold_s`: the
+    pause plus CALL_MARGIN_S, at most `cap_s`; `cap_s` when the plan is not known."""
+    if hold_s is None or not hold_s >= 0:
+        return cap_s
+    return min(cap_s, hold_s + CALL_MARGIN_S)
 
 
 class SessionError(Exception):
@@ -42,6 +62,7 @@ class Session:
     # The ids the server holds for it: every finished turn's input and output, in order.
     context: list[int] = field(default_factory=list)
     published: int = 0  # its first turn's prompt: what closing leaves in the radix tree
+    timeout_s: float = SESSION_TIMEOUT_S  # what the server closes it after, from a call's arrival
 
     def new_ids(self, prompt: list[int], salt: str | None) -> list[int] | None:
         """The ids of `prompt` after what the session holds; None when `prompt` does not extend
@@ -72,11 +93,14 @@ class StreamingSessions:
     def get(self, trajectory: str) -> Session | None:
         return self.by_trajectory.get(trajectory)
 
-    async def open(self, trajectory: str, salt: str | None) -> Session:
-        """Open a streaming session for `trajectory` (which must hold none)."""
+    async def open(self, trajectory: str, salt: str | None, hold_s: float | None = None
+                   ) -> Session:
+        """Open a streaming session for `trajectory` (which must hold none), whose timeout
+        covers pauses of `hold_s` (`session_timeout`, capped at `timeout_s`)."""
         self.opened += 1
         name = f"{self.prefix}/{trajectory}/{self.opened}"
-        payload = {"capacity_of_str_len": 0, "streaming": True, "timeout": self.timeout_s,
+        timeout = session_timeout(hold_s, self.timeout_s)
+        payload = {"capacity_of_str_len": 0, "streaming": True, "timeout": timeout,
                    "session_id": name}
         try:
             status, answer = await self.http.post_json("/open_session", payload)
@@ -84,7 +108,7 @@ class StreamingSessions:
             raise SessionError(f"open_session: {type(exc).__name__}: {exc}"[:300]) from exc
         if status != 200 or answer != name:
             raise SessionError(f"open_session: HTTP {status}: {str(answer)[:200]}")
-        session = Session(name, salt)
+        session = Session(name, salt, timeout_s=timeout)
         self.by_trajectory[trajectory] = session
         return session
 
@@ -167,3 +191,21 @@ async def close_session(http: HttpClient, name: str, unclosed: list[str]) -> Non
         raise SessionError(f"close_session {name}: HTTP {status}: {str(answer)[:200]}")
     if name in unclosed:
         unclosed.remove(name)
+
+
+async def valve_releases(http: HttpClient) -> dict[str, dict[str, Any]] | None:
+    """The sessions the server's pin-release valve closed, by id: {"at", "held_s", "reason",
+    "tokens", "why"}; None when the server cannot say (it runs no valve, or did not answer)."""
+    try:
+        info = await http.get_json("/server_info", "/get_server_info")
+    except REQUEST_ERRORS:
+        return None
+    states = info.get("internal_states") if isinstance(info, dict) else None
+    out: dict[str, dict[str, Any]] = {}
+    seen = False
+    for state in states if isinstance(states, list) else []:
+        releases = state.get(RELEASES_KEY) if isinstance(state, dict) else None
+        if isinstance(releases, list):
+            seen = True
+            out.update({str(r.get("session")): r for r in releases if isinstance(r, dict)})
+    return out if seen else None

@@ -10,8 +10,11 @@ Every local server runs streaming sessions (`--enable-streaming-session`), throu
 adapter pins a paused trajectory's KV (keep); keep-evictable is the radix cache's own evictable
 tokens, recompute a fresh extra_key. `keep-preferred` is a server policy of this runtime: radix
 sessions (`--enable-session-radix-cache`) give each trajectory's context soft retention under
-keep-evictable. This CPU setup is not supported upstream; SGLang and torch are pinned in
-install_sglang.sh to the releases it was verified with.
+keep-evictable. The scheduler of a local server carries the pin-release valve
+(sglang_site/harness_pin_valve.py, on its PYTHONPATH, in the --pin-release order): when idle
+sessions' pins stall a full pool, it closes them until the scheduler can go on. This CPU
+setup is not supported upstream; SGLang and torch are pinned in install_sglang.sh to the
+releases it was verified with.
 """
 
 from __future__ import annotations
@@ -35,9 +38,13 @@ from harness.adapters.launchers.installs import LAUNCHERS, script_output, tiny_m
 from harness.adapters.launchers.process import ServerProcess, pinned
 from harness.adapters.models import hf_geometry, model_record
 from harness.adapters.sglang import SglangAdapter
+from harness.adapters.sglang_sessions import SESSION_TIMEOUT_S
+
+VALVE_ENV = "HARNESS_SGLANG_PIN_RELEASE"  # read by sglang_site/harness_pin_valve.py
 
 SERVED_NAME = "tiny"
 STAND_IN = LAUNCHERS / "sgl_kernel_cpu"  # holds the `sgl_kernel` stand-in package
+SITE = LAUNCHERS / "sglang_site"  # the pin-release valve, patched into SGLang's scheduler
 HICACHE_UNSUPPORTED = (
     "SGLang 0.5.23's HiCache (--enable-hierarchical-cache) does not run on its CPU engine: the "
     "host KV pool is registered with cudaHostRegister (torch.cuda.cudart() fails with 'Found no "
@@ -116,6 +123,9 @@ class SglangServerConfig:
     max_running_requests: int | None = None
     extra_args: list[str] = field(default_factory=list)
     server_cpus: str | None = None  # taskset list for the server, e.g. "1"
+    # The order in which the scheduler's pin-release valve closes idle streaming sessions
+    # when their pins stall a full pool (harness.policies.pin_release); None: no valve.
+    pin_release: str | None = None
 
 
 class LocalSglangServer(ServerProcess):
@@ -150,14 +160,16 @@ class LocalSglangServer(ServerProcess):
         if c.max_running_requests is not None:
             self.flags += ["--max-running-requests", str(c.max_running_requests)]
         self.flags += c.extra_args
-        path = os.environ.get("PYTHONPATH")
-        self.env = {"SGLANG_USE_CPU_ENGINE": "1",
-                    "PYTHONPATH": str(STAND_IN) + (os.pathsep + path if path else ""),
+        path = os.pathsep.join([str(STAND_IN), str(SITE)] + (
+            [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
+        self.env = {"SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": path,
                     "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "DO_NOT_TRACK": "1",
                     "TMPDIR": str(self.tmp_dir)}
         if c.server_cpus:  # its OpenMP threads on its own CPUs (else SGLang binds them to all;
             # with them named it sizes no KV memory itself: --max-total-tokens always does)
             self.env["SGLANG_CPU_OMP_THREADS_BIND"] = c.server_cpus
+        if c.pin_release and c.streaming_sessions:
+            self.env[VALVE_ENV] = c.pin_release
 
     def command(self) -> list[str]:
         return pinned([str(self.python), "-m", "sglang.launch_server", *self.flags],
@@ -215,7 +227,9 @@ class SglangRuntime:
             return PolicyRealisation(sp.harness_policy, sp.label)
 
         def connect(http: HttpClient) -> SglangAdapter:
-            return SglangAdapter(http, salt=options.run_id)
+            # --pin-expiry-s caps the sessions' timeouts (the pins' safety net)
+            return SglangAdapter(http, salt=options.run_id,
+                                 session_timeout_s=options.pins.expiry_s or SESSION_TIMEOUT_S)
 
         if options.url:
             yield RuntimeSession(ServerDetails(options.url), connect, realise)
@@ -226,6 +240,7 @@ class SglangRuntime:
         cfg = SglangServerConfig(model=model, context_length=options.ctx_per_slot,
                                  server_cpus=options.server_cpus,
                                  session_radix_cache=options.policy == KEEP_PREFERRED,
+                                 pin_release=options.pins.release_order,
                                  extra_args=list(options.server_args))
         with LocalSglangServer(cfg, out / "server.log", python=python) as server:
             # KV in the model's dtype (SGLang's --kv-cache-dtype auto)
@@ -234,7 +249,8 @@ class SglangRuntime:
                 start_s=server.start_s, process=server.process_record(),
                 model=model_record(model, geometry),
                 extra={"streaming_sessions": cfg.streaming_sessions,
-                       "session_radix_cache": cfg.session_radix_cache})
+                       "session_radix_cache": cfg.session_radix_cache,
+                       "pin_release": cfg.pin_release})
             yield RuntimeSession(details, connect, realise, server_exited=server.exit_reason)
 
 

@@ -179,7 +179,7 @@ class VllmAdapter:
             self._block = int(status["block_size"])
         return {k: status.get(k) for k in ("connector", "version", "block_size",
                                            "bytes_per_block", "host_cap_bytes",
-                                           "default_ttl_s")}
+                                           "default_ttl_s", "release_order")}
 
     async def _cache_config(self) -> dict[str, str]:
         """The labels of `vllm:cache_config_info` (block size, blocks, prefix caching, ...)."""
@@ -326,6 +326,7 @@ class VllmAdapter:
         self.pause_report["expired"] = status.get("expired")
         self.pause_report["restored_tokens"] = status.get("restored_tokens")
         self.pause_report["worker_host_bytes"] = status.get("worker_host_bytes")
+        self.pause_report["valve"] = status.get("valve")
         return ([f"pinned {p['session']} ({p['tokens']} tokens)" for p in status["pins"]]
                 + [f"host copy {c['session']} ({c['tokens']} tokens, {c['bytes']} bytes)"
                    for c in status["host"]])

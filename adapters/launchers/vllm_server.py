@@ -42,6 +42,7 @@ from harness.adapters.vllm import (
     control_body,
     session_prefix,
 )
+from harness.policies.pin_release import DEFAULT_PIN_RELEASE
 
 SERVED_NAME = "tiny"
 
@@ -116,6 +117,7 @@ class VllmServerConfig:
     pause_connector: bool = True  # the harness's KV connector (every policy uses it)
     pin_ttl_s: float = PIN_TTL_S
     host_cap_bytes: int = HOST_CAP_BYTES
+    pin_release: str = DEFAULT_PIN_RELEASE  # the valve's order (harness.policies.pin_release)
     extra_args: list[str] = field(default_factory=list)
     server_cpus: str | None = None  # taskset list for the server, e.g. "1"
 
@@ -124,7 +126,8 @@ class VllmServerConfig:
         if not self.pause_connector:
             return None
         return {"name": CONNECTOR_CLASS, "module": CONNECTOR_MODULE, "path": str(CONNECTOR_DIR),
-                "default_ttl_s": self.pin_ttl_s, "host_cap_bytes": self.host_cap_bytes}
+                "default_ttl_s": self.pin_ttl_s, "host_cap_bytes": self.host_cap_bytes,
+                "pin_release": self.pin_release}
 
 
 class LocalVllmServer(ServerProcess):
@@ -159,7 +162,8 @@ class LocalVllmServer(ServerProcess):
             self.flags += ["--kv-transfer-config", json.dumps({
                 "kv_connector": CONNECTOR_CLASS, "kv_connector_module_path": CONNECTOR_MODULE,
                 "kv_role": "kv_both", "kv_connector_extra_config": {
-                    "default_ttl_s": c.pin_ttl_s, "host_cap_bytes": c.host_cap_bytes}})]
+                    "default_ttl_s": c.pin_ttl_s, "host_cap_bytes": c.host_cap_bytes,
+                    "pin_release": c.pin_release}})]
             paths.append(str(CONNECTOR_DIR))
         if os.environ.get("PYTHONPATH"):
             paths.append(os.environ["PYTHONPATH"])
@@ -201,8 +205,12 @@ def server_config(options: ServerOptions, model: Path) -> VllmServerConfig:
     extra = list(options.server_args)
     if options.program_order and not any(a.startswith("--scheduling-policy") for a in extra):
         extra += ["--scheduling-policy", "priority"]  # program order travels as priorities
-    return VllmServerConfig(model=model, max_model_len=options.ctx_per_slot,
-                            server_cpus=options.server_cpus, extra_args=extra)
+    pins = options.pins
+    return VllmServerConfig(
+        model=model, max_model_len=options.ctx_per_slot, server_cpus=options.server_cpus,
+        extra_args=extra, pin_release=pins.release_order,
+        pin_ttl_s=PIN_TTL_S if pins.expiry_s is None else pins.expiry_s,
+        host_cap_bytes=HOST_CAP_BYTES if pins.host_cap_bytes is None else pins.host_cap_bytes)
 
 
 def realisation(policy: str, info: ServerInfo) -> PolicyRealisation:

@@ -347,29 +347,74 @@ def test_a_pin_survives_pressure_that_evicts_an_evictable_context(
         assert pinned == 192  # its every full block
         assert evictable is not None and evictable < 192
 
-        async def blocked(ad: VllmAdapter, http: HttpClient) -> tuple[float, str, int]:
-            """Pins that leave too few blocks for a request are what their expiry is for:
-            the request waits until they expire, then runs."""
+        async def blocked(ad: VllmAdapter, http: HttpClient) -> tuple[float, str, list[Any]]:
+            """Pins that leave too few blocks for a request stall no one: the valve releases
+            the latest program's pin inside the scheduler step and reports it."""
             for n, tid in enumerate(("p1", "p2")):
                 prompt = [300 + (i * 5 + n * 7) % 1500 for i in range(200)]
                 await ad.complete(CompletionRequest(prompt, 4, session=tid, hold=True),
                                   lambda: None)
-                await _post(http, control_body("tiny", {"op": "hold", "ttl_s": 2.0,
-                                                        "session": ad.session_name(tid)}))
-            held_until = time.monotonic() + 2.0  # the later pin's expiry
+                await ad.hold(PausedKv(tid, None, 204, step=1), None)
             t0 = time.monotonic()  # 12 of 16 blocks pinned; this needs 10
             res = await ad.complete(CompletionRequest([400 + k % 900 for k in range(300)], 4),
                                     lambda: None)
             waited = time.monotonic() - t0
-            # One expiry frees enough for the request, which may then end before the other pin
-            # is due: the status (a control request checks expiries) is asked once both are.
-            await asyncio.sleep(max(0.0, held_until + 0.1 - time.monotonic()))
-            status = await ad.status("")
+            valve = (await ad.status(""))["valve"]
+            for tid in ("p2", "p1"):
+                await ad.release(PausedKv(tid, None, 204, step=1))
             await _everything_released(ad)
-            return waited, res.status, status["expired"]["pins"]
+            return waited, res.status, [valve, ad.hint_reports()]
 
-        waited, res_status, expired = _run(server.url, blocked)
-        assert res_status == "ok" and expired == 2 and waited > 1.0
+        waited, res_status, (valve, reports) = _run(server.url, blocked)
+        assert res_status == "ok" and waited < 5.0
+        assert valve == {"released": 1, "blocks": 6}
+        # the later program's pin went; the earlier one was held until its release
+        assert [(r.session, r.step, r.outcome, r.reason) for r in reports] == [
+            ("p2", 1, "clipped", "valve: latest-program"), ("p1", 1, "accepted", "released")]
+
+
+def _growing(tid: str, latency: float) -> TrajectoryPlan:
+    """A 150-token prompt (4 full blocks pinned over the pause), then a resume that appends
+    150 more: it must grow to 10 blocks."""
+    return TrajectoryPlan(tid, 0.0, "interactive", "live", (
+        CallStep(0, 150, stable_seed(tid, 0), 4),
+        ToolStep(1, "search", "remote_read", latency, 30.0, "ok", False, True),
+        CallStep(2, 150, stable_seed(tid, 2), 4),
+    ))
+
+
+def test_pinned_paused_contexts_that_fill_the_pool_do_not_stall_a_resume(
+        vllm_env: tuple[Path, Path], tmp_path: Path) -> None:
+    """Deadlock test: three agents' pinned contexts (12 of 16 blocks) and a resume that must
+    grow by 6: the valve releases a pin, every call is served within the bound, and the
+    release is recorded as that pause's clipped hint."""
+    python, model = vllm_env
+    cfg = VllmServerConfig(model=model, max_model_len=320, num_gpu_blocks_override=17)
+    plan = _plan(_growing("g-a", 1.0), _growing("g-b", 1.6), _growing("g-c", 2.2))
+    run = RunManifest(run_id="live-valve", policy="keep")
+    with _started(cfg, tmp_path / "valve.log", python) as server:
+        async def go(ad: VllmAdapter, _: HttpClient) -> float:
+            t0 = time.monotonic()
+            await asyncio.wait_for(replay(ad, RealClock(), plan, make_policy("keep"),
+                                          tmp_path / "out", run, FALLBACK_RATES,
+                                          ReplaySettings(0.1)), timeout=60.0)
+            took = time.monotonic() - t0
+            await _everything_released(ad)
+            return took
+
+        took = _run(server.url, go)
+    rec, manifest = read_records(tmp_path / "out"), run.to_dict()
+    assert took < 60.0 and manifest["outcome"]["completed"] == 3
+    assert manifest["cleanup"]["held_left"] == []
+    ends = rec[rec.event == "call_end"]
+    assert len(ends) == 6 and (ends.status == "ok").all()
+    hints = rec[rec.event == "hint_outcome"]
+    assert len(hints) == 3 and set(hints.action) == {"keep"}
+    clipped = hints[hints.status == "clipped"]
+    assert len(clipped) >= 1 and set(clipped.reason) == {"valve: latest-program"}
+    assert (clipped.held_s > 0).all()
+    assert set(hints.status) <= {"clipped", "accepted"}
+    assert manifest["server_extra"]["pause_actions"]["valve"]["released"] == len(clipped)
 
 
 def test_continuum_runs_its_program_order_on_a_server_that_schedules_by_priority(

@@ -442,7 +442,8 @@ def test_launcher_loads_the_connector(tmp_path: Path) -> None:
         assert kv == {"kv_connector": "HarnessPauseConnector",
                       "kv_connector_module_path": CONNECTOR_MODULE, "kv_role": "kv_both",
                       "kv_connector_extra_config": {"default_ttl_s": 30.0,
-                                                    "host_cap_bytes": 1 << 20}}
+                                                    "host_cap_bytes": 1 << 20,
+                                                    "pin_release": "latest-program"}}
         # only the AMX sitecustomize's and the connector's own folders go on the path (never
         # adapters/, whose http.py would shadow the standard library's)
         assert srv.env["PYTHONPATH"].split(":")[:2] == [str(SITE_DIR), str(CONNECTOR_DIR)]
@@ -454,7 +455,8 @@ def test_launcher_loads_the_connector(tmp_path: Path) -> None:
         assert srv.env["VLLM_SERVER_DEV_MODE"] == "1" and srv.env["HF_HUB_OFFLINE"] == "1"
         assert cfg.connector_record() == {
             "name": "HarnessPauseConnector", "module": CONNECTOR_MODULE,
-            "path": str(CONNECTOR_DIR), "default_ttl_s": 30.0, "host_cap_bytes": 1 << 20}
+            "path": str(CONNECTOR_DIR), "default_ttl_s": 30.0, "host_cap_bytes": 1 << 20,
+            "pin_release": "latest-program"}
     finally:
         srv.stop()
     bare = LocalVllmServer(VllmServerConfig(model=model, pause_connector=False),
@@ -560,3 +562,17 @@ def test_a_program_order_policy_starts_the_server_scheduling_by_priority(tmp_pat
     assert flags() == []
     assert flags(program_order=True, server_args=("--scheduling-policy=fcfs",)) == [
         "--scheduling-policy=fcfs"]  # the user's own choice stands
+
+
+def test_the_pin_flags_reach_the_local_server_s_connector(tmp_path: Path) -> None:
+    from harness.adapters.base import ServerOptions
+    from harness.adapters.launchers.vllm_server import server_config
+    from harness.policies.pin_release import PinSettings
+
+    opts = ServerOptions(policy="keep", run_id="r",
+                         pins=PinSettings("largest", expiry_s=12.5, host_cap_bytes=4096))
+    cfg = server_config(opts, tmp_path)
+    assert (cfg.pin_release, cfg.pin_ttl_s, cfg.host_cap_bytes) == ("largest", 12.5, 4096)
+    default = server_config(ServerOptions(policy="keep", run_id="r"), tmp_path)
+    assert (default.pin_release, default.pin_ttl_s, default.host_cap_bytes) == (
+        "latest-program", 900.0, 1 << 30)

@@ -32,18 +32,26 @@ class FakeBlock:
 class FakePool:
     """vLLM's BlockPool as the book uses it: reference counts and cache entries."""
 
-    def __init__(self) -> None:
+    def __init__(self, size: int = 1000) -> None:
         self.freed_to_lru: list[int] = []
         self.discarded: list[int] = []
+        self.size = size  # blocks in the pool
+        self.held: set[int] = set()  # blocks someone references
+
+    def free_count(self) -> int:
+        return self.size - len(self.held)
 
     def touch(self, blocks: Sequence[Any]) -> None:
         for b in blocks:
             b.ref_cnt += 1
+            self.held.add(b.block_id)
 
     def free(self, blocks: Sequence[Any]) -> None:
         for b in blocks:
             b.ref_cnt -= 1
             self.freed_to_lru.append(b.block_id)
+            if b.ref_cnt == 0:
+                self.held.discard(b.block_id)
 
     def discard(self, blocks: Sequence[Any]) -> None:
         for b in blocks:
@@ -61,9 +69,10 @@ class Clock:
         return self.t
 
 
-def _book(cap: int = 10_000, ttl: float = 30.0) -> tuple[Book, FakePool, Clock]:
-    pool, clock = FakePool(), Clock()
-    return Book(Limits(BS, 100, cap, ttl), pool, clock), pool, clock
+def _book(cap: int = 10_000, ttl: float = 30.0, order: str = "latest-program",
+          size: int = 1000) -> tuple[Book, FakePool, Clock]:
+    pool, clock = FakePool(size), Clock()
+    return Book(Limits(BS, 100, cap, ttl, order), pool, clock), pool, clock
 
 
 def _finish(book: Book, session: str, n_blocks: int, hold: bool = True, first_id: int = 1,
@@ -202,3 +211,110 @@ def test_bad_ops_are_answered_not_raised() -> None:
     assert "unknown op" in book.control({"op": "explode"})["error"]
     assert "needs a session" in book.control({"op": "drop"})["error"]
     assert "prefix" in book.control({"op": "status", "prefix": 3})["error"]
+
+
+def _pinned_three(order: str) -> tuple[Book, FakePool, Clock]:
+    """A pool of 12 blocks holding three pinned, tagged pauses: a (arrived first, 3 blocks,
+    pinned at 102), b (arrived second, 5 blocks, pinned at 101), c (arrived last, 2 blocks,
+    pinned at 103)."""
+    book, pool, clock = _book(order=order, size=12)
+    for name, arrived in (("r/a", 100.0), ("r/b", 100.5), ("r/c", 100.7)):
+        clock.t = arrived
+        book.restorable(f"q-{name}", name, [1, 2, 3], "s", 0)  # its first call: it arrived
+    for name, blocks, first, at in (("r/b", 5, 10, 101.0), ("r/a", 3, 1, 102.0),
+                                    ("r/c", 2, 20, 103.0)):
+        clock.t = at
+        _finish(book, name, blocks, first_id=first)
+        book.control({"op": "hold", "session": name, "tag": "1"})
+    clock.t = 110.0
+    return book, pool, clock
+
+
+@pytest.mark.parametrize(("order", "released"), [
+    ("latest-program", ["r/c", "r/b"]),  # the latest arrivals first: c (2), then b (5)
+    ("lru", ["r/b"]),  # pinned longest ago: b, whose 5 blocks are enough
+    ("largest", ["r/b"]),
+])
+def test_the_valve_releases_pins_in_its_order_until_the_call_fits(
+        order: str, released: list[str]) -> None:
+    book, pool, _ = _pinned_three(order)
+    assert pool.free_count() == 2
+    assert book.make_room(6) == len(released)
+    assert sorted(set(book.status()["pins"][i]["session"] for i in range(len(book.pins)))
+                  ) == sorted({"r/a", "r/b", "r/c"} - set(released))
+    assert pool.free_count() >= 6 and book.status()["valve"]["released"] == len(released)
+    fates = {f["session"]: f for f in book.take_fates("r/")}
+    assert sorted(fates) == sorted(released)
+    for name in released:
+        assert fates[name]["end"] == "valve" and fates[name]["reason"] == order
+        assert fates[name]["tag"] == "1" and fates[name]["held_s"] > 0
+
+
+def test_the_valve_costs_nothing_with_room_and_spares_the_call_s_own_and_running_pins() -> None:
+    book, pool, _ = _pinned_three("latest-program")
+    assert book.make_room(2) == 0  # room already: nothing released
+    book.started("q9", "r/c")  # c's next call runs: its pin's blocks are the call's too
+    assert book.make_room(5, exclude="r/b") == 1  # neither b (the caller's) nor c (running)
+    assert sorted(book.pins) == ["r/b", "r/c"]
+    book.forget_request("q9")
+    assert book.make_room(12) == 2 and book.pins == {}  # nothing left to give: all released
+
+
+def test_a_fate_is_answered_once_to_the_session_s_next_control() -> None:
+    book, _, clock = _book()
+    _finish(book, "r/a", 2)
+    assert book.control({"op": "hold", "session": "r/a", "tag": "3"})["fates"] == []
+    clock.t += 4.0
+    _finish(book, "r/a", 3, first_id=10)  # the resumed call ends: pause 3's pin was held
+    ans = book.control({"op": "hold", "session": "r/a", "tag": "5"})
+    assert [(f["tag"], f["end"], f["held_s"]) for f in ans["fates"]] == [("3", "resumed", 4.0)]
+    assert book.control({"op": "status", "prefix": "r/"})["fates"] == []  # reported once
+    rel = book.control({"op": "release", "session": "r/a", "tag": "5"})
+    assert [(f["tag"], f["end"]) for f in rel["fates"]] == [("5", "released")]
+
+
+def test_a_pin_released_before_its_pause_s_control_is_clipped_under_that_pause() -> None:
+    book, pool, clock = _book(size=4)
+    _finish(book, "r/a", 3)  # pinned, not yet tagged
+    clock.t += 1.0
+    assert book.make_room(3) == 1  # the valve releases it before the hold arrives
+    ans = book.control({"op": "hold", "session": "r/a", "tag": "2"})
+    assert ans["tokens"] == 0
+    assert [(f["tag"], f["end"], f["held_s"]) for f in ans["fates"]] == [("2", "valve", 1.0)]
+
+
+def test_a_restore_reports_how_long_the_call_waited_and_an_expiry_clips() -> None:
+    book, _, clock = _book(ttl=30.0)
+    _finish(book, "r/a", 3)
+    off = book.control({"op": "offload", "session": "r/a", "tag": "1"}, delay_s=0.25)
+    assert off["delay_s"] == 0.25 and off["tag"] == "1"
+    book.take_orders()
+    prompt = list(range(3 * BS + 3))
+    assert book.restorable("q1", "r/a", prompt, "s", 0) == 3 * BS
+    book.allocated("q1", [5, 6, 7, 8], 3 * BS, delay_s=0.5)
+    fates = book.control({"op": "status", "prefix": "r/"})["fates"]
+    assert [(f["kind"], f["end"], f["delay_s"]) for f in fates] == [("copy", "restored", 0.5)]
+    _finish(book, "r/b", 2)
+    book.control({"op": "hold", "session": "r/b", "tag": "4"})
+    clock.t += 31.0
+    ans = book.control({"op": "status", "prefix": "r/"})
+    assert [(f["tag"], f["end"]) for f in ans["fates"]] == [("4", "expired")]
+    assert "30" in ans["fates"][0]["reason"]
+
+
+def test_the_connector_s_orders_agree_with_the_harness_s() -> None:
+    from harness.adapters.launchers.vllm_connector.harness_pause_connector.book import (
+        RELEASE_ORDERS,
+        Pin,
+        release_order,
+    )
+    from harness.policies import pin_release
+
+    assert RELEASE_ORDERS == pin_release.PIN_RELEASE_ORDERS
+    pins = {f"s{i}": Pin([object()] * ((i * 7) % 5 + 1), [], None, 1e9, since=float(i % 3))
+            for i in range(12)}
+    arrived = {f"s{i}": float((i * 5) % 4) for i in range(12)}
+    for order in RELEASE_ORDERS:
+        views = [pin_release.PinView(s, arrived[s], p.since, len(p.blocks))
+                 for s, p in pins.items()]
+        assert release_order(pins, arrived, order) == pin_release.release_order(views, order)

@@ -20,6 +20,8 @@ VERSION = 1
 OPS = ("hold", "unpin", "offload", "drop", "release", "release_all", "status")
 DEFAULT_TTL_S = 900.0
 DEFAULT_HOST_CAP_BYTES = 1 << 30
+# The valve's orders (harness.policies.pin_release, which a unit test checks this agrees with).
+RELEASE_ORDERS = ("latest-program", "lru", "largest")
 
 
 class Block(Protocol):
@@ -38,15 +40,22 @@ class PoolOps(Protocol):
 
     def discard(self, blocks: Sequence[Any]) -> None: ...
 
+    def free_count(self) -> int:
+        """Blocks an allocation can take now (free, or cached and evictable)."""
+        ...
+
 
 @dataclass
 class Pin:
-    """A session's blocks held out of eviction: the first `len(blocks)` blocks of `tokens`."""
+    """A session's blocks held out of eviction: the first `len(blocks)` blocks of `tokens`.
+    `tag`: the pause it is held for (the client's, from its control); `since`: when pinned."""
 
     blocks: list[Any]
     tokens: list[int]  # the token ids the blocks hold, whole blocks
     salt: str | None
     expires_at: float
+    since: float = 0.0
+    tag: str | None = None
 
 
 @dataclass
@@ -60,6 +69,8 @@ class HostCopy:
     blocks: int
     bytes: int
     expires_at: float
+    since: float = 0.0  # when its context was pinned
+    tag: str | None = None
 
 
 @dataclass
@@ -82,6 +93,12 @@ class Limits:
     bytes_per_block: int  # every layer's K and V of one block
     host_cap_bytes: int = DEFAULT_HOST_CAP_BYTES
     default_ttl_s: float = DEFAULT_TTL_S
+    release_order: str = RELEASE_ORDERS[0]
+
+    def __post_init__(self) -> None:
+        if self.release_order not in RELEASE_ORDERS:
+            raise ValueError(f"pin_release must be one of {', '.join(RELEASE_ORDERS)}, not "
+                             f"{self.release_order!r}")
 
 
 @dataclass
@@ -110,6 +127,13 @@ class Book:
         self.restored_tokens = 0
         # What the worker loaded back from host copies, in total: bytes and copy time.
         self.loaded: dict[str, Any] = {"bytes": 0, "ms": 0.0}
+        self.arrived: dict[str, float] = {}  # session -> when its first call was seen
+        # session -> what became of its tagged pins and copies, until an answer reports it
+        self.fates: dict[str, list[dict[str, Any]]] = {}
+        # session -> an untagged pin ended early, which the next tagged control adopts
+        self._untagged: dict[str, dict[str, Any]] = {}
+        self.valve: dict[str, int] = {"released": 0, "blocks": 0}
+        self._running: dict[str, str] = {}  # request id -> its session, while scheduled
 
     # ---- a session's calls --------------------------------------------------------------
     def finished(self, session: str, hold: bool, blocks: Sequence[Any], tokens: Sequence[int],
@@ -119,14 +143,17 @@ class Book:
         context moved on). A host copy the call did not load is dropped. Returns the tokens
         now pinned."""
         self.expire()
+        now = self.clock()
+        self.arrived.setdefault(session, now)
         new = None
         if hold and blocks:
             self.pool.touch(blocks)
             n = len(blocks) * self.limits.block_size
-            new = Pin(list(blocks), list(tokens[:n]), salt,
-                      self.clock() + self.limits.default_ttl_s)
-        self._unpin(session)
-        self._drop_copy(session)
+            new = Pin(list(blocks), list(tokens[:n]), salt, now + self.limits.default_ttl_s,
+                      since=now)
+        self._unpin(session, "resumed")
+        self._drop_copy(session, "replaced")
+        self._untagged.pop(session, None)
         if new is None:
             return 0
         self.pins[session] = new
@@ -138,6 +165,7 @@ class Book:
         device cache already holds: whole blocks of the copy that the prompt starts with, under
         the same salt, leaving at least one prompt token to compute."""
         self._plans.pop(request_id, None)
+        self.arrived.setdefault(session, self.clock())
         copy = self.copies.get(session)
         bs = self.limits.block_size
         if copy is None or copy.salt != salt:
@@ -151,9 +179,11 @@ class Book:
         self._plans[request_id] = _Plan(session, copy.copy_id, first)
         return (n - first) * bs
 
-    def allocated(self, request_id: str, block_ids: Sequence[int], external: int) -> None:
+    def allocated(self, request_id: str, block_ids: Sequence[int], external: int,
+                  delay_s: float | None = None) -> None:
         """The scheduler gave the call its blocks, `external` tokens of them to load: order the
-        load from the host copy (consumed: dropped once loaded)."""
+        load from the host copy (consumed: dropped once loaded). `delay_s`: how long the call
+        waited for it since it arrived."""
         plan = self._plans.pop(request_id, None)
         if plan is None or external <= 0:
             return
@@ -164,18 +194,39 @@ class Book:
         dst = list(block_ids[plan.first_block:plan.first_block + n])
         self.orders.loads.append((copy.copy_id, plan.first_block, dst))
         del self.copies[plan.session]
+        self._fate(plan.session, "copy", "restored", copy.tag, copy.since, delay_s=delay_s)
         self.restored_tokens += n * self.limits.block_size
+
+    def started(self, request_id: str, session: str) -> None:
+        """A call of `session` got its blocks: the valve leaves the session's pin alone while
+        it runs (its blocks are the call's too; releasing them frees nothing)."""
+        self._running[request_id] = session
 
     def forget_request(self, request_id: str) -> None:
         self._plans.pop(request_id, None)
+        self._running.pop(request_id, None)
 
     # ---- control ops --------------------------------------------------------------------
-    def control(self, params: dict[str, Any]) -> dict[str, Any]:
-        """Run one control op now; its answer (the worker's figures filled in by `answer`)."""
+    def control(self, params: dict[str, Any], delay_s: float | None = None) -> dict[str, Any]:
+        """Run one control op now; its answer (the worker's figures filled in by `answer`), with
+        what became of the session's tagged pins and copies since its last answer (`fates`).
+        `delay_s`: how long the request waited in the engine before the op ran."""
         self.expire()
+        out = self._control(params, delay_s)
+        session = out.get("session")
+        if isinstance(session, str):
+            out["fates"] = self.fates.pop(session, [])
+        return out
+
+    def _control(self, params: dict[str, Any], delay_s: float | None) -> dict[str, Any]:
         op = params.get("op")
         out: dict[str, Any] = {"connector": CONNECTOR, "version": VERSION, "op": op, "ok": True}
         session = params.get("session")
+        tag = params.get("tag")
+        if tag is not None:
+            out["tag"] = tag = str(tag)
+        if delay_s is not None:
+            out["delay_s"] = round(delay_s, 4)
         if op not in OPS:
             return _error(out, f"unknown op {op!r} (known: {', '.join(OPS)})")
         if op in ("release_all", "status"):
@@ -185,29 +236,38 @@ class Book:
             if op == "release_all":
                 out["released"] = self._release_all(prefix)
             out.update(self.status(prefix))
+            out["fates"] = self.take_fates(prefix)
             return out
         if not isinstance(session, str) or not session:
             return _error(out, f"{op} needs a session")
         out["session"] = session
+        pin = self.pins.get(session)
+        if tag is not None:
+            if pin is not None and pin.tag is None:
+                pin.tag = tag
+            early = self._untagged.pop(session, None)
+            if pin is None and early is not None:  # ended before its pause's control came
+                self.fates.setdefault(session, []).append({**early, "tag": tag})
         if op == "hold":
             return self._hold(out, session, params.get("ttl_s"))
         if op == "offload":
             name = params.get("name")
             return self._offload(out, session, name if isinstance(name, str) else session)
-        pin = self.pins.get(session)
         copy = self.copies.get(session)
         out["tokens"] = len(pin.tokens) if pin else 0
         out["host_tokens"] = len(copy.tokens) if copy else 0
         if op == "unpin":
-            self._unpin(session)
+            self._unpin(session, "unpinned")
         elif op == "drop":
             if pin is not None:
                 del self.pins[session]
                 self.pool.discard(pin.blocks)
             self._drop_copy(session)
-        else:  # release
-            self._unpin(session)
-            self._drop_copy(session)
+        else:  # release: the trajectory ended
+            self._unpin(session, "released")
+            self._drop_copy(session, "released")
+            self.arrived.pop(session, None)
+            self._untagged.pop(session, None)
         return out
 
     def answer(self, out: dict[str, Any]) -> dict[str, Any]:
@@ -249,7 +309,7 @@ class Book:
             return _error(out, f"host memory cap: {held} of {self.limits.host_cap_bytes} bytes "
                           f"held, the copy needs {size} more; the context stays pinned")
         copy = HostCopy(self._next_copy, name, pin.tokens, pin.salt, len(pin.blocks), size,
-                        self.clock() + self.limits.default_ttl_s)
+                        self.clock() + self.limits.default_ttl_s, since=pin.since, tag=pin.tag)
         self._next_copy += 1
         self.copies[session] = copy
         del self.pins[session]
@@ -285,15 +345,17 @@ class Book:
                 for session, copy in list(self.copies.items()):
                     if copy.copy_id == copy_id:
                         del self.copies[session]
+                        self._fate(session, "copy", "failed", copy.tag, copy.since,
+                                   reason=str(report.get("error"))[:200])
 
     def expire(self) -> None:
         """Release every pin and drop every host copy past its expiry."""
         now = self.clock()
         for session in [s for s, p in self.pins.items() if p.expires_at <= now]:
-            self._unpin(session)
+            self._unpin(session, "expired")
             self.expired["pins"] += 1
         for session in [s for s, c in self.copies.items() if c.expires_at <= now]:
-            self._drop_copy(session)
+            self._drop_copy(session, "expired")
             self.expired["copies"] += 1
 
     # ---- what is held ---------------------------------------------------------------------
@@ -315,24 +377,89 @@ class Book:
                 "block_size": self.limits.block_size,
                 "bytes_per_block": self.limits.bytes_per_block,
                 "expired": dict(self.expired), "restored_tokens": self.restored_tokens,
-                "loaded": dict(self.loaded)}
+                "loaded": dict(self.loaded), "release_order": self.limits.release_order,
+                "valve": dict(self.valve)}
+
+    def take_fates(self, prefix: str) -> list[dict[str, Any]]:
+        """What became of the tagged pins and copies of the sessions that start with `prefix`,
+        not reported yet (reported now: each once)."""
+        return [f for s in sorted(self.fates) if s.startswith(prefix) for f in self.fates.pop(s)]
 
     def _release_all(self, prefix: str) -> int:
         sessions = {s for s in [*self.pins, *self.copies] if s.startswith(prefix)}
         for session in sessions:
-            self._unpin(session)
-            self._drop_copy(session)
+            self._unpin(session, "released")
+            self._drop_copy(session, "released")
+        for session in [s for s in [*self.arrived, *self._untagged] if s.startswith(prefix)]:
+            self.arrived.pop(session, None)
+            self._untagged.pop(session, None)
         return len(sessions)
 
-    def _unpin(self, session: str) -> None:
+    # ---- the valve ----------------------------------------------------------------------
+    def make_room(self, need: int, exclude: str | None = None) -> int:
+        """The engine needs `need` free blocks to admit or grow a call: release pins (but
+        `exclude`'s, the call's own) in the declared order until it has them. Their blocks go
+        to the evictable cache. Returns how many pins were released (0 at once when the pool
+        has room or nothing is pinned)."""
+        if not self.pins or self.pool.free_count() >= need:
+            return 0
+        released = 0
+        busy = set(self._running.values())
+        for session in release_order(self.pins, self.arrived, self.limits.release_order,
+                                     exclude):
+            if self.pool.free_count() >= need:
+                break
+            if session in busy:
+                continue
+            pin = self.pins[session]
+            self.valve["blocks"] += len(pin.blocks)
+            self._unpin(session, "valve")
+            released += 1
+        self.valve["released"] += released
+        return released
+
+    def _unpin(self, session: str, end: str | None = None) -> None:
         pin = self.pins.pop(session, None)
         if pin is not None:
             self.pool.free(pin.blocks)
+            if end is not None:
+                self._fate(session, "pin", end, pin.tag, pin.since)
 
-    def _drop_copy(self, session: str) -> None:
+    def _drop_copy(self, session: str, end: str | None = None) -> None:
         copy = self.copies.pop(session, None)
         if copy is not None:
             self.orders.discards.append(copy.copy_id)
+            if end is not None:
+                self._fate(session, "copy", end, copy.tag, copy.since)
+
+    def _fate(self, session: str, kind: str, end: str, tag: str | None, since: float,
+              reason: str | None = None, delay_s: float | None = None) -> None:
+        """What became of a pin or host copy, for the session's next answer; an untagged one
+        that ended early waits for its pause's control to tag it."""
+        if end == "valve":
+            reason = self.limits.release_order
+        elif end == "expired":
+            reason = f"the server's expiry ({self.limits.default_ttl_s:g} s)"
+        fate = {"session": session, "tag": tag, "kind": kind, "end": end, "reason": reason,
+                "held_s": round(self.clock() - since, 4),
+                "delay_s": None if delay_s is None else round(delay_s, 4)}
+        if tag is not None:
+            self.fates.setdefault(session, []).append(fate)
+        elif end in ("valve", "expired"):
+            self._untagged[session] = fate
+
+
+def release_order(pins: dict[str, Pin], arrived: dict[str, float], order: str,
+                  exclude: str | None = None) -> list[str]:
+    """The pinned sessions (but `exclude`) in the order the valve releases them: the latest
+    program's first (`arrived` latest), the least recently used (pinned earliest), or the
+    largest; ties by name."""
+    mine = [s for s in pins if s != exclude]
+    if order == "latest-program":
+        return sorted(mine, key=lambda s: (-arrived.get(s, pins[s].since), s))
+    if order == "lru":
+        return sorted(mine, key=lambda s: (pins[s].since, s))
+    return sorted(mine, key=lambda s: (-len(pins[s].blocks), s))
 
 
 def _error(out: dict[str, Any], message: str) -> dict[str, Any]:

@@ -27,7 +27,15 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.logger import init_logger
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from .book import DEFAULT_HOST_CAP_BYTES, DEFAULT_TTL_S, KEY, Book, Limits, call_params
+from .book import (
+    DEFAULT_HOST_CAP_BYTES,
+    DEFAULT_TTL_S,
+    KEY,
+    RELEASE_ORDERS,
+    Book,
+    Limits,
+    call_params,
+)
 
 # Under vLLM's logger, whose handlers and level the server configures (a name outside it is
 # silent).
@@ -80,6 +88,19 @@ class _VllmPool:
         # Reversed, as the scheduler frees a request's blocks: the tail is evicted first.
         self.pool.free_blocks(list(reversed(blocks)))
 
+    def free_count(self) -> int:
+        return int(self.pool.get_num_free_blocks())
+
+    def evictable_hits(self, block_hashes: Sequence[Any], n: int) -> int:
+        """Of a call's first `n` prefix hits, those no one holds: taking them out of the free
+        queue costs the allocation as much as a new block."""
+        out = 0
+        for block_hash in block_hashes[:n]:
+            found = self.pool.get_cached_block(block_hash, [0])
+            if found and found[0].ref_cnt == 0:
+                out += 1
+        return out
+
     def discard(self, blocks: Sequence[Any]) -> None:
         # A block another request or pin also holds keeps its cache entry: only what this
         # connector alone holds is forgotten.
@@ -102,7 +123,12 @@ class HarnessPauseConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._limits = Limits(
             block_size=self._block_size, bytes_per_block=_bytes_per_block(kv_cache_config),
             host_cap_bytes=int(extra.get("host_cap_bytes", DEFAULT_HOST_CAP_BYTES)),
-            default_ttl_s=float(extra.get("default_ttl_s", DEFAULT_TTL_S)))
+            default_ttl_s=float(extra.get("default_ttl_s", DEFAULT_TTL_S)),
+            release_order=str(extra.get("pin_release", RELEASE_ORDERS[0])))
+        # A prefill is scheduled in chunks of at most this many tokens: what one admission
+        # allocates at most.
+        self._chunk_blocks = -(-int(vllm_config.scheduler_config.max_num_batched_tokens)
+                               // self._block_size) + 1
         self._book: Book | None = None  # scheduler side, once the block pool is bound
         self._answers: dict[str, dict[str, Any]] = {}  # control request id -> its answer
         self._restored: dict[str, int] = {}  # request id -> tokens loaded from host
@@ -133,29 +159,57 @@ class HarnessPauseConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def on_new_request(self, request: Any) -> None:
         params = call_params(request.kv_transfer_params)
         if params is not None and "op" in params:
-            self._answers[request.request_id] = self._the_book().control(params)
+            arrived = getattr(request, "arrival_time", None)
+            delay = max(time.time() - arrived, 0.0) if isinstance(arrived, float) else None
+            self._answers[request.request_id] = self._the_book().control(params, delay)
 
     def get_num_new_matched_tokens(self, request: Any,
                                    num_computed_tokens: int) -> tuple[int | None, bool]:
         params = call_params(request.kv_transfer_params)
         session = params.get("session") if params is not None else None
+        book = self._the_book()
+        if book.pins:  # the valve: room for this call, pins released in the declared order
+            self._make_room(request, num_computed_tokens,
+                            session if isinstance(session, str) else None)
         if not isinstance(session, str) or "op" in (params or {}):
             return 0, False
-        n = self._the_book().restorable(request.request_id, session,
-                                        request.prompt_token_ids or [], request.cache_salt,
-                                        num_computed_tokens)
+        n = book.restorable(request.request_id, session, request.prompt_token_ids or [],
+                            request.cache_salt, num_computed_tokens)
         return n, False
+
+    def _make_room(self, request: Any, computed: int, session: str | None) -> None:
+        """Release pins until the pool can allocate what admitting `request` takes: the blocks
+        of its tokens past the `computed` prefix hits (one prefill chunk at most) and the hits
+        no one holds. A running call that cannot grow is preempted by vLLM and comes back here
+        to be admitted again, so the valve makes room for growth too."""
+        bs = self._block_size
+        book = self._the_book()
+        pool = book.pool
+        assert isinstance(pool, _VllmPool)
+        new = min(-(-(int(request.num_tokens) - computed) // bs), self._chunk_blocks)
+        hits = pool.evictable_hits(getattr(request, "block_hashes", []), computed // bs)
+        released = book.make_room(new + hits, exclude=session)
+        if released:
+            logger.info("%s: released %d pin(s) (%s) to admit %s", type(self).__name__,
+                        released, book.limits.release_order, request.request_id)
 
     def update_state_after_alloc(self, request: Any, blocks: Any,
                                  num_external_tokens: int) -> None:
         book = self._the_book()
         before = book.restored_tokens
-        book.allocated(request.request_id, blocks.get_block_ids()[0], num_external_tokens)
+        params = call_params(request.kv_transfer_params)
+        session = params.get("session") if params is not None else None
+        if isinstance(session, str) and params is not None and "op" not in params:
+            book.started(request.request_id, session)
+        arrived = getattr(request, "arrival_time", None)
+        book.allocated(request.request_id, blocks.get_block_ids()[0], num_external_tokens,
+                       max(time.time() - arrived, 0.0) if isinstance(arrived, float) else None)
         if book.restored_tokens > before:
             self._restored[request.request_id] = book.restored_tokens - before
 
     def build_connector_meta(self, scheduler_output: Any) -> HarnessPauseMetadata:
-        orders = self._the_book().take_orders()
+        book = self._the_book()
+        orders = book.take_orders()
         return HarnessPauseMetadata(orders.saves, orders.loads, orders.discards)
 
     def update_connector_output(self, connector_output: Any) -> None:

@@ -69,7 +69,9 @@ endif
 
 # The memory-pressure scenario: a KV pool of 2,560 tokens (vLLM: 80 usable 32-token blocks, the
 # 81st is vLLM's null block; SGLang: --max-total-tokens) under the shipped trace's 6 agents and
-# the `pressure` bystanders, so pinned contexts block admission and evictable ones are lost.
+# the `pressure` bystanders, so pinned contexts block admission and evictable ones are lost (with
+# MODEL=smollm2 the `pressure-light` ones: a quarter of the rate, what a CPU serving real
+# weights keeps up with, so the pool and not the server's speed is contended for).
 PRESSURE_POOL_vllm := --server-arg=--num-gpu-blocks-override=81 \
   --policies keep,keep-evictable,swap,ttl,recompute
 # SGLang's CPU engine cannot swap (HiCache needs CUDA): swap would be recorded unsupported and
@@ -81,7 +83,8 @@ pressure: setup ## The memory-pressure scenario on a local engine (RUNTIME=vllm|
 	@test -n "$(PRESSURE_POOL_$(RUNTIME))" || { echo "error: make pressure runs RUNTIME=vllm or RUNTIME=sglang" >&2; exit 2; }
 	@case "$(MODEL)" in tiny|smollm2) ;; *) echo "error: MODEL is tiny (the default) or smollm2" >&2; exit 2;; esac
 	@$(MAKE) --no-print-directory $(RUNTIME)
-	$(MODEL_ENV)$(BIN)/harness bench --runtime $(RUNTIME) --trace traces/bench-small.parquet --inject pressure \
+	$(MODEL_ENV)$(BIN)/harness bench --runtime $(RUNTIME) --trace traces/bench-small.parquet \
+	  --inject $(if $(SMOLLM2),pressure-light,pressure) \
 	  --ctx-per-slot 2048 --first-token-timeout 120 $(PRESSURE_POOL_$(RUNTIME)) \
 	  --out reports/pressure-$(RUNTIME)-$$(date -u +%Y%m%dT%H%M%SZ) $(BENCH_ARGS)
 

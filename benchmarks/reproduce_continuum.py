@@ -3,7 +3,7 @@ shared traces, and its live part a CPU vLLM server; about 40 minutes in all on a
 
     python benchmarks/reproduce_continuum.py [--part sim,live|tables] [--jobs 500] [--agents 64]
         [--replicates 5] [--live-jobs 32] [--live-agents 8] [--pool-tokens 2560]
-        [--token-scale 0.02] [--out reports/continuum]
+        [--token-scale 0.02] [--model DIR] [--out reports/continuum]
 
 Continuum (Li et al., arXiv 2511.02230, later CacheTTL) ran 500 SWE-bench Verified jobs with 64
 agents at a time on Llama-3.1-70B-Instruct (4 x H100), under vLLM and under Continuum, and
@@ -20,7 +20,10 @@ real tool times and token counts):
 - `live`: `harness run` against a local CPU vLLM with the project's connector and a KV
   pool of `--pool-tokens` (smaller than the agents' contexts), `--live-jobs` jobs token-scaled
   by `--token-scale`, `--live-agents` at a time, each policy stopped past `--live-bound-s`
-  (a stalled server: its finished jobs are reported, its times and ratios are not).
+  (a stalled server: its finished jobs are reported, its times and ratios are not). `--model`
+  serves a model folder instead of the tiny random-weight one: SmolLM2-135M-Instruct's real
+  weights (`make vllm MODEL=smollm2` makes the folder), with which a context costs seconds to
+  prefill again, as reloads do at scale.
 
 The policies: keep-evictable (vLLM's default, the paper's baseline), continuum (the paper's TTL
 rule), ttl with a fixed 2 s then keep-evictable (the released code's rule), keep (pinned) and
@@ -37,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -119,7 +123,11 @@ def run_facts(d: Path) -> dict[str, Any]:
     s = (read_json(d / "summary.json") if (d / "summary.json").exists()
          else summarize_frames(frames, run, server, {}))
     sim = run.simulator or {}
+    actions = frames.pauses["action"].astype(object)
     return {"jct": jobs["jct_s"].dropna().to_numpy(),
+            # pauses held for a time-to-live (continuum's tau* > 0), of all its pauses
+            "ttl_pauses": [int((actions == "ttl").sum()), int(actions.notna().sum())],
+            "hint_outcomes": (s.get("hint_outcomes") or {}).get("shares"),
             "makespan_s": makespan_s(jobs), "reuse": (s.get("reuse") or {}).get("hit_rate"),
             "evicted_tokens": sim.get("evicted_tokens"), "preemptions": sim.get("preemptions"),
             "recomputed": s.get("tokens_recomputed"), "not_completed": not_completed(jobs),
@@ -150,10 +158,15 @@ def simulate_part(source: pd.DataFrame, out: Path, jobs: int, agents: int,
 
 
 def live_part(source: pd.DataFrame, out: Path, jobs: int, agents: int, pool: int,
-              token_scale: float, bound_s: float) -> dict[str, list[dict[str, Any]]]:
-    """Each policy replayed by `harness run` on a local server of its own, stopped (SIGINT:
-    what it measured is kept, the server stopped) if it runs past `bound_s`: a policy that
-    stalls the server is reported with the jobs it finished, not waited for."""
+              token_scale: float, bound_s: float,
+              model: Path | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Each policy replayed by `harness run` on a local server of its own (serving `model`,
+    else the tiny one), stopped (SIGINT: what it measured is kept, the server stopped) if it
+    runs past `bound_s`: a policy that stalls the server is reported with the jobs it
+    finished, not waited for."""
+    env = dict(os.environ)
+    if model is not None:
+        env["HARNESS_VLLM_MODEL"] = str(model)
     trace = jobs_trace(source, jobs, 0, out / "jobs.parquet")
     live = {k: v for k, v in POLICIES.items() if k == v[0]}
     for name, (policy, args) in live.items():
@@ -164,7 +177,7 @@ def live_part(source: pd.DataFrame, out: Path, jobs: int, agents: int, pool: int
                "--out", str(out / "bench" / name)]
         cmd += [a for k, v in args.items() for a in ("--policy-arg", f"{k}={v}")]
         print(" ".join(cmd[1:]), flush=True)
-        run = subprocess.Popen(cmd, cwd=ROOT)
+        run = subprocess.Popen(cmd, cwd=ROOT, env=env)
         try:
             rc = run.wait(timeout=bound_s)
         except subprocess.TimeoutExpired:
@@ -293,8 +306,26 @@ def _plain(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                      "evicted_tokens": [r["evicted_tokens"] for r in runs],
                      "preemptions": [r["preemptions"] for r in runs],
                      "tokens_recomputed": [r["recomputed"] for r in runs],
-                     "not_completed": [r["not_completed"] for r in runs]}
+                     "not_completed": [r["not_completed"] for r in runs],
+                     "ttl_pauses": [r.get("ttl_pauses") for r in runs],
+                     "hint_outcomes": [r.get("hint_outcomes") for r in runs]}
     return out
+
+
+def ttl_lines(results: dict[str, list[dict[str, Any]]]) -> str:
+    """How often each policy held a pause for a time-to-live (continuum: tau* > 0), and what
+    became of its hints on the server."""
+    out = []
+    for name, runs in results.items():
+        held = [r["ttl_pauses"] for r in runs if r.get("ttl_pauses")]
+        k, n = sum(h[0] for h in held), sum(h[1] for h in held)
+        shares = [r["hint_outcomes"] for r in runs if r.get("hint_outcomes")]
+        hint = (", hints: " + ", ".join(f"{o} {100 * float(np.mean([x[o] for x in shares])):.0f}%"
+                                        for o in shares[0])) if shares else ""
+        if n:
+            out.append(f"- {name}: a time-to-live at {k:,} of {n:,} pauses "
+                       f"({100 * k / n:.0f}%){hint}")
+    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -311,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--live-bound-s", type=float, default=420.0,
                     help="stop a live policy's run past this (its server stalled)")
     ap.add_argument("--token-scale", type=float, default=0.02)
+    ap.add_argument("--model", type=Path, default=None,
+                    help="live: the model folder the server serves (default: the tiny "
+                         "random-weight model)")
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "continuum")
     args = ap.parse_args(argv)
     parts = {p.strip() for p in args.part.split(",") if p.strip()}
@@ -339,14 +373,17 @@ def main(argv: list[str] | None = None) -> int:
                         f"Simulated: {args.jobs} jobs, {args.agents} agents, engine model "
                         f"(vLLM) with the declared preset {PRESET}, {args.replicates} orders"))
     res = (live_part(source, args.out / "live", args.live_jobs, args.live_agents,
-                     args.pool_tokens, args.token_scale, args.live_bound_s) if "live" in parts
+                     args.pool_tokens, args.token_scale, args.live_bound_s, args.model)
+           if "live" in parts
            else stored(args.out / "live" / "bench", ["{}"]))
     if res:
         doc["live"] = _plain(res)
         md.append(table(res, doc["live"],
-                        f"Live: CPU vLLM, {args.live_jobs} jobs token-scaled by "
+                        f"Live: CPU vLLM ({args.model.name if args.model else 'tiny model'}), "
+                        f"{args.live_jobs} jobs token-scaled by "
                         f"{args.token_scale:g}, {args.live_agents} agents, "
                         f"{args.pool_tokens:,}-token pool"))
+        md.append(ttl_lines(res))
     (args.out / "continuum.json").write_text(json.dumps(doc, indent=1, default=float) + "\n")
     (args.out / "continuum.md").write_text("\n\n".join(md) + "\n")
     print("\n\n".join(md))

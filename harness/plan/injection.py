@@ -89,7 +89,7 @@ def parse_injection(data: dict[str, Any], where: str) -> Injection:
 
 def load_injection(name_or_path: str | None) -> Injection:
     """A built-in profile by name ('none', 'slow-tools', 'abandoned-tools', 'chaos',
-    'pressure') or a file."""
+    'pressure', 'pressure-light') or a file."""
     if name_or_path in (None, "", "none"):
         return Injection()
     assert name_or_path is not None

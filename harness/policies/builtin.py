@@ -160,9 +160,10 @@ class Continuum:
     calls first, then by their task's arrival) runs where the runtime schedules by a call's
     priority (vLLM under --scheduling-policy priority, which also preempts the latest task's
     call first; the engine model). Left out: the paper falls back on the CDF of all tools
-    before a class has K samples (the policy sees one class's history), and it unpins the
-    latest program's pins when nothing else fits, which the project's vLLM connector does not
-    do yet (a pin here ends at its resume, its TTL or the connector's safety-net expiry).
+    before a class has K samples (the policy sees one class's history). Its unpinning of the
+    latest program's pins when nothing else fits is the engine's, not the policy's: the
+    pin-release valve (`--pin-release latest-program`, the default) of the project's vLLM
+    connector, of a local SGLang server and of the engine model.
     """
 
     eta: float = 1.0

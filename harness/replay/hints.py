@@ -46,11 +46,15 @@ class HintLedger:
         return supported
 
     def rejected(self, tid: str, step: int, detail: str) -> None:
-        """The server refused the hint (e.g. its host memory cap)."""
+        """The server refused the hint (e.g. its host memory cap), unless what it reported
+        with the refusal settles it first (a pin its valve released before the offload came:
+        clipped, not refused)."""
+        self.collect()
         self.settle(HintReport(tid, step, REJECTED, reason="refused", detail=detail[:300]))
 
     def lost(self, tid: str, step: int, exc: BaseException) -> None:
         """The control carrying the hint failed: the server never acknowledged it."""
+        self.collect()
         self.settle(HintReport(tid, step, MISSING, reason="control failed",
                                detail=f"{type(exc).__name__}: {exc}"[:300]))
 

@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from harness.adapters.base import HintReport, PausedKv
+from harness.adapters.base import HintReport, PausedKv, Unsupported
 from harness.policies import make_policy
 from harness.policies.pin_release import (
     LARGEST,
@@ -127,3 +127,19 @@ def test_a_trajectory_s_longest_pause_comes_from_its_plan() -> None:
     assert longest_pause_s(traj("a", latency=30.0, deadline=10.0)) == 10.0  # cut at its deadline
     assert longest_pause_s(traj("a", latency=None, deadline=5.0)) == 5.0
     assert longest_pause_s(traj("a", latency=None, deadline=float("inf"))) is None
+
+
+class ReleasedBeforeTheOffload(MemoryAdapter):
+    """A server whose valve released the pin before the pause's offload arrived: it refuses
+    the offload and reports the release with the refusal."""
+
+    async def offload(self, kv: PausedKv, name: str) -> Any:
+        assert kv.step is not None
+        self.reports.append(HintReport(kv.session, kv.step, "clipped", reason="valve: lru",
+                                       held_s=0.1))
+        raise Unsupported("nothing is pinned for the session: nothing to offload")
+
+
+def test_an_offload_refused_because_the_valve_came_first_is_clipped(tmp_path: Path) -> None:
+    rec = run_on(tmp_path, ReleasedBeforeTheOffload, "swap")
+    assert sorted(outcomes(rec)) == [("a", 1, "swap", "clipped"), ("b", 1, "swap", "clipped")]

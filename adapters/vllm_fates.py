@@ -12,7 +12,8 @@ copy loaded back for it), `released` / `unpinned` / `replaced` (ended by the har
 control), `dropped` (a drop applied), `offloaded` (moved to a host copy, whose own fate
 follows), or early: `valve` (the pin-release valve made room), `expired` (the server's safety
 net) and `failed` (the host copy could not be made). An offload's or drop's answer says how
-late the server applied it (`delay_s`, with its `tag`).
+late the server applied it (`delay_s`, with its `tag`); a hold's lateness is not its hint's (the
+context was pinned when the call before the pause ended).
 
 A pause's outcome is final at the first fate that ends its hint: clipped when it ended early,
 deferred when any part of it was applied DEFERRED_AFTER_S or more late, else accepted.
@@ -28,6 +29,7 @@ from harness.policies.pin_release import ACCEPTED, CLIPPED, DEFERRED, DEFERRED_A
 
 EARLY = frozenset({"valve", "expired", "failed"})  # ends that clip the hint
 ONGOING = frozenset({"offloaded"})  # ends after which the hint goes on (as a host copy)
+LATE_OPS = frozenset({"offload", "drop"})  # the controls whose own lateness defers a hint
 
 
 class Fates:
@@ -42,7 +44,10 @@ class Fates:
         its trajectory (None: not this adapter's)."""
         tid = trajectory_of(str(answer.get("session") or ""))
         step = _step(answer.get("tag"))
-        if tid is not None and step is not None and _number(answer.get("delay_s")) is not None:
+        # An offload's or drop's own lateness (a hold's is not the hint's: its context was
+        # pinned when the call before the pause ended)
+        if (tid is not None and step is not None and answer.get("op") in LATE_OPS
+                and _number(answer.get("delay_s")) is not None):
             key = (tid, step)
             self._delays[key] = max(self._delays.get(key, 0.0), float(answer["delay_s"]))
         if answer.get("op") == "drop" and tid is not None and step is not None and answer.get(

@@ -38,3 +38,11 @@ def test_a_drop_ends_its_pause_and_other_runs_sessions_are_ignored() -> None:
     f.read({"op": "drop", "session": "r/b", "tag": "2", "delay_s": 0.0, "ok": True}, TRAJ)
     f.read({"op": "status", "fates": [{**_fate("valve"), "session": "other/x"}]}, TRAJ)
     assert [(r.session, r.step, r.outcome) for r in f.take()] == [("b", 2, "accepted")]
+
+
+def test_a_late_hold_does_not_defer_its_pause() -> None:
+    f = Fates()
+    f.read({"op": "hold", "session": "r/a", "tag": "1", "delay_s": 0.8, "ok": True,
+            "fates": []}, TRAJ)
+    f.read({"op": "release", "session": "r/a", "fates": [_fate("resumed")]}, TRAJ)
+    assert [(r.step, r.outcome) for r in f.take()] == [(1, "accepted")]

@@ -8,9 +8,10 @@ the scheduler can go on. A closed session's first prompt stays in the radix tree
 tokens (SGLang's own close), the rest of its KV is freed.
 
 Where it acts (sglang/srt/managers/scheduler.py, schedule_batch.py):
-- `Scheduler.get_new_batch_prefill`: when it formed no batch while requests wait and nothing
-  runs (so nothing else will ever free memory), a session is closed and admission is tried
-  again, until a batch forms or no session is left to close;
+- `Scheduler.get_new_batch_prefill`: when it formed no batch while requests wait, because a
+  waiting request did not fit (SGLang then marks the running batch full) or nothing runs, a
+  session is closed and admission is tried again, until a batch forms or no session is left
+  to close;
 - `ScheduleBatch.check_decode_mem`: when the next decode step does not fit, sessions are
   closed until it does, before SGLang would retract a running request.
 Neither costs anything while the pool has room: the valve looks only once SGLang has failed.
@@ -146,9 +147,13 @@ def patch(module: ModuleType, valve: Valve) -> None:
 
     def get_new_batch_prefill(self: Any, running_batch: Any) -> Any:
         plan = prefill(self, running_batch)
+        # Admission failed for memory (SGLang marks the batch full when a waiting request did
+        # not fit, and an empty batch can free nothing): release a session and try again.
         while (plan.batch_to_run is None and self.waiting_queue and self.chunked_req is None
-               and plan.running_batch.is_empty()
+               and (plan.running_batch.is_empty() or plan.running_batch.batch_is_full)
                and valve.release_one("a waiting request could not be admitted")):
+            # what a leaving request does in SGLang: the freed memory reopens admission
+            plan.running_batch.batch_is_full = False
             plan = prefill(self, plan.running_batch)
         return plan
 

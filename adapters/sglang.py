@@ -358,11 +358,16 @@ class SglangAdapter:
         return None
 
     async def release(self, kv: PausedKv) -> None:
-        """The trajectory ended: close its streaming session and its radix-session tag."""
-        self._pauses.pop(kv.session, None)
+        """The trajectory ended: close its streaming session and its radix-session tag. A keep
+        still held (a pause cut off by its tool's deadline) was held until now, unless the
+        server's valve lists its session."""
+        session = self.sessions.get(kv.session)
         try:
             await self.sessions.close(kv.session)
+            if session is not None:
+                await self._settle_closed(kv.session, session, gone=False)
         finally:
+            self._pauses.pop(kv.session, None)
             await self.radix.close(kv.session)
 
     async def held(self) -> list[str]:

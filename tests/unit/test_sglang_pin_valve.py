@@ -143,3 +143,28 @@ def test_a_session_the_server_closed_clips_the_hint(monkeypatch: pytest.MonkeyPa
             "clipped", "session timeout", 60.0)
 
     with_front(body)
+
+
+def test_a_keep_cut_off_by_its_tool_s_deadline_is_settled_at_the_release(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    releases: dict[str, dict[str, Any]] = {}
+
+    async def fake_releases(http: Any) -> dict[str, dict[str, Any]] | None:
+        return releases
+
+    monkeypatch.setattr("harness.adapters.sglang.valve_releases", fake_releases)
+
+    async def body(ad: SglangAdapter, front: SessionFront) -> None:
+        for tid, first in (("ta", 400), ("tb", 700)):
+            await ad.complete(_req(list(range(first, first + 50)), tid, hold_s=5.0),
+                              lambda: None)
+            await ad.hold(PausedKv(tid, step=1), None)
+        [a_name, _] = sorted(front.sessions)
+        releases[a_name] = {"session": a_name, "held_s": 0.5, "reason": "valve: lru"}
+        for tid in ("ta", "tb"):  # neither resumes: their tools timed out
+            await ad.release(PausedKv(tid, step=None))
+        got = {r.session: (r.step, r.outcome, r.reason) for r in ad.hint_reports()}
+        assert got == {"ta": (1, "clipped", "valve: lru"),
+                       "tb": (1, "accepted", "held until the harness closed the session")}
+
+    with_front(body)

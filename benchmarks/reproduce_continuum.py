@@ -158,8 +158,8 @@ def simulate_part(source: pd.DataFrame, out: Path, jobs: int, agents: int,
 
 
 def live_part(source: pd.DataFrame, out: Path, jobs: int, agents: int, pool: int,
-              token_scale: float, bound_s: float,
-              model: Path | None = None) -> dict[str, list[dict[str, Any]]]:
+              token_scale: float, bound_s: float, model: Path | None = None,
+              only: set[str] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Each policy replayed by `harness run` on a local server of its own (serving `model`,
     else the tiny one), stopped (SIGINT: what it measured is kept, the server stopped) if it
     runs past `bound_s`: a policy that stalls the server is reported with the jobs it
@@ -168,7 +168,7 @@ def live_part(source: pd.DataFrame, out: Path, jobs: int, agents: int, pool: int
     if model is not None:
         env["HARNESS_VLLM_MODEL"] = str(model)
     trace = jobs_trace(source, jobs, 0, out / "jobs.parquet")
-    live = {k: v for k, v in POLICIES.items() if k == v[0]}
+    live = {k: v for k, v in POLICIES.items() if k == v[0] and (only is None or k in only)}
     for name, (policy, args) in live.items():
         cmd = [sys.executable, "-m", "harness", "run", "--runtime", "vllm", "--trace",
                str(trace), "--policy", policy, "--concurrency", str(agents),
@@ -342,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--live-bound-s", type=float, default=420.0,
                     help="stop a live policy's run past this (its server stalled)")
     ap.add_argument("--token-scale", type=float, default=0.02)
+    ap.add_argument("--live-policies", default=None,
+                    help="live: these policies only (comma-separated; default: every one but "
+                         "continuum-ttl-only)")
     ap.add_argument("--model", type=Path, default=None,
                     help="live: the model folder the server serves (default: the tiny "
                          "random-weight model)")
@@ -373,7 +376,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"Simulated: {args.jobs} jobs, {args.agents} agents, engine model "
                         f"(vLLM) with the declared preset {PRESET}, {args.replicates} orders"))
     res = (live_part(source, args.out / "live", args.live_jobs, args.live_agents,
-                     args.pool_tokens, args.token_scale, args.live_bound_s, args.model)
+                     args.pool_tokens, args.token_scale, args.live_bound_s, args.model,
+                     {p.strip() for p in args.live_policies.split(",")}
+                     if args.live_policies else None)
            if "live" in parts
            else stored(args.out / "live" / "bench", ["{}"]))
     if res:

@@ -232,6 +232,7 @@ class Executor:
             ctx.rec.emit(Cancel(trajectory_id=st.tid, traffic="agent", reason=reason))
         try:
             await release(ctx, st, "trajectory-end")
+            ctx.hints.ended(st.tid, st.hint_step)
             ctx.hints.collect()
         finally:
             # Recorded even when an interrupted run cuts its cleanup short.

@@ -64,6 +64,14 @@ class HintLedger:
         if step is not None and not self.adapter.capabilities.hint_reports:
             self.settle(HintReport(tid, step, ACCEPTED))
 
+    def ended(self, tid: str, step: int | None) -> None:
+        """The trajectory ended during the pause (its tool cut off by a deadline): where the
+        server reports nothing of its own, its hint was carried out until the harness released
+        the context, and is accepted now."""
+        if step is not None and not self.adapter.capabilities.hint_reports:
+            self.settle(HintReport(tid, step, ACCEPTED, reason="held until the trajectory "
+                                   "ended"))
+
     def collect(self) -> None:
         """Record the server's reports that arrived since the last collection."""
         for report in self.adapter.hint_reports():

@@ -143,3 +143,13 @@ class ReleasedBeforeTheOffload(MemoryAdapter):
 def test_an_offload_refused_because_the_valve_came_first_is_clipped(tmp_path: Path) -> None:
     rec = run_on(tmp_path, ReleasedBeforeTheOffload, "swap")
     assert sorted(outcomes(rec)) == [("a", 1, "swap", "clipped"), ("b", 1, "swap", "clipped")]
+
+
+def test_a_pause_cut_off_by_its_tool_s_deadline_is_accepted_at_the_release(
+        tmp_path: Path) -> None:
+    rec, run, _ = run_plan(tmp_path, plan_of(traj("a", latency=None, deadline=5.0)),
+                           make_policy("keep"))
+    assert run["outcome"]["cancelled"] == 1
+    rows = rec[rec.event == "hint_outcome"]
+    assert outcomes(rec) == [("a", 1, "keep", "accepted")]
+    assert rows.reason.iloc[0] == "held until the trajectory ended"

@@ -163,7 +163,8 @@ class Continuum:
     before a class has K samples (the policy sees one class's history). Its unpinning of the
     latest program's pins when nothing else fits is the engine's, not the policy's: the
     pin-release valve (`--pin-release latest-program`, the default) of the project's vLLM
-    connector, of a local SGLang server and of the engine model.
+    connector and of a local SGLang server (the engine model has none yet: its pins give way by
+    preemption).
     """
 
     eta: float = 1.0

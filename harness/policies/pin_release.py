@@ -66,11 +66,6 @@ class PinSettings:
         if self.host_cap_bytes is not None and self.host_cap_bytes < 0:
             raise ValueError(f"host cap must be >= 0 bytes, not {self.host_cap_bytes!r}")
 
-    def record(self) -> dict[str, object]:
-        """As run.json records it."""
-        return {"release_order": self.release_order, "expiry_s": self.expiry_s,
-                "host_cap_bytes": self.host_cap_bytes}
-
 
 @dataclass(frozen=True)
 class PinView:

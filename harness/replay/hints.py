@@ -19,19 +19,18 @@ from dataclasses import dataclass, field
 
 from harness.adapters.base import Adapter, HintReport
 from harness.policies.base import KEEP_EVICTABLE, Decision
-from harness.policies.pin_release import ACCEPTED, HINT_OUTCOMES, MISSING, REJECTED
+from harness.policies.pin_release import ACCEPTED, MISSING, REJECTED
 from harness.records.kinds import HintOutcome
 from harness.replay.recorder import Recorder
 
 
 @dataclass
 class HintLedger:
-    """The open hints of a replay, by (trajectory, step), and their outcomes as recorded."""
+    """The open hints of a replay, by (trajectory, step); each outcome goes to the records."""
 
     rec: Recorder
     adapter: Adapter
     open: dict[tuple[str, int], str] = field(default_factory=dict)  # -> the hint's label
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(HINT_OUTCOMES, 0))
 
     def sent(self, tid: str, step: int, decision: Decision, supported: bool,
              why: str | None = None) -> bool:
@@ -90,7 +89,6 @@ class HintLedger:
         label = self.open.pop((report.session, report.step), None)
         if label is None:
             return
-        self.counts[report.outcome] = self.counts.get(report.outcome, 0) + 1
         self.rec.emit(HintOutcome(
             trajectory_id=report.session, traffic="agent", step=report.step, action=label,
             status=report.outcome, reason=report.reason, held_s=report.held_s,

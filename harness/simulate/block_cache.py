@@ -21,7 +21,9 @@ cache is one entry per context left to it, in the order they were freed:
     by any later call of the group as far as it is left.
 While trajectories of a group hold KV, their prefix is held once, for all of them (`g_span`:
 the longest prefix any of them brought; one that leaves does not shorten it).
-Pinned contexts (keep, ttl before expiry) and running calls hold their blocks outside it.
+Pinned contexts (keep, ttl before expiry) and running calls hold their blocks outside it; the
+pinned paused contexts are listed (`pins`), for the pin-release valve (EngineState.relieve) to
+give back, in its order, when they fill the pool.
 
 The host tier of a swap (vLLM's offload through the project's connector) has a capacity of its
 own, in tokens: an offload that does not fit is refused and the context stays pinned.
@@ -34,7 +36,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Final
 
-from harness.simulate.trajectory import Trajectory
+from harness.policies.pin_release import PinView, release_order
+from harness.simulate.trajectory import KEPT, Trajectory
 
 GROUP_KEY0: Final = -(1 << 40)  # a group's cached shared prefix: key GROUP_KEY0 - group
 
@@ -59,6 +62,10 @@ class BlockCache:
         self.g_span = [0] * groups
         self.g_users = [0] * groups
         self.freed = 0  # what the last `reuse` gave back to the pool (below 0: took)
+        # the pinned paused contexts (trajectory index -> it), and the tokens they hold beyond
+        # their groups' shared prefixes (what releasing them all gives back at least)
+        self.pins: dict[int, Trajectory] = {}
+        self.pinned = 0
 
     def whole(self, n: int) -> int:
         """`n` tokens rounded down to whole blocks."""
@@ -205,6 +212,30 @@ class BlockCache:
     def host_fits(self, tokens: int) -> bool:
         """Whether an offload of `tokens` fits in the host tier now."""
         return self.host_used + tokens <= self.host_cap
+
+
+    def pin(self, tr: Trajectory, t: float) -> None:
+        """`tr`'s paused context, held out of eviction from `t` on, is a pin."""
+        if tr.pin_at < 0:
+            self.pins[tr.ti] = tr
+            self.pinned += self.own_part(tr)
+            tr.pin_at = t
+
+    def unpin(self, tr: Trajectory) -> None:
+        """`tr` holds no pin any more (called before what it holds changes)."""
+        if self.pins.pop(tr.ti, None) is not None:
+            self.pinned -= self.own_part(tr)
+        tr.pin_at = -1.0
+
+    def victim(self, keep: Trajectory | None, order: str, ids: list[str]) -> Trajectory | None:
+        """The pin the valve releases first under `order` (harness.policies.pin_release),
+        never `keep`'s (the trajectory being admitted); None: there is none."""
+        views = {ids[p.ti]: p for p in self.pins.values() if p.state == KEPT and p is not keep}
+        if not views:
+            return None
+        ranked = release_order([PinView(name, p.arrived, p.pin_at, -(-p.held // self.block))
+                                for name, p in views.items()], order)
+        return views[ranked[0]]
 
 
 def share_prefixes(trajs: list[Trajectory], group: list[int], prefix: list[int],

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from harness.policies.pin_release import HINT_OUTCOMES
 from harness.records.kinds import KINDS
 from harness.records.schema import RECORD_COLUMNS
 from harness.simulate.workload import OUTCOMES, Workload
@@ -31,6 +32,7 @@ END_STATUSES = ("completed", "cancelled", "failed")
 TIMEOUT_ERROR = 1  # an error call_end's b (NaN prompt_n): 1 the client's timeout, 0 an overflow
 KV_STATUS_AT = len(OUTCOMES)  # where each group starts in the status vocabulary
 END_STATUS_AT = KV_STATUS_AT + len(KV_STATUSES)
+HINT_STATUS_AT = END_STATUS_AT + len(END_STATUSES)
 NS = 1_000_000_000
 # The columns `decode` builds, by group; it returns those of RECORDS_SCHEMA in its order.
 _IDENTITY = ("run_id", "seq", "t_ns", "event", "trajectory_id", "traffic", "step", "slot")
@@ -41,7 +43,7 @@ _COUNTS = ("planned_ns", "prompt_tokens", "appended_tokens", "is_resume", "outpu
 _TIMES = ("server_ms", "decode_ms", "planned_latency_s", "predicted_wait_s", "slot_wait_s",
           "deadline_s")
 _EVENT_NAMES = pa.array(EVENTS)
-_STATUS_VOCAB = pa.array([*OUTCOMES, *KV_STATUSES, *END_STATUSES])
+_STATUS_VOCAB = pa.array([*OUTCOMES, *KV_STATUSES, *END_STATUSES, *HINT_OUTCOMES])
 _ACTION_VOCAB = pa.array(ACTIONS)
 _AGENT = pa.array(["agent"])
 
@@ -92,7 +94,8 @@ def decode(blocks: list[tuple[np.ndarray, ...]], texts: pa.Array,
             # The simulator spaces a call's tokens evenly (decode_ms): no streamed chunk times.
             "token_gaps": pa.nulls(p.n, pa.binary()),
             "parent_id": _parent_column(p),
-            "held_s": pa.nulls(p.n, pa.float64()),
+            # a hint_outcome's (clipped: how long its pin was held)
+            "held_s": p.column({E_HINT_OUTCOME: p.b[p.sl[E_HINT_OUTCOME]]}, pa.float64()),
             "hint_delay_s": pa.nulls(p.n, pa.float64()),
             **_start_columns(p)}
     return [cols[name] for name in RECORD_COLUMNS]
@@ -189,19 +192,22 @@ def _label_columns(p: _Part, texts: pa.Array, ends: _CallEnds) -> list[pa.Array]
     w, a, b, c, sl = p.w, p.a, p.b, p.c, p.sl
     tools = {e: w.cls[p.steps_of(e)] for e in (E_TOOL_START, E_DECISION, E_TOOL_END)}
     dec_a = a[sl[E_DECISION]].astype(np.int64)
+    hint_a = a[sl[E_HINT_OUTCOME]].astype(np.int64)  # action code + 8 x outcome
     # OUTCOMES: ok, error (an overflow), timeout
     ok_or_err = np.where(ends.timeout, 2, np.where(ends.err, 1, 0))
     return [
         p.strings(tools, pa.array(w.classes, type=pa.string())),
         p.strings({E_TOOL_START: w.name[p.steps_of(E_TOOL_START)]},
                   pa.array(w.names, type=pa.string())),
-        p.strings({E_DECISION: dec_a % 8}, _ACTION_VOCAB),
+        p.strings({E_DECISION: dec_a % 8, E_HINT_OUTCOME: hint_a % 8}, _ACTION_VOCAB),
         p.strings({E_DECISION: c[sl[E_DECISION]], E_ERASE: a[sl[E_ERASE]],
                    E_CANCEL: a[sl[E_CANCEL]], E_SWAP_OUT: c[sl[E_SWAP_OUT]],
-                   E_TRAJ_END: b[sl[E_TRAJ_END]]}, texts),
+                   E_TRAJ_END: b[sl[E_TRAJ_END]], E_HINT_OUTCOME: c[sl[E_HINT_OUTCOME]]},
+                  texts),
         p.strings({E_CALL_END: ok_or_err, E_DECISION: 0, E_TOOL_END: a[sl[E_TOOL_END]],
                    E_KV_STATE: KV_STATUS_AT + b[sl[E_KV_STATE]],
-                   E_TRAJ_END: END_STATUS_AT + a[sl[E_TRAJ_END]]},
+                   E_TRAJ_END: END_STATUS_AT + a[sl[E_TRAJ_END]],
+                   E_HINT_OUTCOME: HINT_STATUS_AT + hint_a // 8},
                   _STATUS_VOCAB),
     ]
 
@@ -251,7 +257,7 @@ def _time_columns(p: _Part, ends: _CallEnds) -> list[pa.Array]:
 
 
 def _detail_column(p: _Part, texts: pa.Array, ends: _CallEnds) -> pa.Array:
-    """detail: a decision's detail text, an error's message."""
+    """detail: a decision's detail text, an error's message, a hint outcome's detail."""
     r, w, err, g_end = p.r, p.w, ends.overflow, ends.steps
     overflow = [f"context overflow: {q} + {o} tokens exceed {r.ctx_limit}"
                 for q, o in zip(w.ctx[g_end[err]] - w.out[g_end[err]], w.out[g_end[err]],
@@ -261,7 +267,8 @@ def _detail_column(p: _Part, texts: pa.Array, ends: _CallEnds) -> pa.Array:
     err_detail[err] = len(texts) + np.arange(int(err.sum()))
     err_detail[ends.timeout] = ends.message[ends.timeout].astype(np.int64)
     dec_a = p.a[p.sl[E_DECISION]].astype(np.int64)
-    return p.strings({E_DECISION: dec_a // 8, E_CALL_END: err_detail}, vocab)
+    return p.strings({E_DECISION: dec_a // 8, E_CALL_END: err_detail,
+                      E_HINT_OUTCOME: p.d[p.sl[E_HINT_OUTCOME]].astype(np.int64)}, vocab)
 
 
 def _parent_column(p: _Part) -> pa.Array:

@@ -84,6 +84,7 @@ from harness.simulate.trajectory import (
     WAIT_SWAPOUT,
     Trajectory,
 )
+from harness.simulate.valve import H_ACCEPTED
 
 KV_EVICTABLE: Final = KV_STATUSES.index("evictable")  # a kv_state left to the cache
 __all__ = ["A_KEEP", "A_SWAP", "SLOT_HANDOFFS", "Engine", "action_code"]
@@ -107,6 +108,7 @@ class Engine(EngineState):
                                                            events, t_last)
         c.preempted_calls, c.control_requests = (
             self.growth.preempted if self.growth is not None else 0, self.client.sent)
+        c.pins_released = self.valve.released
         c.stalled = sum(1 for tr in self.trajs if tr.state != DONE)  # e.g. on parents' pins
         if self.pins is not None:
             c.late, c.late_s, c.late_max_s = self.pins.late, self.pins.late_s, self.pins.late_max_s
@@ -122,6 +124,7 @@ class Engine(EngineState):
             return
         # a sub-agent's start names its parent's step that started it
         self.emit(t, E_TRAJ_START, tr.ti, self.spawn_at[tr.ti], -1, t, 0, 0)
+        tr.arrived = t
         pi = self.parent[tr.ti]
         if pi >= 0:
             tr.rank = self.trajs[pi].rank
@@ -204,7 +207,8 @@ class Engine(EngineState):
                 tr.slot = self.free_slots.pop()
             elif not (self.grab(tr, self.adm[tr.pos], t) if tr.state != PREEMPTED
                       else self.growth is not None and self.growth.readmit(tr, t)):
-                if self.preempt(t):
+                # pins in the way are released first (.valve), a waiting context preempted last
+                if self.valve.relieve(tr, t) or self.preempt(t):
                     continue
                 return
             q.popleft()
@@ -232,6 +236,12 @@ class Engine(EngineState):
         if not self.fixed and g > tr.first and tr.state != KEPT:
             # a resumed call whose context was not held: a deciding policy sees its wait
             self.queue_delays.add(t - tr.ready)
+        if tr.pin_at >= 0:  # its pin ends: the call resumes onto it
+            cache = self.cache
+            assert cache is not None
+            cache.unpin(tr)
+        if tr.hint >= 0:  # the hint its pause sent was carried out
+            self.valve.settle(tr, t, H_ACCEPTED, self.valve.r_resumed)
         r = tr.need_rc  # below 0: the first call's tokens found in its group's prefix
         work = self.inp[g] + r
         # (recompute if any), kv_state, call_start
@@ -307,6 +317,8 @@ class Engine(EngineState):
         rb[row + F_PA_CODE] = code
         rb[row + F_PA_REASON] = ri
         rb[row + F_PA_WAIT] = wait
+        if code & 7 != A_EVICTABLE:  # it sends the server a hint: its outcome is open
+            tr.hint = g
         if kids is None:
             te = t + (lt if returns else dlt)
             if returns and self.pins is not None:  # pinned: when the replay's did (or now)
@@ -320,6 +332,8 @@ class Engine(EngineState):
             tr.kids_left = len(kids)
         if action == A_KEEP or has_ttl:
             tr.state = KEPT
+            if self.cache is not None and tr.held:  # pinned, out of eviction (.valve)
+                self.cache.pin(tr, t)
             if has_ttl and t + ttl < te:
                 tr.after = after
                 self.push(t + ttl, TTL, tr, g)
@@ -338,6 +352,8 @@ class Engine(EngineState):
     def finish(self, tr: Trajectory, t: float, status: int, reason: int) -> None:
         tr.gen += 1  # whatever is still scheduled for this trajectory is void
         tr.state = DONE
+        if tr.hint >= 0:  # a pause's hint, open to the end
+            self.valve.settle(tr, t, H_ACCEPTED, self.valve.r_end)
         if tr.slot >= 0 or tr.held:
             self.sched.defer(T_FINISH, tr, status, reason, t)  # erased between iterations
         else:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 from harness.model.iteration import IterationCosts
 from harness.policies.base import RECOMPUTE, PauseContext, PausePolicy, ServerRates, program_order
 from harness.policies.history import RecentMean
+from harness.policies.pin_release import DEFAULT_PIN_RELEASE
 from harness.simulate.block_cache import BlockCache, share_prefixes
 from harness.simulate.client import Client
 from harness.simulate.growth import Growth, admission_tokens
@@ -50,7 +51,8 @@ from harness.simulate.trajectory import (
     SWAPPING,
     Trajectory,
 )
-from harness.simulate.workload import Workload
+from harness.simulate.valve import H_CLIPPED, H_REJECTED, Valve
+from harness.simulate.workload import Workload, decode_costs, step_lists, trajectories
 
 if TYPE_CHECKING:
     from harness.simulate.engine import Engine
@@ -81,32 +83,6 @@ def action_code(action: str) -> int:
     return ACTION_CODE[action]
 
 
-StepLists = tuple[list[int], list[int], list[int], list[int], list[float], list[float],
-                  list[int]]
-
-
-def step_lists(w: Workload) -> StepLists:
-    """The workload's per-step columns the loop reads, as lists (a list's item is quicker to
-    read than an array's): input, output, context and kept tokens, tool latency, deadline,
-    class."""
-    return (w.inp.tolist(), w.out.tolist(), w.ctx.tolist(), w.kept.tolist(), w.lat.tolist(),
-            w.deadline.tolist(), w.cls.tolist())
-
-
-def decode_costs(w: Workload, costs: IterationCosts, streamed_s: float = 0.0) -> list[float]:
-    """What one decode token of each LLM step adds to an iteration (context at mid-output;
-    `streamed_s`: the front end's compute to send it, ServerModel.stream_token_s)."""
-    per_step: list[float] = (costs.beta + streamed_s
-                             + costs.decode_cell * (w.ctx - w.out / 2.0)).tolist()
-    return per_step
-
-
-def trajectories(w: Workload) -> list[Trajectory]:
-    """The loop's state object of every trajectory, in workload order."""
-    return [Trajectory(ti, f, f + k)
-            for ti, (f, k) in enumerate(zip(w.first, w.n_steps, strict=True))]
-
-
 @dataclass(frozen=True)
 class LoopRules:
     """How the loop runs besides its workload and server (harness.simulate.run's `simulate`
@@ -118,6 +94,7 @@ class LoopRules:
     seed: int = 0
     first_token_timeout_s: float = INF
     pins: Pins | None = None
+    pin_release: str = DEFAULT_PIN_RELEASE
 
 
 class EngineState:
@@ -194,6 +171,8 @@ class EngineState:
         self.r_end = sink.text("trajectory-end")
         self.r_preempted = sink.text("preempted")
         self.r_overflow = sink.text("context-overflow")
+        # the pauses' hints: what became of each, and the pin-release valve (.valve)
+        self.valve = Valve(cast("Engine", self), rules.pin_release)
         self.texts: dict[str, int] = {}
         # running state
         self.ext: list[Event] = []
@@ -249,6 +228,7 @@ class EngineState:
             if cache is None:
                 self.free_tok += tr.held
             else:
+                cache.unpin(tr)
                 own = cache.own_part(tr)  # its group holds its prefix
                 self.free_tok += own - (cache.leave(-1, own) if cached else 0)
                 cache.unshare(tr)
@@ -260,6 +240,7 @@ class EngineState:
         for as long as nothing evicts it (no erase: the engine frees nothing yet)."""
         cache = self.cache
         assert cache is not None
+        cache.unpin(tr)
         own = cache.own_part(tr)
         self.free_tok += own - cache.leave(tr.ti, own)
         tr.held = 0
@@ -307,8 +288,13 @@ class EngineState:
     def swap_out(self, tr: Trajectory, t: float, reason: int) -> None:
         """Offload `tr`'s paused KV (a slot save between iterations, then its link), unless
         the host tier refuses it: then it stays pinned for the rest of the pause."""
-        if self.cache is not None and not self.cache.reserve_host(tr):
+        cache = self.cache
+        if cache is not None and not cache.reserve_host(tr):
             tr.state = KEPT  # refused: pinned for the rest of the pause
+            cache.pin(tr, t)
+            if tr.hint >= 0:
+                v = self.valve
+                v.settle(tr, t, H_REJECTED, v.r_refused, NAN, v.d_host_full)
             return
         tr.swap_reason = reason
         tr.state = SWAPPING
@@ -461,6 +447,8 @@ class EngineState:
         head = q[0]
         for tr in reversed(q):
             if tr.held and tr is not head:
+                if tr.pin_at >= 0 and tr.hint >= 0:  # a pin, released early
+                    self.valve.settle(tr, t, H_CLIPPED, self.r_preempted, t - tr.pin_at)
                 self.preemptions += 1
                 self.release(tr, t, self.r_preempted, tr.pos - tr.first)
                 if tr.state == PREEMPTED:  # its call goes on, recomputing the pinned part too

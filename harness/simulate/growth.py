@@ -195,17 +195,19 @@ class Growth:
                 return i - 1 - it if i - 1 > it else 1
         return end - it
 
-    def make_room(self, it: int) -> bool:
-        """Before iteration `it` + 1 (at its boundary): the blocks the decoding calls cross into
-        there, preempting the call admitted last until the pool has them. Whether any was."""
+    def make_room(self, it: int, t: float) -> bool:
+        """Before iteration `it` + 1 (at its boundary, `t`): the blocks the decoding calls cross
+        into there, releasing pinned paused contexts first (the pin-release valve, .valve), then
+        preempting the call admitted last, until the pool has them. Whether any call was."""
         s = self.engine.sched
         any_preempted = False
         e = self.engine
         if e.free_units() < self.block * (s.n_phase + len(s.xq)):
             while s.n_d and e.free_units() < self.block * (
                     self.periodic(it, it + 1) + self.firsts(it + 1)):
-                self.preempt(max(s.hd, key=_admitted), it)
-                any_preempted = True
+                if not e.valve.relieve(None, t):
+                    self.preempt(max(s.hd, key=_admitted), it)
+                    any_preempted = True
         self.charge(it + 1)
         return any_preempted
 

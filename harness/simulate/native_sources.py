@@ -10,8 +10,8 @@ import hashlib
 from pathlib import Path
 
 # the harness.simulate modules mypyc compiles, in build order (a module imports only earlier ones)
-COMPILED = ("trajectory", "block_cache", "scheduler", "client", "growth", "engine_state",
-            "engine")
+COMPILED = ("trajectory", "block_cache", "scheduler", "client", "growth", "valve",
+            "engine_state", "engine")
 GROUP = "harness.simulate._loop"  # their shared library: harness/simulate/_loop__mypyc.*.so
 BUILD_RECORD = "native_build.json"  # beside them: the digest of the sources they were built from
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from harness.plan.planner import Arrivals
+from harness.policies.pin_release import DEFAULT_PIN_RELEASE
 from harness.simulate.fleet import ROUND_ROBIN, Fleet
 from harness.simulate.pins import Pins
 from harness.simulate.server import Capacity
@@ -29,8 +30,10 @@ class SimOptions:
     replay does; `servers`: K servers of `capacity` each behind `router`
     (harness.simulate.fleet); `first_token_timeout_s`: the client's (inf: none); `draws_seed`:
     the seed of the server model's draws where it is to differ from `seed`; `pinned_to`: a
-    replay whose trajectory starts and tool ends the simulation keeps to; `spec`: the job's
-    inputs as run.json records them (harness.specs), where a command asked for it."""
+    replay whose trajectory starts and tool ends the simulation keeps to; `pin_release`: the
+    order in which the engine model's valve releases pinned paused contexts when they fill its
+    pool (harness.simulate.valve); `spec`: the job's inputs as run.json records them
+    (harness.specs), where a command asked for it."""
 
     trace: Path
     policy: str
@@ -51,6 +54,7 @@ class SimOptions:
     first_token_timeout_s: float = FIRST_TOKEN_TIMEOUT_S
     draws_seed: int | None = None
     pinned_to: Path | None = None
+    pin_release: str = DEFAULT_PIN_RELEASE
     spec: dict[str, Any] | None = field(default=None, compare=False)
 
 
@@ -59,7 +63,7 @@ class Loop:
     """How `simulate` runs its event loop: `arrival_s`, one arrival time per root (None: a
     closed loop of `concurrency` agents); `slot_handoff` "fifo" or "agent"; `fleet` (None: one
     server); `seed` of the model's draws; the client's `first_token_timeout_s`; `pins` of a
-    replay (None: the loop's own times)."""
+    replay (None: the loop's own times); the valve's `pin_release` order."""
 
     arrival_s: np.ndarray | None = None
     concurrency: int = 4
@@ -69,3 +73,4 @@ class Loop:
     seed: int = 0
     first_token_timeout_s: float = math.inf
     pins: Pins | None = None
+    pin_release: str = DEFAULT_PIN_RELEASE

@@ -64,6 +64,8 @@ PAYLOAD = {
     "erase": "a=reason text", "cancel": "a=reason text", "recompute": "a=tokens",
     "kv_state": "a=kv tokens, b=status code", "slot_wait": "a=seconds waited",
     "tool_end": "a=status code (OUTCOMES)", "trajectory_end": "a=status code, b=reason text",
+    "hint_outcome": "a=action code + 8 x outcome (HINT_OUTCOMES), b=held s (NaN: none), "
+                    "c=reason text, d=detail text",
 }
 
 

@@ -169,7 +169,7 @@ def simulate(w: Workload, server: ServerModel, cap: Capacity, policy: PausePolic
     try:
         engine = Engine(w, server, cap, policy, sink, run_id, LoopRules(
             arrival_s is not None, lp.history_window, lp.slot_handoff == "agent", lp.seed,
-            lp.first_token_timeout_s, lp.pins))
+            lp.first_token_timeout_s, lp.pins, lp.pin_release))
         if lp.fleet is not None:
             lp.fleet.bind(engine)  # sets engine.fleet
         return engine.run(times)
@@ -258,7 +258,7 @@ def run_simulation(opts: SimOptions, calibration: Calibration) -> RunManifest:
     try:
         counters: Counters = simulate(w, server, capacity, policy, sink, str(run.run_id), Loop(
             arrival_s, arrivals.concurrency, history_window, slot_handoff, fleet, draws,
-            first_token_timeout_s, pins))
+            first_token_timeout_s, pins, o.pin_release))
     finally:
         t_loop = time.perf_counter() - t1
         sink.close()  # whatever was simulated is on disk, even when the loop failed
@@ -348,6 +348,7 @@ def _record_end(run: RunManifest, counters: Counters, sink: RecordSink,
         "preempted_calls": counters.preempted_calls,
         "control_requests": counters.control_requests,
         "evicted_tokens": counters.evicted_tokens, "swaps_refused": counters.swaps_refused,
+        "pins_released": counters.pins_released,
         "events": counters.events, "records": sink.n_rows, "record_writer": sink.writer,
         "wall_s": {"load": round(load, 3), "loop": round(loop, 3), "total": round(total, 3)},
     })

@@ -398,7 +398,7 @@ class Scheduler:
                 while pre and pre[0].rem == 0:
                     pre.popleft()
         # vLLM: the decoding calls' next blocks, preempting the latest where the pool is full
-        preempted = gr is not None and gr.make_room(it)
+        preempted = gr is not None and gr.make_room(it, t)
         engine = self.engine
         if self.slot_mode and self.tasks and engine.occupies_loop(self.tasks):
             self.serve_then_compose(t)

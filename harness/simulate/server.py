@@ -171,6 +171,7 @@ class Counters:
     stalled: int = 0  # trajectories that started and were still waiting when nothing was left
     evicted_tokens: int = 0  # a prefix cache: tokens evicted to make room
     swaps_refused: int = 0  # offloads refused because the host tier was full (kept pinned)
+    pins_released: int = 0  # pinned paused contexts released by the valve (harness.simulate.valve)
     late: int = 0  # pinned to a replay: its tool ends and starts the simulation reached later
     late_s: float = 0.0  # by how much, in all
     late_max_s: float = 0.0  # and at most

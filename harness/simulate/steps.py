@@ -25,6 +25,7 @@ from harness.simulate.decode import (
     E_CALL_START,
     E_DECISION,
     E_FIRST_TOKEN,
+    E_HINT_OUTCOME,
     E_KV_STATE,
     E_RECOMPUTE,
     E_SLOT_WAIT,
@@ -39,9 +40,10 @@ from harness.simulate.workload import Workload
 # The fields of an LLM step's row and of a tool step's, in column order (trajectory.F_*).
 LLM_FIELDS = ("st_t", "st_seq", "slot", "due", "rc", "pre_t", "ft_t", "ft_seq", "en_t", "en_seq",
               "sw_t", "sw_seq", "sw_wait", "sw_slot", "srv")
-TOOL_FIELDS = ("pa_t", "pa_seq", "pa_code", "pa_wait", "pa_reason", "te_t", "te_seq", "te_slot")
+TOOL_FIELDS = ("pa_t", "pa_seq", "pa_code", "pa_wait", "pa_reason", "te_t", "te_seq", "te_slot",
+               "ho_t", "ho_seq", "ho_code", "ho_held", "ho_detail")
 FIELD = {**{f: k for k, f in enumerate(LLM_FIELDS)}, **{f: k for k, f in enumerate(TOOL_FIELDS)}}
-SEQ_FIELDS = ("st_seq", "ft_seq", "en_seq", "sw_seq", "pa_seq", "te_seq")
+SEQ_FIELDS = ("st_seq", "ft_seq", "en_seq", "sw_seq", "pa_seq", "te_seq", "ho_seq")
 # -1 in every column that holds a seq in either kind of row (no seq range holds it), else 0;
 # `rc` must start at 0 (no recompute) and `srv` at 0 (no server named: one server); the rest
 # is written before it is read.
@@ -63,7 +65,8 @@ class StepColumns:
     token time and seq, end time and seq, and when it waited for memory: admission time and seq,
     seconds waited, slot; the server that served it (a fleet, harness.simulate.fleet: its
     name's text). Tool step: decision time and seq, action code, predicted wait, reason
-    text; tool return time, seq and slot.
+    text; tool return time, seq and slot; what became of the pause's hint: time and seq,
+    outcome and reason text, seconds held (clipped), detail text.
 
     `shared`: the buffer is a block of shared memory (a memoryview, as fast to index as an
     array) that a writer process attaches to by `shm_name`; `close` releases it, and the creator
@@ -224,7 +227,7 @@ class _PartBlocks:
 
     def add_pause_events(self) -> None:
         """A tool step's events: pause_decision, tool_start and (unless the KV is dropped)
-        kv_state; tool_end."""
+        kv_state; tool_end; hint_outcome."""
         v, w, put = self.v, self.w, self.put
         g, seq = self.stamped("pa_seq")
         # the slot the call before the pause ran on (the pause holds it, or held it)
@@ -240,6 +243,12 @@ class _PartBlocks:
         g, seq = self.stamped("te_seq")
         put(E_TOOL_END, seq, v("te_t")[g], g, v("te_slot")[g].astype(np.int64),
             (w.outcome[g].astype(np.float64),))
+        # a: the pause's action code + 8 x the outcome, b: held s, c: reason, d: detail text
+        g, seq = self.stamped("ho_seq")
+        code = v("ho_code")[g]
+        put(E_HINT_OUTCOME, seq, v("ho_t")[g], g, np.full(len(g), -1, dtype=np.int64),
+            (v("pa_code")[g] % 8 + 8 * (code % 8), v("ho_held")[g], code // 8,
+             v("ho_detail")[g]))
 
     def merged(self) -> list[Block]:
         """One block per event, rows by seq; checks that the part holds every seq lo..hi-1."""

@@ -63,6 +63,12 @@ class Trajectory:
         self.grp = -1
         self.pre = 0
         self.sg = -1
+        # the pin-release valve (EngineState.relieve): when it arrived, and when its paused
+        # context was pinned (-1: it is no pin); the tool step of its pause whose hint's outcome
+        # is still open (-1: none)
+        self.arrived = 0.0
+        self.pin_at = -1.0
+        self.hint = -1
 
 
 # A step's row of the per-step record fields (harness.simulate.steps.StepColumns): the loop
@@ -95,3 +101,8 @@ F_PA_REASON: Final = 4  # reason text
 F_TE_T: Final = 5  # tool_end: time
 F_TE_SEQ: Final = 6
 F_TE_SLOT: Final = 7  # the slot held when the tool returned
+F_HO_T: Final = 8  # hint_outcome (a pause that sent a hint): time
+F_HO_SEQ: Final = 9
+F_HO_CODE: Final = 10  # its outcome (HINT_OUTCOMES index) + 8 x reason text
+F_HO_HELD: Final = 11  # clipped: seconds held before the release (NaN: none)
+F_HO_DETAIL: Final = 12  # detail text

@@ -12,6 +12,8 @@ import numpy as np
 import pandas as pd
 
 from harness.errors import InputError
+from harness.model.iteration import IterationCosts
+from harness.simulate.trajectory import Trajectory
 from harness.traces.context import context_lengths, trajectory_starts
 from harness.traces.reuse import prefix_sent
 from harness.traces.schema import KIND_TOOL, TOOL_SUBAGENT
@@ -205,3 +207,29 @@ def _check_acyclic(parent: np.ndarray, ids: list[str]) -> None:
     if (anc >= 0).any():
         bad = ids[int(np.argmax(anc >= 0))]
         raise InputError(f"trajectory {bad!r}: its chain of parents comes back to itself")
+
+
+StepLists = tuple[list[int], list[int], list[int], list[int], list[float], list[float],
+                  list[int]]
+
+
+def step_lists(w: Workload) -> StepLists:
+    """The workload's per-step columns the loop reads, as lists (a list's item is quicker to
+    read than an array's): input, output, context and kept tokens, tool latency, deadline,
+    class."""
+    return (w.inp.tolist(), w.out.tolist(), w.ctx.tolist(), w.kept.tolist(), w.lat.tolist(),
+            w.deadline.tolist(), w.cls.tolist())
+
+
+def decode_costs(w: Workload, costs: IterationCosts, streamed_s: float = 0.0) -> list[float]:
+    """What one decode token of each LLM step adds to an iteration (context at mid-output;
+    `streamed_s`: the front end's compute to send it, ServerModel.stream_token_s)."""
+    per_step: list[float] = (costs.beta + streamed_s
+                             + costs.decode_cell * (w.ctx - w.out / 2.0)).tolist()
+    return per_step
+
+
+def trajectories(w: Workload) -> list[Trajectory]:
+    """The loop's state object of every trajectory, in workload order."""
+    return [Trajectory(ti, f, f + k)
+            for ti, (f, k) in enumerate(zip(w.first, w.n_steps, strict=True))]

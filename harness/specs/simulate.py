@@ -114,6 +114,7 @@ class SimSpec(Spec):
              "replay of the same trace (same --token-scale, copies, --concurrency and --seed) "
              "did, never earlier than the simulation reaches them, so its calls meet the "
              "company the replay's met; run.json counts those reached late.").attr()
+    pin_release: str = shared.PINS[0].attr()
     no_summary: bool = Field("no_summary", "--no-summary", "flag", False,
                              help="Skip summary.json.").attr()
     out: Path = shared.OUT.but(required=True).attr()
@@ -146,4 +147,4 @@ class SimSpec(Spec):
             self.default_deadline_s, write_summary=not self.no_summary,
             slot_handoff=self.slot_handoff, token_scale=self.token_scale, servers=self.servers,
             router=self.router, first_token_timeout_s=timeout, pinned_to=self.pinned_to,
-            spec=self.record())
+            pin_release=self.pin_release, spec=self.record())

@@ -54,7 +54,8 @@ ADAPTER_SEAM = frozenset({"harness.adapters.base", "harness.adapters.http",
 # engines name each other's types, under TYPE_CHECKING only.
 ALLOWED_CYCLES = [frozenset({"harness.simulate.engine", "harness.simulate.engine_state",
                              "harness.simulate.fleet", "harness.simulate.scheduler",
-                             "harness.simulate.client", "harness.simulate.growth"})]
+                             "harness.simulate.client", "harness.simulate.growth",
+                             "harness.simulate.valve"})]
 CLICK_ALLOWED = ("harness.commands", "harness.cli")
 
 

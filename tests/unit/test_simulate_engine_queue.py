@@ -1,6 +1,7 @@
 """Admission in a token pool, on the engine model (vLLM, SGLang) as in llama.cpp's plain pool: a
 resumed call whose context is held (pinned) grows first, ahead of calls that came before it
-and do not fit; a stall ends by the first-token timeout, or, without one, by preemption."""
+and do not fit, unless the pin-release valve releases its pin first (harness.simulate.valve);
+a stall ends by the valve, the first-token timeout, or, without either, by preemption."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from harness.records.store import read_records
 from harness.simulate.options import SimOptions
@@ -30,8 +32,8 @@ def run(tmp: Path, cap: Capacity, timeout_s: float = 600.0) -> pd.DataFrame:
 
 
 def test_a_pinned_resume_grows_ahead_of_an_earlier_call(tmp_path: Path) -> None:
-    # (SGLang's engine model: vLLM's calls also grow as they decode, test_simulate_growth)
-    for cap in (Capacity(tokens=400, engine="sglang", block_size=1), Capacity(tokens=400)):
+    # llama.cpp's plain pool pins with no valve (SGLang's engine model: below)
+    for cap in (Capacity(tokens=400),):
         df = run(tmp_path / cap.engine, cap)
         assert t_s(df, "tool_end", "a") > 1.1  # c has been waiting since 1.1 s
         assert t_s(df, "call_start", "a", 1) == t_s(df, "tool_end", "a")  # no wait
@@ -42,9 +44,25 @@ def test_a_pinned_resume_grows_ahead_of_an_earlier_call(tmp_path: Path) -> None:
         assert ev(df, "trajectory_end")["status"].tolist() == ["completed"] * 3
 
 
-def test_without_a_timeout_an_idle_engine_preempts(tmp_path: Path) -> None:
-    # Both pin 110 of a 250-token pool and cannot grow by the 110 their next call needs: with
-    # no first-token timeout to end the stall, the latest one that holds KV is dropped.
+def test_on_sglang_the_valve_releases_the_pin_that_stops_an_earlier_call(tmp_path: Path) -> None:
+    # c needs 70 of the 40 left beside b's 250 and a's pinned 110: a's pin goes to the cache
+    # at 1.1 s (held 0.842 s since its pause), c starts then, and a's resume reuses the 80 of
+    # its context that c's call did not evict, once c has ended
+    df = run(tmp_path, Capacity(tokens=400, engine="sglang", block_size=1))
+    assert t_s(df, "call_start", "c") == 1.1
+    hint = ev(df, "hint_outcome").iloc[0]
+    assert (hint["trajectory_id"], hint["status"], hint["reason"]) == (
+        "a", "clipped", "valve: latest-program")
+    assert hint["held_s"] == pytest.approx(1.1 - t_s(df, "pause_decision", "a"))
+    assert ev(df, "call_end", "a")["cached_tokens"].tolist() == [0, 80]
+    assert t_s(df, "call_start", "a", 1) == pytest.approx(t_s(df, "trajectory_end", "c"))
+    assert ev(df, "trajectory_end")["status"].tolist() == ["completed"] * 3
+
+
+def test_without_a_timeout_an_idle_engine_releases_a_pin(tmp_path: Path) -> None:
+    # Both pin 110 of a 250-token pool and cannot grow by the 110 their next call needs: the
+    # valve releases the pin of b (a's call is the one admitted) to the cache, nothing is
+    # preempted, and b's resume reuses the 30 tokens a's call left of it.
     trajs = {"a": [llm(100, 10), tool(1.0), llm(100, 10)],
              "b": [llm(100, 10), tool(2.0), llm(100, 10)]}
     out = tmp_path / "out"
@@ -52,7 +70,9 @@ def test_without_a_timeout_an_idle_engine_preempts(tmp_path: Path) -> None:
         tokens=250, engine="vllm", block_size=1), None, Arrivals("closed", 8), 0, out,
             write_summary=False, first_token_timeout_s=math.inf), CAL)
     df = read_records(out)
-    assert m.simulator is not None and m.simulator["preemptions"] == 1
-    assert ev(df, "erase", "b")["reason"].tolist() == ["preempted", "trajectory-end"]
-    assert ev(df, "recompute", "b")["recomputed_tokens"].tolist() == [110]
+    assert m.simulator is not None and m.simulator["preemptions"] == 0
+    assert m.simulator["pins_released"] == 1
+    assert ev(df, "erase", "b")["reason"].tolist() == ["trajectory-end"]
+    assert ev(df, "recompute", "b")["recomputed_tokens"].tolist() == [80]
+    assert ev(df, "call_end", "b")["cached_tokens"].tolist() == [0, 30]
     assert m.outcome is not None and m.outcome.completed == 2

@@ -1,0 +1,97 @@
+"""The engine model's pin-release valve (harness.simulate.valve), with exact times.
+
+Four agents fill a 390-token pool with their pinned paused contexts (keep): a 110, b 50, c 160,
+d 70, arriving in that order, b's call ending first after a's. a's tool returns first and its
+resume needs 25 tokens more than its pin: nothing is free, so the valve releases one other pin,
+to the evictable cache, under the order asked, and a's call grows at once. Every call is served, the
+released pin's hint is recorded clipped (held from its pause to the release), every other
+accepted at its resume; with room, nothing is released.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.policies.pin_release import PIN_RELEASE_ORDERS
+from harness.records.store import read_records
+from harness.simulate.options import SimOptions
+from harness.simulate.run import Arrivals, run_simulation
+from harness.simulate.server import Capacity
+from tests.unit.test_simulate import CAL, ev, llm, t_s, tool, trace
+
+TRAJS = {"a": [llm(100, 10), tool(0.5), llm(20, 5)], "b": [llm(40, 10), tool(5.0), llm(20, 5)],
+         "c": [llm(150, 10), tool(5.0), llm(20, 5)], "d": [llm(60, 10), tool(5.0), llm(20, 5)]}
+STARTS = {"a": 0.0, "b": 0.05, "c": 0.1, "d": 0.2}
+FULL = 110 + 50 + 160 + 70
+# the pin each order releases for a's resume: d arrived last, b's pin is the oldest, c's the
+# largest (a's own is never a candidate)
+RELEASED = {"latest-program": "d", "lru": "b", "largest": "c"}
+
+
+def simulate(tmp: Path, order: str, tokens: int, engine: str = "sglang"
+             ) -> tuple[pd.DataFrame, dict[str, object]]:
+    out = tmp / f"{engine}-{order}-{tokens}"
+    m = run_simulation(SimOptions(trace(tmp, TRAJS, STARTS), "keep", {}, Capacity(
+        tokens=tokens, engine=engine, block_size=1), None, Arrivals("trace", 8, 1.0), 0, out,
+        write_summary=False, pin_release=order), CAL)
+    assert m.simulator is not None and m.outcome is not None
+    assert m.outcome.completed == len(TRAJS)  # every call served
+    return read_records(out), m.simulator
+
+
+@pytest.mark.parametrize("order", PIN_RELEASE_ORDERS)
+def test_a_full_pool_of_pins_releases_one_in_the_declared_order(tmp_path: Path,
+                                                                order: str) -> None:
+    df, sim = simulate(tmp_path, order, FULL)
+    assert sim["pins_released"] == 1 and sim["preemptions"] == 0
+    # the pins, as they were made: b's first but a's
+    pins = ev(df, "pause_decision").sort_values("t_ns")["trajectory_id"].tolist()
+    assert [p for p in pins if p != "a"][0] == "b" and sorted(pins) == ["a", "b", "c", "d"]
+    victim = RELEASED[order]
+    resumed = t_s(df, "tool_end", "a")
+    assert t_s(df, "call_start", "a", 1) == resumed  # it grew at once
+    hints = ev(df, "hint_outcome").set_index("trajectory_id")
+    assert len(hints) == 4
+    clipped = hints.loc[victim]
+    assert (clipped["status"], clipped["reason"], clipped["action"], clipped["step"]) == (
+        "clipped", f"valve: {order}", "keep", 1)
+    assert float(clipped["t_ns"]) / 1e9 == resumed
+    assert clipped["held_s"] == pytest.approx(resumed - t_s(df, "pause_decision", victim),
+                                              abs=1e-9)
+    for tid in set(TRAJS) - {victim}:
+        row = hints.loc[tid]
+        assert (row["status"], row["reason"]) == ("accepted", "resumed")
+        assert pd.isna(row["held_s"])
+        assert float(row["t_ns"]) / 1e9 == t_s(df, "call_start", tid, 1)
+    # the released context went to the evictable cache, all of it
+    states = ev(df, "kv_state", victim)
+    assert states["status"].tolist() == ["active", "paused", "evictable", "active", "released"]
+    assert states["kv_tokens"].iloc[2] == {"b": 50, "c": 160, "d": 70}[victim]
+
+
+def test_the_exact_times_of_a_release(tmp_path: Path) -> None:
+    df, _ = simulate(tmp_path, "latest-program", FULL)
+    clipped = ev(df, "hint_outcome", "d").iloc[0]
+    assert float(clipped["t_ns"]) / 1e9 == pytest.approx(t_s(df, "call_end", "a") + 0.5)
+    assert clipped["held_s"] == pytest.approx(
+        t_s(df, "call_end", "a") + 0.5 - t_s(df, "call_end", "d"), abs=1e-9)
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_with_room_nothing_is_released(tmp_path: Path, engine: str) -> None:
+    df, sim = simulate(tmp_path, "latest-program", FULL + 4 * 25 + 16, engine)
+    assert sim["pins_released"] == 0 and sim["preemptions"] == 0
+    hints = ev(df, "hint_outcome")
+    assert hints["status"].tolist() == ["accepted"] * 4
+    assert hints["held_s"].isna().all()
+
+
+def test_on_vllm_a_running_call_that_cannot_grow_releases_a_pin(tmp_path: Path) -> None:
+    # vLLM's calls grow as they decode: a's resume is admitted with its prompt's blocks and
+    # finds none for its next tokens: the valve releases a pin before any call is preempted
+    df, sim = simulate(tmp_path, "largest", FULL, "vllm")
+    assert sim["pins_released"] >= 1 and sim["preempted_calls"] == 0
+    assert ev(df, "hint_outcome", "c")["status"].tolist() == ["clipped"]

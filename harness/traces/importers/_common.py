@@ -77,6 +77,17 @@ def arrival_offsets(n: int, rate_per_s: float | None, seed: int) -> np.ndarray:
     return np.round(np.cumsum(gaps), 6)
 
 
+# What an error line quotes from the input (a field's value, a name) is cut to this many
+# characters: a field can hold a whole prompt, and the error must stay one readable line.
+QUOTE_CHARS = 200
+
+
+def quote(value: Any, limit: int = QUOTE_CHARS) -> str:
+    """repr(value) for an error line, cut to `limit` characters and an ellipsis."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
 def summarize(what: str, items: Sequence[str], limit: int = 5) -> str:
     """'N what (first: a; b; c)' for a warning line."""
     shown = "; ".join(items[:limit])

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import InputError
-from harness.traces.importers._common import summarize
+from harness.traces.importers._common import quote, summarize
 from harness.traces.importers.agent_tools import UNLINKED_SPAWN_CLASS, call_class
 from harness.traces.importers.form import (
     APPROXIMATE,
@@ -112,7 +112,7 @@ def parse_ts(value: Any, where: str) -> float | None:
             return dt.timestamp()
         except (ValueError, OverflowError, OSError):
             pass
-    raise InputError(f"{where}: 'timestamp' must be an ISO 8601 time, got {value!r}")
+    raise InputError(f"{where}: 'timestamp' must be an ISO 8601 time, got {quote(value)}")
 
 
 def count_field(obj: dict[str, Any], key: str, where: str) -> int | None:
@@ -121,7 +121,7 @@ def count_field(obj: dict[str, Any], key: str, where: str) -> int | None:
     if v is None:
         return None
     if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < MAX_COUNT:
-        raise InputError(f"{where}: {key!r} must be an integer >= 0, got {v!r}")
+        raise InputError(f"{where}: {key!r} must be an integer >= 0, got {quote(v)}")
     return v
 
 
@@ -133,7 +133,7 @@ def seconds_field(v: Any, where: str, key: str, scale: float = 1.0) -> float | N
         s = float(v) * scale
         if math.isfinite(s) and 0 <= s <= MAX_LOG_S:
             return s
-    raise InputError(f"{where}: {key!r} must be a duration >= 0, got {v!r}")
+    raise InputError(f"{where}: {key!r} must be a duration >= 0, got {quote(v)}")
 
 
 def count_calls(calls: Iterable[Call], c: Counter[str]) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.errors import InputError
-from harness.traces.importers._common import LLM, Trajectory, build_frame, take_options
+from harness.traces.importers._common import LLM, Trajectory, build_frame, quote, take_options
 from harness.traces.importers.atif_read import Doc, Resolver, looks_atif, make_doc
 from harness.traces.importers.atif_report import provenance, warnings
 from harness.traces.importers.atif_walk import Latencies, Reader, Walk, seconds_option
@@ -41,7 +41,7 @@ def _options(options: dict[str, str]) -> tuple[dict[str, str], Latencies]:
         name, eq, secs = item.rpartition("=")
         if not eq or not name.strip():
             raise InputError(f"{FORMAT} import: option tool_latencies takes NAME=SECONDS,..., "
-                             f"got {item!r}")
+                             f"got {quote(item)}")
         per[name.strip()] = seconds_option(secs, f"tool_latencies ({name.strip()})", FORMAT)
     return opts, Latencies(seconds_option(opts["tool_latency"], "tool_latency", FORMAT), per,
                            seconds_option(opts["human_latency"], "human_latency", FORMAT))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import InputError
+from harness.limits import MAX_SUBAGENT_DEPTH
 from harness.userfiles import read_json
 
 SOURCES = ("system", "user", "agent")
@@ -60,19 +61,22 @@ def looks_atif(data: Any) -> bool:
         isinstance(data.get("steps"), list) and isinstance(data.get("agent"), dict))
 
 
-def make_doc(path: Path, where: str, data: Any, depth: int = 0) -> Doc:
-    """A Doc of a parsed document; its embedded sub-agent trajectories too."""
+def make_doc(path: Path, where: str, data: Any, at: tuple[int, ...] = ()) -> Doc:
+    """A Doc of a parsed document; its embedded sub-agent trajectories too. `at`: the index of
+    an embedded one at each level, named `subagent_trajectories[0/2]` (the third of the first's
+    own), which keeps a deep one's name short."""
+    here = f"{where}: subagent_trajectories[{'/'.join(map(str, at))}]" if at else where
     if not isinstance(data, dict) or not isinstance(data.get("steps"), list):
-        raise InputError(f"{where}: expected an ATIF trajectory (a JSON object with 'steps')")
-    doc = Doc(path, where, data, data["steps"])
+        raise InputError(f"{here}: expected an ATIF trajectory (a JSON object with 'steps')")
+    doc = Doc(path, here, data, data["steps"])
     subs = data.get("subagent_trajectories")
     if subs is not None:
         if not isinstance(subs, list):
-            raise InputError(f"{where}: 'subagent_trajectories' must be a list")
-        if depth > 64:
-            raise InputError(f"{where}: subagent_trajectories nested deeper than 64 levels")
-        doc.embedded = [make_doc(path, f"{where}: subagent_trajectories[{i}]", s, depth + 1)
-                        for i, s in enumerate(subs)]
+            raise InputError(f"{here}: 'subagent_trajectories' must be a list")
+        if len(at) >= MAX_SUBAGENT_DEPTH:
+            raise InputError(f"{path}: subagent_trajectories nested deeper than "
+                             f"{MAX_SUBAGENT_DEPTH} levels (the limit)")
+        doc.embedded = [make_doc(path, where, s, (*at, i)) for i, s in enumerate(subs)]
     return doc
 
 

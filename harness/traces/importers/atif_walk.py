@@ -19,6 +19,7 @@ from typing import Any
 
 from harness.errors import InputError
 from harness.limits import MAX_SECONDS, MAX_SUBAGENT_DEPTH
+from harness.traces.importers._common import quote
 from harness.traces.importers.agent_tools import call_class
 from harness.traces.importers.atif_read import SOURCES, Doc, Resolver
 from harness.traces.importers.form import APPROXIMATE, INFERRED, Call, Convo, Response
@@ -291,7 +292,7 @@ class Reader:
             src = s.get("source")
             if src not in SOURCES:
                 raise InputError(f"{at}: 'source' must be one of {', '.join(SOURCES)}, "
-                                 f"got {src!r}")
+                                 f"got {quote(src)}")
             ts = None if s.get("timestamp") is None else iso_ns(s["timestamp"], at, "timestamp")
             w.seq.append((d, i, s))
             if s.get("is_copied_context") is True:  # context the trajectory starts with

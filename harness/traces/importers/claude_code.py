@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import InputError
-from harness.traces.importers._common import build_frame, summarize, take_options
+from harness.limits import MAX_SUBAGENT_DEPTH
+from harness.traces.importers._common import build_frame, quote, summarize, take_options
 from harness.traces.importers.agent_log import (
     FileStats,
     count_calls,
@@ -114,14 +115,20 @@ class _Import:
         by_agent = {(s.session, s.agent_id): s for _, s in self.sides
                     if s.agent_id and not s.progress_of}
         by_call = {s.progress_of: s for _, s in self.sides if s.progress_of}
-        todo: list[tuple[str, Convo]] = [(f.session, c) for f, c in self.mains]
+        file_of = {id(s): f.stats.path for f, s in self.sides}
+        todo: list[tuple[str, Convo, int]] = [(f.session, c, 0) for f, c in self.mains]
         while todo:
-            session, convo = todo.pop(0)
+            session, convo, depth = todo.pop(0)
             for r in convo.responses:
                 for call in r.calls:
                     side = self._side_of(call, session, by_agent, by_call)
                     if side is None or side.convo is None:
                         continue
+                    if depth == MAX_SUBAGENT_DEPTH:  # refused here, naming the source file
+                        raise InputError(
+                            f"{file_of[id(side)]}: sub-agents nested deeper than "
+                            f"{MAX_SUBAGENT_DEPTH} levels (the limit): agent "
+                            f"{quote(side.agent_id or call.call_id)} is level {depth + 1}")
                     self.linked.add(id(side))
                     kid = side.convo
                     kid.kind = call.kind or "subagent"
@@ -129,7 +136,7 @@ class _Import:
                     call.children.append(kid)
                     if side.progress_of:
                         self._add_final(kid, call)
-                    todo.append((side.session, kid))
+                    todo.append((side.session, kid, depth + 1))
 
     def _side_of(self, call: Call, session: str, by_agent: dict[tuple[str, str], Side],
                  by_call: dict[str, Side]) -> Side | None:

@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from harness.errors import InputError
+from harness.traces.importers._common import quote
 from harness.traces.importers.agent_log import (
     FileStats,
     count_field,
@@ -116,7 +117,7 @@ def read_file(path: Path) -> ClaudeFile:
             raise InputError(f"{_where(path, n)}: expected a JSON object")
         kind = d.get("type")
         if not isinstance(kind, str):
-            raise InputError(f"{_where(path, n, 'type')} must be a string, got {kind!r}")
+            raise InputError(f"{_where(path, n, 'type')} must be a string, got {quote(kind)}")
         sid = d.get("sessionId")
         if isinstance(sid, str) and sid and not f.session:
             f.session = sid

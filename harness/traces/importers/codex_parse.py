@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from harness.errors import InputError
+from harness.traces.importers._common import quote
 from harness.traces.importers.agent_log import (
     MAX_LOG_S,
     FileStats,
@@ -148,7 +149,7 @@ class Rollout:
     def _ptype(self, n: int, p: dict[str, Any]) -> str:
         t = p.get("type")
         if not isinstance(t, str):
-            raise InputError(f"{self.where(n, 'payload.type')} must be a string, got {t!r}")
+            raise InputError(f"{self.where(n, 'payload.type')} must be a string, got {quote(t)}")
         return t
 
     def _model(self, ts: float | None) -> None:

@@ -20,6 +20,7 @@ from harness.traces.importers._common import (
     build_frame,
     opt_float,
     opt_int,
+    quote,
     summarize,
     take_options,
 )
@@ -54,7 +55,7 @@ def _field(seg: dict[str, Any], key: str, where: str, check: Any, what: str) -> 
     if key not in seg:
         raise InputError(f"{where}: missing {key!r}")
     if not check(seg[key]):
-        raise InputError(f"{where}: {key!r} must be {what}, got {seg[key]!r}")
+        raise InputError(f"{where}: {key!r} must be {what}, got {quote(seg[key])}")
     return seg[key]
 
 
@@ -70,7 +71,7 @@ def _convert(rid: str, segs: list[dict[str, Any]], src: Path, tool_class: str,
     results: list[int] = []
     times: list[float] = []
     for i, seg in enumerate(segs):
-        where = f"{src}: request {rid!r} segment {i}"
+        where = f"{src}: request {quote(rid)} segment {i}"
         p = _field(seg, keys[0], where, check, what)
         c = _field(seg, keys[1], where, check, what)
         last = i == len(segs) - 1
@@ -79,7 +80,7 @@ def _convert(rid: str, segs: list[dict[str, Any]], src: Path, tool_class: str,
         if not last:
             times.append(float(_field(seg, "api_time", where, is_seconds, "seconds >= 0")))
             a = _field(seg, keys[2], where, check, what)
-            np_ = _field(segs[i + 1], keys[0], f"{src}: request {rid!r} segment {i + 1}",
+            np_ = _field(segs[i + 1], keys[0], f"{src}: request {quote(rid)} segment {i + 1}",
                          check, what)
             st.checked += 1
             if text and np_ == p + c + a:
@@ -142,11 +143,11 @@ def _file_trajectories(path: Path, src: Path, opts: dict[str, str],
     for rid, segs in _requests(src).items():
         st.requests += 1
         if not isinstance(segs, list) or not segs or not all(isinstance(s, dict) for s in segs):
-            raise InputError(f"{src}: request {rid!r}: expected a non-empty list of "
+            raise InputError(f"{src}: request {quote(rid)}: expected a non-empty list of "
                              "segment objects")
         kinds = {"prompt" in s for s in segs}
         if len(kinds) > 1:
-            raise InputError(f"{src}: request {rid!r}: mixes text and token-count segments")
+            raise InputError(f"{src}: request {quote(rid)}: mixes text and token-count segments")
         st.text_requests += "prompt" in segs[0]
         tid = f"{src.stem}/{rid}" if path.is_dir() else str(rid)
         trajs.append(Trajectory(tid, _convert(str(rid), segs, src, opts["tool_class"], st),

@@ -30,6 +30,7 @@ from harness.traces.importers._common import (
     files_in,
     opt_float,
     opt_int,
+    quote,
     summarize,
     summed,
     take_options,
@@ -214,7 +215,7 @@ def _import_file(path: Path, builder: Builder, built: Built, lim: Limits) -> _Fi
     block = doc.get("block_size", 64)
     if not is_count(block) or not 0 < block <= 1 << 20:
         raise fail(where, f"'block_size' must be a positive integer (tokens per hash block), "
-                           f"got {block!r}")
+                           f"got {quote(block)}")
     f = _File(path, block)
     conv = read_conv(doc, where, block, f.counts, 0, where)
     if not conv.reqs:

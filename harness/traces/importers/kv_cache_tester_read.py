@@ -18,6 +18,7 @@ import orjson
 
 from harness.errors import InputError
 from harness.limits import MAX_SUBAGENT_DEPTH
+from harness.traces.importers._common import quote
 from harness.userfiles import is_count, is_seconds, read_bytes
 
 MAX_TRACE_S = 1e9  # any time or duration in a file (ms for duration_ms)
@@ -74,7 +75,7 @@ def read_doc(path: Path) -> Any:
 def seconds(rec: dict[str, Any], key: str, where: str) -> float:
     v: Any = rec.get(key)
     if not is_seconds(v) or v > MAX_TRACE_S:  # bounded: sums and differences stay finite
-        raise fail(where, f"{key!r} must be seconds >= 0 and <= {MAX_TRACE_S:g}, got {v!r}")
+        raise fail(where, f"{key!r} must be seconds >= 0 and <= {MAX_TRACE_S:g}, got {quote(v)}")
     return float(v)
 
 
@@ -85,7 +86,7 @@ def opt_seconds(rec: dict[str, Any], key: str, where: str) -> float | None:
 def int_field(rec: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
     v: Any = rec.get(key, default)
     if not is_count(v):
-        raise fail(where, f"{key!r} must be an integer >= 0, got {rec.get(key)!r}")
+        raise fail(where, f"{key!r} must be an integer >= 0, got {quote(rec.get(key))}")
     return int(v)
 
 
@@ -142,7 +143,7 @@ def read_conv(rec: dict[str, Any], where: str, block: int, c: Counter[str], dept
         text = {k: e.get(k) or "" for k in ("agent_id", "subagent_type", "status")}
         for k, v in text.items():
             if not isinstance(v, str):
-                raise fail(at, f"{k!r} must be a string, got {v!r}")
+                raise fail(at, f"{k!r} must be a string, got {quote(v)}")
         end, ms = seconds(e, "t", at), opt_seconds(e, "duration_ms", at)
         aid = text["agent_id"] or f"agent{i}"
         subs.append(Sub(aid, text["subagent_type"] or "subagent", text["status"], end,

@@ -21,6 +21,7 @@ from harness.traces.importers._common import (
     Trajectory,
     build_frame,
     drop_trailing_tools,
+    quote,
     summarize,
     take_options,
 )
@@ -99,7 +100,7 @@ def _get(obj: Any, keys: tuple[str, ...]) -> Any:
 def _need(msg: Any, keys: tuple[str, ...], check: Any, where: str, what: str) -> Any:
     v = _get(msg, keys)
     if not check(v):
-        raise InputError(f"{where}: {'.'.join(keys)} must be {what}, got {v!r}")
+        raise InputError(f"{where}: {'.'.join(keys)} must be {what}, got {quote(v)}")
     return v
 
 

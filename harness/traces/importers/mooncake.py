@@ -23,6 +23,7 @@ from harness.traces.importers._common import (
     Trajectory,
     build_frame,
     opt_int,
+    quote,
     summarize,
     take_options,
 )
@@ -52,11 +53,11 @@ def _read(path: Path) -> list[Row]:
             raise InputError(f"{where}: expected a JSON object")
         ts = rec.get("timestamp")
         if not is_seconds(ts):
-            raise InputError(f"{where}: 'timestamp' must be milliseconds >= 0, got {ts!r}")
+            raise InputError(f"{where}: 'timestamp' must be milliseconds >= 0, got {quote(ts)}")
         for key in ("input_length", "output_length"):
             if not is_count(rec.get(key)):
                 raise InputError(f"{where}: {key!r} must be an integer >= 0, "
-                                 f"got {rec.get(key)!r}")
+                                 f"got {quote(rec.get(key))}")
         hashes = rec.get("hash_ids")
         if not isinstance(hashes, list) or not all(is_count(h) for h in hashes):
             raise InputError(f"{where}: 'hash_ids' must be a list of integers >= 0")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness.traces.importers._common import quote
 from harness.traces.importers.otel_read import (
     CHOICE_EVENTS,
     MAX_NS,
@@ -49,7 +50,7 @@ def jaeger_trace(t: dict[str, Any], where: str, out: list[Span]) -> None:
         dur = sp.get("duration")
         end = None if dur is None else (start or 0) + (int_ns(dur, at, "duration", 1000) or 0)
         if end is not None and end > MAX_NS:
-            raise fail(at, f"'startTime' + 'duration' is past 2262: {sp.get('startTime')!r}")
+            raise fail(at, f"'startTime' + 'duration' is past 2262: {quote(sp.get('startTime'))}")
         pid = sp.get("processID")
         proc = procs.get(pid) if isinstance(pid, str) else None
         service = proc.get("serviceName") if isinstance(proc, dict) else None

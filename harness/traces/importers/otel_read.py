@@ -26,6 +26,7 @@ from typing import Any
 
 from harness.errors import InputError
 from harness.limits import MAX_TOKENS
+from harness.traces.importers._common import quote
 from harness.traces.importers.form import Usage
 from harness.userfiles import read_bytes
 
@@ -111,7 +112,7 @@ def count(v: Any, where: str, key: str) -> int | None:
             isinstance(v, float) and v.is_integer()):
         n = int(v)
     if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_TOKENS:
-        raise fail(where, f"{key!r} must be a token count from 0 to {MAX_TOKENS}, got {v!r}")
+        raise fail(where, f"{key!r} must be a token count from 0 to {MAX_TOKENS}, got {quote(v)}")
     return n
 
 
@@ -134,10 +135,10 @@ def iso_ns(v: Any, where: str, key: str) -> int:
             t -= sign * timedelta(hours=hh, minutes=mm)
         whole = int((t - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds())
     except (ValueError, OverflowError):
-        raise fail(where, f"{key!r} must be an ISO 8601 time, got {v!r}") from None
+        raise fail(where, f"{key!r} must be an ISO 8601 time, got {quote(v)}") from None
     ns = whole * 1_000_000_000 + int((m[7] or "0")[:9].ljust(9, "0"))
     if not 0 <= ns <= MAX_NS:
-        raise fail(where, f"{key!r} must be a time between 1970 and 2262, got {v!r}")
+        raise fail(where, f"{key!r} must be a time between 1970 and 2262, got {quote(v)}")
     return ns
 
 
@@ -151,7 +152,7 @@ def int_ns(v: Any, where: str, key: str, scale: int = 1, optional: bool = False)
         n = int(v)
     if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n * scale <= MAX_NS:
         raise fail(where, f"{key!r} must be a time in {'ns' if scale == 1 else 'µs'} since the "
-                          f"epoch, got {v!r}")
+                          f"epoch, got {quote(v)}")
     if optional and n == 0:
         return None
     return int(n * scale)
@@ -172,13 +173,13 @@ def norm_id(v: Any, where: str, key: str, width: int) -> str:
         except (binascii.Error, ValueError):
             pass
         return v
-    raise fail(where, f"{key!r} must be a non-empty id, got {v!r}")
+    raise fail(where, f"{key!r} must be a non-empty id, got {quote(v)}")
 
 
 def text_field(d: dict[str, Any], key: str, where: str, default: str | None = None) -> str:
     v = d.get(key, default)
     if not isinstance(v, str):
-        raise fail(where, f"{key!r} must be a string, got {v!r}")
+        raise fail(where, f"{key!r} must be a string, got {quote(v)}")
     return v
 
 
@@ -213,7 +214,7 @@ def any_value(v: Any, where: str, depth: int = 0) -> Any:
         try:
             return int(x) if isinstance(x, str | int) and not isinstance(x, bool) else x
         except ValueError:
-            raise fail(where, f"'intValue' must be an integer, got {x!r}") from None
+            raise fail(where, f"'intValue' must be an integer, got {quote(x)}") from None
     for k in ("doubleValue", "boolValue", "bytesValue"):
         if k in v:
             return v[k]

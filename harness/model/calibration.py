@@ -1,11 +1,12 @@
 """The calibration file: rates measured on a live server, read by the model and the simulator.
 
-JSON with these keys (each value within its documented range, harness.limits: rates MIN_TOK_S
-to MAX_TOK_S tokens/s, swap MIN_BYTES_PER_S to MAX_BYTES_PER_S, KV bytes 1 to
-MAX_KV_BYTES_PER_TOKEN a token, block_size to MAX_BLOCK_SIZE tokens, kv_capacity_tokens to
-MAX_POOL_TOKENS, batch_tokens and context lengths to MAX_TOKENS, times 0 to MAX_MS ms, noise
-factors MIN_NOISE_FACTOR to MAX_NOISE_FACTOR; a value outside is refused naming the file and
-the key, so whatever the model computes from them stays finite):
+JSON with these keys (each value within its documented range, harness.limits, tabled in
+docs/simulator.md "Calibration file ranges": rates MIN_TOK_S to MAX_TOK_S tokens/s, swap
+MIN_BYTES_PER_S to MAX_BYTES_PER_S, KV bytes 1 to MAX_KV_BYTES_PER_TOKEN a token, block_size to
+MAX_BLOCK_SIZE tokens, kv_capacity_tokens to MAX_POOL_TOKENS, batch_tokens and context lengths
+to MAX_TOKENS, times 0 to MAX_MS ms, noise factors MIN_NOISE_FACTOR to MAX_NOISE_FACTOR; a value
+outside is refused naming the file and the key, so whatever the model computes from them stays
+finite):
 
     {"runtime": "llama.cpp", "server_version": "b6000", "model": "SmolLM2-135M-Instruct.Q4_1",
      "kv_bytes_per_token": 23040, "prefill_tok_s": 240.0,

@@ -10,11 +10,10 @@ from pathlib import Path
 from harness.advise.candidates import OBJECTIVES, SPACE, engine_space
 from harness.advise.run import AdvisePlan
 from harness.errors import InputError
+from harness.limits import MAX_POOL_TOKENS
 from harness.specs import shared
 from harness.specs.fields import Field, Spec
 from harness.traces.shipped import shipped_trace
-
-MAX_KV_TOKENS = 1 << 40
 
 
 def _as_list(f: Field, help_text: str) -> Field:
@@ -51,7 +50,7 @@ class AdviseSpec(Spec):
         "llama.cpp: context per slot the server may run with, e.g. 2048,4096 (default "
         "4096).").attr()
     kv_tokens: tuple[int, ...] | None = Field(
-        "kv_tokens", "--kv-tokens", "int", low=16, high=MAX_KV_TOKENS, many=True, shown="text",
+        "kv_tokens", "--kv-tokens", "int", low=16, high=MAX_POOL_TOKENS, many=True, shown="text",
         help="vLLM, SGLang: KV pool sizes in tokens the server may run with, e.g. 2560,4096 "
              "(default: the calibration's kv_capacity_tokens); a local server is started with "
              "each (vLLM --num-gpu-blocks-override, SGLang --max-total-tokens).").attr()

@@ -32,7 +32,8 @@ def policy_names(policies: str, runtime: Runtime | None = None) -> list[str]:
     """The names of a comma-separated --policies; InputError for an unknown or repeated one."""
     names = [p.strip() for p in policies.split(",") if p.strip()]
     if not names:
-        raise InputError(f"unknown policy (none); one of {', '.join(known_policies(runtime))}")
+        raise InputError(f"--policies {policies!r} names no policy; give one or more of "
+                         f"{', '.join(known_policies(runtime))}")
     for p in names:
         per_pause_policy(p, runtime)
     if len(set(names)) != len(names):

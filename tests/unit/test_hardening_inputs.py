@@ -122,5 +122,5 @@ def test_bench_refuses_an_empty_policies(tmp_path: Path) -> None:
     for empty in ("", " , "):
         res = _invoke("bench", "--url", NOWHERE, "--trace", str(TRACE), "--policies", empty,
                       "--out", str(tmp_path / "b"))
-        _one_line_exit_2(res, "unknown policy (none)")
+        _one_line_exit_2(res, f"--policies {empty!r} names no policy")
     assert not (tmp_path / "b").exists()

@@ -84,18 +84,22 @@ class Recorder:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="harness-record")
         self.counts: Counter[str] = Counter()
         self._warned = False
+        # The first write that failed (a full disk): nothing more is written after it, so the
+        # events file ends with what came before (its last line at most cut short).
+        self.write_error: OSError | None = None
+        self.unwritten = 0  # events (and texts) not written since
 
     def now(self) -> float:
         return time.monotonic() - self.t0
 
     def arrived(self, m: CallMeta) -> None:
-        self._pool.submit(self._writer.event, {
+        self._pool.submit(self._write, {
             "ev": "request", "id": m.id, "api": m.api, "path": m.path, "t": _r(m.arrival)})
 
     def passed(self, method: str, path: str, status: int | None, arrival: float,
                end: float) -> None:
         """A request passed through without being recorded as a call."""
-        self._pool.submit(self._writer.event, {
+        self._pool.submit(self._write, {
             "ev": "other", "method": method, "path": path, "status": status,
             "t": _r(arrival), "end": _r(end)})
         self.counts["other_requests"] += 1
@@ -105,11 +109,21 @@ class Recorder:
         self._pool.submit(self._record, m, request, response)
 
     def close(self) -> dict[str, Any]:
-        """Finish the pending work, close the files; the counts written into recording.json."""
+        """Finish the pending work, close the files; the counts written into recording.json.
+        An OSError naming the file when a write failed during the recording or now."""
         self._pool.shutdown(wait=True)
         summary = {"stopped_unix": round(time.time(), 6), "duration_s": _r(self.now()),
                    "counts": self.summary()}
-        self._writer.close(summary)
+        if self.write_error is not None:  # recording.json says the events file is short
+            summary["unrecorded_events"] = self.unwritten
+        try:
+            self._writer.close(summary)
+        except OSError as exc:
+            self.write_error = self.write_error or exc
+        err = self.write_error
+        if err is not None:
+            lost = f"; {self.unwritten} events not recorded" if self.unwritten else ""
+            raise OSError(err.errno, f"{err.strerror or err}{lost}", err.filename)
         return summary
 
     def summary(self) -> dict[str, int]:
@@ -131,7 +145,21 @@ class Recorder:
                 print(f"warning: call {m.id} could not be analysed ({type(exc).__name__}); "
                       "it is recorded without its context", file=sys.stderr, flush=True)
         self.counts[m.outcome] += 1
-        self._writer.event(event)
+        self._write(event)
+
+    def _write(self, obj: dict[str, Any], text: bool = False) -> None:
+        """Write one event (or text) line; the first failure is said in one line on stderr,
+        and from then on nothing is written (the proxy goes on relaying calls)."""
+        if self.write_error is not None:
+            self.unwritten += 1
+            return
+        try:
+            (self._writer.text if text else self._writer.event)(obj)
+        except OSError as exc:
+            self.write_error = exc
+            self.unwritten += 1
+            print(f"warning: cannot write {exc.filename}: {exc.strerror or exc}; calls are "
+                  "still relayed, but no longer recorded", file=sys.stderr, flush=True)
 
     def _base(self, m: CallMeta) -> dict[str, Any]:
         return {"ev": "call", "id": m.id, "api": m.api, "path": m.path, "stream": m.sse,
@@ -182,7 +210,7 @@ class Recorder:
                      for r in joined.results],
             user_turn=joined.user_turn)
         if self.keep_text:
-            self._writer.text({"id": m.id, "request": body, "answer": answer.message})
+            self._write({"id": m.id, "request": body, "answer": answer.message}, text=True)
         return event
 
 

@@ -134,7 +134,12 @@ async def start_recording(config: ProxyConfig,
     existed = config.out.exists()
     create_folder(config.out)
     started = time.time()
-    recorder = Recorder(config.out, recording_meta(config, started), config.keep_text)
+    try:
+        recorder = Recorder(config.out, recording_meta(config, started), config.keep_text)
+    except OSError as exc:  # a full disk at the start
+        _remove(config, existed)
+        raise InputError(f"--out {config.out}: cannot write {exc.filename}: "
+                         f"{exc.strerror or exc}") from None
     proxy = Proxy(config, recorder) if warn is None else Proxy(config, recorder, warn)
     try:
         await proxy.start()

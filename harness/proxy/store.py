@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,14 +52,36 @@ def _open_private(path: Path) -> BinaryIO:
     return os.fdopen(fd, "ab", buffering=0)  # unbuffered: one write() per line
 
 
+def _named(exc: OSError, path: Path) -> OSError:
+    """`exc` naming `path` (a full disk raises ENOSPC from a write, which names no file)."""
+    return OSError(exc.errno, exc.strerror or str(exc), str(path))
+
+
+def _write_all(fh: BinaryIO, data: bytes) -> None:
+    """Write `data` whole: an unbuffered write may take only part of it (a disk filling up);
+    the rest is written again, which raises the disk's error when there is no room."""
+    view = memoryview(data)
+    while view:
+        n = fh.write(view)
+        if not n:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[n:]
+
+
 def write_meta(folder: Path, meta: dict[str, Any]) -> None:
-    """Write recording.json whole (a new private file renamed over the old one)."""
+    """Write recording.json whole (a new private file renamed over the old one); an OSError
+    names recording.json and leaves no temporary file."""
     tmp = folder / f".{META}.tmp"
-    tmp.unlink(missing_ok=True)
-    with _open_private(tmp) as fh:
-        fh.write(orjson.dumps(meta, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
-        os.fsync(fh.fileno())
-    os.replace(tmp, folder / META)
+    try:
+        tmp.unlink(missing_ok=True)
+        with _open_private(tmp) as fh:
+            _write_all(fh, orjson.dumps(meta, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+                       + b"\n")
+            os.fsync(fh.fileno())
+        os.replace(tmp, folder / META)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise _named(exc, folder / META) from None
 
 
 class RecordingWriter:
@@ -74,21 +97,40 @@ class RecordingWriter:
         self.lines = 0
 
     def event(self, obj: dict[str, Any]) -> None:
-        self._events.write(orjson.dumps(obj) + b"\n")
+        """Append one event line (an OSError names events.jsonl)."""
+        try:
+            _write_all(self._events, orjson.dumps(obj) + b"\n")
+        except OSError as exc:
+            raise _named(exc, self.folder / EVENTS) from None
         self.lines += 1
 
     def text(self, obj: dict[str, Any]) -> None:
+        """Append one call's texts (an OSError names text.jsonl)."""
         if self._text is not None:
-            self._text.write(orjson.dumps(obj, default=str) + b"\n")
+            try:
+                _write_all(self._text, orjson.dumps(obj, default=str) + b"\n")
+            except OSError as exc:
+                raise _named(exc, self.folder / TEXT) from None
 
     def close(self, summary: dict[str, Any]) -> None:
-        """Close the files and rewrite recording.json with `summary` and `closed`: true."""
-        for fh in (self._events, self._text):
+        """Close the files and rewrite recording.json with `summary` and `closed`: true. Every
+        file is closed even when one fails; then the first failure is raised (naming its file)."""
+        errors: list[OSError] = []
+        for fh, name in ((self._events, EVENTS), (self._text, TEXT)):
             if fh is not None and not fh.closed:
-                os.fsync(fh.fileno())
-                fh.close()
+                try:
+                    os.fsync(fh.fileno())
+                except OSError as exc:
+                    errors.append(_named(exc, self.folder / name))
+                finally:
+                    fh.close()
         self.meta = {**self.meta, **summary, "closed": True}
-        write_meta(self.folder, self.meta)
+        try:
+            write_meta(self.folder, self.meta)
+        except OSError as exc:
+            errors.append(exc)
+        if errors:
+            raise errors[0]
 
 
 @dataclass

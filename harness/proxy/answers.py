@@ -33,6 +33,9 @@ _DONE = object()
 _SAFE_CODE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 # The keys that make a JSON object an OpenAI answer or stream event (see `readable`).
 _OPENAI_KEYS = ("choices", "usage", "error", "timings")
+# A stream's line longer than this is skipped (and counted), unread: what is searched for a
+# line's end stays linear in the stream's size, and what is held of one line is bounded.
+MAX_SSE_LINE = 4 * 1024 * 1024
 _ANTHROPIC_EVENTS = frozenset({"message_start", "content_block_start", "content_block_delta",
                                "content_block_stop", "message_delta", "message_stop", "error"})
 
@@ -59,6 +62,7 @@ class Answer:
     model: str | None = None
     error_type: str | None = None
     token_events: int = 0  # stream events that carried generated tokens
+    long_lines: int = 0  # stream lines over MAX_SSE_LINE, skipped
     complete: bool = False  # the stream's end was seen (or a whole JSON body)
     readable: bool = False  # an object of the API's shape was found (see the module's doc)
 
@@ -81,11 +85,16 @@ def safe_code(value: Any) -> str | None:
     return value if isinstance(value, str) and _SAFE_CODE.fullmatch(value) else None
 
 
-def sse_payloads(body: bytes) -> Iterator[Any]:
+def sse_payloads(body: bytes, long_lines: list[int] | None = None) -> Iterator[Any]:
     """The parsed `data:` payload of each event of a server-sent-event body (`[DONE]` as a
-    marker); a payload that is not JSON is skipped."""
+    marker); a payload that is not JSON is skipped, and so is a line over MAX_SSE_LINE (counted
+    in `long_lines[0]` when given)."""
     data: list[bytes] = []
     for line in [*body.splitlines(), b""]:
+        if len(line) > MAX_SSE_LINE:
+            if long_lines is not None:
+                long_lines[0] += 1
+            continue
         if line.startswith(b"data:"):
             data.append(line[6:] if line[5:6] == b" " else line[5:])
             continue
@@ -156,9 +165,12 @@ def parse_answer(api: str, body: bytes, sse: bool) -> Answer:
     """What `body` (a whole JSON answer, or a stream when `sse`) says; never raises on odd
     input (what cannot be read is left unset)."""
     if sse:
-        events = list(sse_payloads(body))
-        return {OPENAI_CHAT: _chat_stream, OPENAI_COMPLETIONS: _completion_stream,
-                ANTHROPIC: _anthropic_stream}[api](events)
+        long_lines = [0]
+        events = list(sse_payloads(body, long_lines))
+        ans = {OPENAI_CHAT: _chat_stream, OPENAI_COMPLETIONS: _completion_stream,
+               ANTHROPIC: _anthropic_stream}[api](events)
+        ans.long_lines = long_lines[0]
+        return ans
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -350,28 +362,59 @@ def _json_text(v: Any) -> str:
 class FirstToken:
     """Finds the first event of a stream that carries generated tokens, chunk by chunk, as the
     proxy relays them: text, reasoning or a tool call's name or arguments (a role-only first
-    chunk, a ping or message_start does not count)."""
+    chunk, a ping or message_start does not count). Each chunk is searched once (the start of
+    a line is kept in pieces, not joined again with every chunk), and a line over MAX_SSE_LINE
+    is dropped as it grows and skipped to its end (counted in `long_lines`)."""
 
-    __slots__ = ("_api", "_buf")
+    __slots__ = ("_api", "_parts", "_size", "_skipping", "long_lines")
 
     def __init__(self, api: str) -> None:
         self._api = api
-        self._buf = b""
+        self._parts: list[bytes] = []  # the line begun so far
+        self._size = 0
+        self._skipping = False  # within a line over the bound
+        self.long_lines = 0
+
+    @property
+    def held(self) -> int:
+        """Bytes of an unfinished line held (at most MAX_SSE_LINE)."""
+        return self._size
 
     def feed(self, chunk: bytes) -> bool:
         """True when `chunk` completes an event with a token."""
-        lines = (self._buf + chunk).split(b"\n")
-        self._buf = lines.pop()
-        for line in lines:
-            if not line.startswith(b"data:"):
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            piece = chunk[start:end]
+            start = end + 1
+            if self._skipping:
+                self._skipping = False
                 continue
-            try:
-                obj = orjson.loads(line[5:])
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(obj, dict) and _has_token(self._api, obj):
-                return True
+            if self._size + len(piece) > MAX_SSE_LINE:
+                self.long_lines += 1
+            else:
+                line = b"".join((*self._parts, piece)) if self._parts else piece
+                if self._has_token(line):
+                    self._parts, self._size = [], 0
+                    return True
+            self._parts, self._size = [], 0
+        rest = chunk[start:]
+        if rest and not self._skipping:
+            self._size += len(rest)
+            if self._size > MAX_SSE_LINE:
+                self.long_lines += 1
+                self._parts, self._size, self._skipping = [], 0, True
+            else:
+                self._parts.append(rest)
         return False
+
+    def _has_token(self, line: bytes) -> bool:
+        if not line.startswith(b"data:"):
+            return False
+        try:
+            obj = orjson.loads(line[5:])
+        except orjson.JSONDecodeError:
+            return False
+        return isinstance(obj, dict) and _has_token(self._api, obj)
 
 
 def _has_token(api: str, obj: dict[str, Any]) -> bool:

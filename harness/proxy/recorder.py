@@ -180,6 +180,9 @@ class Recorder:
         event.update(model=model and model[:200], finish=answer.finish)
         if m.error is None and answer.error_type is not None:
             event["error"] = answer.error_type
+        if answer.long_lines:  # skipped unread (answers.MAX_SSE_LINE)
+            event["long_lines"] = answer.long_lines
+            self.counts["long_lines"] += answer.long_lines
         if body is None:
             event["unparsed"] = True
             self.counts["unparsed"] += 1

@@ -57,3 +57,7 @@ MAX_NOISE_FACTOR = 1e3
 # known (a kv-cache-tester conversation) inflates to 3.6 MB: 512 MiB is ~150x that, and what an
 # import then holds (the inflated bytes, their text, the parsed values) still fits a laptop.
 MAX_INFLATED_BYTES = 512 * 2**20
+# One line of a JSON Lines input, in bytes (after inflating a .gz). A line is one record, read
+# and parsed a line at a time so that memory follows the longest line, not the file; the
+# longest real line known (a Claude Code transcript's) is 0.15 MB: 64 MiB is ~450x that.
+MAX_LINE_BYTES = 64 * 2**20

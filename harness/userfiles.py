@@ -10,6 +10,7 @@ import json
 import math
 import re
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,24 +97,56 @@ def read_json(path: Path) -> Any:
         raise InputError(f"{path}: cannot read: {exc}") from None
 
 
-def read_jsonl(path: Path) -> list[tuple[int, Any]]:
-    """(line number, parsed value) of each non-blank line; a bad line is named by number."""
+def _size(n: int) -> str:
+    """A cap for an error line: in MiB, or in bytes below one."""
+    return f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n:,} bytes"
+
+
+def read_lines(path: Path, line_cap: int = limits.MAX_LINE_BYTES,
+               inflated_cap: int | None = None) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes) of each line, read one at a time (inflated as it goes where the
+    name ends in .gz), after check_regular.
+
+    What is held is one line: a line longer than `line_cap` bytes, or a gzip stream inflating
+    past `inflated_cap` (None: limits.MAX_INFLATED_BYTES), is refused naming the file before
+    it is read whole; a file that cannot be read is named too."""
     check_regular(path)
+    gz = path.name.endswith(".gz")
+    total_cap = limits.MAX_INFLATED_BYTES if inflated_cap is None else inflated_cap
+    n = seen = 0
+    try:
+        with gzip.open(path, "rb") if gz else path.open("rb") as fh:
+            while line := fh.readline(min(line_cap, total_cap - seen) + 1 if gz else
+                                      line_cap + 1):
+                n += 1
+                seen += len(line)
+                if gz and seen > total_cap:
+                    raise InputError(f"{path}: inflates to more than {_size(total_cap)}, "
+                                     "the limit on a gzipped input")
+                if len(line) > line_cap:
+                    raise InputError(f"{path}: line {n} is longer than {_size(line_cap)}, "
+                                     "the limit on a line of JSON Lines")
+                yield n, line
+    except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
+        raise InputError(f"{path}: cannot read: {exc}") from None
+
+
+def read_jsonl(path: Path, line_cap: int = limits.MAX_LINE_BYTES,
+               inflated_cap: int | None = None) -> list[tuple[int, Any]]:
+    """(line number, parsed value) of each non-blank line; a bad line is named by number.
+    Read a line at a time, within the caps of read_lines."""
     out: list[tuple[int, Any]] = []
     n = 0
     try:
-        with path.open(encoding="utf-8") as fh:
-            for n, line in enumerate(fh, start=1):
-                if line.strip():
-                    out.append((n, json.loads(line)))
+        for n, line in read_lines(path, line_cap, inflated_cap):
+            if line.strip():
+                out.append((n, json.loads(line.decode("utf-8"))))
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: line {n}: not valid JSON: {exc.msg}") from None
     except RecursionError:
         raise InputError(f"{path}: line {n}: JSON nested too deeply to be a trace") from None
     except UnicodeDecodeError:
-        raise InputError(f"{path}: not UTF-8 text (after line {n})") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc}") from None
+        raise InputError(f"{path}: not UTF-8 text (after line {n - 1})") from None
     return out
 
 

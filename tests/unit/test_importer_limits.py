@@ -5,15 +5,20 @@ line at a time with a cap on a line's length."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from harness import limits
 from harness.cli import main
+from harness.errors import InputError
 from harness.limits import MAX_SUBAGENT_DEPTH
+from harness.traces.importers import import_trace
 from harness.traces.importers._common import QUOTE_CHARS, quote
+from harness.userfiles import read_jsonl, read_lines
 
 SID = "11111111-2222-3333-4444-555555555555"
 
@@ -124,3 +129,74 @@ def test_claude_code_chain_too_deep_names_the_source_file(depth: int, tmp_path: 
     assert out == f"error: {deep}: sub-agents nested deeper than {MAX_SUBAGENT_DEPTH} levels " \
         f"(the limit): agent 'a{MAX_SUBAGENT_DEPTH}' is level {MAX_SUBAGENT_DEPTH + 1}\n", out
     assert str(out_file) not in out and not out_file.exists()
+
+
+# ---------------------------------------------------------------- JSON Lines, a line at a time
+
+def _lines(path: Path, lines: list[bytes]) -> Path:
+    data = b"".join(lines)
+    if path.name.endswith(".gz"):
+        path.write_bytes(gzip.compress(data))
+    else:
+        path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("name", ["t.jsonl", "t.jsonl.gz"])
+def test_a_line_past_its_cap_is_named(name: str, tmp_path: Path) -> None:
+    p = _lines(tmp_path / name, [b'{"a": 1}\n', b'{"b": "' + b"x" * 100 + b'"}\n'])
+    assert read_jsonl(p, line_cap=200) == [(1, {"a": 1}), (2, {"b": "x" * 100})]
+    with pytest.raises(InputError, match=rf"^{p}: line 2 is longer than 100 bytes, the limit "
+                                         "on a line of JSON Lines$"):
+        read_jsonl(p, line_cap=100)
+    lines = read_lines(p, line_cap=9)  # one line at a time: the first is read, then refused
+    assert next(lines) == (1, b'{"a": 1}\n')
+    with pytest.raises(InputError, match="line 2 is longer than 9 bytes"):
+        next(lines)
+
+
+def test_a_gzipped_stream_past_its_cap_is_named(tmp_path: Path) -> None:
+    p = _lines(tmp_path / "t.jsonl.gz", [b'{"a": 1}\n'] * 1000)
+    assert len(read_jsonl(p, inflated_cap=9000)) == 1000  # exactly at the cap: read
+    with pytest.raises(InputError, match=rf"^{p}: inflates to more than 8,999 bytes, the limit on "
+                                         "a gzipped input$"):
+        read_jsonl(p, inflated_cap=8999)
+
+
+def test_a_bad_line_is_named_by_number(tmp_path: Path) -> None:
+    p = _lines(tmp_path / "t.jsonl", [b'{"a": 1}\n', b"\n", b"{bad\n"])
+    with pytest.raises(InputError, match=rf"^{p}: line 3: not valid JSON: "):
+        read_jsonl(p)
+    p = _lines(tmp_path / "u.jsonl", [b'{"a": 1}\n', b'"\xff"\n'])
+    with pytest.raises(InputError, match=rf"^{p}: not UTF-8 text \(after line 1\)$"):
+        read_jsonl(p)
+    p = tmp_path / "v.jsonl.gz"
+    p.write_bytes(b"not gzip at all")
+    with pytest.raises(InputError, match=rf"^{p}: cannot read: "):
+        read_jsonl(p)
+
+
+def test_otel_jsonl_gz_line_past_the_real_cap_is_one_line(tmp_path: Path) -> None:
+    """A .jsonl.gz of one endless line (65 KB on disk, 65 MiB inflated) is refused at the
+    line cap, a line at a time: it used to be inflated whole and split (1.2 GB RSS for a
+    500 MiB line under the inflated cap; 0.34 GB now)."""
+    p = tmp_path / "spans.jsonl.gz"
+    with gzip.open(p, "wb", compresslevel=1) as fh:
+        fh.write(b'{"resourceSpans": "')
+        for _ in range(limits.MAX_LINE_BYTES // (1 << 20) + 1):
+            fh.write(b"x" * (1 << 20))
+    out = _one_error_line(*_import("otel-genai", p, tmp_path / "out.parquet"))
+    assert out == f"error: {p}: line 1 is longer than 64 MiB, the limit on a line of JSON " \
+        "Lines\n", out
+
+
+def test_otel_jsonl_holding_one_document_on_several_lines_imports(tmp_path: Path) -> None:
+    from tests.unit.test_import_otel_genai import BASIC, otlp
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps(otlp(BASIC)))
+    pretty = tmp_path / "pretty.jsonl"
+    pretty.write_text(json.dumps(otlp(BASIC), indent=2))
+    want = import_trace("otel-genai", one, {}).steps
+    got = import_trace("otel-genai", pretty, {}).steps
+    assert got["kind"].tolist() == want["kind"].tolist()
+    assert got["input_tokens"].tolist() == want["input_tokens"].tolist()

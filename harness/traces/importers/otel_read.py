@@ -28,11 +28,13 @@ from harness.errors import InputError
 from harness.limits import MAX_TOKENS
 from harness.traces.importers._common import quote
 from harness.traces.importers.form import Usage
-from harness.userfiles import read_bytes
+from harness.userfiles import read_bytes, read_lines
 
 MAX_DEPTH = 48  # nesting of an attribute value; deeper is refused, never recursed into
 MAX_NS = 2**63 - 1
 NS = 1_000_000_000
+# Names of JSON Lines files, read a line at a time.
+LINE_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz")
 GAP_TOOL = "no_tool"  # the agent called the model again with no tool or user message between
 # Span events that carry the model's response (older GenAI conventions); the other message
 # events repeat the prompt, whose earlier tool calls are not this call's.
@@ -76,7 +78,13 @@ def fail(where: str, what: str) -> InputError:
 
 
 def load_docs(path: Path) -> list[tuple[str, Any]]:
-    """The file's JSON documents: one, or one per non-blank line (JSON Lines)."""
+    """The file's JSON documents: one, or one per non-blank line (JSON Lines). A file named as
+    JSON Lines is read a line at a time (bounded by limits.MAX_LINE_BYTES), unless its first
+    line is not JSON (one document over several lines)."""
+    if path.name.endswith(LINE_SUFFIXES):
+        lined = _line_docs(path)
+        if lined is not None:
+            return lined
     try:
         text = read_bytes(path).decode("utf-8")
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
@@ -98,6 +106,25 @@ def load_docs(path: Path) -> list[tuple[str, Any]]:
                 raise fail(str(path), f"not valid JSON at line {first.lineno} column "
                                       f"{first.colno}: {first.msg}") from None
             raise fail(str(path), f"line {n}: not valid JSON: {exc.msg}") from None
+        except RecursionError:
+            raise fail(str(path), f"line {n}: JSON nested too deeply to be a trace") from None
+    return docs
+
+
+def _line_docs(path: Path) -> list[tuple[str, Any]] | None:
+    """Each non-blank line's document, read a line at a time; None when the first is not JSON
+    (the caller reads the file whole)."""
+    docs: list[tuple[str, Any]] = []
+    for n, line in read_lines(path):
+        if not line.strip():
+            continue
+        try:
+            docs.append((f"line {n}: ", json.loads(line.decode("utf-8"))))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            if not docs:
+                return None
+            what = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8 text"
+            raise fail(str(path), f"line {n}: not valid JSON: {what}") from None
         except RecursionError:
             raise fail(str(path), f"line {n}: JSON nested too deeply to be a trace") from None
     return docs

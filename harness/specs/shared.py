@@ -143,7 +143,7 @@ PINS = (
           help="When pinned paused contexts fill the server's KV pool, release them in this "
                "order until it can admit or grow a call: the latest program's first "
                "(Continuum's), the least recently used, or the largest (a local vLLM server "
-               "with the harness's connector, a local SGLang server)."),
+               "with the harness's connector, a local SGLang server, the engine model)."),
     Field("pin_expiry_s", "--pin-expiry-s", "float", low=0.0, high=MAX_PIN_EXPIRY_S,
           low_open=True,
           help="Local vLLM server: seconds a pin or host copy may be held before the "

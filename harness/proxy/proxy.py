@@ -45,6 +45,7 @@ from yarl import URL
 
 from harness.proxy.answers import FirstToken, api_of
 from harness.proxy.httpserver import first_line, server, stderr_line
+from harness.proxy.kept import Kept
 from harness.proxy.recorder import CallMeta, Recorder
 
 # Headers of one connection, never forwarded (RFC 9110 7.6.1), and those a proxy sets itself.
@@ -242,10 +243,10 @@ class Proxy:
                 content_type="application/json")
         if meta is not None:
             rec.arrived(meta)
-        chunks: list[bytes] = []
+        kept = Kept()  # what the recorder gets of the answer (bounded)
         status: int | None = None
         try:
-            resp, status = await self._relay(request, body, meta, chunks)
+            resp, status = await self._relay(request, body, meta, kept)
         except asyncio.CancelledError:
             if meta is not None:
                 meta.outcome, meta.end = ("stopped" if self.stopping else "aborted"), rec.now()
@@ -260,11 +261,12 @@ class Proxy:
                 rec.passed(request.method, request.path, status, arrival, rec.now())
             else:
                 meta.end = meta.end or rec.now()
-                rec.ended(meta, body, b"".join(chunks) if chunks else None)
+                meta.dropped = kept.dropped
+                rec.ended(meta, body, kept.bytes())
         return resp
 
     async def _relay(self, request: web.BaseRequest, body: bytes, meta: CallMeta | None,
-                     chunks: list[bytes]) -> tuple[web.StreamResponse, int | None]:
+                     kept: Kept) -> tuple[web.StreamResponse, int | None]:
         assert self._session is not None and self._fresh is not None
         skip = [h for h in _AUTO_HEADERS if h not in request.headers]
         headers = forwarded(request.headers, _REQUEST_OWN)
@@ -291,12 +293,12 @@ class Proxy:
             return web.Response(status=502, content_type="application/json", body=error_body(
                 f"harness record: no answer from the upstream server ({_why(exc)})")), 502
         try:
-            return await self._answer(request, up, meta, chunks), up.status
+            return await self._answer(request, up, meta, kept), up.status
         finally:
             await up_cm.__aexit__(None, None, None)
 
     async def _answer(self, request: web.BaseRequest, up: aiohttp.ClientResponse,
-                      meta: CallMeta | None, chunks: list[bytes]) -> web.StreamResponse:
+                      meta: CallMeta | None, kept: Kept) -> web.StreamResponse:
         rec = self.recorder
         resp = web.StreamResponse(status=up.status, reason=up.reason,
                                   headers=forwarded(up.headers))
@@ -333,7 +335,7 @@ class Proxy:
                     meta.outcome = "aborted"
                 return resp
             if meta is not None:
-                chunks.append(chunk)
+                kept.add(chunk)
                 if first is not None and first.feed(chunk):
                     meta.first_token, first = t, None
         if meta is not None:

@@ -45,7 +45,8 @@ from harness.userfiles import count_tokens
 # (an error, a redirect: never followed); it could not be reached or gave no answer (the client
 # got a 502); its stream broke off; the client went away; the proxy was stopped while the call
 # ran; it answered 2xx with nothing the API's answer could be read from (no body, bytes of no
-# JSON of the API's shape, a body its Content-Encoding does not decode). Only `ok` is replayed.
+# JSON of the API's shape, a body its Content-Encoding does not decode, a body that is not a
+# stream and is longer than the proxy keeps: kept.KEEP_HEAD). Only `ok` is replayed.
 OUTCOMES = ("ok", "http_error", "unreachable", "cut", "aborted", "stopped", "unreadable")
 
 
@@ -65,6 +66,7 @@ class CallMeta:
     error: str | None = None
     sse: bool = False
     encoding: str | None = None
+    dropped: int = 0  # bytes of the answer past what the proxy keeps (harness.proxy.kept)
 
 
 def _r(t: float | None) -> float | None:
@@ -180,6 +182,8 @@ class Recorder:
         event.update(model=model and model[:200], finish=answer.finish)
         if m.error is None and answer.error_type is not None:
             event["error"] = answer.error_type
+        if m.dropped:  # a stream kept in part: its message is not whole, its end is read
+            event["answer_dropped"] = m.dropped
         if answer.long_lines:  # skipped unread (answers.MAX_SSE_LINE)
             event["long_lines"] = answer.long_lines
             self.counts["long_lines"] += answer.long_lines
@@ -189,8 +193,9 @@ class Recorder:
             return event
         blocks = _request_blocks(m.api, body, h)
         ok = m.outcome == "ok" and answer.message is not None
-        answer_from, answer_blocks = _answer_blocks(m.api, body, blocks, answer, h) if ok \
-            else (len(blocks), [])
+        # a stream kept in part: its message is not whole, so its blocks are not hashed
+        answer_from, answer_blocks = _answer_blocks(m.api, body, blocks, answer, h) \
+            if ok and not m.dropped else (len(blocks), [])
         usage = answer.usage or (_estimate(m.api, blocks, answer) if ok else None)
         if usage is not None and usage.source == "estimate":
             self.counts["usage_estimated"] += 1
@@ -229,6 +234,8 @@ def _read_answer(m: CallMeta, response: bytes | None) -> tuple[Answer, str | Non
     """The answer, and why none could be read from it (None when one could)."""
     if not response:
         return Answer(), "empty_answer"
+    if m.dropped and (m.encoding or not m.sse):
+        return Answer(), "answer_too_large"  # a whole body (or compressed) cut: not readable
     if m.encoding:
         try:  # gzip or zlib (47: either, by its header), else raw deflate
             response = zlib.decompress(response, 47 if m.encoding != "deflate" else 15)

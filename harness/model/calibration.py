@@ -126,6 +126,7 @@ from harness.model.engines import RUNTIME_ENGINES as RUNTIME_ENGINES
 from harness.model.iteration import BATCH_TOKENS, IterationCosts, MeasuredRates, fit_costs
 from harness.policies.base import ServerRates
 from harness.records.store import write_json
+from harness.userfiles import check_regular
 
 CALIBRATION_VERSION = "1"
 _RATE_KEYS = ("kv_bytes_per_token", "prefill_tok_s", "decode_tok_s")
@@ -405,6 +406,9 @@ def _count(data: dict[str, Any], key: str, where: str) -> int | None:
 def read_calibration(path: str | Path) -> Calibration:
     """Read and validate a calibration file; InputError names the file and the bad key."""
     p = Path(path)
+    if not p.exists():
+        raise InputError(f"{p}: calibration file does not exist")
+    check_regular(p)  # a FIFO or a device would hang the read
     try:
         data = json.loads(p.read_text())
     except FileNotFoundError:

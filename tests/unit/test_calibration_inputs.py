@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +87,22 @@ def test_a_calibration_nested_too_deeply_is_one_line(tmp_path: Path) -> None:
                                     str(tmp_path / "sim")])
     assert res.exit_code == 2
     assert res.output == f"error: {p}: JSON nested too deeply to be a calibration\n"
+
+
+def test_a_calibration_that_is_no_regular_file_is_refused_before_it_is_read(
+        tmp_path: Path) -> None:
+    fifo = tmp_path / "cal.json"
+    os.mkfifo(fifo)  # reading it would wait for a writer for ever
+    (tmp_path / "dir.json").mkdir()
+    for p in (fifo, tmp_path / "dir.json"):
+        with pytest.raises(InputError, match=f"^{re.escape(str(p))}: not a regular file$"):
+            read_calibration(p)
+        res = CliRunner().invoke(main, ["simulate", "--trace", "traces/bench-small.parquet",
+                                        "--policy", "keep", "--calibration", str(p), "--out",
+                                        str(tmp_path / "sim")])
+        assert (res.exit_code, res.output) == (2, f"error: {p}: not a regular file\n")
+    with pytest.raises(InputError, match="calibration file does not exist"):
+        read_calibration(tmp_path / "none.json")
 
 
 def test_the_flag_and_the_file_share_the_block_size_bound(tmp_path: Path) -> None:

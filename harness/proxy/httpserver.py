@@ -6,10 +6,16 @@ aiohttp (pinned) is used through two of its internals here: its C parser, meetin
 chunked body after the request's headers have gone to the handler, queues the error as if it
 were the next request and leaves the body unfinished, so the handler would wait until the
 client gives up. `_Protocol` hands that error to the body instead.
+
+A connection must send a request's whole headers within HEADER_TIMEOUT_S of opening, or of the
+first byte of a next request on a kept-alive connection, or it is closed (one line on stderr):
+slow or silent senders cannot hold connections open without end. An idle kept-alive connection
+(no byte of a next request) is left to the server's keep-alive timeout.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 from collections.abc import Callable
@@ -18,6 +24,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler, _ErrInfo
+
+HEADER_TIMEOUT_S = 30.0  # a request's headers must be whole this long after they begin
 
 
 def first_line(text: str, limit: int = 120) -> str:
@@ -57,11 +65,53 @@ class _OneLine(logging.Handler):
 
 class _Protocol(RequestHandler):
     """aiohttp's connection handler, failing a request's body when the parser finds it
-    malformed (instead of queueing the error as a next request)."""
+    malformed (instead of queueing the error as a next request), and closing a connection
+    whose request headers are not whole HEADER_TIMEOUT_S after they began."""
+
+    _head_timer: asyncio.TimerHandle | None = None
+    _head_count = 0  # requests parsed when the timer was set
+
+    def __init__(self, manager: web.Server, warn: Callable[[str], None], **kwargs: Any
+                 ) -> None:
+        super().__init__(manager, **kwargs)
+        self._warn = warn
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._time_head()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._stop_head_timer()
+        super().connection_lost(exc)
+
+    def _time_head(self) -> None:
+        self._head_count = self._request_count
+        self._head_timer = self._loop.call_later(HEADER_TIMEOUT_S, self._head_late)
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if self._request_count != self._head_count or self._current_request is not None:
+            return  # the headers came (the timer was not stopped in time)
+        transport = self.transport
+        peer = transport.get_extra_info("peername") if transport is not None else None
+        who = f" from {peer[0]}" if isinstance(peer, tuple) and peer else ""
+        self._warn(f"harness record: connection{who} closed: no whole request headers within "
+                   f"{HEADER_TIMEOUT_S:g} s")
+        self.force_close()
 
     def data_received(self, data: bytes) -> None:
+        if (self._head_timer is None and data and self._current_request is None
+                and not self._messages):
+            self._time_head()  # the first bytes of a next request on a kept-alive connection
         queued = len(self._messages)
         super().data_received(data)
+        if self._request_count != self._head_count:
+            self._stop_head_timer()  # its headers are whole
         request = self._current_request
         if request is None or len(self._messages) <= queued:
             return
@@ -74,8 +124,13 @@ class _Protocol(RequestHandler):
 
 
 class _Server(web.Server):
+    def __init__(self, handler: Callable[[web.BaseRequest], Any], warn: Callable[[str], None],
+                 **kwargs: Any) -> None:
+        super().__init__(handler, **kwargs)
+        self._warn = warn
+
     def __call__(self) -> RequestHandler:
-        return _Protocol(self, loop=self._loop, **self._kwargs)
+        return _Protocol(self, self._warn, loop=self._loop, **self._kwargs)
 
 
 def server(handler: Callable[[web.BaseRequest], Any], warn: Callable[[str], None]
@@ -84,5 +139,5 @@ def server(handler: Callable[[web.BaseRequest], Any], warn: Callable[[str], None
     log, the server's own messages to `warn` one line each."""
     logger = logging.Logger("harness.record", logging.DEBUG)  # unregistered: nothing propagates
     logger.addHandler(_OneLine(warn))
-    return _Server(handler, handler_cancellation=True, access_log=None, logger=logger)
+    return _Server(handler, warn, handler_cancellation=True, access_log=None, logger=logger)
 

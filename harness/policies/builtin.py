@@ -350,7 +350,7 @@ def parse_policy_args(pairs: tuple[str, ...], flag: str = "--policy-arg") -> dic
     key given twice (the last would silently win, as no other repeated flag does)."""
     out: dict[str, str] = {}
     for p in pairs:
-        if "=" not in p:
+        if "=" not in p or not p.split("=", 1)[0].strip():
             raise InputError(f"{flag} {p!r}: expected KEY=VALUE")
         k, v = p.split("=", 1)
         if k.strip() in out:

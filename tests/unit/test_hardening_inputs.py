@@ -6,6 +6,7 @@ an empty --policies. Each ends in one line and exit 2 before anything runs."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -116,6 +117,10 @@ def test_a_policy_arg_key_given_twice_is_refused(tmp_path: Path) -> None:
                   str(tmp_path / "b"))
     _one_line_exit_2(res, "--policy-arg ttl.tau: given twice")
     assert parse_policy_args(("tau=1", "ttl.tau=2")) == {"tau": "1", "ttl.tau": "2"}
+    for bad in ("=3", " =3", "tau"):  # no key: never an argument named ''
+        with pytest.raises(InputError, match=f"^--policy-arg {re.escape(repr(bad))}: expected "
+                                             "KEY=VALUE$"):
+            parse_policy_args((bad,))
 
 
 def test_bench_refuses_an_empty_policies(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from harness.cli import main
 from harness.errors import InputError
 from harness.limits import MAX_SUBAGENT_DEPTH
 from harness.traces.importers import import_trace
-from harness.traces.importers._common import QUOTE_CHARS, quote
+from harness.traces.importers._common import ERROR_CHARS, QUOTE_CHARS, clip_error, quote
 from harness.userfiles import read_jsonl, read_lines
 
 SID = "11111111-2222-3333-4444-555555555555"
@@ -200,3 +200,24 @@ def test_otel_jsonl_holding_one_document_on_several_lines_imports(tmp_path: Path
     got = import_trace("otel-genai", pretty, {}).steps
     assert got["kind"].tolist() == want["kind"].tolist()
     assert got["input_tokens"].tolist() == want["input_tokens"].tolist()
+
+
+def test_a_deep_place_is_cut_in_the_middle_of_one_line(tmp_path: Path) -> None:
+    """kv-cache-tester names a place by its chain of sub-agents: 60 levels of long agent ids
+    made a line of ~20,000 characters; it is cut in the middle, keeping the file and the
+    fault, and each id to QUOTE_CHARS."""
+    from tests.unit.test_import_kv_cache_tester import OK, sub, write
+    inner: list[dict[str, object]] = [{**OK, "in": "seven"}]
+    for i in range(60):
+        inner = [OK, sub(f"agent-{i}-" + "z" * 300, "Explore", 1, 5, inner)]
+    src = write(tmp_path, inner)
+    out = _one_error_line(*_import("kv-cache-tester", src, tmp_path / "out.parquet"))
+    assert out.startswith(f"error: {src}: requests[1] (sub-agent agent-59-zzz"), out
+    assert out.endswith("(308 characters)): requests[0]: 'in' must be an integer >= 0, got "
+                        "'seven'\n"), out
+    assert " ... " in out and len(out) <= ERROR_CHARS + 20, len(out)
+
+
+def test_clip_error_keeps_a_short_line() -> None:
+    assert clip_error("a: b") == "a: b"
+    assert clip_error("h" * 50 + "t" * 50, limit=10) == "hhhhhh ... tttt"

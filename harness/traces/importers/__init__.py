@@ -22,6 +22,7 @@ from harness.traces.importers import (
     otel_genai,
     recording,
 )
+from harness.traces.importers._common import ERROR_CHARS, clip_error
 from harness.traces.importers.base import Format, Imported
 from harness.traces.scale import scale_tokens
 from harness.traces.schema import write_trajectories
@@ -59,7 +60,12 @@ def import_traces(fmt: str, paths: Sequence[Path], options: dict[str, str]) -> I
     importer = FORMATS[fmt]
     if len(paths) > 1 and not importer.many:
         raise InputError(f"{fmt} import takes one path, got {len(paths)}")
-    return importer.read(list(paths), options)
+    try:
+        return importer.read(list(paths), options)
+    except InputError as exc:  # one readable line, however deep the place it names
+        if len(str(exc)) <= ERROR_CHARS:
+            raise
+        raise InputError(clip_error(str(exc))) from None
 
 
 def import_to_file(fmt: str, paths: Sequence[Path], options: dict[str, str], out: Path,

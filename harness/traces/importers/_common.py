@@ -82,10 +82,27 @@ def arrival_offsets(n: int, rate_per_s: float | None, seed: int) -> np.ndarray:
 QUOTE_CHARS = 200
 
 
+# An import's error line as a whole (its location can chain many nested names): past this, its
+# middle is cut, keeping the head (the file) and the tail (the innermost place and the fault).
+ERROR_CHARS = 1000
+
+
+def clip(text: str, limit: int = QUOTE_CHARS) -> str:
+    """`text` for an error line, cut to `limit` characters and an ellipsis."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
 def quote(value: Any, limit: int = QUOTE_CHARS) -> str:
     """repr(value) for an error line, cut to `limit` characters and an ellipsis."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+    return clip(repr(value), limit)
+
+
+def clip_error(message: str, limit: int = ERROR_CHARS) -> str:
+    """An error line cut in the middle to about `limit` characters (see ERROR_CHARS)."""
+    if len(message) <= limit:
+        return message
+    head = limit * 3 // 5
+    return f"{message[:head]} ... {message[len(message) - (limit - head):]}"
 
 
 def summarize(what: str, items: Sequence[str], limit: int = 5) -> str:

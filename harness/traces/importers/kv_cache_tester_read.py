@@ -18,7 +18,7 @@ import orjson
 
 from harness.errors import InputError
 from harness.limits import MAX_SUBAGENT_DEPTH
-from harness.traces.importers._common import quote
+from harness.traces.importers._common import clip, quote
 from harness.userfiles import is_count, is_seconds, read_bytes
 
 MAX_TRACE_S = 1e9  # any time or duration in a file (ms for duration_ms)
@@ -148,7 +148,8 @@ def read_conv(rec: dict[str, Any], where: str, block: int, c: Counter[str], dept
         aid = text["agent_id"] or f"agent{i}"
         subs.append(Sub(aid, text["subagent_type"] or "subagent", text["status"], end,
                          None if ms is None else ms / 1000.0,
-                         read_conv(e, f"{at} (sub-agent {aid})", block, c, depth + 1, file)))
+                         read_conv(e, f"{at} (sub-agent {clip(aid)})", block, c, depth + 1,
+                                   file)))
     if any(reqs[k].t > reqs[k + 1].t for k in range(len(reqs) - 1)):
         c["unsorted_requests"] += 1
         reqs.sort(key=lambda r: r.t)

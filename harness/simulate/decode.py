@@ -46,6 +46,7 @@ _EVENT_NAMES = pa.array(EVENTS)
 _STATUS_VOCAB = pa.array([*OUTCOMES, *KV_STATUSES, *END_STATUSES, *HINT_OUTCOMES])
 _ACTION_VOCAB = pa.array(ACTIONS)
 _AGENT = pa.array(["agent"])
+_TRAFFIC = pa.array(["agent", "bystander"])
 
 
 def dictionary(codes: np.ndarray, vocab: pa.Array, null: np.ndarray | None = None) -> pa.Array:
@@ -180,7 +181,9 @@ def _identity_columns(p: _Part) -> list[pa.Array]:
         pa.array(np.rint(p.t * NS).astype(np.int64)),
         dictionary(p.ev.astype(np.int32), _EVENT_NAMES),
         dictionary(p.ti.astype(np.int32), p.r.ids),
-        dictionary(zeros, _AGENT),
+        # Workload.bystanders: the last trajectories are a replay's bystander requests
+        dictionary((p.ti >= p.w.n_trajectories - p.w.bystanders).astype(np.int32), _TRAFFIC)
+        if p.w.bystanders else dictionary(zeros, _AGENT),
         # a trajectory_start's step is its parent's spawning step: spawn_step, not step
         pa.array(p.step.astype(np.int32), mask=(p.step < 0) | (p.ev == E_TRAJ_START)),
         pa.array(p.slot.astype(np.int32), mask=p.slot < 0),

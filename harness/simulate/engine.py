@@ -101,6 +101,12 @@ class Engine(EngineState):
             heapq.heappush(self.ext, (t, self.seq, ARRIVE, self.trajs[self.roots[k]], 0))
         if not self.open_loop:
             self.next_ti = len(times)
+        pins = self.pins
+        for ti in range(self.agents_end, len(self.trajs)):  # a replay's bystanders, when sent
+            assert pins is not None  # (a workload has bystanders only pinned to a replay)
+            self.seq += 1
+            at = max(0.0, pins.start[ti])
+            heapq.heappush(self.ext, (at, self.seq, ARRIVE, self.trajs[ti], 0))
         fleet = self.fleet
         events, t_last = self.sched.run(self.ext) if fleet is None else fleet.run(self.ext)
         c = self.c
@@ -369,6 +375,10 @@ class Engine(EngineState):
         else:
             self.emit(t, E_KV_STATE, tr.ti, -1, -1, 0, 2, 0)
         self.emit(t, E_TRAJ_END, tr.ti, -1, -1, status, reason, 0)
+        if tr.ti >= self.agents_end:  # a bystander's request: nothing to release, no successor
+            self.barge = False
+            self.try_admit(t)
+            return
         self.count_end(tr, status)
         if not self.client.control(RELEASE, tr, t):  # else once the release is answered
             self.successor(tr, t)

@@ -121,6 +121,8 @@ class EngineState:
         self.kids: dict[int, list[int]] = w.children()
         self.roots: list[int] = w.roots.tolist()
         self.n_roots = len(self.roots)
+        # the first bystander's index (Workload.bystanders: the last ones; none: past the end)
+        self.agents_end = w.n_trajectories - w.bystanders
         # a replay's own tool ends and trajectory starts, where the run is held to them
         self.pins: PinState | None = PinState(pins) if pins is not None else None
         self.classes: list[str] = list(w.classes)

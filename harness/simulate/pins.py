@@ -11,6 +11,12 @@ engine model's own. `Pins.late` in run.json counts the events the simulation rea
 replay's time (its calls were slower there) and by how much.
 
 Times are the replay's records' `t_ns` from its first trajectory's start (the simulation's 0).
+
+A replay's bystander requests (an injection's memory pressure beside the agents) come along:
+`bystander_steps` turns each into a one-call trajectory (its prompt and output tokens as the
+replay sent and received them) that the simulation appends to its workload
+(Workload.bystanders) and starts when the replay sent it, so that the simulated pool meets the
+pressure the replay's did.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ from harness.simulate.workload import Workload
 
 # the record columns the pins are read from
 PIN_COLUMNS = ("event", "trajectory_id", "step", "status", "t_ns")
+# and the bystanders
+BYSTANDER_COLUMNS = ("event", "trajectory_id", "traffic", "t_ns", "prompt_tokens",
+                     "output_tokens")
 
 
 @dataclass(frozen=True)
@@ -97,6 +106,11 @@ def pins_from_records(records: pd.DataFrame, w: Workload, source: str) -> Pins:
     zero = int(starts["t_ns"].min())
     start_s = np.full(w.n_trajectories, np.nan)
     first = starts.drop_duplicates("trajectory_id")
+    if w.bystanders:  # their calls' starts, by their ids (bystander_steps named them so)
+        sent = records.loc[ev == "call_start", ["trajectory_id", "t_ns"]]
+        sent = sent[sent["trajectory_id"].astype(str).isin(
+            set(w.ids[w.n_trajectories - w.bystanders:]))]
+        first = pd.concat([first, sent.drop_duplicates("trajectory_id")])
     start_s[[index[str(t)] for t in first["trajectory_id"]]] = (
         (first["t_ns"].to_numpy(dtype=np.int64) - zero) / 1e9)
     # a tool that returned, with its result or an error (a timed-out or abandoned one did not)
@@ -111,6 +125,33 @@ def pins_from_records(records: pd.DataFrame, w: Workload, source: str) -> Pins:
         g = np.asarray(w.first, dtype=np.int64)[ti[ok]] + step[ok]
         tool_end_s[g] = (ends["t_ns"].to_numpy(dtype=np.int64)[ok] - zero) / 1e9
     return Pins(tool_end_s, start_s, source)
+
+
+def bystander_steps(records: pd.DataFrame, template: pd.DataFrame) -> pd.DataFrame:
+    """The replay's bystander requests (`records`: at least BYSTANDER_COLUMNS) as one-call
+    trajectories in the trace's columns (`template`: one of the trace's rows, the first call
+    of a trajectory that is no sub-agent), ordered as they were sent: the prompt's tokens as
+    sent, the output's as received (as asked where the call ended without it), no prefix
+    shared with anything. Empty when the replay had none."""
+    traffic = records["traffic"].astype(object)
+    ev = records["event"].astype(object)
+    mine = records[traffic == "bystander"]
+    sent = mine[ev[traffic == "bystander"] == "call_start"].drop_duplicates("trajectory_id")
+    if sent.empty:
+        return template.iloc[:0]
+    sent = sent.sort_values("t_ns", kind="stable")
+    ended = mine[mine["event"].astype(object) == "call_end"].drop_duplicates("trajectory_id")
+    out_tokens = ended.set_index(ended["trajectory_id"].astype(str))["output_tokens"]
+    ids = sent["trajectory_id"].astype(str).to_numpy()
+    rows = template.iloc[np.zeros(len(ids), dtype=np.int64)].reset_index(drop=True)
+    rows["trajectory_id"] = ids
+    rows["input_tokens"] = sent["prompt_tokens"].to_numpy(dtype="float64", na_value=0.0)
+    got = out_tokens.reindex(ids).to_numpy(dtype="float64", na_value=np.nan)
+    rows["output_tokens"] = np.where(np.isnan(got), 1.0, got)
+    for column in ("prefix_group", "prefix_tokens", "parent_id", "spawn_step", "keep_tokens"):
+        if column in rows:
+            rows[column] = None
+    return rows
 
 
 class PinState:

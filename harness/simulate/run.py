@@ -8,10 +8,12 @@ from __future__ import annotations
 import gc
 import math
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from harness import __version__
 from harness.errors import InputError
@@ -35,7 +37,14 @@ from harness.simulate.fleet import Fleet, check_fleet
 from harness.simulate.options import DEFAULT_DEADLINE_S as DEFAULT_DEADLINE_S
 from harness.simulate.options import FIRST_TOKEN_TIMEOUT_S as FIRST_TOKEN_TIMEOUT_S
 from harness.simulate.options import Loop, SimOptions
-from harness.simulate.pins import PIN_COLUMNS, Pins, check_same_run, pins_from_records
+from harness.simulate.pins import (
+    BYSTANDER_COLUMNS,
+    PIN_COLUMNS,
+    Pins,
+    bystander_steps,
+    check_same_run,
+    pins_from_records,
+)
 from harness.simulate.records import RecordSink
 from harness.simulate.server import (
     BLOCK_SIZE,
@@ -49,7 +58,7 @@ from harness.simulate.workload import Workload, build_workload
 from harness.traces.context import trajectory_starts
 from harness.traces.reuse import ideal_reuse_for
 from harness.traces.scale import check_token_scale, imported_token_scale, scale_tokens
-from harness.traces.schema import file_sha256
+from harness.traces.schema import KIND_TOOL, file_sha256
 from harness.traces.tile import tile_steps
 from harness.traces.validate import load_trajectories
 
@@ -214,12 +223,17 @@ def run_simulation(opts: SimOptions, calibration: Calibration) -> RunManifest:
     t0 = time.perf_counter()
     once = scale_tokens(load_trajectories(trace), check_token_scale(token_scale))
     df = tile_steps(once, copies)
-    w = build_workload(df, default_deadline_s)
-    arrival_s = arrival_times(arrivals, w, len(df), seed)
-    server = server_model(calibration)
+    n_steps = len(df)
     roots = int(df.loc[trajectory_starts(df["trajectory_id"].astype(object).to_numpy()),
                        "parent_id"].isna().sum())
-    ref = TraceRef(str(trace), file_sha256(trace), roots, int(len(df)), w.n_trajectories - roots,
+    agents = int(trajectory_starts(df["trajectory_id"].astype(object).to_numpy()).sum())
+    bystanders = replay_bystanders(pinned_to, df) if pinned_to is not None else df.iloc[:0]
+    if len(bystanders):
+        df = pd.concat([df, bystanders], ignore_index=True)
+    w = replace(build_workload(df, default_deadline_s), bystanders=len(bystanders))
+    arrival_s = arrival_times(arrivals, w, n_steps, seed)
+    server = server_model(calibration)
+    ref = TraceRef(str(trace), file_sha256(trace), roots, n_steps, agents - roots,
                    token_scale * imported_token_scale(trace), ideal_reuse_for(once, policy),
                    copies)
     run = _manifest(o, ref, policy.sees_true_latency, calibration)
@@ -246,7 +260,8 @@ def run_simulation(opts: SimOptions, calibration: Calibration) -> RunManifest:
                      "draws_seed": draws}
     if pins is not None:
         run.simulator["pinned_to"] = {"replay": pins.source, "path": str(pinned_to),
-                                      "pinned_events": pins.pinned}
+                                      "pinned_events": pins.pinned,
+                                      "bystanders": w.bystanders}
     out.mkdir(parents=True, exist_ok=True)
     run.write(out)
     del df, once
@@ -274,6 +289,18 @@ def run_simulation(opts: SimOptions, calibration: Calibration) -> RunManifest:
     if o.write_summary:
         summarize_into(out, run)
     return run
+
+
+def replay_bystanders(replay: Path, df: pd.DataFrame) -> pd.DataFrame:
+    """The bystander requests of the replay at `replay` as one-call trajectories in `df`'s
+    columns (harness.simulate.pins.bystander_steps; empty: it had none)."""
+    if not (replay / RUN_JSON).exists():
+        raise InputError(f"--pinned-to {replay}: not a results directory (no {RUN_JSON})")
+    first = df.index[trajectory_starts(df["trajectory_id"].astype(object).to_numpy())
+                     & df["parent_id"].isna().to_numpy() & (df["kind"] != KIND_TOOL).to_numpy()]
+    if not len(first):
+        return df.iloc[:0]
+    return bystander_steps(read_records(replay, BYSTANDER_COLUMNS), df.loc[first[:1]])
 
 
 def replay_pins(replay: Path, w: Workload, sim: RunManifest) -> Pins:

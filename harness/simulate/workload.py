@@ -66,6 +66,10 @@ class Workload:
     kids: np.ndarray
     group: np.ndarray
     prefix: np.ndarray
+    # The last `bystanders` trajectories are a replay's bystander requests (one call each, read
+    # by harness.simulate.pins from the replay a simulation is pinned to): they arrive at the
+    # replay's times, outside the agents' loop, and are recorded as its bystander calls.
+    bystanders: int = 0
 
     @property
     def n_trajectories(self) -> int:
@@ -77,8 +81,9 @@ class Workload:
 
     @property
     def roots(self) -> np.ndarray:
-        """The trajectories that arrive on their own (not sub-agents), in workload order."""
-        return np.flatnonzero(self.parent < 0)
+        """The agents' trajectories that arrive on their own (not sub-agents, not bystanders),
+        in workload order."""
+        return np.flatnonzero(self.parent[:self.n_trajectories - self.bystanders] < 0)
 
     def children(self) -> dict[int, list[int]]:
         """Each spawning tool step (global index) -> its children's trajectory indexes."""

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from harness.records.schema import RECORDS_SCHEMA
@@ -51,6 +52,19 @@ def run_statics(run_id: str, w: Workload, kv_bytes_per_token: float,
                       kv_bytes_per_token, ctx_limit)
 
 
+# what a replay records of a bystander request: its call's events (no trajectory, KV state,
+# erase or wait of its own)
+_BYSTANDER_EVENTS = pa.array(["call_start", "first_token", "call_end"])
+
+
+def agent_events(table: pa.Table) -> pa.Array:
+    """Which of a part's rows to keep: all but a bystander's events other than its call's
+    (the loop runs a bystander request as a one-call trajectory; a replay records its call)."""
+    bystander = pc.equal(table["traffic"].cast(pa.string()), "bystander")
+    return pc.invert(pc.and_(bystander, pc.invert(pc.is_in(
+        table["event"].cast(pa.string()), value_set=_BYSTANDER_EVENTS))))
+
+
 class PartEncoder:
     """Turns a range of seq into one Parquet part: `rows` (the loop's other rows, an (n, 9)
     float array) and the per-step columns; written to a temporary name, then renamed."""
@@ -68,6 +82,8 @@ class PartEncoder:
         table = pa.Table.from_arrays(cols, schema=pa.schema(
             [pa.field(f.name, c.type, f.nullable) for f, c in zip(RECORDS_SCHEMA, cols,
                                                                  strict=True)]))
+        if self.statics.w.bystanders:
+            table = table.filter(agent_events(table))
         final = self.directory / f"part-{part:05d}.parquet"
         tmp = final.with_name(final.name + ".tmp")
         # Without the stored Arrow schema the dictionary columns read back as plain strings.

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
@@ -172,3 +174,54 @@ def test_llama_cpp_serves_saves_and_restores_in_its_loop(tmp_path: Path) -> None
 
     save = restore = 12 * 1000 / CAL.swap_out_bytes_per_s
     assert c_end("swap") - c_end("keep") == pytest.approx(save + restore)
+
+
+def with_bystanders(replay: Path, sent: list[tuple[float, int, int]]) -> Path:
+    """`replay` with bystander requests (start s, prompt tokens, output tokens) added to its
+    records, each as a replay records one: its call_start, first_token and call_end."""
+    part = sorted((replay / "records").glob("part-*.parquet"))[-1]
+    table = pq.read_table(part)
+    df = table.to_pandas()
+    zero = int(df.loc[df["event"] == "trajectory_start", "t_ns"].min())
+    seq = int(df["seq"].max())
+    rows = []
+    for k, (t, prompt, output) in enumerate(sent):
+        for event, dt in (("call_start", 0.0), ("first_token", 0.05), ("call_end", 0.1)):
+            row = df[df["event"] == event].iloc[0].copy()
+            seq += 1
+            row["seq"], row["t_ns"] = seq, zero + int((t + dt) * 1e9)
+            row["trajectory_id"], row["traffic"], row["step"] = f"bystander-{k}", "bystander", 0
+            row["prompt_tokens"] = prompt if event == "call_start" else row["prompt_tokens"]
+            row["output_tokens"] = output if event == "call_end" else row["output_tokens"]
+            rows.append(row)
+    more = pd.concat([df, pd.DataFrame(rows)], ignore_index=True)
+    for name in ("trajectory_id", "traffic", "event"):
+        more[name] = more[name].astype(str)
+    out = pa.Table.from_pandas(more, preserve_index=False).cast(pa.schema(
+        [pa.field(f.name, pa.string() if pa.types.is_dictionary(f.type) else f.type)
+         for f in table.schema]))
+    pq.write_table(out.cast(table.schema), part)
+    return replay
+
+
+def test_a_replays_bystanders_run_beside_the_pinned_simulation(tmp_path: Path) -> None:
+    replay = with_bystanders(as_replay(run(tmp_path, "first"), tmp_path / "replay"),
+                             [(0.2, 300, 4), (1.5, 120, 2)])
+    df = read_records(run(tmp_path, "pinned", pinned_to=replay))
+    mine = df[df["traffic"].astype(str) == "bystander"]
+    # only their calls' events, as a replay records them: no trajectory or KV state of theirs
+    assert sorted(mine["event"].astype(str).unique()) == ["call_end", "call_start",
+                                                          "first_token"]
+    starts = mine[mine["event"].astype(str) == "call_start"].sort_values("t_ns")
+    assert starts["trajectory_id"].astype(str).tolist() == ["bystander-0", "bystander-1"]
+    zero = int(ev(df, "trajectory_start")["t_ns"].min())
+    # sent when the replay sent them (the simulated client's overhead is 0 in CAL)
+    assert ((starts["t_ns"] - zero) / 1e9).round(6).tolist() == [0.2, 1.5]
+    assert starts["prompt_tokens"].tolist() == [300, 120]
+    ends = mine[mine["event"].astype(str) == "call_end"].sort_values("t_ns")
+    assert ends["output_tokens"].tolist() == [4, 2]
+    # the agents' loop is the same: every trajectory of the trace, and only those, ran
+    assert sorted(ev(df, "trajectory_start")["trajectory_id"].astype(str)) == sorted(FAMILY)
+    pinned = read_manifest(tmp_path / "pinned").simulator["pinned_to"]
+    assert pinned["bystanders"] == 2
+    assert read_manifest(tmp_path / "pinned").outcome.completed == len(FAMILY)

@@ -7,14 +7,17 @@ one pause, the user's prompts `human` pauses. Sub-agents, in every layout Claude
 `agent-*.jsonl` beside the session (2.0.x), `<session>/subagents/agent-*.jsonl` (2.1.x), inline
 `isSidechain` lines in the session file (1.0.x), or only copies in `progress` lines
 (agent_progress). A sub-agent is linked to the Task (or Agent) call that started it by the
-agentId its result names, by the progress lines' parentToolUseID, else by its first prompt
-being the call's `prompt`; it becomes a child trajectory of that call's `subagent` step.
+toolUseId its `agent-<id>.meta.json` names (2.1.x, in the main transcript or another
+sub-agent's, its spawnDepth checked), by the agentId the call's result names, by the progress
+lines' parentToolUseID, else by its first prompt being the call's `prompt` (a guess, counted);
+it becomes a child trajectory of that call's `subagent` step.
 Sidechains no call started (2.0.x warm-ups at start-up, prompt "Warmup") are trajectories of
 their own, or left out with `-o warmups=skip`.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +36,7 @@ from harness.traces.importers.agent_log import (
 )
 from harness.traces.importers.base import Format, Imported
 from harness.traces.importers.builder import Builder, Built, assign_starts
+from harness.traces.importers.claude_code_meta import meta_path, read_meta
 from harness.traces.importers.claude_code_parse import ClaudeFile, Side, convo_of, read_file
 from harness.traces.importers.form import Call, Convo, Response
 from harness.traces.schema import Provenance
@@ -69,6 +73,32 @@ def _files(paths: Sequence[Path]) -> list[tuple[Path, Path | None]]:
     return list(out.values())
 
 
+def _root_key(f: ClaudeFile, s: Side) -> str:
+    """The id of a sub-agent no call in the input started: <sessionId>/<agentId>."""
+    return f"{s.session or f.stats.ident}/{s.agent_id or s.entries[0].uuid}"
+
+
+def _depth(s: Side, default: int) -> int:
+    """The spawn depth a sub-agent's meta file gives, else `default`."""
+    return s.meta.spawn_depth or default if s.meta is not None else default
+
+
+class _Links:
+    """Where the sub-agents are found by a spawning call: by the call id their meta file
+    names, by the call id progress copies name, by (session, agentId). A sub-agent with a
+    meta file is found by its call id only."""
+
+    def __init__(self, sides: list[tuple[ClaudeFile, Side]]) -> None:
+        self.by_meta: dict[str, list[Side]] = {}
+        for _, s in sides:
+            if s.meta is not None:
+                self.by_meta.setdefault(s.meta.tool_use_id, []).append(s)
+        self.by_agent = {(s.session, s.agent_id): s for _, s in sides
+                         if s.agent_id and not s.progress_of and s.meta is None}
+        self.by_call = {s.progress_of: s for _, s in sides if s.progress_of}
+        self.file_of = {id(s): f.stats.path for f, s in sides}
+
+
 class _Import:
     """The files of one import, their conversations and how they link."""
 
@@ -80,6 +110,11 @@ class _Import:
         self.linked: set[int] = set()
         self.empty: list[str] = []
         self.added_finals = 0
+        self.rooted: set[int] = set()  # sub-agents no call reached: roots of their own
+        self.how: Counter[str] = Counter()  # links made, by what found them
+        self.meta_bad: list[str] = []  # meta files that could not be used
+        self.meta_orphans: list[str] = []  # meta files naming a call no transcript holds
+        self.depth_off: list[str] = []  # spawnDepth unlike the depth the link gives
 
     def read(self, paths: Sequence[Path]) -> None:
         sessions: dict[Path, str] = {}
@@ -89,6 +124,7 @@ class _Import:
                 continue  # an agent file of another session in the same folder
             sessions[path.resolve()] = f.session
             f.stats.ident = f.session or path.stem
+            self._read_meta(f)
             self.files.append(f)
         # A sub-agent Claude Code wrote to its own file and copied into progress lines is
         # read from its file.
@@ -110,45 +146,95 @@ class _Import:
                 f.stats.counts["subagents"] += 1
                 self.sides.append((f, s))
 
+    def _read_meta(self, f: ClaudeFile) -> None:
+        """Attach a sub-agent file's agent-<id>.meta.json to its conversation; a malformed one
+        is counted and warned of, and the sub-agent is linked as if it had none."""
+        path = meta_path(f.stats.path)
+        if path is None or not path.exists():
+            return
+        try:
+            meta = read_meta(path)
+        except InputError as exc:
+            self.meta_bad.append(str(exc))
+            return
+        own = f.stats.path.name[len("agent-"): -len(".jsonl")]
+        sides = [s for s in f.sides if not s.progress_of]
+        for s in sides:
+            if s.agent_id == own or len(sides) == 1:
+                s.meta = meta
+
     def link(self) -> None:
-        """Each sub-agent call's conversation, where the input has it."""
-        by_agent = {(s.session, s.agent_id): s for _, s in self.sides
-                    if s.agent_id and not s.progress_of}
-        by_call = {s.progress_of: s for _, s in self.sides if s.progress_of}
-        file_of = {id(s): f.stats.path for f, s in self.sides}
-        todo: list[tuple[str, Convo, int]] = [(f.session, c, 0) for f, c in self.mains]
+        """Each sub-agent call's conversation, where the input has it: from the mains down,
+        then from the sub-agents no call reached (their own sub-agents link to them)."""
+        lk = _Links(self.sides)
+        self._walk(lk, [(f.session, c, 0, 0) for f, c in self.mains], True)
+        convos = [c for _, c in self.mains] + [s.convo for _, s in self.sides if s.convo]
+        called = {k.call_id for c in convos for r in c.responses for k in r.calls}
+        rest = [(f, s) for f, s in self.sides if id(s) not in self.linked
+                and s.convo is not None]
+        for f, s in rest:
+            if s.meta is not None and s.meta.tool_use_id not in called:
+                self.meta_orphans.append(f"{f.stats.path.name}: {quote(s.meta.tool_use_id)}")
+        # Parents before their children (by the depth the meta files give), so that a chain
+        # whose main transcript is absent still hangs together under its first sub-agent.
+        rest.sort(key=lambda fs: _depth(fs[1], 0))
+        for f, s in rest:
+            if id(s) in self.linked or s.convo is None:
+                continue
+            self.rooted.add(id(s))
+            s.convo.key = _root_key(f, s)
+            level = _depth(s, 1)
+            self._walk(lk, [(s.session, s.convo, 0, level)], False)
+
+    def _walk(self, lk: _Links, todo: list[tuple[str, Convo, int, int]], guess: bool) -> None:
+        """Link the sub-agents the calls of `todo`'s conversations started, breadth first;
+        (session, conversation, its nesting under the walk's root, its spawn depth)."""
         while todo:
-            session, convo, depth = todo.pop(0)
+            session, convo, depth, level = todo.pop(0)
             for r in convo.responses:
                 for call in r.calls:
-                    side = self._side_of(call, session, by_agent, by_call)
-                    if side is None or side.convo is None:
-                        continue
-                    if depth == MAX_SUBAGENT_DEPTH:  # refused here, naming the source file
-                        raise InputError(
-                            f"{file_of[id(side)]}: sub-agents nested deeper than "
-                            f"{MAX_SUBAGENT_DEPTH} levels (the limit): agent "
-                            f"{quote(side.agent_id or call.call_id)} is level {depth + 1}")
-                    self.linked.add(id(side))
-                    kid = side.convo
-                    kid.kind = call.kind or "subagent"
-                    kid.key = f"{convo.key}/{side.agent_id or call.call_id[-8:]}"
-                    call.children.append(kid)
-                    if side.progress_of:
-                        self._add_final(kid, call)
-                    todo.append((side.session, kid, depth + 1))
+                    for side, how in self._sides_of(call, session, lk, guess):
+                        if side.convo is None:
+                            continue
+                        if depth == MAX_SUBAGENT_DEPTH:  # refused here, naming the file
+                            raise InputError(
+                                f"{lk.file_of[id(side)]}: sub-agents nested deeper than "
+                                f"{MAX_SUBAGENT_DEPTH} levels (the limit): agent "
+                                f"{quote(side.agent_id or call.call_id)} is level {depth + 1}")
+                        self.linked.add(id(side))
+                        self.how[how] += 1
+                        if side.meta and side.meta.spawn_depth not in (None, level + 1):
+                            self.depth_off.append(
+                                f"{lk.file_of[id(side)].name}: spawnDepth "
+                                f"{side.meta.spawn_depth}, found {level + 1}")
+                        kid = side.convo
+                        kid.kind = call.kind or "subagent"
+                        kid.key = f"{convo.key}/{side.agent_id or call.call_id[-8:]}"
+                        call.children.append(kid)
+                        if side.progress_of:
+                            self._add_final(kid, call)
+                        todo.append((side.session, kid, depth + 1, level + 1))
 
-    def _side_of(self, call: Call, session: str, by_agent: dict[tuple[str, str], Side],
-                 by_call: dict[str, Side]) -> Side | None:
+    def _sides_of(self, call: Call, session: str, lk: _Links, guess: bool
+                  ) -> list[tuple[Side, str]]:
+        """The sub-agents `call` started and how each is known: its meta file names the call
+        (meta), the call's result or the progress lines name it (agent_id), or its first
+        prompt is the call's (prompt: a guess, only from the mains down)."""
         if not call.spawn:
-            return None
-        for side in (by_call.get(call.call_id), by_agent.get((session, call.agent_id))):
-            if side is not None and id(side) not in self.linked:
-                return side
-        if not call.prompt:
-            return None
-        return next((s for _, s in self.sides if id(s) not in self.linked
-                     and s.prompt == call.prompt and s.session in (session, "")), None)
+            return []
+        free = [s for s in lk.by_meta.get(call.call_id, ()) if self._free(s)]
+        if free:
+            return [(s, "meta") for s in free]
+        for side in (lk.by_call.get(call.call_id), lk.by_agent.get((session, call.agent_id))):
+            if side is not None and self._free(side):
+                return [(side, "agent_id")]
+        if not guess or not call.prompt:
+            return []
+        return next(([(s, "prompt")] for _, s in self.sides if self._free(s) and s.meta is None
+                     and s.prompt == call.prompt and s.session in (session, "")), [])
+
+    def _free(self, side: Side) -> bool:
+        return id(side) not in self.linked and id(side) not in self.rooted
 
     def _add_final(self, kid: Convo, call: Call) -> None:
         """A sub-agent known from progress copies lacks its last response (the copies stop at
@@ -182,7 +268,7 @@ class _Import:
                 f.stats.counts["warmups_skipped"] += 1
                 continue
             s.convo.kind = "warmup" if warm else "subagent"
-            s.convo.key = f"{s.session or f.stats.ident}/{s.agent_id or s.entries[0].uuid}"
+            s.convo.key = _root_key(f, s)
             measure(s.convo, FORMAT)
             builder.build(s.convo, built)
         return built
@@ -221,7 +307,13 @@ def import_paths(paths: Sequence[Path], options: dict[str, str]) -> Imported:
     roots = sum(t.parent_id is None for t in built.trajectories)
     tot = totals(stats, {"files": len(stats), "sessions": len(imp.mains) - len(imp.empty),
                          "trajectories": len(built.trajectories), "roots": roots,
-                         "subagent_final_calls_added": imp.added_finals})
+                         "subagent_final_calls_added": imp.added_finals,
+                         "subagents_linked_by_meta": imp.how["meta"],
+                         "subagents_linked_by_id": imp.how["agent_id"],
+                         "subagents_linked_by_prompt": imp.how["prompt"],
+                         "subagent_meta_malformed": len(imp.meta_bad),
+                         "subagent_meta_parent_missing": len(imp.meta_orphans),
+                         "subagent_depth_mismatches": len(imp.depth_off)})
     return Imported(build_frame(built.trajectories), _provenance(stats, tot, opts),
                     _warnings(imp, tot) + skew_warning(stats))
 
@@ -236,6 +328,16 @@ def _warnings(imp: _Import, tot: dict[str, Any]) -> list[str]:
     if tot["subagents_unlinked"]:
         out.append(f"{tot['subagents_unlinked']} sub-agent conversations no call in the input "
                    "started: imported as trajectories of their own")
+    if imp.meta_bad:
+        out.append(summarize("sub-agent meta files unusable (their sub-agents are linked as "
+                             "if they had none)", imp.meta_bad))
+    if imp.meta_orphans:
+        out.append(summarize("sub-agent meta files name a call (toolUseId) no transcript in "
+                             "the input holds: those sub-agents are trajectories of their own",
+                             imp.meta_orphans))
+    if imp.depth_off:
+        out.append(summarize("sub-agents whose meta file's spawnDepth differs from the depth "
+                             "of the call its toolUseId names (the link is kept)", imp.depth_off))
     if tot["subagent_calls"] > tot["subagents"] - tot["subagents_unlinked"] - tot["warmups"]:
         out.append("sub-agent calls whose conversation is not in the input stay ordinary "
                    "tool steps (class long_job) with their duration")
@@ -267,6 +369,12 @@ def _provenance(stats: list[FileStats], tot: dict[str, Any], opts: dict[str, str
             f"warm-up sidechains (prompt {WARMUP_PROMPT!r}, started by no call): "
             + ("trajectories of their own" if opts["warmups"] == "keep" else "left out")
             + " (option warmups)",
+            "a sub-agent is linked to the call that started it by its meta file's toolUseId "
+            "(2.1.x agent-<id>.meta.json), else by the agentId the call's result names or the "
+            "progress lines' parentToolUseID (exact: subagents_linked_by_meta, "
+            "subagents_linked_by_id), else by its first prompt being the call's prompt (a "
+            "guess: subagents_linked_by_prompt); a meta file's spawnDepth is checked against "
+            "the depth of that call (subagent_depth_mismatches)",
             "a sub-agent known only from progress copies lacks its last response: it is "
             "added, estimated from the call's result (subagent_final_calls_added)",
             f"text is counted by {TOKEN_RULE} where a response has no usage",

@@ -28,6 +28,7 @@ from harness.traces.importers.agent_log import (
     parse_ts,
     seconds_field,
 )
+from harness.traces.importers.claude_code_meta import AgentMeta
 from harness.traces.importers.form import Call, Convo, Response
 from harness.userfiles import count_tokens, read_jsonl
 
@@ -66,6 +67,7 @@ class Side:
     convo: Convo | None = None
     progress_of: str = ""  # the parent's Task call id (progress copies)
     prompt: str = ""  # its first user text (matched against a Task's prompt)
+    meta: AgentMeta | None = None  # its agent-<id>.meta.json (2.1.x): the exact parent call
 
 
 @dataclass

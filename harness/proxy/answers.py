@@ -1,6 +1,7 @@
 """What an upstream answer says: the assistant message (as a client sends it back), the tool
 calls, usage and errors, from a JSON body or a server-sent-event stream of the OpenAI chat and
-completions APIs or the Anthropic Messages API; and the moment a stream's first token arrives.
+completions APIs or the Anthropic Messages API (the Responses API's: harness.proxy.responses);
+and the moment a stream's first token arrives.
 
 Usage comes from the answer's own `usage` (OpenAI: prompt_tokens, completion_tokens,
 prompt_tokens_details.cached_tokens; Anthropic: input_tokens + cache_creation_input_tokens +
@@ -27,7 +28,8 @@ from harness.userfiles import is_count
 OPENAI_CHAT = "openai-chat"
 OPENAI_COMPLETIONS = "openai-completions"
 ANTHROPIC = "anthropic-messages"
-APIS = (OPENAI_CHAT, OPENAI_COMPLETIONS, ANTHROPIC)
+OPENAI_RESPONSES = "openai-responses"  # read by harness.proxy.responses
+APIS = (OPENAI_CHAT, OPENAI_COMPLETIONS, ANTHROPIC, OPENAI_RESPONSES)
 _DONE = object()
 # An API's error type or code is kept only when it looks like one (never free text).
 _SAFE_CODE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
@@ -36,6 +38,12 @@ _OPENAI_KEYS = ("choices", "usage", "error", "timings")
 # A stream's line longer than this is skipped (and counted), unread: what is searched for a
 # line's end stays linear in the stream's size, and what is held of one line is bounded.
 MAX_SSE_LINE = 4 * 1024 * 1024
+# Responses API stream events that carry generated tokens (a tool call's start counts too).
+RESPONSES_TOKEN_EVENTS = frozenset({
+    "response.output_text.delta", "response.refusal.delta", "response.reasoning_text.delta",
+    "response.reasoning_summary_text.delta", "response.function_call_arguments.delta",
+    "response.custom_tool_call_input.delta"})
+_RESPONSES_CALLS = frozenset({"function_call", "custom_tool_call", "local_shell_call"})
 _ANTHROPIC_EVENTS = frozenset({"message_start", "content_block_start", "content_block_delta",
                                "content_block_stop", "message_delta", "message_stop", "error"})
 
@@ -65,6 +73,13 @@ class Answer:
     long_lines: int = 0  # stream lines over MAX_SSE_LINE, skipped
     complete: bool = False  # the stream's end was seen (or a whole JSON body)
     readable: bool = False  # an object of the API's shape was found (see the module's doc)
+    # The Responses API's: the response's id (held in memory, never written), stream events
+    # that were not JSON, stream events and output items of a type not known, reasoning items.
+    ident: str | None = None
+    bad_events: int = 0
+    unknown_events: int = 0
+    unknown_items: int = 0
+    reasoning: int = 0
 
 
 def api_of(method: str, path: str) -> str | None:
@@ -78,6 +93,8 @@ def api_of(method: str, path: str) -> str | None:
         return OPENAI_COMPLETIONS
     if p.endswith("/messages"):
         return ANTHROPIC
+    if p.endswith("/responses"):
+        return OPENAI_RESPONSES
     return None
 
 
@@ -85,10 +102,11 @@ def safe_code(value: Any) -> str | None:
     return value if isinstance(value, str) and _SAFE_CODE.fullmatch(value) else None
 
 
-def sse_payloads(body: bytes, long_lines: list[int] | None = None) -> Iterator[Any]:
+def sse_payloads(body: bytes, long_lines: list[int] | None = None,
+                 bad: list[int] | None = None) -> Iterator[Any]:
     """The parsed `data:` payload of each event of a server-sent-event body (`[DONE]` as a
-    marker); a payload that is not JSON is skipped, and so is a line over MAX_SSE_LINE (counted
-    in `long_lines[0]` when given)."""
+    marker); a payload that is not JSON is skipped (counted in `bad[0]` when given), and so is
+    a line over MAX_SSE_LINE (counted in `long_lines[0]` when given)."""
     data: list[bytes] = []
     for line in [*body.splitlines(), b""]:
         if len(line) > MAX_SSE_LINE:
@@ -105,9 +123,12 @@ def sse_payloads(body: bytes, long_lines: list[int] | None = None) -> Iterator[A
             yield _DONE
             continue
         try:
-            yield orjson.loads(payload)
+            obj = orjson.loads(payload)
         except orjson.JSONDecodeError:
+            if bad is not None:
+                bad[0] += 1
             continue
+        yield obj
 
 
 def _dict(v: Any) -> dict[str, Any]:
@@ -418,6 +439,11 @@ class FirstToken:
 
 
 def _has_token(api: str, obj: dict[str, Any]) -> bool:
+    if api == OPENAI_RESPONSES:
+        event = _str(obj.get("type"))
+        return event in RESPONSES_TOKEN_EVENTS or (
+            event == "response.output_item.added"
+            and _str(_dict(obj.get("item")).get("type")) in _RESPONSES_CALLS)
     if api == ANTHROPIC:
         kind = obj.get("type")
         return kind == "content_block_delta" or (

@@ -214,6 +214,32 @@ def _call(h: Hasher, call_id: Any, name: Any, args: Any) -> Block:
     return h.block(CALL, [cid, tool, canon], f"{tool} {text}", ref=cid, name=tool)
 
 
+def call_block(h: Hasher, call_id: Any, name: Any, args: Any) -> Block:
+    """A tool call's block (as a chat message's tool call makes it)."""
+    return _call(h, call_id, name, args)
+
+
+def result_block(h: Hasher, ref: Any, content: Any) -> Block:
+    """A tool result's block (as a chat `tool` message makes it)."""
+    r = ref if isinstance(ref, str) else ""
+    return h.block(RESULT, [r, _clean(content)], _flat_text(content), ref=r)
+
+
+def tools_block(h: Hasher, tools: Any) -> Block:
+    """A tools list's block."""
+    return h.block(TOOLS, _clean(tools), _json_text(tools))
+
+
+def system_blocks(h: Hasher, content: Any) -> list[Block]:
+    """The blocks of system text (a string or text parts) given outside the messages."""
+    return [h.block(SYSTEM, ["system", payload], text) for payload, text in _parts(content)]
+
+
+def other_block(h: Hasher, value: Any) -> Block:
+    """The block of something of no known kind (hashed whole, volatile fields aside)."""
+    return h.block(OTHER, _clean(value), _json_text(value))
+
+
 # ---------------------------------------------------------------- Anthropic messages
 
 

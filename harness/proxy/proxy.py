@@ -3,8 +3,9 @@ arrives, the LLM calls recorded on the side.
 
 Bytes, status and headers pass through as they are, hop-by-hop headers (Connection,
 Transfer-Encoding, ...) aside; a compressed answer stays compressed; a stream is written to the
-client chunk by chunk as the upstream sends it. /v1/chat/completions, /v1/completions and
-/v1/messages (POST) are recorded; every other path is passed through and only counted.
+client chunk by chunk as the upstream sends it. /v1/chat/completions, /v1/completions,
+/v1/messages and /v1/responses (POST) are recorded; every other path is passed through and only
+counted.
 
 When the upstream cannot be reached or gives no answer, the client gets a 502 with a one-line
 JSON error; an error status is relayed as the upstream gave it; a stream that breaks off is

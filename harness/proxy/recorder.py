@@ -23,6 +23,7 @@ from harness.proxy.answers import (
     ANTHROPIC,
     OPENAI_CHAT,
     OPENAI_COMPLETIONS,
+    OPENAI_RESPONSES,
     Answer,
     Usage,
     answer_text,
@@ -37,6 +38,16 @@ from harness.proxy.hashing import (
     completion_blocks,
     openai_chat_blocks,
     openai_message_blocks,
+)
+from harness.proxy.responses import (
+    Chains,
+    ItemCounts,
+    head_blocks,
+    input_items,
+    item_blocks,
+    kept_request,
+    parse_responses,
+    responses_text,
 )
 from harness.proxy.store import RecordingWriter
 from harness.userfiles import count_tokens
@@ -82,6 +93,7 @@ class Recorder:
         self.keep_text = keep_text
         self._hasher = Hasher()
         self._joiner = Joiner()
+        self._chains = Chains()  # the Responses API's responses a request may name
         self._writer = RecordingWriter(folder, meta, keep_text)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="harness-record")
         self.counts: Counter[str] = Counter()
@@ -174,6 +186,9 @@ class Recorder:
         answer, unreadable = _read_answer(m, response)
         if m.outcome == "ok" and unreadable is not None:
             m.outcome, m.error = "unreadable", unreadable
+        elif m.outcome == "ok" and m.api == OPENAI_RESPONSES and m.sse and not answer.complete:
+            # no response.completed, .incomplete, .failed nor error: the stream was cut short
+            m.outcome, m.error = "cut", "no_end_event"
         event = self._base(m)
         body = _json_object(request)
         # a local server names its model by its file's path: the file's name is enough
@@ -191,11 +206,16 @@ class Recorder:
             event["unparsed"] = True
             self.counts["unparsed"] += 1
             return event
-        blocks = _request_blocks(m.api, body, h)
+        if m.api == OPENAI_RESPONSES:
+            blocks, head = self._responses_blocks(body, answer, event)
+        else:
+            blocks, head = _request_blocks(m.api, body, h), 0
         ok = m.outcome == "ok" and answer.message is not None
         # a stream kept in part: its message is not whole, so its blocks are not hashed
         answer_from, answer_blocks = _answer_blocks(m.api, body, blocks, answer, h) \
             if ok and not m.dropped else (len(blocks), [])
+        if m.api == OPENAI_RESPONSES and ok and not m.dropped:
+            self._chains.remember(body, answer.ident, tuple(blocks[head:] + answer_blocks))
         usage = answer.usage or (_estimate(m.api, blocks, answer) if ok else None)
         if usage is not None and usage.source == "estimate":
             self.counts["usage_estimated"] += 1
@@ -218,8 +238,31 @@ class Recorder:
                      for r in joined.results],
             user_turn=joined.user_turn)
         if self.keep_text:
-            self._write({"id": m.id, "request": body, "answer": answer.message}, text=True)
+            kept = kept_request(body) if m.api == OPENAI_RESPONSES else body
+            self._write({"id": m.id, "request": kept, "answer": answer.message}, text=True)
         return event
+
+    def _responses_blocks(self, body: dict[str, Any], answer: Answer,
+                          event: dict[str, Any]) -> tuple[list[Block], int]:
+        """A Responses API request's blocks (the response or conversation it names first)
+        and how many of them lead its items (tools, instructions); what its items and its
+        answer held besides, into `event` and the counts."""
+        counts = ItemCounts()
+        head = head_blocks(body, self._hasher)
+        prior, chain = self._chains.prior(body)
+        blocks = head + list(prior) + item_blocks(input_items(body), self._hasher, counts)
+        if chain is not None:
+            event["chain"] = chain
+            self.counts[f"chain_{chain}"] += 1
+        extra = {"reasoning_items": counts.reasoning + answer.reasoning,
+                 "unknown_items": counts.unknown + answer.unknown_items,
+                 "unknown_events": answer.unknown_events,
+                 "bad_events": answer.bad_events}
+        for key, n in extra.items():
+            if n:
+                event[key] = n
+                self.counts[key] += n
+        return blocks, len(head)
 
 
 def _json_object(raw: bytes) -> dict[str, Any] | None:
@@ -244,7 +287,8 @@ def _read_answer(m: CallMeta, response: bytes | None) -> tuple[Answer, str | Non
                 response = zlib.decompress(response, -15)
             except zlib.error:
                 return Answer(), "undecodable_body"
-    answer = parse_answer(m.api, response, m.sse)
+    answer = parse_responses(response, m.sse) if m.api == OPENAI_RESPONSES else parse_answer(
+        m.api, response, m.sse)
     return answer, None if answer.readable else "unparsable_answer"
 
 
@@ -264,6 +308,9 @@ def _answer_blocks(api: str, body: dict[str, Any], blocks: list[Block], answer: 
         return len(blocks), openai_message_blocks(answer.message, h)
     if api == ANTHROPIC:
         return len(blocks), anthropic_message_blocks(answer.message, h)
+    if api == OPENAI_RESPONSES:
+        items = answer.message if isinstance(answer.message, list) else []
+        return len(blocks), item_blocks(items, h, ItemCounts())
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -277,5 +324,7 @@ def _answer_blocks(api: str, body: dict[str, Any], blocks: list[Block], answer: 
 def _estimate(api: str, blocks: list[Block], answer: Answer) -> Usage:
     """Usage where the answer has none: the blocks' tokens, and the larger of the stream's
     token-bearing events and the answer's tokens by the rule."""
-    out = max(answer.token_events, count_tokens(answer_text(api, answer.message)))
+    text = responses_text(answer.message) if api == OPENAI_RESPONSES else answer_text(
+        api, answer.message)
+    out = max(answer.token_events, count_tokens(text))
     return Usage(sum(b.tokens for b in blocks), out, None, "estimate")

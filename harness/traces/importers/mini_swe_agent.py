@@ -3,6 +3,9 @@
 Each assistant message is an LLM call (`extra.response.usage`, `extra.timestamp` when the
 response arrived); the tool messages after it are the commands it ran (`extra.timestamp` when
 each finished, `extra.returncode`). Tool latency = tool timestamp - assistant timestamp.
+From 2.4, a response without a usable tool call is kept in the `user` message of the format
+error the agent answered it with (`extra.response`, no timestamp): an LLM call too, the format
+error the user's turn after it (a `human` step), the rejected output never sent back.
 The trajectory id is the instance id from the file name; importing a directory prefixes the
 sub-folder (`run/instance`), since one instance is often run more than once.
 """
@@ -27,7 +30,7 @@ from harness.traces.importers._common import (
 )
 from harness.traces.importers.base import Format, Imported, one_path
 from harness.traces.schema import Provenance
-from harness.userfiles import is_count, is_seconds, read_json
+from harness.userfiles import TOKEN_RULE, count_tokens, is_count, is_seconds, read_json
 
 FORMAT = "mini-swe-agent"
 OPTIONS = {"start": "zero"}  # zero | recorded (offsets of the first response across files)
@@ -87,6 +90,8 @@ class _Stats:
         self.user_folded = 0
         self.no_tool_between = 0
         self.timeouts = 0
+        self.rejected_calls = 0  # 2.4.x responses kept in format-error user messages
+        self.estimated = 0  # of those, calls whose usage was absent (estimated)
 
 
 def _get(obj: Any, keys: tuple[str, ...]) -> Any:
@@ -147,25 +152,132 @@ def _tool_step(commands: list[str], a_ts: float, tools: list[tuple[int, dict[str
                 cls in MUTATING_CLASSES, deadline)
 
 
+def _is_response(m: dict[str, Any]) -> bool:
+    """A user message holding a model response (2.4.x: a response with no usable tool call is
+    kept in the format-error message the agent answered it with, `extra.response`)."""
+    return m["role"] == "user" and isinstance(m.get("extra"), dict) and "response" in m["extra"]
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(_text(b.get("text")) if isinstance(b, dict) else _text(b)
+                         for b in content)
+    return ""
+
+
+class _Run:
+    """One file's messages becoming steps: each call and the pause before it."""
+
+    def __init__(self, src: Path, deadline: float | None, st: _Stats) -> None:
+        self.src, self.deadline, self.st = src, deadline, st
+        self.steps: list[LLM | Tool] = []
+        self.prev: tuple[int, int] | None = None  # (prompt, completion) of the last call
+        self.pending: tuple[list[str], float] | None = None  # last call's commands and time
+        self.tools: list[tuple[int, dict[str, Any]]] = []
+        self.first_ts: float | None = None
+        self.rejected = False  # the last call's response was a format error, not re-sent
+        self.context = 0  # the context the steps so far build
+        self.kept = 0  # the context before the last call's output
+        self.appended: list[str] = []  # texts since the last call (to estimate a prompt)
+
+    def pause(self) -> None:
+        """The pause before the next call (if a call came before)."""
+        if self.pending is None:
+            return
+        if self.tools:
+            self.steps.append(_tool_step(self.pending[0], self.pending[1], self.tools,
+                                         self.src, self.deadline, self.st))
+        elif self.rejected:  # the agent answered the malformed response at once
+            self.steps.append(Tool("user", "human", 0.0))
+        else:  # two calls with no command between (a format error): instant feedback
+            self.st.no_tool_between += 1
+            self.steps.append(Tool("format_error", "local_read", 0.0, "error", False, None))
+
+    def call(self, i: int, p: int, c: int, ts: float | None, commands: list[str],
+             rejected: bool) -> None:
+        """A call whose prompt had `p` tokens and whose response `c`; `rejected`: the response
+        is not sent back (a 2.4.x format error)."""
+        self.pause()
+        if ts is not None and self.first_ts is None:
+            self.first_ts = ts
+        keep = None
+        if self.rejected:  # its prompt holds the last one's, not that one's output
+            keep, inp = self.kept, p - (self.prev[0] if self.prev else 0)
+        else:
+            inp = p if self.prev is None else p - self.prev[0] - self.prev[1]
+        if inp < 0:
+            self.st.clamped_input.append(f"{self.src.name} message {i}: {inp}")
+            inp = 0
+        if c < 1:
+            self.st.clamped_output.append(f"{self.src.name} message {i}: {c}")
+        self.steps.append(LLM(inp, max(c, 1), keep))
+        self.kept = (self.context if keep is None else keep) + inp
+        self.context = self.kept + max(c, 1)
+        self.prev, self.tools, self.rejected = (p, c), [], rejected
+        self.pending = (commands, ts if ts is not None else self._last_ts())
+        self.appended = []
+
+    def _last_ts(self) -> float:
+        return self.pending[1] if self.pending is not None else 0.0
+
+    def response(self, i: int, m: dict[str, Any]) -> None:
+        """A 2.4.x user message holding a response: an LLM call (usage from the response where
+        it has it, else estimated), then the format error it got as the user's turn."""
+        where = f"{self.src}: message {i} (user, extra.response)"
+        resp = m["extra"]["response"]
+        usage = resp.get("usage") if isinstance(resp, dict) else None
+        p = c = None
+        if isinstance(usage, dict):
+            for fld, out in (("prompt_tokens", False), ("completion_tokens", True),
+                             ("input_tokens", False), ("output_tokens", True)):
+                v = usage.get(fld)
+                if v is None:
+                    continue
+                if not is_count(v):
+                    raise InputError(f"{where}: usage.{fld} must be an integer >= 0, "
+                                     f"got {quote(v)}")
+                if out and c is None:
+                    c = v
+                elif not out and p is None:
+                    p = v
+        if p is None or c is None:
+            self.st.estimated += 1
+            if p is None:
+                p = self.context + count_tokens("\n".join(self.appended))
+            if c is None:
+                c = max(1, count_tokens(_answer(resp)))
+        ts = _get(m, ("extra", "timestamp"))
+        if not is_seconds(ts):
+            created = _get(resp, ("created",))
+            ts = created if is_seconds(created) else None
+        self.st.rejected_calls += 1
+        self.call(i, p, c, ts, [], True)
+
+
+def _answer(resp: Any) -> str:
+    """The text of a response's first choice (what the model generated), for counting."""
+    msg = _get(resp, ("choices",))
+    first = msg[0] if isinstance(msg, list) and msg else None
+    return _text(_get(first, ("message", "content"))) if isinstance(first, dict) else ""
+
+
 def _convert(src: Path, data: Any, st: _Stats) -> tuple[list[LLM | Tool], float | None]:
     if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
         raise InputError(f"{src}: expected an object with a 'messages' list")
     msgs: list[Any] = data["messages"]
     timeout = _get(data, ("info", "config", "environment", "timeout"))
     deadline = float(timeout) if is_seconds(timeout) and timeout > 0 else None
-    steps: list[LLM | Tool] = []
-    prev: tuple[int, int] | None = None  # (prompt_tokens, completion_tokens) of the last call
-    pending: tuple[list[str], float] | None = None  # commands and timestamp of the last call
-    tools: list[tuple[int, dict[str, Any]]] = []
-    first_ts: float | None = None
+    run = _Run(src, deadline, st)
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise InputError(f"{src}: message {i}: expected an object with a 'role'")
         role = m["role"]
         if role == "tool":
-            if pending is None:
+            if run.pending is None:
                 raise InputError(f"{src}: message {i} (tool): no assistant message before it")
-            tools.append((i, m))
+            run.tools.append((i, m))
         elif role == "assistant":
             where = f"{src}: message {i} (assistant)"
             p = _need(m, ("extra", "response", "usage", "prompt_tokens"), is_count, where,
@@ -173,27 +285,18 @@ def _convert(src: Path, data: Any, st: _Stats) -> tuple[list[LLM | Tool], float 
             c = _need(m, ("extra", "response", "usage", "completion_tokens"), is_count, where,
                       "an integer >= 0")
             ts = _need(m, ("extra", "timestamp"), is_seconds, where, "a unix time")
-            if pending is not None:
-                if tools:
-                    steps.append(_tool_step(pending[0], pending[1], tools, src, deadline, st))
-                else:  # two calls with no command between (a format error): instant feedback
-                    st.no_tool_between += 1
-                    steps.append(Tool("format_error", "local_read", 0.0, "error", False, None))
-            first_ts = ts if first_ts is None else first_ts
-            inp = p if prev is None else p - prev[0] - prev[1]
-            if inp < 0:
-                st.clamped_input.append(f"{src.name} message {i}: {inp}")
-                inp = 0
-            if c < 1:
-                st.clamped_output.append(f"{src.name} message {i}: {c}")
-            steps.append(LLM(inp, max(c, 1)))
-            prev, pending, tools = (p, c), (_commands(m), ts), []
-        elif role == "user" and pending is not None:
+            run.call(i, p, c, ts, _commands(m), False)
+        elif _is_response(m):
+            run.response(i, m)
+        elif role == "user" and run.pending is not None:
             st.user_folded += 1  # its tokens reach the next call through prompt_tokens
-    if pending is not None and tools:
-        steps.append(_tool_step(pending[0], pending[1], tools, src, deadline, st))
+        if role in ("user", "tool") and not _is_response(m):
+            run.appended.append(_text(m.get("content")))
+    steps = run.steps
+    if run.pending is not None and run.tools:
+        steps.append(_tool_step(run.pending[0], run.pending[1], run.tools, src, deadline, st))
     st.trailing += drop_trailing_tools(steps)
-    return steps, first_ts
+    return steps, run.first_ts
 
 
 def _files(path: Path) -> list[Path]:
@@ -227,10 +330,10 @@ def import_path(path: Path, options: dict[str, str]) -> Imported:
         raise InputError(f"{path}: no *.traj.json or *.traj.json.gz files")
     st = _Stats()
     trajs: list[Trajectory] = []
-    firsts: list[float] = []  # each trajectory's first response time
+    firsts: list[float | None] = []  # each trajectory's first response time
     for src in files:
         steps, first_ts = _convert(src, read_json(src), st)
-        if not steps or first_ts is None:
+        if not steps:
             st.empty.append(src.name)
             continue
         trajs.append(Trajectory(_traj_id(path, src), steps, priority=opts["priority"],
@@ -238,10 +341,11 @@ def import_path(path: Path, options: dict[str, str]) -> Imported:
         firsts.append(first_ts)
     if not trajs:
         raise InputError(f"{path}: no trajectory with an LLM call")
-    if opts["start"] == "recorded":
-        t0 = min(firsts)
+    known = [f for f in firsts if f is not None]
+    if opts["start"] == "recorded" and known:
+        t0 = min(known)
         for t, f in zip(trajs, firsts, strict=True):
-            t.start_s = round(f - t0, 6)
+            t.start_s = 0.0 if f is None else round(f - t0, 6)
     return Imported(build_frame(trajs), _provenance(files, opts, len(trajs), st), _warnings(st))
 
 
@@ -292,13 +396,28 @@ def _provenance(files: list[Path], opts: dict[str, str], trajectories: int,
             "step of their own: their tokens are in the next call's input",
             f"{st.no_tool_between} pairs of calls with no command between got an instant "
             "'format_error' tool step",
+            *_rejected_notes(st),
         ],
         extra={"files": len(files), "trajectories": trajectories, "skipped_empty": len(st.empty),
                "inputs_clamped": len(st.clamped_input),
                "outputs_clamped": len(st.clamped_output),
                "negative_latencies_clamped": len(st.negative_latency),
-               "trailing_tools_dropped": st.trailing, "timeouts": st.timeouts},
+               "trailing_tools_dropped": st.trailing, "timeouts": st.timeouts,
+               **({"format_error_calls": st.rejected_calls,
+                   "format_error_calls_estimated": st.estimated} if st.rejected_calls else {})},
     )
+
+
+def _rejected_notes(st: _Stats) -> list[str]:
+    """Notes on 2.4.x responses kept in format-error messages (none for files without)."""
+    if not st.rejected_calls:
+        return []
+    return [f"{st.rejected_calls} responses kept in a format-error user message "
+            "(extra.response, 2.4.x) are LLM calls, their usage from the response "
+            f"({st.estimated} without usage estimated by {TOKEN_RULE}); the format error is "
+            "the user's turn after it (a 'human' step of 0 s, the agent answering at once), "
+            "and the next call's context drops the rejected output (keep_tokens), which is "
+            "never sent back"]
 
 
 IMPORTER = Format("mini-swe-agent", one_path(import_path), many=False)

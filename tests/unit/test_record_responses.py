@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 
 from harness.proxy.answers import OPENAI_RESPONSES, FirstToken, api_of
+from harness.proxy.hashing import Hasher, other_block
+from harness.proxy.responses import Chains
 from harness.proxy.store import EVENTS, META, TEXT, read_recording
 from harness.traces.importers import import_trace
 from harness.traces.validate import check_frame
@@ -215,3 +217,20 @@ def test_the_responses_paths_and_first_token() -> None:
     assert FirstToken(OPENAI_RESPONSES).feed(calls_only[2])  # a tool call's start
     odd = FirstToken(OPENAI_RESPONSES)
     assert not odd.feed(b'data: {"type": ["x"], "item": {"type": ["y"]}}\n\n')
+
+
+def test_the_responses_held_for_chains_are_bounded() -> None:
+    h = Hasher(b"k" * 32)
+    chains = Chains(max_blocks=10)
+    blocks = tuple(other_block(h, i) for i in range(4))
+    for i in range(5):
+        chains.remember({"conversation": {"id": "conv"}} if i == 4 else {}, f"r{i}", blocks)
+    assert chains.prior({"previous_response_id": "r2"}) == ((), "unknown")  # dropped
+    assert chains.prior({"previous_response_id": "r4"}) == (blocks, "known")
+    assert chains.prior({"conversation": "conv"}) == (blocks, "known")
+    assert chains.prior({"conversation": "other"}) == ((), "new")
+    assert chains.prior({"previous_response_id": 7}) == ((), None)
+    huge = tuple(other_block(h, i) for i in range(30))
+    chains.remember({}, "big", huge)  # past the bound alone: the newest stays
+    assert chains.prior({"previous_response_id": "big"}) == (huge, "known")
+    assert chains.prior({"previous_response_id": "r4"}) == ((), "unknown")

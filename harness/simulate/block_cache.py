@@ -62,10 +62,8 @@ class BlockCache:
         self.g_span = [0] * groups
         self.g_users = [0] * groups
         self.freed = 0  # what the last `reuse` gave back to the pool (below 0: took)
-        # the pinned paused contexts (trajectory index -> it), and the tokens they hold beyond
-        # their groups' shared prefixes (what releasing them all gives back at least)
+        # the pinned paused contexts (trajectory index -> it)
         self.pins: dict[int, Trajectory] = {}
-        self.pinned = 0
 
     def whole(self, n: int) -> int:
         """`n` tokens rounded down to whole blocks."""
@@ -218,14 +216,19 @@ class BlockCache:
         """`tr`'s paused context, held out of eviction from `t` on, is a pin."""
         if tr.pin_at < 0:
             self.pins[tr.ti] = tr
-            self.pinned += self.own_part(tr)
             tr.pin_at = t
 
     def unpin(self, tr: Trajectory) -> None:
-        """`tr` holds no pin any more (called before what it holds changes)."""
-        if self.pins.pop(tr.ti, None) is not None:
-            self.pinned -= self.own_part(tr)
+        """`tr` holds no pin any more."""
+        self.pins.pop(tr.ti, None)
         tr.pin_at = -1.0
+
+    def releasable(self, keep: Trajectory | None) -> int:
+        """The tokens that releasing every pin the valve may release (but `keep`'s) gives back
+        to the pool at least: what they hold beyond their groups' shared prefixes, as they hold
+        it now (a pin's context changes while it is pinned: counted when asked, not kept)."""
+        return sum(self.own_part(p) for p in self.pins.values()
+                   if p.state == KEPT and p is not keep)
 
     def victim(self, keep: Trajectory | None, order: str, ids: list[str]) -> Trajectory | None:
         """The pin the valve releases first under `order` (harness.policies.pin_release),

@@ -33,6 +33,7 @@ TIMEOUT_ERROR = 1  # an error call_end's b (NaN prompt_n): 1 the client's timeou
 KV_STATUS_AT = len(OUTCOMES)  # where each group starts in the status vocabulary
 END_STATUS_AT = KV_STATUS_AT + len(KV_STATUSES)
 HINT_STATUS_AT = END_STATUS_AT + len(END_STATUSES)
+_DEFERRED = HINT_OUTCOMES.index("deferred")
 NS = 1_000_000_000
 # The columns `decode` builds, by group; it returns those of RECORDS_SCHEMA in its order.
 _IDENTITY = ("run_id", "seq", "t_ns", "event", "trajectory_id", "traffic", "step", "slot")
@@ -95,9 +96,9 @@ def decode(blocks: list[tuple[np.ndarray, ...]], texts: pa.Array,
             # The simulator spaces a call's tokens evenly (decode_ms): no streamed chunk times.
             "token_gaps": pa.nulls(p.n, pa.binary()),
             "parent_id": _parent_column(p),
-            # a hint_outcome's (clipped: how long its pin was held)
-            "held_s": p.column({E_HINT_OUTCOME: p.b[p.sl[E_HINT_OUTCOME]]}, pa.float64()),
-            "hint_delay_s": pa.nulls(p.n, pa.float64()),
+            # a hint_outcome's b: how long a clipped pin was held, how late a deferred hint's
+            # offload or drop was applied
+            **_hint_times(p),
             **_start_columns(p)}
     return [cols[name] for name in RECORD_COLUMNS]
 
@@ -272,6 +273,15 @@ def _detail_column(p: _Part, texts: pa.Array, ends: _CallEnds) -> pa.Array:
     dec_a = p.a[p.sl[E_DECISION]].astype(np.int64)
     return p.strings({E_DECISION: dec_a // 8, E_CALL_END: err_detail,
                       E_HINT_OUTCOME: p.d[p.sl[E_HINT_OUTCOME]].astype(np.int64)}, vocab)
+
+
+def _hint_times(p: _Part) -> dict[str, pa.Array]:
+    """held_s and hint_delay_s: a hint_outcome's b, by its outcome (deferred: the delay)."""
+    b = p.b[p.sl[E_HINT_OUTCOME]]
+    deferred = p.a[p.sl[E_HINT_OUTCOME]].astype(np.int64) // 8 == _DEFERRED
+    return {"held_s": p.column({E_HINT_OUTCOME: np.where(deferred, np.nan, b)}, pa.float64()),
+            "hint_delay_s": p.column({E_HINT_OUTCOME: np.where(deferred, b, np.nan)},
+                                     pa.float64())}
 
 
 def _parent_column(p: _Part) -> pa.Array:

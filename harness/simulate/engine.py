@@ -280,9 +280,12 @@ class Engine(EngineState):
         """The scheduler's call: serve a control task (between iterations)."""
         if kind == T_FINISH:
             self.end_trajectory(tr, t, a, b)
-        elif tr.state == DONE and kind != T_DROP:
+            return
+        if tr.state == DONE and kind != T_DROP:
             return  # the trajectory ended while the task waited
-        elif kind == T_DROP:
+        if tr.hint >= 0 and kind != T_RESTORE and t - tr.asked > tr.late:
+            tr.late = t - tr.asked  # its pause's offload or drop, applied now
+        if kind == T_DROP:
             if tr.slot >= 0 or tr.held:
                 self.release(tr, t, a, b)
             if tr.state == WAIT_DROP:
@@ -325,6 +328,7 @@ class Engine(EngineState):
         rb[row + F_PA_WAIT] = wait
         if code & 7 != A_EVICTABLE:  # it sends the server a hint: its outcome is open
             tr.hint = g
+            tr.late = 0.0
         if kids is None:
             te = t + (lt if returns else dlt)
             if returns and self.pins is not None:  # pinned: when the replay's did (or now)

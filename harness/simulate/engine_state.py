@@ -300,6 +300,7 @@ class EngineState:
             return
         tr.swap_reason = reason
         tr.state = SWAPPING
+        tr.asked = t
         self.sched.defer(T_SWAP_OUT, tr, 0, 0, t)
 
     def drop(self, tr: Trajectory, t: float, reason: int) -> None:
@@ -309,6 +310,7 @@ class EngineState:
         if self.cache is not None:
             tr.grp = -1  # its calls carry a fresh cache salt from now on: they share nothing
         tr.state = DROPPING
+        tr.asked = t
         self.sched.defer(T_DROP, tr, reason, tr.pos - tr.first, t)
 
     def restored(self, tr: Trajectory) -> None:

@@ -69,6 +69,10 @@ class Trajectory:
         self.arrived = 0.0
         self.pin_at = -1.0
         self.hint = -1
+        # an offload or drop its pause asked for: when it was asked, and how late the engine
+        # applied the latest (its hint is deferred when DEFERRED_AFTER_S or more)
+        self.asked = 0.0
+        self.late = 0.0
 
 
 # A step's row of the per-step record fields (harness.simulate.steps.StepColumns): the loop

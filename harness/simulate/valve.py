@@ -27,7 +27,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from harness.policies.pin_release import ACCEPTED, CLIPPED, HINT_OUTCOMES, REJECTED
+from harness.policies.pin_release import (
+    ACCEPTED,
+    CLIPPED,
+    DEFERRED,
+    DEFERRED_AFTER_S,
+    HINT_OUTCOMES,
+    REJECTED,
+)
 from harness.simulate.decode import E_KV_STATE, KV_STATUSES
 from harness.simulate.trajectory import (
     F_HO_CODE,
@@ -44,6 +51,7 @@ if TYPE_CHECKING:
 # a hint's outcome as the loop records it: an index into HINT_OUTCOMES
 H_ACCEPTED: Final = HINT_OUTCOMES.index(ACCEPTED)
 H_CLIPPED: Final = HINT_OUTCOMES.index(CLIPPED)
+H_DEFERRED: Final = HINT_OUTCOMES.index(DEFERRED)
 H_REJECTED: Final = HINT_OUTCOMES.index(REJECTED)
 KV_EVICTABLE: Final = KV_STATUSES.index("evictable")  # a kv_state: left to the cache
 NAN: Final = float("nan")
@@ -63,6 +71,7 @@ class Valve:
         self.r_end = text("trajectory-end")
         self.r_refused = text("refused")
         self.d_host_full = text("host tier full")
+        self.r_late = text("applied late")
 
     def relieve(self, tr: Trajectory | None, t: float) -> bool:
         """The engine cannot admit `tr` at `t` (None: grow its running calls): release the first
@@ -75,8 +84,8 @@ class Valve:
         if tr is not None:
             b = cache.block
             need = e.adm[tr.pos] if tr.state != PREEMPTED else -(-(tr.ret + 1) // b) * b
-            spare = (e.free_units() + cache.pinned - need + tr.held - cache.join_cost(tr)
-                     - (cache.own_part(tr) if tr.pin_at >= 0 else 0))
+            spare = (e.free_units() + cache.releasable(tr) - need + tr.held
+                     - cache.join_cost(tr))
             if spare < 0 or (e.growth is not None and spare < e.growth.owed(t, spare)):
                 return False
         p = cache.victim(tr, self.order, e.ids)
@@ -93,7 +102,13 @@ class Valve:
     def settle(self, tr: Trajectory, t: float, outcome: int, reason: int, held_s: float = NAN,
                detail: int = 0) -> None:
         """Record at `t` what became of the hint `tr`'s pause (its step `tr.hint`) sent:
-        `outcome` (H_*), why (a text), how long it was held (clipped) and a detail text."""
+        `outcome` (H_*), why (a text), how long it was held (clipped) and a detail text. An
+        accepted hint whose offload or drop the engine applied DEFERRED_AFTER_S or more after
+        it was asked (a task waiting for the running iteration's end) is deferred, with that
+        delay in the held field's place (decode: hint_delay_s)."""
+        if outcome == H_ACCEPTED and tr.late >= DEFERRED_AFTER_S:
+            outcome, reason, held_s = H_DEFERRED, self.r_late, tr.late
+        tr.late = 0.0
         e = self.engine
         row = e.stamp(tr.hint, F_HO_T, t)
         tr.hint = -1

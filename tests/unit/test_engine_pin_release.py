@@ -17,9 +17,11 @@ import pytest
 
 from harness.policies.pin_release import PIN_RELEASE_ORDERS
 from harness.records.store import read_records
+from harness.simulate.block_cache import BlockCache
 from harness.simulate.options import SimOptions
 from harness.simulate.run import Arrivals, run_simulation
 from harness.simulate.server import Capacity
+from harness.simulate.trajectory import DROPPED, KEPT, Trajectory
 from tests.unit.test_simulate import CAL, ev, llm, t_s, tool, trace
 
 TRAJS = {"a": [llm(100, 10), tool(0.5), llm(20, 5)], "b": [llm(40, 10), tool(5.0), llm(20, 5)],
@@ -95,3 +97,53 @@ def test_on_vllm_a_running_call_that_cannot_grow_releases_a_pin(tmp_path: Path) 
     df, sim = simulate(tmp_path, "largest", FULL, "vllm")
     assert sim["pins_released"] >= 1 and sim["preempted_calls"] == 0
     assert ev(df, "hint_outcome", "c")["status"].tolist() == ["clipped"]
+
+
+def test_what_the_valve_may_release_is_counted_as_the_pins_hold_it_now() -> None:
+    # A pin's context changes while it is pinned (a shared prefix it joins, a call resumed
+    # onto it): what releasing the pins gives back is what they hold when asked. (A running
+    # count taken at pin and unpin went below 0 on vLLM's replays and kept the valve shut.)
+    cache = BlockCache(16, 1 << 30)
+    a, b, c = (Trajectory(k, 0, 2) for k in range(3))
+    for tr, held in ((a, 160), (b, 64), (c, 32)):
+        tr.held, tr.state = held, KEPT
+        cache.pin(tr, 1.0)
+    assert cache.releasable(None) == 256 and cache.releasable(a) == 96
+    a.held = 32  # its context shrank while pinned
+    assert cache.releasable(None) == 128
+    cache.unpin(b)
+    c.state = DROPPED  # no longer held for a pause: not the valve's to release
+    assert cache.releasable(None) == 32 and cache.releasable(a) == 0
+
+
+def deferred_run(tmp: Path, with_prefill: bool) -> pd.DataFrame:
+    # b's call ends at once; its pause asks for an offload, which the engine applies between
+    # iterations: behind a's 1,000-token prefill (about 1 s at CAL's 1 ms a token), or at once
+    trajs = {"b": [llm(10, 1), tool(2.0), llm(10, 1)]}
+    starts = {"b": 0.0}
+    if with_prefill:
+        trajs["a"], starts["a"] = [llm(1000, 1)], 0.005
+    out = tmp / f"deferred-{with_prefill}"
+    run_simulation(SimOptions(trace(tmp, trajs, starts), "swap", {}, Capacity(
+        tokens=4096, engine="vllm", block_size=16), None, Arrivals("trace", 8, 1.0), 0, out,
+        write_summary=False), CAL)
+    return read_records(out)
+
+
+def test_an_offload_applied_behind_a_long_iteration_is_deferred_with_its_delay(
+        tmp_path: Path) -> None:
+    df = deferred_run(tmp_path, True)
+    hint = ev(df, "hint_outcome", "b").iloc[0]
+    # applied at the end of the iteration it waited for (a's prefill; its copy ends later)
+    asked, applied = t_s(df, "pause_decision", "b"), t_s(df, "first_token", "a")
+    assert asked < 0.1 and applied < t_s(df, "swap_out", "b")
+    assert (hint["status"], hint["reason"], hint["action"]) == ("deferred", "applied late",
+                                                                "swap")
+    assert hint["hint_delay_s"] == pytest.approx(applied - asked, abs=1e-9)
+    assert hint["hint_delay_s"] >= 0.1 and pd.isna(hint["held_s"])
+
+
+def test_an_offload_applied_at_once_is_accepted(tmp_path: Path) -> None:
+    hint = ev(deferred_run(tmp_path, False), "hint_outcome", "b").iloc[0]
+    assert (hint["status"], hint["reason"]) == ("accepted", "resumed")
+    assert pd.isna(hint["hint_delay_s"]) and pd.isna(hint["held_s"])

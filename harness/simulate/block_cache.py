@@ -223,17 +223,21 @@ class BlockCache:
         self.pins.pop(tr.ti, None)
         tr.pin_at = -1.0
 
-    def releasable(self, keep: Trajectory | None) -> int:
-        """The tokens that releasing every pin the valve may release (but `keep`'s) gives back
-        to the pool at least: what they hold beyond their groups' shared prefixes, as they hold
-        it now (a pin's context changes while it is pinned: counted when asked, not kept)."""
+    def releasable(self, keep: Trajectory | None, after: float = -1.0) -> int:
+        """The tokens that releasing every pin the valve may release (but `keep`'s; only those
+        of trajectories that arrived after `after`) gives back to the pool at least: what they
+        hold beyond their groups' shared prefixes, as they hold it now (a pin's context changes
+        while it is pinned: counted when asked, not kept)."""
         return sum(self.own_part(p) for p in self.pins.values()
-                   if p.state == KEPT and p is not keep)
+                   if p.state == KEPT and p is not keep and p.arrived > after)
 
-    def victim(self, keep: Trajectory | None, order: str, ids: list[str]) -> Trajectory | None:
+    def victim(self, keep: Trajectory | None, order: str, ids: list[str],
+               after: float = -1.0) -> Trajectory | None:
         """The pin the valve releases first under `order` (harness.policies.pin_release),
-        never `keep`'s (the trajectory being admitted); None: there is none."""
-        views = {ids[p.ti]: p for p in self.pins.values() if p.state == KEPT and p is not keep}
+        never `keep`'s (the trajectory being admitted), only of a trajectory that arrived after
+        `after`; None: there is none."""
+        views = {ids[p.ti]: p for p in self.pins.values()
+                 if p.state == KEPT and p is not keep and p.arrived > after}
         if not views:
             return None
         ranked = release_order([PinView(name, p.arrived, p.pin_at, -(-p.held // self.block))

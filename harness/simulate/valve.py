@@ -11,7 +11,11 @@ order (harness.policies.pin_release: `latest-program`, `lru`, `largest`) until i
 pin of the call being admitted. A released pin's blocks go to the evictable cache, where a
 resume that comes soon may still hit them; its trajectory resumes as after keep-evictable. To
 admit a call, the valve opens only when releasing every other pin would make room for it: else
-the call waits for the running calls, as it would with nothing pinned.
+the call waits for the running calls, as it would with nothing pinned. Under `latest-program`
+(programs first come, first served, as Continuum serves them) those are only the pins of
+trajectories that arrived after the call's own while any call runs: an earlier program's pin
+is taken for a later program's call only when nothing else would end the stall (as the vLLM
+connector's valve does: a trajectory is its session there).
 
 Every pause that sends the server a hint (keep, swap, recompute, ttl: not keep-evictable, as
 the replay's harness.replay.hints) gets one hint_outcome record (`settle`): `clipped` when its
@@ -33,6 +37,7 @@ from harness.policies.pin_release import (
     DEFERRED,
     DEFERRED_AFTER_S,
     HINT_OUTCOMES,
+    LATEST_PROGRAM,
     REJECTED,
 )
 from harness.simulate.decode import E_KV_STATE, KV_STATUSES
@@ -81,14 +86,19 @@ class Valve:
         cache = e.cache
         if cache is None or not cache.pins:
             return False
+        after = -1.0
         if tr is not None:
+            # Continuum's programs first come, first served: a call waits for the running
+            # calls rather than take an earlier program's pin, unless nothing runs
+            if self.order == LATEST_PROGRAM and not e.sched.idle():
+                after = tr.arrived
             b = cache.block
             need = e.adm[tr.pos] if tr.state != PREEMPTED else -(-(tr.ret + 1) // b) * b
-            spare = (e.free_units() + cache.releasable(tr) - need + tr.held
+            spare = (e.free_units() + cache.releasable(tr, after) - need + tr.held
                      - cache.join_cost(tr))
             if spare < 0 or (e.growth is not None and spare < e.growth.owed(t, spare)):
                 return False
-        p = cache.victim(tr, self.order, e.ids)
+        p = cache.victim(tr, self.order, e.ids, after)
         if p is None:
             return False
         held, held_s = p.held, t - p.pin_at

@@ -52,6 +52,55 @@ def test_the_valve_orders_agree_with_the_harness() -> None:
     assert valve.program("run/t1/3") == "run/t1" and valve.program("plain") == "plain"
 
 
+class _Kv:
+    holds_kv = True
+
+    def __init__(self, tokens: int) -> None:
+        self.kv_allocated_len = tokens
+
+
+class _Session:
+    streaming, _inflight, close_on_finish = True, False, False
+
+    def __init__(self, ended: float) -> None:
+        self.harness_ended = self.last_active_time = ended
+
+
+class _Scheduler:
+    """What the valve reads of SGLang's scheduler: its sessions and their KV."""
+
+    def __init__(self, sessions: dict[str, tuple[float, int]]) -> None:
+        self.closed: list[str] = []
+        self.session_controller = self
+        self.sessions = {sid: _Session(ended) for sid, (ended, _) in sessions.items()}
+        self._kv = {sid: _Kv(tokens) for sid, (_, tokens) in sessions.items()}
+        self.tree_cache = self
+
+    def session_records(self) -> dict[str, _Kv]:
+        return self._kv
+
+    def _close(self, sid: str) -> None:
+        self.closed.append(sid)
+        del self.sessions[sid], self._kv[sid]
+
+
+class _Req:
+    def __init__(self, session_id: str | None) -> None:
+        self.session_id = session_id
+
+
+def test_latest_program_closes_only_later_programs_sessions_for_a_waiting_request() -> None:
+    v = valve.Valve("latest-program")
+    v.scheduler = _Scheduler({"r/a/1": (1.0, 10), "r/b/1": (2.0, 20), "r/c/1": (3.0, 30)})
+    v.arrived = {"r/a": 100.0, "r/b": 100.5, "r/c": 100.7}
+    after_b = v.arrival(_Req("r/b/2"))
+    assert after_b == 100.5 and v.arrival(_Req(None)) > 100.7  # no session: a newcomer
+    assert v.release_one("wait", after_b) and v.scheduler.closed == ["r/c/1"]
+    assert not v.release_one("wait", after_b)  # a's is earlier than b's program: kept
+    assert v.release_one("nothing runs") and v.scheduler.closed == ["r/c/1", "r/b/1"]
+    assert [r["session"] for r in v.releases] == ["r/c/1", "r/b/1"]
+
+
 def test_the_launcher_configures_the_valve(tmp_path: Any) -> None:
     on = LocalSglangServer(SglangServerConfig(model=tmp_path, pin_release="lru"),
                            tmp_path / "log", python=tmp_path / "python")

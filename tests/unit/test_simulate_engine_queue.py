@@ -23,11 +23,12 @@ TRAJS = {"a": [llm(100, 10), tool(1.0), llm(20, 5)], "b": [llm(50, 200)], "c": [
 STARTS = {"a": 0.0, "b": 0.0, "c": 1.1}
 
 
-def run(tmp: Path, cap: Capacity, timeout_s: float = 600.0) -> pd.DataFrame:
+def run(tmp: Path, cap: Capacity, timeout_s: float = 600.0,
+        pin_release: str = "latest-program") -> pd.DataFrame:
     out = tmp / "out"
     run_simulation(SimOptions(trace(tmp, TRAJS, STARTS), "keep", {}, cap, None, Arrivals("trace",
                               8, 1.0), 0, out, write_summary=False,
-                              first_token_timeout_s=timeout_s), CAL)
+                              first_token_timeout_s=timeout_s, pin_release=pin_release), CAL)
     return read_records(out)
 
 
@@ -45,17 +46,27 @@ def test_a_pinned_resume_grows_ahead_of_an_earlier_call(tmp_path: Path) -> None:
 
 
 def test_on_sglang_the_valve_releases_the_pin_that_stops_an_earlier_call(tmp_path: Path) -> None:
-    # c needs 70 of the 40 left beside b's 250 and a's pinned 110: a's pin goes to the cache
-    # at 1.1 s (held 0.842 s since its pause), c starts then, and a's resume reuses the 80 of
-    # its context that c's call did not evict, once c has ended
-    df = run(tmp_path, Capacity(tokens=400, engine="sglang", block_size=1))
+    # c needs 70 of the 40 left beside b's 250 and a's pinned 110: under lru a's pin goes to
+    # the cache at 1.1 s (held 0.842 s since its pause), c starts then, and a's resume reuses
+    # the 80 of its context that c's call did not evict, once c has ended
+    df = run(tmp_path, Capacity(tokens=400, engine="sglang", block_size=1), pin_release="lru")
     assert t_s(df, "call_start", "c") == 1.1
     hint = ev(df, "hint_outcome").iloc[0]
     assert (hint["trajectory_id"], hint["status"], hint["reason"]) == (
-        "a", "clipped", "valve: latest-program")
+        "a", "clipped", "valve: lru")
     assert hint["held_s"] == pytest.approx(1.1 - t_s(df, "pause_decision", "a"))
     assert ev(df, "call_end", "a")["cached_tokens"].tolist() == [0, 80]
     assert t_s(df, "call_start", "a", 1) == pytest.approx(t_s(df, "trajectory_end", "c"))
+    assert ev(df, "trajectory_end")["status"].tolist() == ["completed"] * 3
+
+
+def test_latest_program_keeps_an_earlier_program_s_pin_while_calls_run(tmp_path: Path) -> None:
+    # programs first come, first served: c, which arrived after a, does not take a's pin while
+    # b runs; a resumes onto it, and c starts once the pool has room without it
+    df = run(tmp_path, Capacity(tokens=400, engine="sglang", block_size=1))
+    assert t_s(df, "call_start", "c") > 1.1
+    assert t_s(df, "call_start", "a", 1) == t_s(df, "tool_end", "a")
+    assert ev(df, "hint_outcome")["status"].tolist() == ["accepted"]
     assert ev(df, "trajectory_end")["status"].tolist() == ["completed"] * 3
 
 

@@ -84,8 +84,8 @@ def test_on_vllm_a_pinned_resume_waits_behind_an_earlier_call(tmp_path: Path) ->
     # at 1.1 s needing 201 of the pool b's decode is filling. vLLM serves one FCFS queue whose
     # head blocks the rest: a waits behind c until b's end frees the pool; SGLang's model lets
     # a's resume, which holds its context, grow first. On vLLM c's 201 fit beside b once a's
-    # pin is released (the valve, at 1.1 s), which SGLang's model, reserving b's whole output,
-    # cannot do: there c waits for b.
+    # pin is released (the valve under lru, at 1.1 s), which SGLang's model, reserving b's
+    # whole output, cannot do: there c waits for b.
     trajs = {"a": [llm(100, 10), tool(1.0), llm(20, 5)], "b": [llm(50, 200)],
              "c": [llm(200, 10)]}
     path = trace(tmp_path, trajs, {"a": 0.0, "b": 0.0, "c": 1.1})
@@ -93,7 +93,7 @@ def test_on_vllm_a_pinned_resume_waits_behind_an_earlier_call(tmp_path: Path) ->
         out = tmp_path / engine
         run_simulation(SimOptions(path, "keep", {}, Capacity(tokens=400, engine=engine,
                                   block_size=1), None, Arrivals("trace", 8, 1.0), 0, out,
-                                  write_summary=False), CAL)
+                                  write_summary=False, pin_release="lru"), CAL)
         df = read_records(out)
         resumed = t_s(df, "call_start", "a", 1)
         if engine == "vllm":

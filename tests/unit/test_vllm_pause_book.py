@@ -251,13 +251,27 @@ def test_the_valve_releases_pins_in_its_order_until_the_call_fits(
 
 
 def test_the_valve_costs_nothing_with_room_and_spares_the_call_s_own_and_running_pins() -> None:
-    book, pool, _ = _pinned_three("latest-program")
+    book, pool, _ = _pinned_three("lru")
     assert book.make_room(2) == 0  # room already: nothing released
     book.started("q9", "r/c")  # c's next call runs: its pin's blocks are the call's too
     assert book.make_room(5, exclude="r/b") == 1  # neither b (the caller's) nor c (running)
     assert sorted(book.pins) == ["r/b", "r/c"]
     book.forget_request("q9")
-    assert book.make_room(12) == 2 and book.pins == {}  # nothing left to give: all released
+    # more than releasing every pin would give: none is released, the call waits
+    assert book.make_room(13) == 0 and sorted(book.pins) == ["r/b", "r/c"]
+    assert book.make_room(12) == 2 and book.pins == {}  # releasing all is just enough
+
+
+def test_latest_program_takes_no_earlier_program_s_pin_while_a_call_runs() -> None:
+    # programs first come, first served: while anything runs, a call may release only the
+    # pins of sessions that arrived after its own; when nothing runs, any (else a stall)
+    book, _, _ = _pinned_three("latest-program")
+    book.started("q9", "r/x")  # another session's call runs
+    assert book.make_room(4, exclude="r/c") == 0  # c arrived last: no pin is later than its
+    assert book.make_room(4, exclude="r/b") == 1 and sorted(book.pins) == ["r/a", "r/b"]
+    assert book.make_room(5) == 0  # a call of no session arrives now: after every pin
+    book.forget_request("q9")  # nothing runs
+    assert book.make_room(5, exclude="r/a") == 1 and sorted(book.pins) == ["r/a"]
 
 
 def test_a_fate_is_answered_once_to_the_session_s_next_control() -> None:

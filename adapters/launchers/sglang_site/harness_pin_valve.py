@@ -11,7 +11,9 @@ Where it acts (sglang/srt/managers/scheduler.py, schedule_batch.py):
 - `Scheduler.get_new_batch_prefill`: when it formed no batch while requests wait, because a
   waiting request did not fit (SGLang then marks the running batch full) or nothing runs, a
   session is closed and admission is tried again, until a batch forms or no session is left
-  to close;
+  to close; under `latest-program` (programs first come, first served, as Continuum serves
+  them), while requests run, only sessions of programs that arrived after the first waiting
+  request's (a request of no session: after now);
 - `ScheduleBatch.check_decode_mem`: when the next decode step does not fit, sessions are
   closed until it does, before SGLang would retract a running request.
 Neither costs anything while the pool has room: the valve looks only once SGLang has failed.
@@ -112,9 +114,16 @@ class Valve:
                            int(kv.kv_allocated_len)))
         return out
 
-    def release_one(self, why: str) -> bool:
-        """Close the first session in the order; False when none can be released."""
-        pins = self.pins()
+    def arrival(self, req: Any) -> float:
+        """When the program of a waiting request arrived (a request of no session, or of one
+        not seen open: now)."""
+        sid = getattr(req, "session_id", None)
+        return self.arrived.get(program(sid), time.monotonic()) if sid else time.monotonic()
+
+    def release_one(self, why: str, after: float | None = None) -> bool:
+        """Close the first session in the order (of a program that arrived after `after`,
+        unless None); False when none can be released."""
+        pins = [p for p in self.pins() if after is None or p.arrived > after]
         if not pins:
             return False
         sid = ranked(pins, self.order)[0]
@@ -151,7 +160,9 @@ def patch(module: ModuleType, valve: Valve) -> None:
         # not fit, and an empty batch can free nothing): release a session and try again.
         while (plan.batch_to_run is None and self.waiting_queue and self.chunked_req is None
                and (plan.running_batch.is_empty() or plan.running_batch.batch_is_full)
-               and valve.release_one("a waiting request could not be admitted")):
+               and valve.release_one("a waiting request could not be admitted", (
+                   valve.arrival(self.waiting_queue[0]) if valve.order == "latest-program"
+                   and not plan.running_batch.is_empty() else None))):
             # what a leaving request does in SGLang: the freed memory reopens admission
             plan.running_batch.batch_is_full = False
             plan = prefill(self, plan.running_batch)

@@ -398,19 +398,28 @@ class Book:
     # ---- the valve ----------------------------------------------------------------------
     def make_room(self, need: int, exclude: str | None = None) -> int:
         """The engine needs `need` free blocks to admit or grow a call: release pins (but
-        `exclude`'s, the call's own) in the declared order until it has them. Their blocks go
-        to the evictable cache. Returns how many pins were released (0 at once when the pool
-        has room or nothing is pinned)."""
+        `exclude`'s, the call's own, and those of sessions with a call running) in the declared
+        order until it has them, if releasing them all would; else none (the call waits for
+        the running calls, as with nothing pinned). Under `latest-program` (programs first
+        come, first served, as Continuum serves them), while any call runs, only the pins of
+        sessions that arrived after the call's own (a call of no session: after now). Their
+        blocks go to the evictable cache. Returns how many pins were released (0 at once when
+        the pool has room or nothing is pinned)."""
         if not self.pins or self.pool.free_count() >= need:
             return 0
-        released = 0
         busy = set(self._running.values())
-        for session in release_order(self.pins, self.arrived, self.limits.release_order,
-                                     exclude):
+        order = release_order(self.pins, self.arrived, self.limits.release_order, exclude)
+        if self.limits.release_order == "latest-program" and busy:
+            mine = self.arrived.get(exclude, self.clock()) if exclude is not None else (
+                self.clock())
+            order = [s for s in order if self.arrived.get(s, self.pins[s].since) > mine]
+        order = [s for s in order if s not in busy]
+        if self.pool.free_count() + sum(len(self.pins[s].blocks) for s in order) < need:
+            return 0
+        released = 0
+        for session in order:
             if self.pool.free_count() >= need:
                 break
-            if session in busy:
-                continue
             pin = self.pins[session]
             self.valve["blocks"] += len(pin.blocks)
             self._unpin(session, "valve")

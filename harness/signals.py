@@ -36,6 +36,12 @@ def at_force_exit(hook: Callable[[], None]) -> None:
         _at_force_exit.append(hook)
 
 
+def forget_at_force_exit(hook: Callable[[], None]) -> None:
+    """Drop a hook `at_force_exit` registered (what it would stop has ended)."""
+    with contextlib.suppress(ValueError):
+        _at_force_exit.remove(hook)
+
+
 def force_exit(signum: int) -> None:
     """Kill every local server this process started (by process group) and leave now, with
     the signal's exit code."""

@@ -13,20 +13,18 @@ Faults: an actor that dies is recorded (its unfinished trajectories `failed`, re
 `worker-lost`) and the run goes on with the others; a shard's server error, the local server's
 exit, Ctrl-C or SIGTERM stop every actor (each records what it measured and frees its slots),
 then the actors, the Ray instance and the local server are stopped; nothing is left running.
+A stop signal is acted on whenever it comes: one while Ray or its actors start stops them once
+Ray's call has returned (harness.distributed.instance), and the run ends interrupted.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import secrets
 import shutil
-import signal
-import socket
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,11 +34,11 @@ from harness.adapters.base import RuntimeSession
 from harness.adapters.http import connect
 from harness.adapters.launchers.process import processes_of
 from harness.adapters.runtimes import get_runtime
-from harness.distributed.worker import LoadGenerator
+from harness.distributed.instance import check_reachable, fleet, import_ray
 from harness.errors import HarnessError, InputError, ServerError, Terminated
 from harness.plan.planner import Plan
 from harness.plan.shard import Shard, check_shardable, shard_plan
-from harness.records.manifest import CpuPinning, RunManifest
+from harness.records.manifest import CpuPinning, Outcome, RunManifest
 from harness.records.merge import Planned, ShardInput, merge_shards
 from harness.records.store import RECORDS_DIR, SERVER_METRICS_DIR, ensure_out_dir
 from harness.replay import loop, pinning
@@ -54,16 +52,6 @@ START_LEAD_S = 0.5  # from the last load generator ready to the run's shared sta
 READY_TIMEOUT_S = 180.0  # for the actors to start (a cold Ray node imports the harness)
 STOP_GRACE_S = loop.CLEANUP_S + 10.0  # for stopped shards to record and free what they hold
 POLL_S = 0.25
-
-
-def import_ray() -> Any:
-    """The ray module; InputError naming the extra to install when it is missing."""
-    try:
-        import ray
-    except ImportError:
-        raise InputError("--workers needs Ray: install the extra, pip install "
-                         "'agent-pause-harness[distributed]' (make setup does)") from None
-    return ray
 
 
 def shard_dir(out: Path, shard: Shard) -> Path:
@@ -138,46 +126,63 @@ def run_distributed(o: RunOptions, workers: int, address: str | None,
             running.ray_instance = {"tmp_dir": temp} if temp else None
             running.write(o.out)
 
-        with _fleet(ray, address, workers, ray_started) as actors:
-            where = ray.get([a.where.remote() for a in actors], timeout=READY_TIMEOUT_S)
-            here = ray.get_runtime_context().get_node_id()
-            opts = [dataclasses.replace(
-                o, url=session.details.url, shard=Shard(i, workers), start_at=None,
-                run_id=run_id, out=shard_dir(o.out, Shard(i, workers)),
-                pinning=_worker_pin(pin, i) if where[i]["node"] == here else None,
-                server_shared=session.details.shared if where[i]["node"] == here else None)
-                for i in range(workers)]
-            def started(start_at: float) -> None:
-                _write_start(o.out, running, start_at, where)
-                hosts = ", ".join(sorted({w["host"] for w in where}))
-                echo(f"{workers} load generators ({hosts}) ready; the run starts at "
-                     f"{datetime.fromtimestamp(start_at, UTC):%H:%M:%S.%f} UTC")
-
-            result = _drive(ray, actors, opts, session, echo, started)
-            for i, a in enumerate(actors):  # results on another machine's disk: fetched
-                if where[i]["node"] != here and i not in result.lost:
-                    _fetch(ray, a, opts[i].out)
-        if not all((opt.out / "run.json").is_file() for opt in opts):
-            # a shard refused or was stopped before it began: nothing to merge
+        # From Ray's start to the merged run.json, a stop signal is only noted where it
+        # arrives (inside Ray's calls it would leave Ray half started or half stopped) and
+        # acted on between them: before the shards run, Ray is stopped and the run ends
+        # interrupted with nothing measured; once they run, every shard is stopped and
+        # merged; after they ended, the merged run is marked interrupted.
+        def nothing_measured() -> None:  # run.json of a run that ended before its shards ran
             RunManifest(run_id=run_id, status="interrupted", policy=o.policy,
-                        runtime=o.runtime).write(o.out)
-            raise result.error or result.stopped_by or ServerError(
-                "a load generator ended before the run began")
-        pins = [p.harness if isinstance(p := opts[i].pinning, CpuPinning) else None
-                for i in range(workers)]
-        shards = [ShardInput(opts[i].out, i in result.lost,
-                             result.lost[i][0] if i in result.lost else None, planned[i],
-                             {**where[i], "pinned_cpus": pins[i]}, shard=str(Shard(i, workers)))
-                  for i in range(workers)]
-        merged = merge_shards(shards, o.out).run
-        record_details(merged, session)
-        merged.cpu_pinning = pin
-        if merged.cleanup is not None:
-            merged.cleanup.slots_idle = _slots_idle(session, o)
-            if session.leftover_dumps is not None:
-                merged.cleanup.dump_files_left = session.leftover_dumps(run_id)
-        merged.write(o.out)
-    write_summary(o.out, merged)
+                        runtime=o.runtime, started_at=running.started_at,
+                        outcome=Outcome()).write(o.out)
+
+        result: Outcomes | None = None
+        with signals.deferred() as stop:
+            try:
+                with fleet(ray, address, workers, ray_started, stop) as actors:
+                    where = _where(ray, actors, stop)
+                    here = ray.get_runtime_context().get_node_id()
+                    opts = [dataclasses.replace(
+                        o, url=session.details.url, shard=Shard(i, workers), start_at=None,
+                        run_id=run_id, out=shard_dir(o.out, Shard(i, workers)),
+                        pinning=_worker_pin(pin, i) if where[i]["node"] == here else None,
+                        server_shared=(session.details.shared if where[i]["node"] == here
+                                       else None))
+                        for i in range(workers)]
+
+                    def started(start_at: float) -> None:
+                        _write_start(o.out, running, start_at, where)
+                        hosts = ", ".join(sorted({w["host"] for w in where}))
+                        echo(f"{workers} load generators ({hosts}) ready; the run starts at "
+                             f"{datetime.fromtimestamp(start_at, UTC):%H:%M:%S.%f} UTC")
+
+                    result = _drive(ray, actors, opts, session, echo, started, stop)
+                    for i, a in enumerate(actors):  # results on another machine's disk
+                        if where[i]["node"] != here and i not in result.lost:
+                            _fetch(ray, a, opts[i].out)
+            except BaseException:
+                if result is None:  # stopped, or Ray failed, before any shard ran
+                    nothing_measured()
+                raise
+            try:
+                stop()  # a signal while Ray stopped
+            except (KeyboardInterrupt, Terminated) as exc:
+                result.stopped_by = result.stopped_by or exc
+            if not all((opt.out / "run.json").is_file() for opt in opts):
+                # a shard refused or was stopped before it began: nothing to merge
+                nothing_measured()
+                raise result.error or result.stopped_by or ServerError(
+                    "a load generator ended before the run began")
+            merged = _merge(o, session, result, opts, planned, where, pin)
+            try:
+                stop()  # a signal while the shards were merged
+            except (KeyboardInterrupt, Terminated) as exc:
+                result.stopped_by = result.stopped_by or exc
+            if result.stopped_by is not None:
+                merged.status = "interrupted"
+            merged.write(o.out)
+    if any((o.out / RECORDS_DIR).glob("part-*.parquet")):  # none: stopped as the shards began
+        write_summary(o.out, merged)
     _drop_shard_records(o.out, workers)
     for i, (_, why) in sorted(result.lost.items()):
         echo(f"warning: load generator {i}/{workers} was lost ({why}); its unfinished "
@@ -189,6 +194,31 @@ def run_distributed(o: RunOptions, workers: int, address: str | None,
     return merged
 
 
+def _merge(o: RunOptions, session: RuntimeSession, result: Outcomes, opts: list[RunOptions],
+           planned: dict[int, tuple[Planned, ...]], where: list[dict[str, Any]],
+           pin: CpuPinning | None) -> RunManifest:
+    """The shards' results merged into OUT, with the run's server details and end checks;
+    its run.json is for the caller to write."""
+    workers = len(opts)
+    pins = [p.harness if isinstance(p := opts[i].pinning, CpuPinning) else None
+            for i in range(workers)]
+    shards = [ShardInput(opts[i].out, i in result.lost,
+                         result.lost[i][0] if i in result.lost else None, planned[i],
+                         {**where[i], "pinned_cpus": pins[i]}, shard=str(Shard(i, workers)))
+              for i in range(workers)]
+    merged = merge_shards(shards, o.out).run
+    record_details(merged, session)
+    merged.cpu_pinning = pin
+    if merged.cleanup is not None:
+        try:
+            merged.cleanup.slots_idle = _slots_idle(session, o)
+        except (KeyboardInterrupt, Terminated) as exc:  # a signal during the check
+            result.stopped_by = result.stopped_by or exc
+        if session.leftover_dumps is not None:
+            merged.cleanup.dump_files_left = session.leftover_dumps(str(opts[0].run_id))
+    return merged
+
+
 def _worker_pin(pin: CpuPinning | None, i: int) -> CpuPinning | None:
     """Load generator i's own CPU of those the harness has (one each, round robin)."""
     if pin is None:
@@ -196,93 +226,41 @@ def _worker_pin(pin: CpuPinning | None, i: int) -> CpuPinning | None:
     return CpuPinning(harness=[pin.harness[i % len(pin.harness)]], server=pin.server)
 
 
-@contextmanager
-def _fleet(ray: Any, address: str | None, workers: int, started: Callable[[str | None], None]
-           ) -> Iterator[list[Any]]:
-    """`workers` LoadGenerator actors on a local Ray instance (started here, in a private
-    folder, no dashboard) or on the cluster at `address`; every actor is killed on exit, and
-    the local instance stopped and its folder removed. `started` is told the local instance's
-    folder (None: a cluster's) before anything of it starts."""
-    temp = None if address else tempfile.mkdtemp(prefix="harness-ray-")
-    started(temp)
-    # ray.init installs its own SIGTERM handler (a stack dump, then exit 1): the harness's
-    # are put back, so SIGTERM stops the shards cleanly as Ctrl-C does.
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        if address:
-            ray.init(address=address, include_dashboard=False, logging_level="ERROR",
-                     configure_logging=True)
-        else:
-            # A token of the run's own for the local instance (Ray 2.59+ authenticates local
-            # clusters), in the environment its processes inherit: none is written to ~/.ray.
-            os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
-            ray.init(num_cpus=max(workers, os.cpu_count() or 1), include_dashboard=False,
-                     logging_level="ERROR", _temp_dir=temp)
-    except Exception as exc:  # noqa: BLE001 - Ray's own errors vary by version
-        with suppress(Exception):
-            ray.shutdown()
-        if temp:
-            shutil.rmtree(temp, ignore_errors=True)
-        what = f"the Ray cluster at {address}" if address else "a local Ray instance"
-        hint = (" (a cluster with token authentication needs RAY_AUTH_MODE=token and its token"
-                " in RAY_AUTH_TOKEN or ~/.ray/auth_token, as on its nodes)" if address else "")
-        raise ServerError(f"{what} could not be started or reached: "
-                          f"{type(exc).__name__}: {exc}"[:300] + hint) from None
-    # Threads: the shard's run, and the driver's wait_ready, begin and stop beside it.
-    for signum, handler in handlers.items():
-        if handler is not None:
-            signal.signal(signum, handler)
-    actor_cls = ray.remote(num_cpus=1, max_concurrency=4, max_restarts=0)(LoadGenerator)
-    actors = [actor_cls.options(scheduling_strategy="SPREAD").remote() for _ in range(workers)]
-    try:
-        yield actors
-    finally:
-        for a in actors:
-            with suppress(Exception):
-                ray.kill(a, no_restart=True)
-        with suppress(Exception):
-            ray.shutdown()
-        if temp:
-            shutil.rmtree(temp, ignore_errors=True)
-
-
-RAY_CONNECT_S = 5.0  # for a cluster's address to accept a connection (Ray itself waits minutes)
-
-
-def check_reachable(address: str) -> None:
-    """InputError unless `address` is HOST:PORT (or ray://HOST:PORT); ServerError when nothing
-    accepts a connection there within RAY_CONNECT_S."""
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InputError(f"--ray-address must be HOST:PORT (or ray://HOST:PORT), got "
-                         f"{address[:80]!r}")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_S).close()
-    except OSError as exc:
-        raise ServerError(f"the Ray cluster at {address} cannot be reached: "
-                          f"{exc.strerror or exc}") from None
+def _where(ray: Any, actors: list[Any], stop: Callable[[], None]) -> list[dict[str, Any]]:
+    """Where each actor runs, once all have started (READY_TIMEOUT_S); a stop signal meanwhile
+    is raised."""
+    refs = [a.where.remote() for a in actors]
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=POLL_S)
+        stop()
+        if len(done) == len(refs):
+            break
+    found: list[dict[str, Any]] = ray.get(refs, timeout=POLL_S)
+    return found
 
 
 def _drive(ray: Any, actors: list[Any], opts: list[RunOptions], session: RuntimeSession,
-           echo: Callable[[str], None], started: Callable[[float], None]) -> Outcomes:
+           echo: Callable[[str], None], started: Callable[[float], None],
+           stop: Callable[[], None]) -> Outcomes:
     """Run every shard to its end, started together once all are ready (`started` is told
     when); stop them all at the first server error, a local server's exit or a stop signal
-    (the signal is kept in `stopped_by` for the caller to re-raise)."""
+    (the signal is kept in `stopped_by` for the caller to re-raise). Runs under
+    signals.deferred (`stop` is its check): signals are noted while the driver waits in Ray,
+    and raised between its calls."""
     refs = {a.run.remote(opt): i for i, (a, opt) in enumerate(zip(actors, opts, strict=True))}
     pending = list(refs)
     res = Outcomes(start_at=time.time())
-    # Signals are noted while the driver waits in Ray, and raised between its calls.
-    with signals.deferred() as stop:
-        try:
-            _start_together(ray, actors, stop, res, started)
-            if not res.start_at_known:  # one refused or failed before it began
-                pending = _stop_all(ray, actors, pending, refs, res, echo)
-            _wait_all(ray, actors, pending, refs, session, stop, res, echo)
-        except (KeyboardInterrupt, Terminated) as exc:
-            res.stopped_by = exc
-            echo("stopping every load generator (each records what it measured)")
-            running = [r for r, i in refs.items() if i not in res.answers and i not in res.lost]
-            _stop_all(ray, actors, running, refs, res, echo)
+    try:
+        _start_together(ray, actors, stop, res, started)
+        if not res.start_at_known:  # one refused or failed before it began
+            pending = _stop_all(ray, actors, pending, refs, res, echo)
+        _wait_all(ray, actors, pending, refs, session, stop, res, echo)
+    except (KeyboardInterrupt, Terminated) as exc:
+        res.stopped_by = exc
+        echo("stopping every load generator (each records what it measured)")
+        running = [r for r, i in refs.items() if i not in res.answers and i not in res.lost]
+        _stop_all(ray, actors, running, refs, res, echo)
     return res
 
 

@@ -1,6 +1,7 @@
 """`harness run --workers 2` on a local Ray instance against a real llama-server it starts: the
 merged results count what a single process counts; a load generator killed mid-run is recorded
-(worker-lost) and the run finishes; Ctrl-C stops the actors, Ray and the server."""
+(worker-lost) and the run finishes; Ctrl-C stops the actors, Ray and the server, whenever it
+comes (Ray starting included)."""
 
 from __future__ import annotations
 
@@ -152,6 +153,62 @@ def test_a_stop_signal_stops_every_worker_ray_and_the_server(
     assert run["status"] == "interrupted" and len(run["workers"]) == 2
     assert (out / "summary.json").is_file()
     _nothing_left(out, before)
+
+
+def _status(out: Path) -> str | None:
+    try:
+        status: str | None = json.loads((out / "run.json").read_text()).get("status")
+    except (OSError, ValueError):
+        return None
+    return status
+
+
+def _ray_processes() -> set[int]:
+    """Every running process of a Ray instance (its raylet, GCS, agents and workers)."""
+    found = set()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            cmd = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if (cmd.startswith("ray::") or "/ray/" in cmd) and _running(int(cmdline.parent.name)):
+            found.add(int(cmdline.parent.name))
+    return found
+
+
+@pytest.mark.parametrize("signum,to_group,delay_s,code", [
+    (signal.SIGTERM, False, 0.0, 143), (signal.SIGINT, True, 0.5, 130),
+    (signal.SIGTERM, False, 2.0, 143), (signal.SIGINT, True, 3.0, 130)])
+def test_a_stop_signal_while_ray_or_its_actors_start_leaves_nothing(
+        trace: Path, tmp_path: Path, signum: int, to_group: bool, delay_s: float,
+        code: int) -> None:
+    """A stop signal soon after run.json says `running` (Ray starting, its actors starting):
+    the run ends interrupted with what its records count, and nothing of Ray is left."""
+    before, ray_before = _ray_folders(), _ray_processes()
+    out = tmp_path / "early"
+    proc = _harness("--trace", str(trace), *RUN, "--workers", "2", "--out", str(out))
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and _status(out) != "running":
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        time.sleep(0.05)
+    time.sleep(delay_s)
+    if to_group:
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
+    assert proc.wait(60) == code
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    assert "Traceback" not in err, err
+    run = json.loads((out / "run.json").read_text())
+    ends = read_records(out).query("event == 'trajectory_end'")
+    assert run["status"] == "interrupted" and sum(run["outcome"].values()) == len(ends)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and _ray_processes() - ray_before:
+        time.sleep(0.2)
+    assert not _ray_processes() - ray_before, "a process of the Ray instance is left"
+    assert _ray_folders() <= before, "the local Ray instance's folder is left"
+    res = CliRunner().invoke(main, ["clean", str(out)])
+    assert res.exit_code == 0 and "nothing left behind" in res.output, res.output
 
 
 def test_a_killed_driver_leaves_what_harness_clean_stops(trace: Path, tmp_path: Path) -> None:

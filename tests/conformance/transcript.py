@@ -280,9 +280,12 @@ SGLANG_METRICS_KEPT = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sgla
                 "sglang:kv_used_tokens", "sglang:kv_evictable_tokens", "sglang:cache_hit_rate",
                 "sglang:prompt_tokens_total")
 _SGLANG_META = ("prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason",
-              "forward_entry_time", "prefill_finished_time", "request_finished_ts")
+              "forward_entry_time", "prefill_finished_time", "request_finished_ts",
+              "queue_time")
 _SGLANG_SERVER = ("version", "disable_radix_cache", "enable_hierarchical_cache", "page_size",
-                "max_total_num_tokens", "context_length", "device", "attention_backend")
+                "max_total_num_tokens", "context_length", "device", "attention_backend",
+                # whether the adapter holds KV in streaming sessions (and tags plain calls)
+                "enable_streaming_session", "enable_session_radix_cache")
 
 
 def _metric_name(line: str) -> str | None:
@@ -316,7 +319,11 @@ def _sglang_trim(path: str, content_type: str, body: str) -> str:
     if route in ("/model_info", "/get_model_info"):
         data = {"model_path": "tiny-llama", "served_model_name": data.get("served_model_name")}
     elif route in ("/server_info", "/get_server_info"):
+        states = data.get("internal_states")
         data = {k: data[k] for k in _SGLANG_SERVER if k in data}
+        if isinstance(states, list):  # the pin-release valve's part of each scheduler's state
+            data["internal_states"] = [{k: v for k, v in s.items() if k.startswith("harness_")}
+                                       for s in states if isinstance(s, dict)]
     return json.dumps(data, separators=(",", ":"))
 
 

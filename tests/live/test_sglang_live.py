@@ -269,12 +269,9 @@ def test_the_server_still_answers_as_recorded(sglang_server: LocalSglangServer,
     assert run["status"] == "finished" and run["outcome"]["completed"] == 2, run
     recorded = json.loads(TRANSCRIPT.read_text())
     assert recorded["actions"] == ACTIONS["sglang"] and exchanges
-    # The transcript's exchanges predate the sessions' plan-sized timeouts, and its hint
-    # outcomes are those its replay derives; the server's own part is every other event.
-    assert ([e for e in out["events"] if e[0] != "hint_outcome"]
-            == [e for e in recorded["events"] if e[0] != "hint_outcome"])
-    # the server's own timings differ from run to run (its queue time included, which the
-    # transcript's older answers did not carry); each answered call reports its queue time
+    assert out["events"] == recorded["events"]
+    # the server's own timings differ from run to run (its queue time included); each
+    # answered call reports its queue time
     timing = ("prompt_ms", "decode_ms", "queue_ms")
     assert all("queue_ms" in r for k, r in out["results"] if k == "complete"
                and r["status"] == "ok")

@@ -12,7 +12,9 @@ import click
 from harness.commands.options import Group, check_out_file
 from harness.commands.specopts import checked_option
 from harness.errors import InputError
+from harness.records.atomic import write_text_atomic
 from harness.specs.shared import SEED
+from harness.traces.compare_views import compare_views, render
 from harness.traces.generator import generate, provenance_for
 from harness.traces.importers import FORMATS, import_to_file
 from harness.traces.profiles import builtin_profiles, load_profile
@@ -75,6 +77,37 @@ def describe_command(file: Path, as_json: bool) -> None:
     _echo_reuse(d["ideal_reuse"])
     if "import" in d:
         _echo_import(d["import"])
+
+
+def _load_view(file: Path) -> Any:
+    """A trajectory file's frame; a file that is not one is one line (the first problem)."""
+    try:
+        return load_trajectories(file)
+    except InputError as exc:
+        problems = str(exc).splitlines()[1:] or [str(exc)]
+        more = f" (+{len(problems) - 1} more: harness traces validate lists them)" \
+            if len(problems) > 1 else ""
+        raise InputError(f"not a trajectory file: {problems[0]}{more}") from None
+
+
+@traces_command.command("compare-views")
+@click.argument("file_a", metavar="A", type=click.Path(path_type=Path))
+@click.argument("file_b", metavar="B", type=click.Path(path_type=Path))
+@click.option("--json", "json_out", type=click.Path(path_type=Path),
+              help="Also write the comparison to this JSON file.")
+def compare_views_command(file_a: Path, file_b: Path, json_out: Path | None) -> None:
+    """Where two imports of the same sessions disagree, tree by tree (a proxy recording's and
+    the agent's own log): calls, tool calls, sub-agents and their parent links, prompt tokens,
+    tool latency, each with a verdict. Exit 0 whether or not they differ."""
+    if json_out is not None and (json_out.is_dir() or not json_out.parent.is_dir()):
+        raise InputError(f"--json {json_out}: give a JSON file to write in an existing folder")
+    result = compare_views(_load_view(file_a), _load_view(file_b))
+    for line in render(result, str(file_a), str(file_b)):
+        click.echo(line)
+    if json_out is not None:
+        doc = {"a": str(file_a), "b": str(file_b), **result}
+        write_text_atomic(json_out, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        click.echo(f"wrote {json_out}")
 
 
 def _pct(rate: float | None) -> str:

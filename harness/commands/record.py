@@ -9,7 +9,7 @@ import click
 
 from harness.commands.options import Command
 from harness.errors import InputError
-from harness.proxy.proxy import DEFAULT_SESSION_HEADERS, ProxyConfig
+from harness.proxy.proxy import DEFAULT_AGENT_HEADERS, DEFAULT_SESSION_HEADERS, ProxyConfig
 from harness.proxy.serve import describe_summary, parse_listen, run
 from harness.specs.shared import check_url
 
@@ -32,20 +32,28 @@ _HEADER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_!#$%&'*+.^`|~")
 @click.option("--session-header", "session_headers", multiple=True, metavar="NAME",
               help="A header whose value names the client's session, repeatable (replaces "
                    f"the defaults: {', '.join(DEFAULT_SESSION_HEADERS)}).")
+@click.option("--agent-header", "agent_headers", multiple=True, metavar="NAME",
+              help="A header whose value names the agent (a sub-agent's own id) inside its "
+                   "session, repeatable (replaces the default: "
+                   f"{', '.join(DEFAULT_AGENT_HEADERS)}).")
 @click.option("--connect-timeout", type=float, default=10.0, show_default=True,
               help="Seconds to open a connection to the upstream.")
 def record_command(upstream: str, listen: str, out: Path, keep_text: bool, allow_remote: bool,
-                   session_headers: tuple[str, ...], connect_timeout: float) -> None:
+                   session_headers: tuple[str, ...], agent_headers: tuple[str, ...],
+                   connect_timeout: float) -> None:
     """Record an agent's LLM calls through a proxy, for `harness traces import recording`."""
     check_url(upstream, "--upstream")
     host, port = parse_listen(listen, allow_remote)
     if not 0 < connect_timeout <= 3600:
         raise InputError(f"--connect-timeout must be in (0, 3600] seconds, got {connect_timeout:g}")
-    for name in session_headers:
-        if not name or not set(name.lower()) <= _HEADER_CHARS:
-            raise InputError(f"--session-header {name!r} is not an HTTP header name")
+    for flag, names in (("--session-header", session_headers),
+                        ("--agent-header", agent_headers)):
+        for name in names:
+            if not name or not set(name.lower()) <= _HEADER_CHARS:
+                raise InputError(f"{flag} {name!r} is not an HTTP header name")
     config = ProxyConfig(upstream, host, port, out, keep_text,
-                         session_headers or DEFAULT_SESSION_HEADERS, connect_timeout)
+                         session_headers or DEFAULT_SESSION_HEADERS, connect_timeout,
+                         agent_headers or DEFAULT_AGENT_HEADERS)
     summary = run(config, lambda line: click.echo(line, err=True),
                   lambda line: click.echo(line, err=True))
     click.echo(describe_summary(summary, str(out)))

@@ -28,16 +28,30 @@ sub-agents started during such a pause (harness.traces.importers.recording). A c
 new blocks hold a user message and no tool result is a user turn.
 Without session headers, an independent agent that starts while another waits on a tool looks
 like a sub-agent: send a session header (each agent its own) to tell them apart.
+
+An agent header (a sub-agent's own id, e.g. Claude Code's x-claude-code-agent-id) names a
+conversation inside its session: the candidates of rules 1-5 are the conversations of the same
+session *and* agent, so agents are never joined into one another even when their first calls
+are identical, and an agent's call never starts a guessed sub-agent (rule 4) but may continue
+its own conversation by its first block (rule 5). A call of an agent id not seen before in its
+session starts that agent's conversation: the sub-agent of the conversation of its session
+waiting on a spawning tool call (an answer's Agent or Task call with no later call yet) that
+began waiting last, one whose spawning calls all have their sub-agents coming after one that
+has not (a sub-agent spawning its own is linked to it, not to the agent waiting above it);
+with none waiting, a new conversation. These links are recorded as `agent` links; rule 4's
+are guesses (`wait`).
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from harness.proxy.hashing import CALL, RESULT, USER, Block
 
 PAST_CALLS = 4  # calls kept per conversation: a call is joined as of its arrival
+SPAWN_TOOLS = frozenset({"agent", "task"})  # tool names (lower case) that start a sub-agent
+AGENT_LINK, WAIT_LINK = "agent", "wait"  # a sub-agent linked by its agent id, or guessed
 
 
 @dataclass(frozen=True)
@@ -53,6 +67,7 @@ class CallView:
     tool_calls: tuple[tuple[str, str], ...]  # (hashed call id, tool name) of the answer
     ok: bool
     tail: int = 0  # blocks at the end of the request that may grow (completions: 1)
+    agent: str | None = None  # its agent header's value (hashed), inside its session
 
 
 @dataclass
@@ -78,6 +93,8 @@ class Joined:
     shared: int = 0
     parent: tuple[str, int] | None = None
     user_turn: bool = False
+    link: str | None = None  # how a sub-agent was linked: AGENT_LINK | WAIT_LINK
+    parent_tool: str | None = None  # the (hashed) spawning tool call of an agent link
     results: list[ToolResult] = field(default_factory=list)
 
 
@@ -97,6 +114,7 @@ class _Past:
 class _Conv:
     id: str
     session: str | None
+    agent: str | None
     calls: deque[_Past] = field(default_factory=lambda: deque(maxlen=PAST_CALLS))
     pending: dict[str, tuple[str, float, int]] = field(default_factory=dict)
     last_ok: tuple[int, float] | None = None  # its latest call that ended ok: id, end
@@ -130,6 +148,7 @@ class Joiner:
         self.subagents = 0
         self.user_turns = 0
         self.tool_results = 0
+        self._spawned: Counter[tuple[str, int]] = Counter()  # agent links per spawning call
 
     @property
     def conversations(self) -> int:
@@ -138,8 +157,8 @@ class Joiner:
     def join(self, call: CallView) -> Joined:
         """The conversation `call` belongs to (created when new), and what it shows."""
         hashes = tuple(b.hash for b in call.blocks)
-        pool = [(c, p) for c in self._convs if c.session == call.session
-                if (p := c.as_of(call.arrival)) is not None]
+        mine = [c for c in self._convs if c.session == call.session and c.agent == call.agent]
+        pool = [(c, p) for c in mine if (p := c.as_of(call.arrival)) is not None]
         best: tuple[int, float, _Conv, _Past] | None = None
         for conv, past in pool:
             m = lcp(hashes, past.context)
@@ -156,22 +175,48 @@ class Joiner:
             cut = max(shared, key=lambda s: s[:2], default=None)
             refs = {b.ref for b in call.blocks if b.kind == RESULT}
             answering = [s for s in shared if any(r in refs for r, _ in s[3].tool_calls)]
-            if answering:
+            if call.agent is not None and not mine:
+                joined = self._new_agent(call)
+            elif answering:
                 m, _, conv, past = max(answering, key=lambda s: s[:2])
                 joined = self._continue(conv, past, call, m, "cut")
-            elif waiting:
+            elif waiting and call.agent is None:
                 _, parent, spawned_after = max(waiting, key=lambda w: w[0])
                 joined = self._new(call, "subagent", (parent.id, spawned_after.id))
+                joined.link = WAIT_LINK
                 self.subagents += 1
-            elif call.session is not None and cut is not None and cut[0] >= 1:
+            elif (call.session is not None or call.agent is not None) and cut is not None \
+                    and cut[0] >= 1:
                 joined = self._continue(cut[2], cut[3], call, cut[0], "cut")
             else:
                 joined = self._new(call, "new", None)
         self._remember(joined.conv, call)
         return joined
 
+    def _new_agent(self, call: CallView) -> Joined:
+        """The first call of an agent id new to its session: the sub-agent of the conversation
+        waiting on a spawning tool call (see the module's rules), else a new conversation."""
+        best: tuple[tuple[bool, float], _Conv, _Past, list[str]] | None = None
+        for conv in self._convs:
+            past = conv.as_of(call.arrival) if conv.session == call.session else None
+            if past is None or not past.ok:
+                continue
+            refs = [r for r, name in past.tool_calls if name.lower() in SPAWN_TOOLS]
+            key = (self._spawned[conv.id, past.id] < len(refs), past.end)
+            if refs and (best is None or key > best[0]):
+                best = (key, conv, past, refs)
+        if best is None:
+            return self._new(call, "new", None)
+        _, conv, past, refs = best
+        taken = self._spawned[conv.id, past.id]
+        self._spawned[conv.id, past.id] += 1
+        self.subagents += 1
+        joined = self._new(call, "subagent", (conv.id, past.id))
+        joined.link, joined.parent_tool = AGENT_LINK, refs[min(taken, len(refs) - 1)]
+        return joined
+
     def _new(self, call: CallView, how: str, parent: tuple[str, int] | None) -> Joined:
-        conv = _Conv(f"c{len(self._convs) + 1}", call.session)
+        conv = _Conv(f"c{len(self._convs) + 1}", call.session, call.agent)
         self._convs.append(conv)
         self._by_id[conv.id] = conv
         return Joined(conv.id, how, parent=parent)

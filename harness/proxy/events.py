@@ -16,12 +16,14 @@ from typing import Any
 
 from harness.errors import InputError
 from harness.proxy.answers import APIS, OPENAI_COMPLETIONS
+from harness.proxy.conversations import AGENT_LINK, WAIT_LINK
 from harness.proxy.hashing import KINDS
 from harness.proxy.recorder import OUTCOMES
 from harness.proxy.store import EVENTS, Recording, read_recording
 from harness.userfiles import is_count, is_seconds
 
 MAX_TIME_S = 1e9
+LINKS = (AGENT_LINK, WAIT_LINK)
 # (hash, tokens, kind)
 BlockRow = tuple[str, int, str]
 
@@ -66,6 +68,9 @@ class Call:
     results: list[Result]
     user_turn: bool
     session: str | None
+    agent: str | None = None  # its agent header's value, hashed (a sub-agent's id)
+    link: str | None = None  # how a sub-agent's first call was linked: agent | wait
+    parent_tool: str | None = None  # the (hashed) tool call that spawned it (agent links)
 
     @property
     def tail(self) -> int:
@@ -216,7 +221,9 @@ def _call(line: _Line, path: Path, n: int, done: dict[int, Call]) -> Call | None
     return Call(cid, n, api, arrival, end, outcome, _usage(line), conv, how, parent, request,
                 request[:answer_from] + tuple(line.blocks("answer")),
                 _pairs(line, "tool_calls"), _results(line), line.obj.get("user_turn") is True,
-                line.text("session", optional=True))
+                line.text("session", optional=True), line.text("agent", optional=True),
+                None if line.obj.get("link") is None else line.choice("link", LINKS),
+                line.text("parent_tool", optional=True))
 
 
 def load_calls(folder: Path) -> RecordedCalls:

@@ -58,6 +58,8 @@ _REQUEST_OWN = frozenset({"host", "content-length"})
 _AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 DEFAULT_SESSION_HEADERS = ("x-session-id", "x-claude-code-session-id", "session_id",
                            "session-id", "x-conversation-id")
+# Headers whose value names the agent (a sub-agent's own id) inside the client's session.
+DEFAULT_AGENT_HEADERS = ("x-claude-code-agent-id",)
 MAX_BODY = 512 * 1024 * 1024  # a request body above this is refused (413)
 UPSTREAM_KEEPALIVE_S = 3.0  # an idle upstream connection is dropped after this
 STOP_GRACE_S = 1.0  # calls still running at a stop get this long, then are cut
@@ -74,6 +76,7 @@ class ProxyConfig:
     keep_text: bool = False
     session_headers: tuple[str, ...] = DEFAULT_SESSION_HEADERS
     connect_timeout_s: float = 10.0
+    agent_headers: tuple[str, ...] = DEFAULT_AGENT_HEADERS
 
 
 def _connection_listed(headers: CIMultiDictProxy[str]) -> set[str]:
@@ -171,6 +174,7 @@ class Proxy:
                       if parts.username is not None else None)
         self._ids = itertools.count(1)
         self._session_headers = tuple(h.lower() for h in config.session_headers)
+        self._agent_headers = tuple(h.lower() for h in config.agent_headers)
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None  # one new connection per request
         self._runner: web.ServerRunner | None = None
@@ -213,8 +217,10 @@ class Proxy:
                 await session.close()
         return await asyncio.to_thread(self.recorder.close)
 
-    def _session_of(self, request: web.BaseRequest) -> str | None:
-        for name in self._session_headers:
+    @staticmethod
+    def _header_of(request: web.BaseRequest, names: tuple[str, ...]) -> str | None:
+        """The value of the first of `names` that the request carries (not empty)."""
+        for name in names:
             value = request.headers.get(name)
             if value:
                 return value
@@ -232,8 +238,10 @@ class Proxy:
         rec = self.recorder
         arrival = rec.now()
         api = api_of(request.method, request.path)
-        meta = None if api is None else CallMeta(next(self._ids), api, request.path, arrival,
-                                                 self._session_of(request))
+        meta = None if api is None else CallMeta(
+            next(self._ids), api, request.path, arrival,
+            self._header_of(request, self._session_headers),
+            agent=self._header_of(request, self._agent_headers))
         try:
             body = await _read_body(request)
         except HttpProcessingError as exc:

@@ -78,6 +78,7 @@ class CallMeta:
     sse: bool = False
     encoding: str | None = None
     dropped: int = 0  # bytes of the answer past what the proxy keeps (harness.proxy.kept)
+    agent: str | None = None  # the value of its agent header (a sub-agent's id)
 
 
 def _r(t: float | None) -> float | None:
@@ -221,16 +222,18 @@ class Recorder:
             self.counts["usage_estimated"] += 1
         calls = tuple((h.ident(cid), name) for cid, name in answer.tool_calls) if ok else ()
         session = None if m.session is None else h.ident("session\0" + m.session)
+        agent = None if m.agent is None else h.ident("agent\0" + m.agent)
         context = tuple(b.hash for b in blocks[:answer_from]) + tuple(
             b.hash for b in answer_blocks)
         joined = self._joiner.join(CallView(
             m.id, m.arrival, m.end, session, tuple(blocks), context, calls, ok,
-            1 if m.api == OPENAI_COMPLETIONS else 0))
+            1 if m.api == OPENAI_COMPLETIONS else 0, agent))
         event.update(
             usage=None if usage is None else {"prompt": usage.prompt, "output": usage.output,
                                               "cached": usage.cached, "source": usage.source},
-            session=session, conv=joined.conv, how=joined.how, prev=joined.prev,
+            session=session, agent=agent, conv=joined.conv, how=joined.how, prev=joined.prev,
             shared=joined.shared, parent=None if joined.parent is None else list(joined.parent),
+            link=joined.link, parent_tool=joined.parent_tool,
             blocks=[b.to_json() for b in blocks[joined.shared:]],
             answer_from=answer_from, answer=[b.to_json() for b in answer_blocks],
             tool_calls=[list(c) for c in calls],
@@ -239,7 +242,8 @@ class Recorder:
             user_turn=joined.user_turn)
         if self.keep_text:
             kept = kept_request(body) if m.api == OPENAI_RESPONSES else body
-            self._write({"id": m.id, "request": kept, "answer": answer.message}, text=True)
+            self._write({"id": m.id, "request": kept, "answer": answer.message,
+                         **({} if m.agent is None else {"agent": m.agent})}, text=True)
         return event
 
     def _responses_blocks(self, body: dict[str, Any], answer: Answer,

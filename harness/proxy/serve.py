@@ -74,6 +74,7 @@ def recording_meta(config: ProxyConfig, started: float) -> dict[str, Any]:
         "started_at": datetime.fromtimestamp(started, UTC).isoformat(timespec="milliseconds"),
         "upstream": public_url(config.upstream), "keep_text": config.keep_text,
         "session_headers": list(config.session_headers),
+        "agent_headers": list(config.agent_headers),
         "hash": f"BLAKE2b, {DIGEST_BYTES * 8}-bit, keyed by a random {SALT_BYTES}-byte salt "
                 "drawn at the start and held in memory only (never written)",
         "blocks": "one per tools list, system text and message content part (text, tool call, "

@@ -12,9 +12,12 @@ tool calls of the first call's answer (parallel calls merged), each timed as the
 sub-agents started while it waited (a `subagent` step, then the time after the last ended), or
 the user's turn (`human`). A conversation that ends waiting on its tool calls ends with a tool
 step that never returns (`abandoned`). Calls that failed (error status, unreachable upstream,
-cut stream, client gone) are not replayed; they are counted. This module reads a recording
-into the intermediate form (form.py: what each call keeps, each pause as the proxy timed it,
-which conversation each sub-agent's is) and `builder` makes the steps.
+cut stream, client gone) are not replayed; they are counted. A sub-agent hangs under the call
+the proxy linked it to: by its agent id (a new agent id while an Agent or Task call waited;
+counted in subagents_by_agent_id), else by the times (counted in subagents_guessed); one whose
+parent is not in the import is a trajectory of its own (subagents_orphaned). This module reads
+a recording into the intermediate form (form.py: what each call keeps, each pause as the proxy
+timed it, which conversation each sub-agent's is) and `builder` makes the steps.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pathlib import Path
 
 from harness.errors import InputError
 from harness.limits import MAX_SUBAGENT_DEPTH
-from harness.proxy.conversations import lcp
+from harness.proxy.conversations import AGENT_LINK, lcp
 from harness.proxy.events import Call, RecordedCalls, Result, load_calls
 from harness.traces.importers._common import build_frame, take_options
 from harness.traces.importers.agent_tools import agent_tool_class, call_class
@@ -190,7 +193,7 @@ def _import_folder(path: Path, taken: set[str]) -> Rec:
         conv = convs.setdefault(call.conv, Conv(call.conv, []))
         conv.calls.append(call)
         if call.how == "subagent" and conv.parent is None:
-            conv.parent = call.parent
+            conv.parent, conv.guessed = call.parent, call.link != AGENT_LINK
     for conv in convs.values():
         conv.calls.sort(key=lambda x: (x.arrival, x.id))
         conv.llm = [x for x in conv.calls if x.outcome == "ok" and x.usage is not None]
@@ -208,6 +211,8 @@ def _import_folder(path: Path, taken: set[str]) -> Rec:
         elif p is not None and host is not None:
             host.children.setdefault(p[1], []).append(conv)
     for conv in live.values():
+        if conv.parent is not None:  # the links kept, recorded or guessed
+            rec.counts["subagents_guessed" if conv.guessed else "subagents_by_agent_id"] += 1
         if conv.parent is None:
             rec.roots.append(_convo(conv, f"{rid}/{conv.id}", 0, rec))
             rec.roots[-1].first_ts = rec.started + conv.llm[0].arrival
@@ -236,7 +241,7 @@ def _link_client_spawns(live: dict[str, Conv], c: Counter[str]) -> None:
                         and any(back[ref].client for ref, _ in calls if ref in back)):
                     best = (j.end, p, j)
         if best is not None:
-            r.parent = (best[1].id, best[2].id)
+            r.parent, r.guessed = (best[1].id, best[2].id), True
             c["subagents_linked"] += 1
 
 

@@ -46,7 +46,8 @@ COUNTS = (
     "subagent_waits_clipped", "human_pauses", "other_pauses", "failed_calls_between",
     "extends", "cut", "cut_tokens_dropped", "shorter_than_context", "usage_exact",
     "usage_estimated", "zero_output", "prompt_tokens", "kept_tokens", "appended_tokens",
-    "output_tokens", "cached_tokens", "prefix_groups", "long_tools",
+    "output_tokens", "cached_tokens", "prefix_groups", "long_tools", "subagents_by_agent_id",
+    "subagents_guessed",
 )
 
 
@@ -56,6 +57,7 @@ class Conv:
     calls: list[Call]  # all, by arrival
     llm: list[Call] = field(default_factory=list)  # those replayed (ended ok, with usage)
     parent: tuple[str, int] | None = None
+    guessed: bool = False  # its parent guessed (from the times), not linked by its agent id
     children: dict[int, list[Conv]] = field(default_factory=dict)  # parent call -> children
 
 
@@ -134,8 +136,11 @@ def recording_provenance(recs: list[Rec], opts: dict[str, str]) -> Provenance:
             "outcome": "'error' for a result the client marked is_error (Anthropic), "
                        "'abandoned' for a tool call never answered, else 'ok'",
             "mutating": "the tool's class is 'mutating'", "deadline_s": "null",
-            "parent_id/spawn_step": "a conversation started while another waited on tool "
-                                    "calls (harness.proxy.conversations)",
+            "parent_id/spawn_step": "the agent id's link the proxy recorded (a new agent id "
+                                    "while its session waited on an Agent or Task call: "
+                                    "subagents_by_agent_id), else a conversation started while "
+                                    "another waited on tool calls (subagents_guessed; "
+                                    "harness.proxy.conversations)",
             "prefix_group": "trajectories whose first calls start with the same block; "
                             "prefix_tokens the estimate of the most blocks shared",
             "start_s": "the first call's arrival, relative to the earliest in the import; a "

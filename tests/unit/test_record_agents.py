@@ -11,7 +11,9 @@ from typing import Any
 import orjson
 import pandas as pd
 import pytest
+from click.testing import CliRunner
 
+from harness.cli import main
 from harness.proxy.store import EVENTS, TEXT, read_recording
 from harness.traces.importers import import_trace
 from tests.unit.test_record_fakes import MESSAGES, Agent, Reply, recording
@@ -172,3 +174,12 @@ async def test_a_new_agent_id_with_no_spawn_waiting_is_a_conversation_of_its_own
     calls = raw_calls(tmp_path / "rec")
     assert [(c["conv"], c["how"], c["parent"]) for c in calls] == [("c1", "new", None),
                                                                    ("c2", "new", None)]
+
+
+def test_a_bad_agent_header_name_is_one_line_exit_2(tmp_path: Path) -> None:
+    res = CliRunner().invoke(main, ["record", "--upstream", "http://127.0.0.1:9", "--out",
+                                    str(tmp_path / "rec"), "--agent-header", "bad header"])
+    assert res.exit_code == 2, res.output
+    assert res.output.strip().splitlines() == [
+        "error: --agent-header 'bad header' is not an HTTP header name"]
+    assert not (tmp_path / "rec").exists()

@@ -240,8 +240,10 @@ def table(results: dict[str, list[dict[str, Any]]], plain: dict[str, Any], title
         fig = plain[name]
         q = [fig["jct_s"][k] for k in ("mean", "p50", "p95", "p99")]
         ms = [m for m in fig["makespan_s"] if m]
-        rt = fig["speedup_over_baseline"]
-        mk = rt["makespan"]
+        # no ratio where the baseline did not run (--live-policies without it)
+        rt = fig["speedup_over_baseline"] or {
+            k: {"ratio": None, "ci95": None} for k in ("mean", "p50", "p95")}
+        mk = rt.get("makespan") or {"ratio": None, "range": None}
         mk_text = _x(mk["ratio"]) + (f" ({mk['range'][0]:.2f}-{mk['range'][1]:.2f})"
                                      if mk["range"] else "")
         reuse = [r["reuse"] for r in runs if r["reuse"] is not None]

@@ -110,12 +110,17 @@ def test_simulated_ttl_leaves_the_context_to_the_cache_at_tau(tmp_path: Path) ->
     assert (end["prompt_n"], end["cached_tokens"]) == (34, 96)  # as keep-evictable's
 
 
-def test_simulated_pin_blocks_admission_until_its_ttl_expires(tmp_path: Path) -> None:
+def test_simulated_pin_that_stops_admission_of_an_idle_engine_is_released(
+        tmp_path: Path) -> None:
     path = trace(tmp_path, PRESSED, starts={"a": 0.0, "b": 1.0})
     df, _ = sim(tmp_path, path, "ttl", paged(960), {"tau": "5", "after": "keep-evictable"},
                 arrivals=Arrivals("trace", 2))
-    # b (900 tokens) fits only once a's pin ends, 5 s into a's pause
-    assert t_s(df, "call_start", "b") == pytest.approx(t_s(df, "tool_start", "a") + 5.0)
+    # b (900 tokens) fits only without a's pin; nothing runs, so the valve releases it to the
+    # cache at once rather than let b wait 5 s for the expiry, and a's hint is clipped
+    assert t_s(df, "call_start", "b") == 1.0
+    hint = ev(df, "hint_outcome", "a").iloc[0]
+    assert (hint["status"], hint["reason"]) == ("clipped", "valve: latest-program")
+    assert hint["held_s"] == pytest.approx(1.0 - t_s(df, "tool_start", "a"))
     end = ev(df, "call_end", "a").iloc[1]
     assert (end["prompt_n"], end["cached_tokens"]) == (82, 48)  # then lost as evictable
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Final
 
-from harness.policies.pin_release import PinView, release_order
+from harness.policies.pin_release import LATEST_PROGRAM, LRU
 from harness.simulate.trajectory import KEPT, Trajectory
 
 GROUP_KEY0: Final = -(1 << 40)  # a group's cached shared prefix: key GROUP_KEY0 - group
@@ -62,8 +62,11 @@ class BlockCache:
         self.g_span = [0] * groups
         self.g_users = [0] * groups
         self.freed = 0  # what the last `reuse` gave back to the pool (below 0: took)
-        # the pinned paused contexts (trajectory index -> it)
+        # the pinned paused contexts (trajectory index -> it), what each held beyond its
+        # group's shared prefix when pinned, and their sum (what releasing all gives back)
         self.pins: dict[int, Trajectory] = {}
+        self.pin_tokens: dict[int, int] = {}
+        self.pinned = 0
 
     def whole(self, n: int) -> int:
         """`n` tokens rounded down to whole blocks."""
@@ -216,33 +219,50 @@ class BlockCache:
         """`tr`'s paused context, held out of eviction from `t` on, is a pin."""
         if tr.pin_at < 0:
             self.pins[tr.ti] = tr
+            own = self.own_part(tr)
+            self.pin_tokens[tr.ti] = own
+            self.pinned += own
             tr.pin_at = t
 
     def unpin(self, tr: Trajectory) -> None:
         """`tr` holds no pin any more."""
-        self.pins.pop(tr.ti, None)
+        if self.pins.pop(tr.ti, None) is not None:
+            # what was counted when pinned (its context may have changed since: a call
+            # admitted onto it grows it before the pin ends)
+            self.pinned -= self.pin_tokens.pop(tr.ti)
         tr.pin_at = -1.0
 
-    def releasable(self, keep: Trajectory | None, after: float = -1.0) -> int:
+    def releasable(self, keep: Trajectory | None, after: float, cap: int) -> int:
         """The tokens that releasing every pin the valve may release (but `keep`'s; only those
-        of trajectories that arrived after `after`) gives back to the pool at least: what they
-        hold beyond their groups' shared prefixes, as they hold it now (a pin's context changes
-        while it is pinned: counted when asked, not kept)."""
-        return sum(self.own_part(p) for p in self.pins.values()
-                   if p.state == KEPT and p is not keep and p.arrived > after)
+        of trajectories that arrived after `after`) gives back to the pool: what they held
+        beyond their groups' shared prefixes when pinned; counted up to `cap` (the sum once it
+        reaches `cap`: a scan of the pins stops there)."""
+        total = 0
+        tokens = self.pin_tokens
+        for ti, p in self.pins.items():
+            if p.state == KEPT and p is not keep and p.arrived > after:
+                total += tokens[ti]
+                if total >= cap:
+                    break
+        return total
 
     def victim(self, keep: Trajectory | None, order: str, ids: list[str],
                after: float = -1.0) -> Trajectory | None:
         """The pin the valve releases first under `order` (harness.policies.pin_release),
         never `keep`'s (the trajectory being admitted), only of a trajectory that arrived after
         `after`; None: there is none."""
-        views = {ids[p.ti]: p for p in self.pins.values()
-                 if p.state == KEPT and p is not keep and p.arrived > after}
-        if not views:
-            return None
-        ranked = release_order([PinView(name, p.arrived, p.pin_at, -(-p.held // self.block))
-                                for name, p in views.items()], order)
-        return views[ranked[0]]
+        best: Trajectory | None = None
+        best_key = 0.0
+        for p in self.pins.values():
+            if p.state != KEPT or p is keep or p.arrived <= after:
+                continue
+            # harness.policies.pin_release's orders, as one number each (larger goes first)
+            key = (p.arrived if order == LATEST_PROGRAM else -p.pin_at if order == LRU
+                   else float(-(-p.held // self.block)))
+            if best is None or key > best_key or (key == best_key
+                                                  and ids[p.ti] < ids[best.ti]):
+                best, best_key = p, key
+        return best
 
 
 def share_prefixes(trajs: list[Trajectory], group: list[int], prefix: list[int],

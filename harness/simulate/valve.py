@@ -94,8 +94,12 @@ class Valve:
                 after = tr.arrived
             b = cache.block
             need = e.adm[tr.pos] if tr.state != PREEMPTED else -(-(tr.ret + 1) // b) * b
-            spare = (e.free_units() + cache.releasable(tr, after) - need + tr.held
-                     - cache.join_cost(tr))
+            short = need - e.free_units() - tr.held + cache.join_cost(tr)
+            if cache.pinned < short:  # all the pins together could not make room
+                return False
+            # enough once it covers the shortfall and what the decoding calls may owe
+            owed_max = e.growth.owed(t, 0) if e.growth is not None else 0
+            spare = cache.releasable(tr, after, short + owed_max) - short
             if spare < 0 or (e.growth is not None and spare < e.growth.owed(t, spare)):
                 return False
         p = cache.victim(tr, self.order, e.ids, after)

@@ -99,21 +99,27 @@ def test_on_vllm_a_running_call_that_cannot_grow_releases_a_pin(tmp_path: Path) 
     assert ev(df, "hint_outcome", "c")["status"].tolist() == ["clipped"]
 
 
-def test_what_the_valve_may_release_is_counted_as_the_pins_hold_it_now() -> None:
-    # A pin's context changes while it is pinned (a shared prefix it joins, a call resumed
-    # onto it): what releasing the pins gives back is what they hold when asked. (A running
-    # count taken at pin and unpin went below 0 on vLLM's replays and kept the valve shut.)
+def test_what_the_valve_may_release_is_counted_as_pinned_and_never_drifts() -> None:
+    # A pin counts what its context held when pinned; unpinned, exactly that comes off, even
+    # when the context grew meanwhile (a call admitted onto it grows it before its pin ends: a
+    # count taken again at the unpin went below 0 on vLLM's replays and kept the valve shut).
     cache = BlockCache(16, 1 << 30)
     a, b, c = (Trajectory(k, 0, 2) for k in range(3))
-    for tr, held in ((a, 160), (b, 64), (c, 32)):
-        tr.held, tr.state = held, KEPT
+    for tr, held, arrived in ((a, 160, 1.0), (b, 64, 2.0), (c, 32, 3.0)):
+        tr.held, tr.state, tr.arrived = held, KEPT, arrived
         cache.pin(tr, 1.0)
-    assert cache.releasable(None) == 256 and cache.releasable(a) == 96
-    a.held = 32  # its context shrank while pinned
-    assert cache.releasable(None) == 128
-    cache.unpin(b)
+    assert cache.pinned == 256
+    assert cache.releasable(None, -1.0, 10**9) == 256 and cache.releasable(a, -1.0, 10**9) == 96
+    assert cache.releasable(None, 1.5, 10**9) == 96  # only those that arrived after 1.5
+    assert cache.releasable(None, -1.0, 100) >= 100  # the scan stops once it has enough
+    a.held = 400  # its context grew while pinned
+    cache.unpin(a)
+    assert cache.pinned == 96
     c.state = DROPPED  # no longer held for a pause: not the valve's to release
-    assert cache.releasable(None) == 32 and cache.releasable(a) == 0
+    assert cache.releasable(None, -1.0, 10**9) == 64
+    cache.unpin(b)
+    cache.unpin(c)
+    assert cache.pinned == 0 and cache.pin_tokens == {}
 
 
 def deferred_run(tmp: Path, with_prefill: bool) -> pd.DataFrame:

@@ -131,7 +131,8 @@ def sse_payloads(body: bytes, long_lines: list[int] | None = None,
         yield obj
 
 
-def _dict(v: Any) -> dict[str, Any]:
+def as_dict(v: Any) -> dict[str, Any]:
+    """`v` if it is a JSON object, else an empty one."""
     return v if isinstance(v, dict) else {}
 
 
@@ -150,13 +151,17 @@ def _error_type(obj: dict[str, Any]) -> str | None:
     return "error" if err is not None else None
 
 
-def openai_usage(usage: Any) -> Usage | None:
-    u = _dict(usage)
-    p: Any = u.get("prompt_tokens")
-    o: Any = u.get("completion_tokens")
+def openai_usage(usage: Any, prompt: str = "prompt_tokens", output: str = "completion_tokens",
+                 details: str = "prompt_tokens_details") -> Usage | None:
+    """An OpenAI `usage` (chat completions' keys by default; the Responses API names them
+    input_tokens, output_tokens and input_tokens_details): prompt tokens (the cached ones
+    among them), output tokens."""
+    u = as_dict(usage)
+    p: Any = u.get(prompt)
+    o: Any = u.get(output)
     if not (is_count(p) and is_count(o)):
         return None
-    cached: Any = _dict(u.get("prompt_tokens_details")).get("cached_tokens")
+    cached: Any = as_dict(u.get(details)).get("cached_tokens")
     return Usage(p, o, cached if is_count(cached) else None, "usage")
 
 
@@ -173,7 +178,7 @@ def anthropic_usage(usage: dict[str, Any]) -> Usage | None:
 
 def timings_usage(timings: Any) -> Usage | None:
     """llama.cpp's `timings`: prompt_n (processed) + cache_n (reused) is the prompt."""
-    t = _dict(timings)
+    t = as_dict(timings)
     p: Any = t.get("prompt_n")
     c: Any = t.get("cache_n", 0)
     o: Any = t.get("predicted_n")
@@ -202,13 +207,13 @@ def parse_answer(api: str, body: bytes, sse: bool) -> Answer:
         return _anthropic_whole(obj)
     ans = Answer(model=_str(obj.get("model")) or None, error_type=_error_type(obj),
                  complete=True, readable=any(k in obj for k in _OPENAI_KEYS))
-    choice = _dict(_list(obj.get("choices"))[0]) if _list(obj.get("choices")) else {}
+    choice = as_dict(_list(obj.get("choices"))[0]) if _list(obj.get("choices")) else {}
     ans.finish = _str(choice.get("finish_reason")) or None
     if api == OPENAI_CHAT:
-        msg = _dict(choice.get("message"))
+        msg = as_dict(choice.get("message"))
         ans.message = msg or None
-        ans.tool_calls = [(_str(tc.get("id")), _str(_dict(tc.get("function")).get("name")))
-                          for tc in map(_dict, _list(msg.get("tool_calls")))]
+        ans.tool_calls = [(_str(tc.get("id")), _str(as_dict(tc.get("function")).get("name")))
+                          for tc in map(as_dict, _list(msg.get("tool_calls")))]
     else:
         ans.message = _str(choice.get("text"))
     ans.usage = openai_usage(obj.get("usage")) or timings_usage(obj.get("timings"))
@@ -230,7 +235,7 @@ def _first_choices(events: list[Any], ans: Answer, raw: dict[str, Any]) -> Itera
         ans.model = _str(obj.get("model")) or ans.model
         raw["usage"] = obj.get("usage") or raw.get("usage")
         raw["timings"] = obj.get("timings") or raw.get("timings")
-        for ch in map(_dict, _list(obj.get("choices"))):
+        for ch in map(as_dict, _list(obj.get("choices"))):
             if ch.get("index", 0) == 0:
                 yield ch
 
@@ -241,18 +246,18 @@ def _chat_stream(events: list[Any]) -> Answer:
     calls: dict[int, dict[str, str]] = {}
     raw: dict[str, Any] = {}
     for ch in _first_choices(events, ans, raw):
-        d = _dict(ch.get("delta"))
+        d = as_dict(ch.get("delta"))
         if c := _str(d.get("content")):
             text.append(c)
             ans.token_events += 1
         elif _str(d.get("reasoning_content")) or _str(d.get("refusal")):
             ans.token_events += 1
-        for tc in map(_dict, _list(d.get("tool_calls"))):
+        for tc in map(as_dict, _list(d.get("tool_calls"))):
             idx = tc.get("index", 0)
             slot = calls.setdefault(idx if isinstance(idx, int) else 0,
                                     {"id": "", "name": "", "arguments": ""})
             slot["id"] = _str(tc.get("id")) or slot["id"]
-            fn = _dict(tc.get("function"))
+            fn = as_dict(tc.get("function"))
             slot["name"] += _str(fn.get("name"))
             slot["arguments"] += _str(fn.get("arguments"))
             ans.token_events += 1
@@ -294,12 +299,12 @@ def _anthropic_whole(obj: dict[str, Any]) -> Answer:
     ans.message = {"role": "assistant", "content": content}
     ans.tool_calls = _anthropic_calls(content)
     ans.finish = _str(obj.get("stop_reason")) or None
-    ans.usage = anthropic_usage(_dict(obj.get("usage"))) or timings_usage(obj.get("timings"))
+    ans.usage = anthropic_usage(as_dict(obj.get("usage"))) or timings_usage(obj.get("timings"))
     return ans
 
 
 def _anthropic_calls(content: list[Any]) -> list[tuple[str, str]]:
-    return [(_str(b.get("id")), _str(b.get("name"))) for b in map(_dict, content)
+    return [(_str(b.get("id")), _str(b.get("name"))) for b in map(as_dict, content)
             if b.get("type") in ("tool_use", "server_tool_use")]
 
 
@@ -309,22 +314,22 @@ def _anthropic_stream(events: list[Any]) -> Answer:
     partial: dict[int, list[str]] = {}
     usage: dict[str, Any] = {}
     timings: Any = None
-    for obj in map(_dict, events):
+    for obj in map(as_dict, events):
         kind = obj.get("type")
         ans.readable = ans.readable or (isinstance(kind, str) and kind in _ANTHROPIC_EVENTS)
         idx = obj.get("index")
         i = idx if isinstance(idx, int) else -1
         if kind == "message_start":
-            msg = _dict(obj.get("message"))
+            msg = as_dict(obj.get("message"))
             ans.model = _str(msg.get("model")) or ans.model
-            usage.update(_dict(msg.get("usage")))
+            usage.update(as_dict(msg.get("usage")))
         elif kind == "content_block_start":
-            blocks[i] = dict(_dict(obj.get("content_block")))
+            blocks[i] = dict(as_dict(obj.get("content_block")))
             if blocks[i].get("type") in ("tool_use", "server_tool_use"):
                 partial[i] = []
                 ans.token_events += 1
         elif kind == "content_block_delta":
-            d = _dict(obj.get("delta"))
+            d = as_dict(obj.get("delta"))
             block = blocks.setdefault(i, {"type": "text", "text": ""})
             if d.get("type") == "text_delta":
                 block["text"] = _str(block.get("text")) + _str(d.get("text"))
@@ -334,8 +339,8 @@ def _anthropic_stream(events: list[Any]) -> Answer:
         elif kind == "content_block_stop" and i in partial:
             blocks[i]["input"] = _json_or_empty("".join(partial.pop(i)))
         elif kind == "message_delta":
-            ans.finish = _str(_dict(obj.get("delta")).get("stop_reason")) or ans.finish
-            usage.update({k: v for k, v in _dict(obj.get("usage")).items() if v is not None})
+            ans.finish = _str(as_dict(obj.get("delta")).get("stop_reason")) or ans.finish
+            usage.update({k: v for k, v in as_dict(obj.get("usage")).items() if v is not None})
             timings = obj.get("timings") or timings
         elif kind == "message_stop":
             ans.complete = True
@@ -362,12 +367,12 @@ def answer_text(api: str, message: Any) -> str:
     """The generated text of an answer (to estimate its tokens where usage is missing)."""
     if api == OPENAI_COMPLETIONS:
         return _str(message)
-    msg = _dict(message)
+    msg = as_dict(message)
     content = msg.get("content")
     parts = [content] if isinstance(content, str) else [
-        _str(b.get("text")) or _json_text(b.get("input")) for b in map(_dict, _list(content))]
-    parts += [_str(_dict(tc.get("function")).get("arguments"))
-              for tc in map(_dict, _list(msg.get("tool_calls")))]
+        _str(b.get("text")) or _json_text(b.get("input")) for b in map(as_dict, _list(content))]
+    parts += [_str(as_dict(tc.get("function")).get("arguments"))
+              for tc in map(as_dict, _list(msg.get("tool_calls")))]
     return " ".join(p for p in parts if p)
 
 
@@ -443,18 +448,18 @@ def _has_token(api: str, obj: dict[str, Any]) -> bool:
         event = _str(obj.get("type"))
         return event in RESPONSES_TOKEN_EVENTS or (
             event == "response.output_item.added"
-            and _str(_dict(obj.get("item")).get("type")) in _RESPONSES_CALLS)
+            and _str(as_dict(obj.get("item")).get("type")) in _RESPONSES_CALLS)
     if api == ANTHROPIC:
         kind = obj.get("type")
         return kind == "content_block_delta" or (
             kind == "content_block_start"
-            and _dict(obj.get("content_block")).get("type") in ("tool_use", "server_tool_use"))
-    for ch in map(_dict, _list(obj.get("choices"))):
+            and as_dict(obj.get("content_block")).get("type") in ("tool_use", "server_tool_use"))
+    for ch in map(as_dict, _list(obj.get("choices"))):
         if api == OPENAI_COMPLETIONS:
             if _str(ch.get("text")):
                 return True
             continue
-        d = _dict(ch.get("delta"))
+        d = as_dict(ch.get("delta"))
         if (_str(d.get("content")) or _str(d.get("reasoning_content")) or d.get("tool_calls")
                 or _str(d.get("refusal"))):
             return True

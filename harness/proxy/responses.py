@@ -33,6 +33,8 @@ from harness.proxy.answers import (
     RESPONSES_TOKEN_EVENTS,
     Answer,
     Usage,
+    as_dict,
+    openai_usage,
     safe_code,
     sse_payloads,
     timings_usage,
@@ -47,7 +49,6 @@ from harness.proxy.hashing import (
     system_blocks,
     tools_block,
 )
-from harness.userfiles import is_count
 
 # An input or output item that is a tool call: its type -> the field holding its arguments.
 _CALL_ARGS = {"function_call": "arguments", "custom_tool_call": "input",
@@ -74,10 +75,6 @@ class ItemCounts:
     unknown: int = 0
 
 
-def _dict(v: Any) -> dict[str, Any]:
-    return v if isinstance(v, dict) else {}
-
-
 def _str(v: Any) -> str:
     return v if isinstance(v, str) else ""
 
@@ -101,7 +98,7 @@ def item_blocks(items: list[Any], h: Hasher, counts: ItemCounts) -> list[Block]:
     """The blocks of input (or output) items; reasoning items and unknown types counted."""
     out: list[Block] = []
     for item in items:
-        d = _dict(item)
+        d = as_dict(item)
         kind = d.get("type", "message" if "role" in d else None)
         if kind == "message" and "role" in d:
             out.extend(openai_message_blocks({"role": d.get("role"),
@@ -121,18 +118,12 @@ def item_blocks(items: list[Any], h: Hasher, counts: ItemCounts) -> list[Block]:
 
 def responses_usage(usage: Any) -> Usage | None:
     """A response's `usage`: input tokens (the cached ones among them), output tokens."""
-    u = _dict(usage)
-    p: Any = u.get("input_tokens")
-    o: Any = u.get("output_tokens")
-    if not (is_count(p) and is_count(o)):
-        return None
-    cached: Any = _dict(u.get("input_tokens_details")).get("cached_tokens")
-    return Usage(p, o, cached if is_count(cached) else None, "usage")
+    return openai_usage(usage, "input_tokens", "output_tokens", "input_tokens_details")
 
 
 def _without_reasoning(items: list[Any]) -> list[Any]:
     """Output items as kept: a reasoning item's text (or encrypted content) left out."""
-    return [{"type": "reasoning"} if _dict(i).get("type") == "reasoning" else i for i in items]
+    return [{"type": "reasoning"} if as_dict(i).get("type") == "reasoning" else i for i in items]
 
 
 def _read_response(ans: Answer, resp: dict[str, Any], output: list[Any]) -> None:
@@ -142,16 +133,16 @@ def _read_response(ans: Answer, resp: dict[str, Any], output: list[Any]) -> None
     status = resp.get("status")
     err = resp.get("error")
     if status == "failed" or err:
-        e = _dict(err)
+        e = as_dict(err)
         ans.error_type = safe_code(e.get("code")) or safe_code(e.get("type")) or "failed"
         ans.finish = "failed"
         return
-    reason = _dict(resp.get("incomplete_details")).get("reason")
+    reason = as_dict(resp.get("incomplete_details")).get("reason")
     ans.finish = safe_code(reason) if status == "incomplete" else safe_code(status)
     if status in ("queued", "in_progress"):  # a background response: no answer yet
         return
     ans.usage = responses_usage(resp.get("usage")) or timings_usage(resp.get("timings"))
-    for item in map(_dict, output):
+    for item in map(as_dict, output):
         kind = item.get("type")
         if kind == "reasoning":
             ans.reasoning += 1
@@ -197,7 +188,7 @@ def _stream(body: bytes) -> Answer:
         if kind == "error":
             ans.readable, ans.complete = True, True
             ans.error_type = safe_code(obj.get("code")) or safe_code(
-                _dict(obj.get("error")).get("code")) or "error"
+                as_dict(obj.get("error")).get("code")) or "error"
             continue
         if not isinstance(kind, str) or not kind.startswith("response."):
             ans.unknown_events += 1
@@ -206,13 +197,13 @@ def _stream(body: bytes) -> Answer:
         if kind in RESPONSES_TOKEN_EVENTS:
             ans.token_events += 1
         if kind in _TERMINAL:
-            final, ans.complete = _dict(obj.get("response")), True
+            final, ans.complete = as_dict(obj.get("response")), True
         elif kind in ("response.created", "response.in_progress", "response.queued"):
-            resp = _dict(obj.get("response"))
+            resp = as_dict(obj.get("response"))
             ans.model = _str(resp.get("model")) or ans.model
             ans.ident = _str(resp.get("id")) or ans.ident
         elif kind in ("response.output_item.added", "response.output_item.done"):
-            items[i] = dict(_dict(obj.get("item")))
+            items[i] = dict(as_dict(obj.get("item")))
             if kind.endswith(".done"):
                 texts.pop(i, None)
                 args.pop(i, None)
@@ -253,10 +244,10 @@ def _unfinished_items(items: dict[int, dict[str, Any]], texts: dict[int, list[st
 def responses_text(message: Any) -> str:
     """The generated text of an answer's output items (to estimate its tokens)."""
     parts: list[str] = []
-    for item in map(_dict, message if isinstance(message, list) else []):
+    for item in map(as_dict, message if isinstance(message, list) else []):
         content = item.get("content")
         if isinstance(content, list):
-            parts += [_str(_dict(c).get("text")) for c in content]
+            parts += [_str(as_dict(c).get("text")) for c in content]
         parts.append(_str(item.get("arguments")) or _str(item.get("input")))
     return " ".join(p for p in parts if p)
 
@@ -284,7 +275,7 @@ class Chains:
     def _keys(body: dict[str, Any]) -> tuple[str | None, str | None]:
         prev = body.get("previous_response_id")
         conv = body.get("conversation")
-        conv = _dict(conv).get("id") if isinstance(conv, dict) else conv
+        conv = as_dict(conv).get("id") if isinstance(conv, dict) else conv
         return (f"response\0{prev}" if isinstance(prev, str) and prev else None,
                 f"conversation\0{conv}" if isinstance(conv, str) and conv else None)
 

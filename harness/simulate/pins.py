@@ -36,6 +36,8 @@ PIN_COLUMNS = ("event", "trajectory_id", "step", "status", "t_ns")
 # and the bystanders
 BYSTANDER_COLUMNS = ("event", "trajectory_id", "traffic", "t_ns", "prompt_tokens",
                      "output_tokens")
+# what is read of a replay's records, once, for both
+REPLAY_COLUMNS = PIN_COLUMNS + tuple(c for c in BYSTANDER_COLUMNS if c not in PIN_COLUMNS)
 
 
 @dataclass(frozen=True)

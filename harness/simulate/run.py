@@ -38,8 +38,7 @@ from harness.simulate.options import DEFAULT_DEADLINE_S as DEFAULT_DEADLINE_S
 from harness.simulate.options import FIRST_TOKEN_TIMEOUT_S as FIRST_TOKEN_TIMEOUT_S
 from harness.simulate.options import Loop, SimOptions
 from harness.simulate.pins import (
-    BYSTANDER_COLUMNS,
-    PIN_COLUMNS,
+    REPLAY_COLUMNS,
     Pins,
     bystander_steps,
     check_same_run,
@@ -224,10 +223,12 @@ def run_simulation(opts: SimOptions, calibration: Calibration) -> RunManifest:
     once = scale_tokens(load_trajectories(trace), check_token_scale(token_scale))
     df = tile_steps(once, copies)
     n_steps = len(df)
-    roots = int(df.loc[trajectory_starts(df["trajectory_id"].astype(object).to_numpy()),
-                       "parent_id"].isna().sum())
-    agents = int(trajectory_starts(df["trajectory_id"].astype(object).to_numpy()).sum())
-    bystanders = replay_bystanders(pinned_to, df) if pinned_to is not None else df.iloc[:0]
+    starts = trajectory_starts(df["trajectory_id"].astype(object).to_numpy())
+    roots = int(df.loc[starts, "parent_id"].isna().sum())
+    agents = int(starts.sum())
+    records = replay_records(pinned_to) if pinned_to is not None else None
+    bystanders = (replay_bystanders(records, df, starts) if records is not None
+                  else df.iloc[:0])
     if len(bystanders):
         df = pd.concat([df, bystanders], ignore_index=True)
     w = replace(build_workload(df, default_deadline_s), bystanders=len(bystanders))
@@ -237,7 +238,8 @@ def run_simulation(opts: SimOptions, calibration: Calibration) -> RunManifest:
                    token_scale * imported_token_scale(trace), ideal_reuse_for(once, policy),
                    copies)
     run = _manifest(o, ref, policy.sees_true_latency, calibration)
-    pins = replay_pins(pinned_to, w, run) if pinned_to is not None else None
+    pins = (replay_pins(pinned_to, records, w, run)
+            if pinned_to is not None and records is not None else None)
     draws = seed if o.draws_seed is None else o.draws_seed  # the server model's noise, overheads
     # a fleet's own loop (harness.simulate.fleet) is Python around the engine's transitions
     loop = "heapq event loop" if servers == 1 else "heapq event loop of a fleet (python)"
@@ -291,28 +293,35 @@ def run_simulation(opts: SimOptions, calibration: Calibration) -> RunManifest:
     return run
 
 
-def replay_bystanders(replay: Path, df: pd.DataFrame) -> pd.DataFrame:
-    """The bystander requests of the replay at `replay` as one-call trajectories in `df`'s
-    columns (harness.simulate.pins.bystander_steps; empty: it had none)."""
+def replay_records(replay: Path) -> pd.DataFrame:
+    """What pinning to the replay at `replay` reads of its records (its pins, its
+    bystanders), read once."""
     if not (replay / RUN_JSON).exists():
         raise InputError(f"--pinned-to {replay}: not a results directory (no {RUN_JSON})")
-    first = df.index[trajectory_starts(df["trajectory_id"].astype(object).to_numpy())
-                     & df["parent_id"].isna().to_numpy() & (df["kind"] != KIND_TOOL).to_numpy()]
+    return read_records(replay, REPLAY_COLUMNS)
+
+
+def replay_bystanders(records: pd.DataFrame, df: pd.DataFrame,
+                      starts: np.ndarray) -> pd.DataFrame:
+    """A replay's bystander requests (its `records`) as one-call trajectories in `df`'s
+    columns (`starts`: where its trajectories start; harness.simulate.pins.bystander_steps;
+    empty: it had none)."""
+    first = df.index[starts & df["parent_id"].isna().to_numpy()
+                     & (df["kind"] != KIND_TOOL).to_numpy()]
     if not len(first):
         return df.iloc[:0]
-    return bystander_steps(read_records(replay, BYSTANDER_COLUMNS), df.loc[first[:1]])
+    return bystander_steps(records, df.loc[first[:1]])
 
 
-def replay_pins(replay: Path, w: Workload, sim: RunManifest) -> Pins:
-    """The pins of a replay's results directory onto `w` (harness.simulate.pins), refused
-    unless the replay ran what the simulation `sim` (its run.json) runs."""
-    if not (replay / RUN_JSON).exists():
-        raise InputError(f"--pinned-to {replay}: not a results directory (no {RUN_JSON})")
+def replay_pins(replay: Path, records: pd.DataFrame, w: Workload, sim: RunManifest) -> Pins:
+    """The pins of a replay's results directory (its `records`) onto `w`
+    (harness.simulate.pins), refused unless the replay ran what the simulation `sim` (its
+    run.json) runs."""
     run = read_manifest(replay)
     if run.runtime == "simulator":
         raise InputError(f"--pinned-to {replay}: a simulation; pin to a replay of a server")
     check_same_run(run, sim, f"--pinned-to {replay}")
-    return pins_from_records(read_records(replay, PIN_COLUMNS), w, str(run.run_id))
+    return pins_from_records(records, w, str(run.run_id))
 
 
 def server_model(calibration: Calibration) -> ServerModel:

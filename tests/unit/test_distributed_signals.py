@@ -9,7 +9,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +18,8 @@ from harness import signals
 from harness.distributed import instance
 from harness.errors import ServerError, Terminated
 
-
-@pytest.fixture(autouse=True)
-def _fresh_signal_state() -> Iterator[None]:
-    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    signals._received.clear()
-    yield
-    signals._received.clear()
-    for s, h in before.items():
-        signal.signal(s, h)
+# the signal handlers and the signals seen, as they were before each test
+pytestmark = pytest.mark.usefixtures("fresh_signal_state")
 
 
 class FakeRay:

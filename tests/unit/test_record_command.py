@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -52,11 +53,14 @@ def test_a_folder_that_is_not_empty_is_refused(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "not empty" in res.output
 
 
-async def _start(out: Path, upstream: str) -> tuple[asyncio.subprocess.Process, str, list[str]]:
+async def _start(out: Path, upstream: str, limit: Callable[[], None] | None = None
+                 ) -> tuple[asyncio.subprocess.Process, str, list[str]]:
+    """`harness record` started (`limit`: run in the child before it starts), its address and
+    what it said until it listened."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "harness", "record", "--upstream", upstream, "--listen",
+        sys.executable, "-B", "-m", "harness", "record", "--upstream", upstream, "--listen",
         "127.0.0.1:0", "--out", str(out), stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
+        stderr=asyncio.subprocess.PIPE, preexec_fn=limit)
     assert proc.stderr is not None
     said: list[str] = []
     while True:

@@ -9,15 +9,13 @@ import errno
 import os
 import resource
 import signal
-import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from harness.proxy import store
 from harness.proxy.store import EVENTS, read_recording
-from tests.unit.test_record_command import _chat
+from tests.unit.test_record_command import _chat, _start
 from tests.unit.test_record_fakes import CHAT, FakeUpstream, Reply, recording
 
 BODY = {"model": "fake", "messages": [{"role": "user", "content": "x"}]}
@@ -52,22 +50,6 @@ async def test_a_full_disk_is_said_once_calls_still_relayed_and_the_stop_names_t
                     "still relayed, but no longer recorded")
     assert [e["ev"] for _, e in read_recording(rec).events] == ["request", "call"]
     assert sorted(p.name for p in rec.iterdir()) == ["events.jsonl", "recording.json"]
-
-
-async def _start(out: Path, upstream: str, limit: Callable[[], None]
-                 ) -> tuple[asyncio.subprocess.Process, str, list[str]]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-B", "-m", "harness", "record", "--upstream", upstream, "--listen",
-        "127.0.0.1:0", "--out", str(out), stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, preexec_fn=limit)
-    assert proc.stderr is not None
-    said: list[str] = []
-    while True:
-        line = (await asyncio.wait_for(proc.stderr.readline(), 60)).decode()
-        assert line, f"the proxy exited: {said}"
-        said.append(line.strip())
-        if line.startswith("listening on "):
-            return proc, line.split()[2].rstrip(";"), said
 
 
 def _small_files() -> None:  # the child: files over 6 KB cannot grow (EFBIG), no signal

@@ -7,7 +7,6 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -15,15 +14,8 @@ from harness import signals
 from harness.errors import Terminated
 from harness.replay import loop
 
-
-@pytest.fixture(autouse=True)
-def _fresh_signal_state() -> Iterator[None]:
-    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    signals._received.clear()
-    yield
-    signals._received.clear()
-    for s, h in before.items():
-        signal.signal(s, h)
+# the signal handlers and the signals seen, as they were before each test
+pytestmark = pytest.mark.usefixtures("fresh_signal_state")
 
 
 @pytest.mark.parametrize(("signum", "raised"), [(signal.SIGTERM, Terminated),

@@ -410,8 +410,8 @@ class Book:
         busy = set(self._running.values())
         order = release_order(self.pins, self.arrived, self.limits.release_order, exclude)
         if self.limits.release_order == "latest-program" and busy:
-            mine = self.arrived.get(exclude, self.clock()) if exclude is not None else (
-                self.clock())
+            now = self.clock()
+            mine = now if exclude is None else self.arrived.get(exclude, now)
             order = [s for s in order if self.arrived.get(s, self.pins[s].since) > mine]
         order = [s for s in order if s not in busy]
         if self.pool.free_count() + sum(len(self.pins[s].blocks) for s in order) < need:

@@ -10,12 +10,13 @@ accepted at its resume; with room, nothing is released.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from harness.policies.pin_release import PIN_RELEASE_ORDERS
+from harness.policies.pin_release import PIN_RELEASE_ORDERS, PinView, release_order
 from harness.records.store import read_records
 from harness.simulate.block_cache import BlockCache
 from harness.simulate.options import SimOptions
@@ -153,3 +154,21 @@ def test_an_offload_applied_at_once_is_accepted(tmp_path: Path) -> None:
     hint = ev(deferred_run(tmp_path, False), "hint_outcome", "b").iloc[0]
     assert (hint["status"], hint["reason"]) == ("accepted", "resumed")
     assert pd.isna(hint["hint_delay_s"]) and pd.isna(hint["held_s"])
+
+
+@pytest.mark.parametrize("order", PIN_RELEASE_ORDERS)
+def test_the_models_victim_is_the_first_of_the_declared_order(order: str) -> None:
+    # the model's one pass over its pins picks what harness.policies.pin_release ranks first
+    rnd = random.Random(11)
+    for _ in range(200):
+        cache = BlockCache(16, 1 << 30)
+        pins = [Trajectory(k, 0, 2) for k in range(6)]
+        for p in pins:
+            p.held, p.state = rnd.choice([16, 40, 64]), KEPT
+            p.arrived = rnd.choice([0.0, 1.0, 2.0])
+            cache.pin(p, rnd.choice([0.5, 1.5]))
+        ids = [f"t{rnd.randrange(1000):03d}-{k}" for k in range(6)]
+        first = release_order([PinView(ids[p.ti], p.arrived, p.pin_at, -(-p.held // 16))
+                               for p in pins], order)[0]
+        victim = cache.victim(None, order, ids)
+        assert victim is not None and ids[victim.ti] == first

@@ -16,6 +16,14 @@ def _reuse(r: dict[str, Any]) -> str:
     return f"{r['reuse_measured'] * 100:.1f}% / {r['reuse_simulated'] * 100:.1f}%"
 
 
+def _clipped(r: dict[str, Any]) -> str:
+    """'measured / simulated' share of the hinted pauses clipped ('-' without hints)."""
+    c0, c1 = r.get("clipped_measured"), r.get("clipped_simulated")
+    if c0 is None or c1 is None:
+        return "-"
+    return f"{c0 * 100:.1f}% / {c1 * 100:.1f}%"
+
+
 def _preempted(r: dict[str, Any]) -> str:
     p = r.get("preempted_calls")
     return "-" if p is None else f"{p[0]} / {p[1]}"
@@ -52,15 +60,17 @@ def _seeds(r: dict[str, Any]) -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     out = ["| policy | resumes | simulated P50 / P95 / P99 ms | simulated range over draw seeds "
            "(runs) | measured P50 / P95 / P99 ms | measured 95% CI P50 / P95 / P99 | error P50 "
-           "/ P95 / P99 | reuse measured / simulated | server time measured / simulated, same "
-           "calls: prompt, decode | running calls preempted measured / simulated | target |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "/ P95 / P99 | reuse measured / simulated | hints clipped measured / simulated | "
+           "server time measured / simulated, same calls: prompt, decode | running calls "
+           "preempted measured / simulated | target |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         s, m, e = r["simulated"], r["measured"], r["error"]
         out.append(f"| {r['policy']} | {r['resumes']} | {_ms(s['p50'])} / {_ms(s['p95'])} / "
                    f"{_ms(s['p99'])} | {_seeds(r)} | {_ms(m['p50'])} / {_ms(m['p95'])} / "
                    f"{_ms(m['p99'])} | {_ranges(r.get('measured_ci95'))} | {_pct(e['p50'])} / "
-                   f"{_pct(e['p95'])} / {_pct(e['p99'])} | {_reuse(r)} | {_paired(r)} | "
+                   f"{_pct(e['p95'])} / {_pct(e['p99'])} | {_reuse(r)} | {_clipped(r)} | "
+                   f"{_paired(r)} | "
                    f"{_preempted(r)} | {'met' if r['target_met'] else 'MISSED'} |")
     return "\n".join(out)
 
@@ -77,17 +87,18 @@ def rates_table(rows: list[dict[str, Any]]) -> str:
     out = ["| policy | from | server time / calibrated: prompt, decode | "
            "simulated at those rates P50 / P95 / P99 ms | simulated range over draw seeds "
            "(runs) | error P50 / P95 / P99 | "
-           "reuse measured / simulated | time to first token less the server's prompt time, "
+           "reuse measured / simulated | hints clipped measured / simulated | "
+           "time to first token less the server's prompt time, "
            "sent alone / with company, P50 (P95) ms: measured [of it in the engine's queue, "
            "as the server reports it]; simulated at the engine | "
            "target |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         f, s, e, w = r["rate_factors"], r["simulated"], r["error"], r["waits_ms"]
         out.append(f"| {r['policy']} | {f['source']} | x{f['prefill'] or 1:.2f}, "
                    f"x{f['decode'] or 1:.2f} | {_ms(s['p50'])} / {_ms(s['p95'])} / "
                    f"{_ms(s['p99'])} | {_seeds(r)} | {_pct(e['p50'])} / {_pct(e['p95'])} / "
-                   f"{_pct(e['p99'])} | {_reuse(r)} | {_waits(w['measured'])}; "
+                   f"{_pct(e['p99'])} | {_reuse(r)} | {_clipped(r)} | {_waits(w['measured'])}; "
                    f"{_waits(w['simulated_engine_only'])} | "
                    f"{'met' if r['target_met'] else 'MISSED'} |")
     return "\n".join(out)
@@ -95,13 +106,15 @@ def rates_table(rows: list[dict[str, Any]]) -> str:
 
 def pinned_table(rows: list[dict[str, Any]]) -> str:
     out = ["| policy | at | simulated P50 / P95 / P99 ms | simulated range over draw seeds "
-           "(runs) | error P50 / P95 / P99 | reuse measured / simulated | of its times reached "
-           "late (at most, s) | target |", "|---|---|---|---|---|---|---|---|"]
+           "(runs) | error P50 / P95 / P99 | reuse measured / simulated | hints clipped measured "
+           "/ simulated | of its times reached late (at most, s) | target |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         s, e, p = r["simulated"], r["error"], r["pinned"]
         out.append(f"| {r['policy']} | {r['at']} | {_ms(s['p50'])} / {_ms(s['p95'])} / "
                    f"{_ms(s['p99'])} | {_seeds(r)} | {_pct(e['p50'])} / {_pct(e['p95'])} / "
-                   f"{_pct(e['p99'])} | {_reuse(r)} | {p['late']} of {p['pinned_events']} "
+                   f"{_pct(e['p99'])} | {_reuse(r)} | {_clipped(r)} | "
+                   f"{p['late']} of {p['pinned_events']} "
                    f"({p['late_max_s']:.2f}) | {'met' if r['target_met'] else 'MISSED'} |")
     return "\n".join(out)
 

@@ -33,6 +33,8 @@ Compiled with mypyc with the event loop (harness.simulate.native); runs unchange
 
 from __future__ import annotations
 
+import heapq
+from bisect import bisect_left, insort
 from collections import OrderedDict
 from typing import Final
 
@@ -67,6 +69,16 @@ class BlockCache:
         self.pins: dict[int, Trajectory] = {}
         self.pin_tokens: dict[int, int] = {}
         self.pinned = 0
+        # the pins by arrival, (arrived, index) ascending: `releasable` counts from the latest
+        # and stops at the first that arrived too early
+        self.by_arrival: list[tuple[float, int]] = []
+        # the pins in the valve's order (latest-program, lru: keys fixed while pinned), for
+        # `victim`: (key, id, index, pin_at), least first; an entry whose pin ended is left
+        # until it surfaces (its pin_at no longer the trajectory's). Built at the first
+        # `victim` (`heap_order`: the order it holds; "" none), with the trajectory ids.
+        self.heap: list[tuple[float, str, int, float]] = []
+        self.heap_order = ""
+        self.heap_ids: list[str] = []
 
     def whole(self, n: int) -> int:
         """`n` tokens rounded down to whole blocks."""
@@ -223,6 +235,9 @@ class BlockCache:
             self.pin_tokens[tr.ti] = own
             self.pinned += own
             tr.pin_at = t
+            insort(self.by_arrival, (tr.arrived, tr.ti))
+            if self.heap_order:
+                heapq.heappush(self.heap, self._entry(tr))
 
     def unpin(self, tr: Trajectory) -> None:
         """`tr` holds no pin any more."""
@@ -230,27 +245,78 @@ class BlockCache:
             # what was counted when pinned (its context may have changed since: a call
             # admitted onto it grows it before the pin ends)
             self.pinned -= self.pin_tokens.pop(tr.ti)
+            by_arrival = self.by_arrival
+            del by_arrival[bisect_left(by_arrival, (tr.arrived, tr.ti))]
         tr.pin_at = -1.0
 
     def releasable(self, keep: Trajectory | None, after: float, cap: int) -> int:
         """The tokens that releasing every pin the valve may release (but `keep`'s; only those
         of trajectories that arrived after `after`) gives back to the pool: what they held
         beyond their groups' shared prefixes when pinned; counted up to `cap` (the sum once it
-        reaches `cap`: a scan of the pins stops there)."""
+        reaches `cap`: a scan of the pins, the latest arrival first, stops there, or at the first
+        pin that arrived too early)."""
         total = 0
-        tokens = self.pin_tokens
-        for ti, p in self.pins.items():
-            if p.state == KEPT and p is not keep and p.arrived > after:
+        tokens, pins, by_arrival = self.pin_tokens, self.pins, self.by_arrival
+        i = len(by_arrival) - 1
+        while i >= 0:
+            arrived, ti = by_arrival[i]
+            if arrived <= after:
+                break
+            p = pins[ti]
+            if p.state == KEPT and p is not keep:
                 total += tokens[ti]
                 if total >= cap:
                     break
+            i -= 1
         return total
+
+    def _entry(self, p: Trajectory) -> tuple[float, str, int, float]:
+        """`p`'s place in the heap: least first (latest-program: the latest arrival; lru: the
+        oldest pin), ties by trajectory id, as harness.policies.pin_release orders them."""
+        key = -p.arrived if self.heap_order == LATEST_PROGRAM else p.pin_at
+        return key, self.heap_ids[p.ti], p.ti, p.pin_at
 
     def victim(self, keep: Trajectory | None, order: str, ids: list[str],
                after: float = -1.0) -> Trajectory | None:
         """The pin the valve releases first under `order` (harness.policies.pin_release),
         never `keep`'s (the trajectory being admitted), only of a trajectory that arrived after
-        `after`; None: there is none."""
+        `after`; None: there is none. Latest-program and lru from a heap of the pins (O(log n)
+        a release: the valve may release once per iteration of a full pool), largest by a
+        scan (a pin's size may change while it is held)."""
+        if order == LATEST_PROGRAM or (order == LRU and after < 0):
+            return self._first_in_heap(keep, order, ids, after)
+        return self._scan(keep, order, ids, after)
+
+    def _first_in_heap(self, keep: Trajectory | None, order: str, ids: list[str],
+                       after: float) -> Trajectory | None:
+        pins = self.pins
+        if self.heap_order != order or len(self.heap) > 2 * len(pins) + 64:
+            # (re)built from the pins: the first call, or stale entries outnumber live ones
+            self.heap_order, self.heap_ids = order, ids
+            self.heap = [self._entry(p) for p in pins.values()]
+            heapq.heapify(self.heap)
+        heap = self.heap
+        passed: list[tuple[float, str, int, float]] = []
+        best: Trajectory | None = None
+        while heap:
+            entry = heap[0]
+            p = pins.get(entry[2])
+            if p is None or p.pin_at != entry[3]:  # its pin ended (or is a newer one's)
+                heapq.heappop(heap)
+                continue
+            if p.arrived <= after:  # latest-program: every later entry arrived no later
+                break
+            if p.state != KEPT or p is keep:
+                passed.append(heapq.heappop(heap))
+                continue
+            best = p
+            break
+        for entry in passed:
+            heapq.heappush(heap, entry)
+        return best
+
+    def _scan(self, keep: Trajectory | None, order: str, ids: list[str],
+              after: float) -> Trajectory | None:
         best: Trajectory | None = None
         best_key = 0.0
         for p in self.pins.values():

@@ -13,10 +13,16 @@ def _value(name: str, s: Summary, scale: float = 1.0, spec: str = ",.0f") -> str
     return "-" if v is None else format(float(v) * scale, spec)
 
 
+def _lag(s: Summary) -> str:
+    """The client's lag P99 (how late it woke to tool ends), ms, one decimal ('-': none)."""
+    v = s.client_lag_ms.at("p99")
+    return "-" if v is None else f"{float(v):.1f}"
+
+
 def headline_table(rows: list[tuple[str, Summary]]) -> str:
     """A fixed-width table of the policies' summaries (the metrics as the registry defines
     them; the counts of resumes and trajectory outcomes beside them)."""
-    head = (f"{'policy':<15}{'resume p50':>11}{'p95':>9}{'p99':>9}{'n':>5}  "
+    head = (f"{'policy':<15}{'resume p50':>11}{'p95':>9}{'p99':>9}{'lag p99':>8}{'n':>5}  "
             f"{'ok':>4}{'cancel':>7}{'fail':>5}{'recomputed':>11}{'MiB moved':>10}"
             f"{'mismatch':>9}{'JCT mean s':>11}{'makespan s':>11}")
     lines = [head, "-" * len(head)]
@@ -25,6 +31,7 @@ def headline_table(rows: list[tuple[str, Summary]]) -> str:
         lines.append(
             f"{policy:<15}{_value('resume_latency_ms.p50', s):>11}"
             f"{_value('resume_latency_ms.p95', s):>9}{_value('resume_latency_ms.p99', s):>9}"
+            f"{_lag(s):>8}"
             f"{s.resume_latency_ms.n or 0:>5}  {t.succeeded or 0:>4}{t.cancelled or 0:>7}"
             f"{t.failed or 0:>5}{_value('tokens_recomputed', s):>11}"
             f"{_value('bytes_moved', s, 1 / 2**20, '.1f'):>10}"
@@ -32,7 +39,9 @@ def headline_table(rows: list[tuple[str, Summary]]) -> str:
             f"{_value('job_completion_s.mean', s, spec=',.1f'):>11}"
             f"{_value('makespan_s', s, spec=',.1f'):>11}")
     lines.append("(resume latency in ms: tool result available -> first token of the next call; "
-                 "JCT: a task's arrival -> its last trajectory's end, over completed tasks)")
+                 "lag: how late the harness itself woke to tool results, ms, its own error "
+                 "beside the resume figures; JCT: a task's arrival -> its last trajectory's "
+                 "end, over completed tasks)")
     return "\n".join(lines)
 
 

@@ -159,9 +159,17 @@ def compare_runs(
     return {
         "base": str(base.path), "new": str(new.path), "threshold": threshold,
         "metrics": rows,
+        # the harness's own lag (how late it woke to tool ends), beside the resume figures:
+        # not judged, it is the instrument's and not the server's
+        "client_lag_ms_p99": {"base": _lag_p99(base), "new": _lag_p99(new)},
         "regressed": any(r["verdict"] == REGRESSED for r in rows),
         "improved": any(r["verdict"] == IMPROVED for r in rows),
     }
+
+
+def _lag_p99(run: RunData) -> float | None:
+    v = (run.summary["client_lag_ms"] or {}).get("p99")
+    return None if v is None else float(v)
 
 
 def compare_dirs(
@@ -193,6 +201,10 @@ def format_text(result: dict[str, Any]) -> str:
         ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
         lines.append(f"{r['name']:<{w}} {fmt(r['base']):>12} {fmt(r['new']):>12} {ratio:>8}  "
                      f"{ci:<15} {r['verdict']}")
+        if r["name"] == "resume_latency_ms.p99" and (lag := result.get("client_lag_ms_p99")):
+            lines.append(f"{'client_lag_ms.p99':<{w}} {fmt(lag['base']):>12} "
+                         f"{fmt(lag['new']):>12} {'-':>8}  {'':<15} not judged (the "
+                         f"harness's own lag)")
     bad = [r["name"] for r in result["metrics"] if r["verdict"] == REGRESSED]
     lines.append(f"REGRESSED: {', '.join(bad)}" if bad else
                  f"no regression beyond x{result['threshold']:g}")

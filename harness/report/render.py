@@ -100,6 +100,7 @@ HEADLINE_COLUMNS = ("success_rate", "goodput_per_min", "resume_latency_ms.p50",
                     "job_completion_s.mean", "job_completion_s.p95", "makespan_s",
                     "memory_time_mib_s", "bytes_moved", "tokens_recomputed", "cache_mismatches")
 _UNITLESS = ("fraction", "bytes", "tokens", "calls")
+_AFTER_RESUME = HEADLINE_COLUMNS.index("resume_latency_ms.p99") + 1
 
 
 def _head(m: Metric) -> str:
@@ -122,6 +123,7 @@ def headline(runs: list[RunData]) -> str:
     """The headline table: one row per run, the registry's headline metrics."""
     cols = [metric(name) for name in HEADLINE_COLUMNS]
     heads = ["run", "succeeded / total"] + [_head(m) for m in cols]
+    heads.insert(2 + _AFTER_RESUME, "client lag P99 ms")
     rows = []
     for r in runs:
         s = r.summary
@@ -131,10 +133,13 @@ def headline(runs: list[RunData]) -> str:
               f"{tr['slo_violating']} over SLO)" if tr["total"] else ""
         cells = [_cell(m, s) for m in cols]
         cells[0] += f"<span class='ci'>{html.escape(bad)}</span>"  # success: why not
+        # the harness's own lag beside the resume figures: how late it woke to tool ends
+        cells.insert(_AFTER_RESUME, fmt(s["client_lag_ms"]["p99"]))
         rows.append([_label(r), f"{tr['succeeded']}/{tr['total']}", *cells])
     note = ("<p class='note'>Resume latency: tool result available to the first token of the "
-            "next call (tool wait excluded); brackets: bootstrap 95% CI. Memory-time: device KV "
-            "held by paused trajectories (its interval and goodput's: bootstrap over "
+            "next call (tool wait excluded); brackets: bootstrap 95% CI; client lag: how late "
+            "the harness itself woke to tool results, its own error beside them. Memory-time: "
+            "device KV held by paused trajectories (its interval and goodput's: bootstrap over "
             "trajectories). Success: completed within deadlines and SLOs. JCT: a task (a root "
             "trajectory with its sub-agents) from its arrival to its last end, over completed "
             "tasks; makespan: first arrival to last end.</p>")

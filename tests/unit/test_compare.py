@@ -143,3 +143,30 @@ def test_cli_unreadable_inputs_exit_2(dirs: dict[str, Path], tmp_path: Path) -> 
     (broken / "run.json").write_text("{")
     res = CliRunner().invoke(main, ["compare", str(dirs["base"]), str(broken)])
     assert res.exit_code == 2 and "not valid JSON" in res.output
+
+
+def lagged_run(directory: Path, lag_s: float) -> Path:
+    from records_factory import Records, default_run
+
+    b = Records(directory.name)
+    t = b.agent("a")
+    t.call(ttft=0.05, decode=0.2, appended=500, out=20)
+    for _ in range(3):
+        t.tool(wait=0.5, cls="local_read", action="keep", lag=lag_s)
+        t.call(ttft=0.02, decode=0.2, appended=60, cached=t.context, out=20)
+    t.end()
+    return b.write(directory, default_run(policy="keep", run_id=directory.name))
+
+
+def test_the_harness_lag_stands_beside_the_resume_figures_unjudged(tmp_path: Path) -> None:
+    from harness.report.compare import compare_dirs, format_text
+
+    # the new run's harness woke 40 ms late to every tool end: its own lag, not the server's
+    result = compare_dirs(lagged_run(tmp_path / "base", 0.001), lagged_run(tmp_path / "new", 0.04))
+    assert result["client_lag_ms_p99"] == {"base": pytest.approx(1.0), "new": pytest.approx(40.0)}
+    assert "client_lag_ms.p99" not in [r["name"] for r in result["metrics"]]
+    lines = format_text(result).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("client_lag_ms.p99"))
+    assert lines[at - 1].startswith("resume_latency_ms.p99")
+    assert lines[at].split()[1:3] == ["1", "40"] and "not judged" in lines[at]
+    assert not result["regressed"]

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from records_factory import Records, default_run
 from report_fixtures import write_run
 
 from harness.cli import main
 from harness.records.store import SUMMARY_JSON
+from harness.report.fmt import fmt
 from harness.report.render import render_report
 
 SECTIONS = ("headline", "cdf", "grid", "parts", "occupancy", "timeline", "tools", "by-class",
@@ -166,3 +168,23 @@ def test_differences_against_the_baseline_run(runs: list[Path], tmp_path: Path) 
     res = CliRunner().invoke(main, ["report", *map(str, runs[:2]), "--out", str(out),
                                     "--baseline", str(runs[2])])
     assert res.exit_code == 2 and "not one of the directories" in res.output
+
+
+def test_the_headline_gives_the_harness_lag_beside_the_resume_figures(tmp_path: Path) -> None:
+    b = Records("lag")
+    t = b.agent("a")
+    t.call(ttft=0.05, decode=0.2, appended=500, out=20)
+    for lag in (0.001, 0.003):  # the harness woke 1 and 3 ms after the tools' ends
+        t.tool(wait=0.5, cls="local_read", action="keep", lag=lag)
+        t.call(ttft=0.02, decode=0.2, appended=60, cached=t.context, out=20)
+    t.end()
+    run = b.write(tmp_path / "keep", default_run(policy="keep", run_id="lag"))
+    doc = render_report([run])
+    head = doc[doc.index("id='headline'"):doc.index("</table>", doc.index("id='headline'"))]
+    cells = re.findall(r"<th>([^<]*)</th>", head)
+    at = cells.index("client lag P99 ms")
+    assert cells[at - 1] == "resume P99 ms"
+    row = re.findall(r"<td>([^<]*)", head[head.index("<td>"):])
+    # P99 of 1 and 3 ms, linear: 2.98 ms
+    assert row[at] == fmt(2.98) and json.loads((run / SUMMARY_JSON).read_text())[
+        "client_lag_ms"]["p99"] == pytest.approx(2.98)

@@ -258,10 +258,14 @@ def anthropic_blocks(body: dict[str, Any], h: Hasher) -> list[Block]:
 
 
 def anthropic_message_blocks(msg: Any, h: Hasher) -> list[Block]:
-    """One Messages API message's blocks (an answer's content too)."""
+    """One Messages API message's blocks (an answer's content too). A `system` message among
+    them (some clients send one there) is hashed as the request's `system` text is, so moving
+    the same text between the two gives the same blocks."""
     if not isinstance(msg, dict):
         return [h.block(OTHER, _clean(msg), _json_text(msg))]
     role = msg.get("role")
+    if role == "system":
+        return system_blocks(h, msg.get("content")) or [h.block(SYSTEM, ["system", None], "")]
     kind = {"user": USER, "assistant": ASSISTANT}.get(role if isinstance(role, str) else "",
                                                       OTHER)
     content = msg.get("content")

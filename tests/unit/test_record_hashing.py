@@ -48,6 +48,20 @@ def test_cache_control_and_thinking_do_not_change_blocks() -> None:
     assert a[3].name == "bash" and a[3].ref == H.ident("t1")
 
 
+def test_an_anthropic_system_message_hashes_as_the_system_text() -> None:
+    # the same system text given as the request's `system` or as a system message among the
+    # messages (as some clients send it) makes the same blocks, of kind system
+    user = {"role": "user", "content": "hi"}
+    top = anthropic_blocks({"system": "be brief", "messages": [user]}, H)
+    inside = anthropic_blocks({"messages": [{"role": "system", "content": "be brief"}, user]}, H)
+    parts = anthropic_blocks({"messages": [
+        {"role": "system", "content": [{"type": "text", "text": "be brief"}]}, user]}, H)
+    assert hashes(top) == hashes(inside) == hashes(parts)
+    assert [b.kind for b in inside] == ["system", "user"]
+    empty = anthropic_message_blocks({"role": "system", "content": []}, H)
+    assert [b.kind for b in empty] == ["system"]
+
+
 def test_an_answer_hashes_as_the_client_sends_it_back() -> None:
     streamed = {"role": "assistant", "content": None, "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"b":1,"a":2}'}}]}

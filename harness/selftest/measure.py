@@ -144,13 +144,20 @@ def _wait_healthy(stub: Stub, timeout_s: float) -> None:
     raise ServerError(f"the stub did not answer {stub.url}/health within {timeout_s:g} s")
 
 
-async def reference(url: str, agents: int, calls: int, n_predict: int, pause_s: float = 0.0
-                    ) -> tuple[np.ndarray, float]:
+def agent_pause_s(pause_s: float, agent: int, agents: int, spread: bool) -> float:
+    """Agent `agent`'s wait between calls: `pause_s`, or (`spread`) `pause_s` x (1 + agent /
+    agents), so that many agents started together do not all resume at once after the first
+    call (their resumes spread over `pause_s` seconds of each round)."""
+    return pause_s * (1.0 + agent / agents) if spread else pause_s
+
+
+async def reference(url: str, agents: int, calls: int, n_predict: int, pause_s: float = 0.0,
+                    spread: bool = False) -> tuple[np.ndarray, float]:
     """Each agent sends `calls` streamed completions, `pause_s` apart (as the synthetic trace's
-    tool waits): (TTFT ms as an agents x calls array, calls/s). Column 0 are first calls, the
-    rest follow a pause: the reference's analogue of a resume. Its prompts grow as the
-    trace's contexts do (64 tokens, then each call's output and 8 more), so both clients
-    send the same bytes: the difference is the harness's own work."""
+    tool waits; `spread`: agent_pause_s's): (TTFT ms as an agents x calls array, calls/s).
+    Column 0 are first calls, the rest follow a pause: the reference's analogue of a resume.
+    Its prompts grow as the trace's contexts do (64 tokens, then each call's output and 8
+    more), so both clients send the same bytes: the difference is the harness's own work."""
     import aiohttp
 
     ttfts = np.full((agents, calls), np.nan)
@@ -158,11 +165,12 @@ async def reference(url: str, agents: int, calls: int, n_predict: int, pause_s: 
     async with aiohttp.ClientSession(connector=connector) as s:
         async def agent(a: int) -> None:
             prompt = list(REFERENCE_PROMPT)
+            pause = agent_pause_s(pause_s, a, agents, spread)
             for c in range(calls):
                 if c:
                     prompt += [300 + (len(prompt) + i) % 1000 for i in range(n_predict + 8)]
-                    if pause_s > 0:
-                        await asyncio.sleep(pause_s)
+                    if pause > 0:
+                        await asyncio.sleep(pause)
                 t0 = time.perf_counter()
                 first = None
                 async with s.post(url + "/completion", data=orjson.dumps({
@@ -182,17 +190,19 @@ async def reference(url: str, agents: int, calls: int, n_predict: int, pause_s: 
 
 
 def synthetic_trace(path: Path, agents: int, calls: int, tool_s: float, out_tokens: int,
-                    source: str = "harness selftest") -> Path:
+                    source: str = "harness selftest", spread: bool = False) -> Path:
     """A trace of `agents` trajectories of `calls` LLM calls each (64 tokens first, 8 after),
-    a local tool of `tool_s` seconds between calls; written to `path`."""
+    a local tool of `tool_s` seconds between calls (`spread`: agent_pause_s's, as the
+    reference's); written to `path`."""
     rows: list[dict[str, Any]] = []
     for a in range(agents):
+        wait = agent_pause_s(tool_s, a, agents, spread)
         step = 0
         for c in range(calls):
             if c:
                 rows.append({"trajectory_id": f"a{a}", "step": step, "kind": "tool",
                              "tool_class": "local_read", "tool_name": "cat",
-                             "latency_s": tool_s, "deadline_s": 30.0, "outcome": "ok",
+                             "latency_s": wait, "deadline_s": 30.0, "outcome": "ok",
                              "mutating": False})
                 step += 1
             rows.append({"trajectory_id": f"a{a}", "step": step, "kind": "llm",

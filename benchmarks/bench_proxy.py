@@ -9,9 +9,10 @@ speed drifts within a run), and compares the client's medians:
 - added median latency per call (send -> whole answer read) <= 2 ms;
 - added median time to the first token (streams) <= 2 ms.
 
-Scenarios: OpenAI chat whole and streamed, Anthropic messages streamed, an agent's growing
-conversation (150 messages, about 60 KB by the end: the recorder parses and hashes it all,
-off the relay path), and 8 clients at once. Prints a table; exit 1 when a target is missed.
+Scenarios: OpenAI chat whole and streamed, Anthropic messages streamed, OpenAI Responses
+whole and streamed (Codex's API), an agent's growing conversation (150 messages, about 60 KB
+by the end: the recorder parses and hashes it all, off the relay path), and 8 clients at once.
+Prints a table; exit 1 when a target is missed.
 
     .venv/bin/python benchmarks/bench_proxy.py [--calls 150]
 
@@ -77,7 +78,10 @@ class Upstream:
     async def answer(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         anthropic = request.path.endswith("/messages")
+        responses = request.path.endswith("/responses")
         await asyncio.sleep(DELAY_S)
+        if not body.get("stream") and responses:
+            return web.json_response(_response_object())
         if not body.get("stream"):
             return web.json_response({
                 "id": "c", "object": "chat.completion", "model": "fake",
@@ -86,7 +90,7 @@ class Upstream:
                 "usage": {"prompt_tokens": 100, "completion_tokens": TOKENS}})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for i, event in enumerate(_events(anthropic)):
+        for i, event in enumerate(_response_events() if responses else _events(anthropic)):
             if i > 1:
                 await asyncio.sleep(TOKEN_GAP_S)
             await resp.write(event)
@@ -115,6 +119,31 @@ def _events(anthropic: bool) -> list[bytes]:
             b"data: [DONE]\n\n"]
 
 
+def _response_object() -> dict[str, Any]:
+    """A whole Responses API answer: one message of TOKENS words, with its usage."""
+    return {"id": "resp_1", "object": "response", "status": "completed", "model": "fake",
+            "output": [{"type": "message", "id": "msg_1", "role": "assistant",
+                        "content": [{"type": "output_text", "text": "w " * TOKENS}]}],
+            "usage": {"input_tokens": 100, "input_tokens_details": {"cached_tokens": 0},
+                      "output_tokens": TOKENS, "total_tokens": 100 + TOKENS}}
+
+
+def _response_events() -> list[bytes]:
+    """A streamed Responses API answer, as its named events: created, the message item, a
+    text delta per token, completed (with the whole answer and its usage)."""
+    def sse(obj: dict[str, Any]) -> bytes:
+        return b"event: " + obj["type"].encode() + b"\ndata: " + json.dumps(obj).encode() \
+            + b"\n\n"
+    item = {"type": "message", "id": "msg_1", "role": "assistant", "content": []}
+    return [sse({"type": "response.created", "response": {
+        "id": "resp_1", "object": "response", "status": "in_progress", "model": "fake",
+        "output": []}}),
+        sse({"type": "response.output_item.added", "output_index": 0, "item": item}),
+        *[sse({"type": "response.output_text.delta", "item_id": "msg_1", "output_index": 0,
+               "content_index": 0, "delta": "w "}) for _ in range(TOKENS)],
+        sse({"type": "response.completed", "response": _response_object()})]
+
+
 async def one_call(http: aiohttp.ClientSession, url: str, body: dict[str, Any]
                    ) -> tuple[float, float | None]:
     """(latency, time to first token) in seconds, as the client sees them."""
@@ -123,7 +152,8 @@ async def one_call(http: aiohttp.ClientSession, url: str, body: dict[str, Any]
     async with http.post(url, json=body) as resp:
         if body.get("stream"):
             async for chunk in resp.content.iter_any():
-                if first is None and (b'"content": "w' in chunk or b"text_delta" in chunk):
+                if first is None and (b'"content": "w' in chunk or b"text_delta" in chunk
+                                      or b"output_text.delta" in chunk):
                     first = time.perf_counter() - t0
         else:
             await resp.read()
@@ -137,6 +167,12 @@ Scenario = tuple[str, str, Callable[[int], dict[str, Any]], int]
 def _chat(stream: bool) -> Callable[[int], dict[str, Any]]:
     return lambda i: {"model": "fake", "stream": stream,
                       "messages": [{"role": "user", "content": f"question {i}"}]}
+
+
+def _responses(stream: bool) -> Callable[[int], dict[str, Any]]:
+    return lambda i: {"model": "fake", "stream": stream, "instructions": "You are an agent.",
+                      "input": [{"type": "message", "role": "user",
+                                 "content": [{"type": "input_text", "text": f"question {i}"}]}]}
 
 
 def _growing(i: int) -> dict[str, Any]:
@@ -160,6 +196,8 @@ SCENARIOS: list[Scenario] = [
     ("chat, whole answer", "/v1/chat/completions", _chat(False), 1),
     ("chat, streamed", "/v1/chat/completions", _chat(True), 1),
     ("messages, streamed", "/v1/messages", _anthropic, 1),
+    ("responses, whole answer", "/v1/responses", _responses(False), 1),
+    ("responses, streamed", "/v1/responses", _responses(True), 1),
     ("chat, growing conversation", "/v1/chat/completions", _growing, 1),
     ("chat, streamed, 8 clients", "/v1/chat/completions", _chat(True), 8),
 ]

@@ -41,13 +41,8 @@ from harness.adapters.http import connect
 from harness.adapters.runtimes import get_runtime
 from harness.calibrate import calls, front_end, wake
 from harness.errors import InputError, ServerError
-from harness.model.calibration import (
-    RUNTIME_ENGINES,
-    Calibration,
-    noise_from,
-    overhead_samples,
-    write_calibration,
-)
+from harness.model.calibration import RUNTIME_ENGINES, Calibration, write_calibration
+from harness.model.calibration_values import noise_from, overhead_samples
 from harness.model.iteration import APPEND_TOKENS, LONG_APPEND_TOKENS
 from harness.plan.tokens import stable_seed, token_ids
 from harness.policies.base import SWAP

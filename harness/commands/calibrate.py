@@ -45,8 +45,11 @@ def calibrate_command(runtime: str, url: str | None, out: Path | None, repeats: 
     if list_presets:
         for name in preset_names():
             cal = resolve_calibration(name)
+            declared = cal.declared_fields()
             click.echo(f"{name}: {cal.engine_kind or cal.runtime}, {cal.model}; "
-                       f"{cal.provenance()}")
+                       f"{cal.provenance()}"
+                       + (f"\n    declared (measured by no one): {', '.join(declared)}"
+                          if declared else ""))
         return
     if out is None:
         raise InputError("calibrate needs --out (the JSON to write), or --list")

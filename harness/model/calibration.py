@@ -21,11 +21,13 @@ finite):
      "block_size": 1,                 # KV block / page size in tokens (vLLM 16, SGLang 1)
      "kv_capacity_tokens": 4096,      # the KV pool in tokens
      "batch_tokens": 2048,            # the most tokens one iteration takes
+     "free_tokens": 256,              # GPUs: tokens an iteration computes in its fixed cost
      "request_overhead_ms": 1.2,      # a call's time outside the engine's compute (median)
      "wake_ms": 1.4, "wake_tau_ms": 40.0,  # the first iteration after idle time (below)
      "iteration_noise_samples": [0.9, 1.0, 1.3],  # one iteration's times / their median
      "front_end_ms": 1.4, "front_end_cpu_ms": 2.2, "stream_token_ms": 0.12,  # (below)
-     "declared": "..."}               # sources: figures published elsewhere, not measured
+     "declared": "...",               # sources: figures published elsewhere, not measured
+     "provenance": {"decode_tok_s": {"status": "published", "source": "..."}, ...}}
 
 `prefill_tok_s` is the headline rate; `prefill_points` give it by context length when measured,
 and `prefill_tok_s_at` interpolates between them (clamped at both ends). `decode_points` give one
@@ -43,9 +45,16 @@ finishing, and a policy that must swap is refused with one line (`check_swap`).
 `engine_kind` derives them from `runtime`. `block_size`, `kv_capacity_tokens` and
 `batch_tokens` are what the server itself reports (vLLM: block_size x num_gpu_blocks and
 max_num_batched_tokens; SGLang: page_size, max_total_num_tokens, chunked_prefill_size;
-llama.cpp: 1, slots x n_ctx and n_batch). `declared` is present only on a calibration whose
+llama.cpp: 1, slots x n_ctx and n_batch). `free_tokens` (1 to MAX_FREE_TOKENS; absent: 0, a
+CPU's): the tokens an iteration computes within its fixed cost, a GPU's roofline ridge
+(harness.model.iteration).
+`declared` is present only on a calibration whose
 figures come from published measurements rather than from this project's own (a shipped
 preset): it cites the sources, and whatever prints or records it says DECLARED_NOTE.
+`provenance` (optional): per field, `status` `measured` (here), `published` (by someone else:
+`source` names the publication, its commit and the rows) or `declared` (by no one: a
+specification, a default or a rule, `source` says which); `calibrate --list`, `simulate` and the
+report print the `declared_fields`.
 
 `wake_ms` (optional, with `wake_tau_ms`) is what the first iteration after the server idled
 adds to it: an engine that idled for t computes its next iteration wake_ms (1 - e^(-t /
@@ -112,10 +121,12 @@ from harness.limits import (
 )
 from harness.model.calibration_values import (
     check_points,
+    check_provenance,
     check_wake,
     parse_count,
     parse_overhead,
     parse_points,
+    parse_provenance,
     parse_samples,
     parse_swap_rate,
     parse_wake_curve,
@@ -124,6 +135,7 @@ from harness.model.calibration_values import (
 from harness.model.engines import ENGINES
 from harness.model.engines import RUNTIME_ENGINES as RUNTIME_ENGINES
 from harness.model.iteration import BATCH_TOKENS, IterationCosts, MeasuredRates, fit_costs
+from harness.model.swap_support import check_swap as check_swap
 from harness.policies.base import ServerRates
 from harness.records.store import write_json
 from harness.userfiles import check_regular
@@ -132,31 +144,15 @@ CALIBRATION_VERSION = "1"
 _RATE_KEYS = ("kv_bytes_per_token", "prefill_tok_s", "decode_tok_s")
 _SWAP_KEYS = ("swap_out_bytes_per_s", "swap_in_bytes_per_s")
 _TEXT_KEYS = ("runtime", "server_version", "model", "measured_at")
-_INT_KEYS = ("block_size", "kv_capacity_tokens", "batch_tokens")
+_INT_KEYS = ("block_size", "kv_capacity_tokens", "batch_tokens", "free_tokens")
+MAX_FREE_TOKENS = 65536  # far past any GPU's roofline ridge (a few hundred tokens)
 # The documented ranges (harness.limits): (low, high) of each rate, the most of each count.
 _RATE_RANGES = {"kv_bytes_per_token": (1.0, MAX_KV_BYTES_PER_TOKEN),
                 "prefill_tok_s": (MIN_TOK_S, MAX_TOK_S), "decode_tok_s": (MIN_TOK_S, MAX_TOK_S)}
 _INT_HIGH = {"block_size": MAX_BLOCK_SIZE, "kv_capacity_tokens": MAX_POOL_TOKENS,
-             "batch_tokens": MAX_TOKENS}
+             "batch_tokens": MAX_TOKENS, "free_tokens": MAX_FREE_TOKENS}
 _FRONT_END_KEYS = ("front_end_ms", "front_end_cpu_ms", "stream_token_ms")
 DECLARED_NOTE = "declared, not measured here"
-
-
-def overhead_samples(samples: list[float]) -> tuple[float, ...]:
-    """Overhead samples as a calibration keeps them: ms, >= 0, ascending, to the microsecond;
-    empty with fewer than 2."""
-    if len(samples) < 2:
-        return ()
-    return tuple(sorted(round(max(float(v), 0.0), 3) for v in samples))
-
-
-def noise_from(times: list[float]) -> tuple[float, ...]:
-    """Noise samples as a calibration keeps them: each of the same measurement's times over
-    their median, ascending, to 1e-4; empty with fewer than 2 (or a median of 0)."""
-    mid = float(np.median(times)) if len(times) >= 2 else 0.0
-    if mid <= 0:
-        return ()
-    return tuple(sorted(round(float(t) / mid, 4) for t in times))
 
 
 def prefill_rate_at(points: tuple[tuple[int, float], ...], default: float,
@@ -191,6 +187,7 @@ class Calibration:
     block_size: int | None = None  # the KV block / page size in tokens, as the server reports
     kv_capacity_tokens: int | None = None  # the KV pool in tokens, as the server reports
     batch_tokens: int | None = None  # the most tokens one iteration takes
+    free_tokens: int | None = None  # tokens an iteration computes within its fixed cost (GPUs)
     declared: str | None = None  # sources of published figures: not measured by the project
     request_overhead_ms: float | None = None  # outside the engine's compute, per call
     # the measured overheads, ascending (empty: the median for every call)
@@ -204,6 +201,8 @@ class Calibration:
     front_end_ms: float | None = None  # a request's turn in the server's front end
     front_end_cpu_ms: float | None = None  # the engine's compute a request's front end takes
     stream_token_ms: float | None = None  # ... and each streamed token, beyond the engine's
+    # (field, status, source) for each field whose origin is stated (`provenance` in the file)
+    field_provenance: tuple[tuple[str, str, str], ...] = ()
 
     def __post_init__(self) -> None:
         self.validate("calibration")
@@ -238,6 +237,11 @@ class Calibration:
         parse_wake_curve(list(self.wake_curve_ms) or None, where)
         for key in _FRONT_END_KEYS:
             parse_overhead(getattr(self, key), where, key)
+        check_provenance(self.field_provenance, where)
+
+    def declared_fields(self) -> list[str]:
+        """The fields no one measured (provenance status `declared`), in file order."""
+        return [f for f, status, _ in self.field_provenance if status == "declared"]
 
     def wake(self) -> tuple[float, float] | None:
         """(seconds, time constant in seconds) of the first iteration after idle time, or None
@@ -266,7 +270,8 @@ class Calibration:
         return fit_costs(MeasuredRates(self.prefill_tok_s, self.decode_tok_s,
                                        self.prefill_points, self.decode_points,
                                        self.append_points, self.long_append_points),
-                         self.batch_tokens or BATCH_TOKENS, self.wake(), self.wake_curve(way))
+                         self.batch_tokens or BATCH_TOKENS, self.wake(), self.wake_curve(way),
+                         self.free_tokens or 0)
 
     @property
     def engine_kind(self) -> str | None:
@@ -288,6 +293,8 @@ class Calibration:
         """How the figures were obtained, in a few words: DECLARED_NOTE with the sources, or
         measured on which runtime and when."""
         if self.declared is not None:
+            if self.declared.startswith(DECLARED_NOTE):  # the file says so itself
+                return self.declared
             return f"{DECLARED_NOTE} ({self.declared})"
         return f"measured on {self.runtime} {self.server_version} at {self.measured_at}"
 
@@ -325,6 +332,9 @@ class Calibration:
             d["iteration_noise_samples"] = list(self.iteration_noise_samples)
         if self.wake_curve_ms:
             d["wake_curve_ms"] = [list(row) for row in self.wake_curve_ms]
+        if self.field_provenance:
+            d["provenance"] = {f: {"status": st, "source": src}
+                               for f, st, src in self.field_provenance}
         return d
 
     @classmethod
@@ -336,7 +346,8 @@ class Calibration:
                  "long_append_points", *_TEXT_KEYS,
                  *_RATE_KEYS, *_SWAP_KEYS, "engine", *_INT_KEYS, "declared",
                  "request_overhead_ms", "request_overhead_samples_ms", "wake_ms",
-                 "wake_tau_ms", "iteration_noise_samples", "wake_curve_ms", *_FRONT_END_KEYS}
+                 "wake_tau_ms", "iteration_noise_samples", "wake_curve_ms", *_FRONT_END_KEYS,
+                 "provenance"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InputError(f"{where}: unknown key(s) {', '.join(unknown)}")
@@ -384,11 +395,13 @@ class Calibration:
                    block_size=_count(data, "block_size", where),
                    kv_capacity_tokens=_count(data, "kv_capacity_tokens", where),
                    batch_tokens=_count(data, "batch_tokens", where),
+                   free_tokens=_count(data, "free_tokens", where),
                    front_end_ms=parse_overhead(data.get("front_end_ms"), where, "front_end_ms"),
                    front_end_cpu_ms=parse_overhead(data.get("front_end_cpu_ms"), where,
                                                    "front_end_cpu_ms"),
                    stream_token_ms=parse_overhead(data.get("stream_token_ms"), where,
                                                   "stream_token_ms"),
+                   field_provenance=parse_provenance(data.get("provenance"), known, where),
                    **rates)
 
 
@@ -409,15 +422,7 @@ def read_calibration(path: str | Path) -> Calibration:
     if not p.exists():
         raise InputError(f"{p}: calibration file does not exist")
     check_regular(p)  # a FIFO or a device would hang the read
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{p}: calibration file does not exist") from None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{p}: cannot read as JSON: {exc}") from None
-    except RecursionError:
-        raise InputError(f"{p}: JSON nested too deeply to be a calibration") from None
-    return Calibration.from_dict(data, str(p))
+    return Calibration.from_dict(_read_json(p), str(p))
 
 
 def write_calibration(path: str | Path, cal: Calibration) -> Path:
@@ -456,13 +461,22 @@ def resolve_calibration(name_or_path: str | Path, policy: str | None = None,
     if policy is not None:
         check_swap(cal, policy, policy_args, f"calibration {raw}")
     if note is not None and cal.is_declared:
-        note(f"calibration {raw}: {DECLARED_NOTE}; its sources are in its `declared` key")
+        note(f"calibration {raw}: {DECLARED_NOTE}; its sources are in its `declared` key"
+             + declared_fields_note(cal))
     return cal
+
+
+def declared_fields_note(cal: Calibration) -> str:
+    """'; fields measured by no one: a, b' where the provenance names some, else ''."""
+    fields = cal.declared_fields()
+    return f"; fields measured by no one: {', '.join(fields)}" if fields else ""
 
 
 def _read_json(p: Path) -> Any:
     try:
         return json.loads(p.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{p}: calibration file does not exist") from None
     except (OSError, ValueError) as exc:
         raise InputError(f"{p}: cannot read as JSON: {exc}") from None
     except RecursionError:
@@ -473,20 +487,3 @@ def calibration_label(name_or_path: str | Path, cal: Calibration) -> str:
     """How a command names the calibration it uses: the name or path, and DECLARED_NOTE with
     the sources when its figures are declared."""
     return f"{name_or_path} ({cal.provenance()})" if cal.is_declared else str(name_or_path)
-
-
-# The policies that swap whatever the prices say (ttl: after=swap, its default; continuum:
-# after=swap, given: its reload would be priced as never finishing, so it would pin for ever).
-def check_swap(cal: Calibration, policy: str, policy_args: dict[str, str] | None = None,
-               where: str = "calibration") -> None:
-    """InputError when `policy` must swap and the calibrated engine has none (null swap rates);
-    policies that price their options (threshold, min-waste, oracle) never choose it there."""
-    if cal.has_swap:
-        return
-    after = (policy_args or {}).get("after", "swap" if policy == "ttl" else None)
-    if policy == "swap" or (policy in ("ttl", "continuum") and after == "swap"):
-        what = "swap" if policy == "swap" else f"{policy} with after=swap"
-        raise InputError(f"{where}: {cal.engine_kind or cal.runtime} has no swap (null swap "
-                         f"rates in the calibration): {what} cannot run there; use "
-                         f"{'ttl' if policy == 'swap' else policy}.after=recompute, or another "
-                         "policy")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from harness.errors import InputError
 from harness.limits import (
     MAX_BYTES_PER_S,
@@ -158,3 +160,61 @@ def parse_points(data: dict[str, Any], key: str, where: str) -> tuple[tuple[int,
         points.append((pt[0], pt[1]))
     check_points(points, where, key)
     return tuple(points)
+
+
+PROVENANCE_STATUSES = ("measured", "published", "declared")
+MAX_SOURCE_CHARS = 4000
+
+
+def _check_entry(field: Any, status: Any, source: Any, where: str) -> None:
+    if status not in PROVENANCE_STATUSES:
+        raise InputError(f"{where}: provenance.{field}.status must be one of "
+                         f"{', '.join(PROVENANCE_STATUSES)}, got {str(status)[:40]!r}")
+    if not isinstance(source, str) or not source.strip() or len(source) > MAX_SOURCE_CHARS:
+        raise InputError(f"{where}: provenance.{field}.source must be a non-empty string of at "
+                         f"most {MAX_SOURCE_CHARS} characters")
+
+
+def parse_provenance(value: Any, fields: set[str], where: str
+                     ) -> tuple[tuple[str, str, str], ...]:
+    """A calibration's `provenance` (absent: none): an object from each of `fields` it covers
+    to {"status": measured | published | declared, "source": text}, as (field, status, source)
+    in file order; InputError naming the field otherwise."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise InputError(f"{where}: provenance must be an object of fields")
+    out = []
+    for field, entry in value.items():
+        if field not in fields or field in ("version", "provenance", "declared"):
+            raise InputError(f"{where}: provenance names {str(field)[:60]!r}, not a "
+                             "calibration field")
+        if not isinstance(entry, dict) or set(entry) != {"status", "source"}:
+            raise InputError(f"{where}: provenance.{field} must be an object with exactly "
+                             "status and source")
+        _check_entry(field, entry["status"], entry["source"], where)
+        out.append((str(field), str(entry["status"]), str(entry["source"])))
+    return tuple(out)
+
+
+def check_provenance(entries: tuple[tuple[str, str, str], ...], where: str) -> None:
+    """The same checks on an in-memory calibration's (field, status, source) entries."""
+    for field, status, source in entries:
+        _check_entry(field, status, source, where)
+
+
+def overhead_samples(samples: list[float]) -> tuple[float, ...]:
+    """Overhead samples as a calibration keeps them: ms, >= 0, ascending, to the microsecond;
+    empty with fewer than 2."""
+    if len(samples) < 2:
+        return ()
+    return tuple(sorted(round(max(float(v), 0.0), 3) for v in samples))
+
+
+def noise_from(times: list[float]) -> tuple[float, ...]:
+    """Noise samples as a calibration keeps them: each of the same measurement's times over
+    their median, ascending, to 1e-4; empty with fewer than 2 (or a median of 0)."""
+    mid = float(np.median(times)) if len(times) >= 2 else 0.0
+    if mid <= 0:
+        return ()
+    return tuple(sorted(round(float(t) / mid, 4) for t in times))

@@ -43,6 +43,14 @@ adds a term in c^2 (7 ns per squared cached token, so 8 tokens after 1,536 take 
 `long_append_points` (LONG_APPEND_TOKENS appended to each context) is fitted the paged way
 (`fit_paged_costs`): every prompt chunk at `a_tiled` per cell (tiled_rows 1), plus
 `a_context` per cached token and `a_context_sq` per squared cached token it reads.
+
+On a GPU the token term is not linear from the first token: an iteration streams every weight
+once, and up to the roofline's ridge (about 250-290 tokens for a bf16 Llama on an H100, from
+aiconfigurator's GEMM tables: benchmarks/derive_presets.py) its GEMMs take about the time of one
+row. `free_tokens` (a calibration's, 0 on CPUs) is that ridge: an iteration of T tokens in all
+pays beta for max(T - free_tokens, 0) of them, so a 32-token resume costs about a decode step,
+not alpha + 32 beta with an alpha fitted low to meet the long prompts (measured against the
+composed kernel sums: 32-token appends -31% with a linear token term, within 7% with the ridge).
 """
 
 from __future__ import annotations
@@ -81,6 +89,8 @@ class IterationCosts:
     wake_tau: float = 0.04  # how fast that grows with the idle time (1 - e^(-idle / tau))
     # (idle s, extra s) measured, ascending: where given, the wake instead of wake / wake_tau
     wake_curve: tuple[tuple[float, float], ...] = ()
+    # tokens an iteration computes within its fixed cost (module docstring); 0: none
+    free_tokens: int = 0
 
     def wake_after(self, idle_s: float) -> float:
         """Seconds the first iteration after `idle_s` of idle time adds: `wake_curve`
@@ -114,9 +124,27 @@ class IterationCosts:
         """One decode token at `context` cached tokens, without `alpha`."""
         return self.beta + self.decode_cell * context
 
+    def free_s(self, tokens: int) -> float:
+        """What an iteration of `tokens` tokens in all does not pay of their `beta`: those
+        within `free_tokens` ride on the fixed cost's weight streaming."""
+        return self.beta * min(tokens, self.free_tokens)
+
     def prefill_s(self, tokens: int) -> float:
         """A cold prompt alone on the server, in one iteration."""
-        return self.alpha * -(-tokens // self.ubatch_tokens) + self.chunk_s(0, tokens)
+        passes = -(-tokens // self.ubatch_tokens)
+        return (self.alpha * passes + self.chunk_s(0, tokens)
+                - self.free_s(min(tokens, self.ubatch_tokens)) * passes)
+
+    def iteration_s(self, decode_contexts: list[float] | tuple[float, ...],
+                    chunks: list[tuple[int, int]] | tuple[tuple[int, int], ...] = ()) -> float:
+        """One iteration of a paged engine's scheduler (harness.simulate.scheduler, without wake
+        and noise): decode tokens at these contexts, and prompt chunks of (position, tokens);
+        an iteration with a prompt chunk has `alpha` as its fixed cost, one of decode tokens
+        only `decode_alpha`."""
+        cost = sum(self.decode_s(c) for c in decode_contexts)
+        cost += sum(self.chunk_s(p, m) for p, m in chunks)
+        cost -= self.free_s(len(decode_contexts) + sum(m for _, m in chunks))
+        return cost + (self.alpha if chunks else self.decode_alpha)
 
     def to_dict(self) -> dict[str, float]:
         return {"alpha_ms": self.alpha * 1e3, "beta_ms": self.beta * 1e3,
@@ -126,7 +154,7 @@ class IterationCosts:
                 "alpha_decode_ms": self.decode_alpha * 1e3, "wake_ms": self.wake * 1e3,
                 "wake_tau_ms": self.wake_tau * 1e3,
                 "tiled_rows": self.tiled_rows, "batch_tokens": self.batch_tokens,
-                "ubatch_tokens": self.ubatch_tokens}
+                "ubatch_tokens": self.ubatch_tokens, "free_tokens": self.free_tokens}
 
 
 def curve_at(curve: tuple[tuple[float, float], ...], x: float) -> float:
@@ -220,7 +248,7 @@ def fit_paged_costs(decode_tok_s: float, prefill_points: tuple[tuple[int, float]
                     decode_points: tuple[tuple[int, float], ...],
                     append_points: tuple[tuple[int, float], ...],
                     long_append_points: tuple[tuple[int, float], ...],
-                    batch_tokens: int = BATCH_TOKENS) -> IterationCosts:
+                    batch_tokens: int = BATCH_TOKENS, free_tokens: int = 0) -> IterationCosts:
     """A paged engine's iteration costs (module docstring) from a calibration that measured
     cold prompts (`prefill_points`, context 0), APPEND_TOKENS and LONG_APPEND_TOKENS appended
     to cached contexts, and decode by context: nonnegative least squares of each prompt's time
@@ -239,16 +267,19 @@ def fit_paged_costs(decode_tok_s: float, prefill_points: tuple[tuple[int, float]
                       (LONG_APPEND_TOKENS, long_append_points)):
         for n, rate in points:
             new, ctx = (n, 0) if k is None else (k, n)
-            rows.append([1.0, new, new * ctx + new * (new + 1) / 2, ctx, ctx * ctx])
+            rows.append([1.0, max(new - free_tokens, 0), new * ctx + new * (new + 1) / 2, ctx,
+                         ctx * ctx])
             times.append(new / rate)
     x, y = np.array(rows, dtype=float), np.array(times, dtype=float)
     scale = np.abs(x).max(axis=0)
     scale[scale == 0] = 1.0
     coef = nnls(x / scale, y)[0] / scale
     alpha, beta, a, a_ctx, a_sq = (float(v) for v in coef)
+    # one decode token alone: its beta is free when free_tokens >= 1
     return IterationCosts(alpha, beta, a, a, 1, batch_tokens, batch_tokens,
                           a_decode if a_decode > 0 else None, a_ctx, a_sq,
-                          max(step - beta, 0.0))
+                          max(step - (beta if free_tokens < 1 else 0.0), 0.0),
+                          free_tokens=free_tokens)
 
 
 @dataclass(frozen=True)
@@ -267,17 +298,20 @@ class MeasuredRates:
 
 def fit_costs(rates: MeasuredRates, batch_tokens: int = BATCH_TOKENS,
               wake: tuple[float, float] | None = None,
-              wake_curve: tuple[tuple[float, float], ...] = ()) -> IterationCosts:
+              wake_curve: tuple[tuple[float, float], ...] = (),
+              free_tokens: int = 0) -> IterationCosts:
     """The iteration costs a calibration's rates give: the paged fit where it measured long
     appends beside cold prompts and short appends (vLLM, SGLang), else the row/tiled one;
     `wake`: (seconds, time constant) of the first iteration after idle time, where measured;
-    `wake_curve`: the same measured at several idle times ((idle s, extra s), ascending)."""
+    `wake_curve`: the same measured at several idle times ((idle s, extra s), ascending);
+    `free_tokens`: the paged fit's tokens within an iteration's fixed cost (the row/tiled fit,
+    llama.cpp's, has none)."""
     prefill_tok_s, decode_tok_s = rates.prefill_tok_s, rates.decode_tok_s
     prefill_points, decode_points = rates.prefill_points, rates.decode_points
     append_points, long_append_points = rates.append_points, rates.long_append_points
     if long_append_points and append_points and prefill_points:
         costs = fit_paged_costs(decode_tok_s, prefill_points, decode_points, append_points,
-                                long_append_points, batch_tokens)
+                                long_append_points, batch_tokens, free_tokens)
     else:
         costs = fit_iteration_costs(prefill_tok_s, decode_tok_s, prefill_points, decode_points,
                                     append_points, batch_tokens=batch_tokens)

@@ -35,7 +35,8 @@ import pandas as pd
 
 from harness.arrays import FloatArray
 from harness.metrics.frames import build_frames
-from harness.model.calibration import Calibration, noise_from, overhead_samples
+from harness.model.calibration import Calibration
+from harness.model.calibration_values import noise_from, overhead_samples
 from harness.model.iteration import IterationCosts
 from harness.model.wake_fit import curve_weights, fit_wake
 

@@ -71,6 +71,7 @@ def render_runs(runs: list[RunData], baseline: int = 0, lead: str = "",
     if any(r.simulated for r in runs):
         parts.append("<p class='banner'>Runs marked <span class='badge'>simulated</span> come "
                      "from the simulator, not a live server.</p>")
+        parts += [_calibration_note(r) for r in runs if r.simulated]
     parts += [lead, health_section(runs, _label), headline(runs),
               differences_section(runs, _label, baseline), instrument_section(runs),
               cdf_section(runs), bucket_grid(runs),
@@ -82,6 +83,19 @@ def render_runs(runs: list[RunData], baseline: int = 0, lead: str = "",
               fidelity_section(runs), metadata_section(runs)]
     parts.append("</body></html>")
     return "\n".join(p for p in parts if p)
+
+
+def _calibration_note(r: RunData) -> str:
+    """Where a simulated run's rates came from, when not from this project's own measurement:
+    the calibration's sources and the fields no one measured ('' for a measured one)."""
+    cal = r.run.calibration or {}
+    if not cal.get("declared"):
+        return ""
+    declared = [f for f, e in (cal.get("provenance") or {}).items()
+                if isinstance(e, dict) and e.get("status") == "declared"]
+    fields = (f" Fields measured by no one: {', '.join(declared)}." if declared else "")
+    return (f"<p class='note'>{_label(r)}: calibration {html.escape(str(cal.get('model')))}, "
+            f"declared, not measured here ({html.escape(str(cal['declared']))}).{fields}</p>")
 
 
 def _label(r: RunData) -> str:

@@ -19,7 +19,8 @@ from harness import __version__
 from harness.errors import InputError
 from harness.metrics.summary import summarize_dir
 from harness.metrics.summary_types import save_summary
-from harness.model.calibration import Calibration, check_swap
+from harness.model.calibration import Calibration
+from harness.model.swap_support import check_swap
 from harness.plan.planner import Arrivals, poisson_arrivals
 from harness.policies import (
     POLICIES,
@@ -342,7 +343,8 @@ def server_model(calibration: Calibration) -> ServerModel:
                        noise_samples=calibration.iteration_noise_samples,
                        front_end_s=(calibration.front_end_ms or 0.0) / 1000.0,
                        front_end_cpu_s=(calibration.front_end_cpu_ms or 0.0) / 1000.0,
-                       stream_token_s=(calibration.stream_token_ms or 0.0) / 1000.0)
+                       stream_token_s=(calibration.stream_token_ms or 0.0) / 1000.0,
+                       free_tokens=calibration.free_tokens or 0)
 
 
 def _manifest(o: SimOptions, ref: TraceRef, sees_true_latency: bool,

@@ -77,6 +77,7 @@ class Scheduler:
         self.tiled_rows: int = costs.tiled_rows
         self.a_ctx: float = costs.a_context
         self.a_ctx_sq: float = costs.a_context_sq
+        self.free: int = costs.free_tokens  # tokens within the fixed cost (IterationCosts)
         # the first iteration after idle time costs more (IterationCosts.wake_after): measured
         self.wakes: bool = costs.wake > 0.0 or bool(costs.wake_curve)
         self.idle_since = -INF  # the server idled before the run
@@ -266,6 +267,9 @@ class Scheduler:
                 chunks.append((tr, m))
             if chunks or self.ctl_pre:  # a prompt iteration's own fixed cost
                 cost += self.alpha - self.alpha_dec
+            if self.free:  # IterationCosts.free_s: tokens within the fixed cost
+                used = self.batch_tokens - budget
+                cost -= beta * (used if used < self.free else self.free)
         prompt = bool(chunks or self.ctl_pre or self.ctl_dec)
         if prompt or self.n_d:  # an iteration runs (a wake-up that finds none draws nothing)
             if self.mode == IDLE and self.wakes:  # the engine idled: it wakes slower

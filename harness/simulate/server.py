@@ -78,13 +78,15 @@ class ServerModel:
     front_end_cpu_s: float = 0.0
     # ... and per token a streaming call is sent, taken from the engine's compute the same way
     stream_token_s: float = 0.0
+    # tokens an iteration computes within its fixed cost (a GPU's roofline ridge; 0: none)
+    free_tokens: int = 0
 
     def iteration_costs(self) -> IterationCosts:
         """What an iteration costs (harness.model.iteration), fitted to these rates."""
         return fit_costs(MeasuredRates(self.prefill_tok_s, self.decode_tok_s,
                                        self.prefill_points, self.decode_points,
                                        self.append_points, self.long_append_points),
-                         self.batch_tokens, self.wake, self.wake_curve)
+                         self.batch_tokens, self.wake, self.wake_curve, self.free_tokens)
 
     def noise_draws(self, seed: int, server: int = 0) -> list[float]:
         """Factors on each iteration's time (NOISE_DRAWS of them, used in turn), drawn

@@ -254,7 +254,7 @@ def test_a_wake_curve_round_trips_and_a_malformed_one_is_refused_by_name() -> No
 
 
 def test_noise_is_each_time_over_the_median() -> None:
-    from harness.model.calibration import noise_from
+    from harness.model.calibration_values import noise_from
     assert noise_from([0.004, 0.002, 0.003, 0.006]) == (0.5714, 0.8571, 1.1429, 1.7143)
     assert noise_from([0.003]) == () and noise_from([0.0, 0.0]) == ()
 

@@ -27,8 +27,9 @@ from harness.model.calibration import (
 from harness.policies.base import ServerRates
 from harness.records.manifest import read_manifest
 
-SHIPPED = ("llamacpp-smollm2-cpu", "sglang-tiny-cpu", "vllm-llama3.1-70b-h100x4",
-           "vllm-tiny-cpu")
+SHIPPED = ("llamacpp-smollm2-cpu", "sglang-llama3.1-8b-h100", "sglang-tiny-cpu",
+           "vllm-llama3.1-70b-h100x4", "vllm-llama3.1-8b-h100", "vllm-tiny-cpu")
+GPU = ("sglang-llama3.1-8b-h100", "vllm-llama3.1-70b-h100x4", "vllm-llama3.1-8b-h100")
 
 
 def base(**kw: Any) -> dict[str, Any]:
@@ -114,10 +115,12 @@ def test_every_shipped_preset_loads_validates_and_says_where_it_comes_from() -> 
         assert cal.engine_kind in ("llamacpp", "vllm", "sglang")
         assert cal.kv_capacity_tokens and cal.block_size
         if cal.is_declared:
-            assert name == "vllm-llama3.1-70b-h100x4"
+            assert name in GPU
             assert cal.declared is not None and cal.declared.startswith(DECLARED_NOTE)
-            assert "https://" in cal.declared and DECLARED_NOTE in cal.provenance()
-            assert cal.kv_bytes_per_token == 2 * 80 * 8 * 128 * 2
+            assert "aiconfigurator" in cal.declared and DECLARED_NOTE in cal.provenance()
+            assert all("https://" in src for _, st, src in cal.field_provenance
+                       if st == "published")
+            assert cal.kv_bytes_per_token == 2 * (80 if "70b" in name else 32) * 8 * 128 * 2
         else:
             assert "measured on" in cal.provenance() and cal.prefill_points
             assert cal.decode_points and cal.append_points
@@ -141,10 +144,10 @@ def test_resolve_takes_a_file_and_refuses_an_unknown_name_in_one_line(tmp_path: 
 def test_calibrate_list_names_every_preset_and_the_declared_one() -> None:
     res = CliRunner().invoke(main, ["calibrate", "--list"])
     assert res.exit_code == 0, res.output
-    lines = res.output.splitlines()
+    lines = [ln for ln in res.output.splitlines() if not ln.startswith(" ")]
     assert [ln.split(":")[0] for ln in lines] == list(SHIPPED)
-    assert DECLARED_NOTE in next(ln for ln in lines if ln.startswith("vllm-llama3.1"))
-    assert all("measured on" in ln for ln in lines if not ln.startswith("vllm-llama3.1"))
+    assert all(DECLARED_NOTE in ln for ln in lines if ln.split(":")[0] in GPU)
+    assert all("measured on" in ln for ln in lines if ln.split(":")[0] not in GPU)
     res = CliRunner().invoke(main, ["calibrate"])
     assert res.exit_code == 2 and "needs --out" in res.output
 

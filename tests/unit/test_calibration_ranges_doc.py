@@ -48,22 +48,25 @@ def _patch(key: str, v: float) -> dict[str, Any]:
         return {"wake_ms": v, "wake_tau_ms": 1.0}
     if key == "batch_tokens_point":
         return {"decode_points": [[int(v), 30.0]]}
-    return {key: int(v) if key in ("block_size", "kv_capacity_tokens", "batch_tokens") else v}
+    return {key: int(v) if key in INTEGER else v}
+
+
+INTEGER = ("block_size", "kv_capacity_tokens", "batch_tokens", "free_tokens")
 
 
 PROBED = ["prefill_tok_s", "decode_tok_s", "batch_tokens", "kv_bytes_per_token",
           "swap_out_bytes_per_s", "block_size", "kv_capacity_tokens", "request_overhead_ms",
-          "wake_ms", "front_end_ms", "stream_token_ms", "iteration_noise_samples"]
+          "wake_ms", "front_end_ms", "stream_token_ms", "iteration_noise_samples", "free_tokens"]
 
 
 def test_every_documented_row_is_parsed() -> None:
-    assert len(_rows()) == 8
+    assert len(_rows()) == 9
 
 
 @pytest.mark.parametrize("key", PROBED)
 def test_the_documented_bounds_are_the_readers(key: str) -> None:
     low, high = _row(key)
-    integer = key in ("block_size", "kv_capacity_tokens", "batch_tokens")
+    integer = key in INTEGER
     for v in (low, high):
         Calibration.from_dict(PRESET | _patch(key, v))  # each bound itself is taken
     step_up = high + 1 if integer else high * 1.001

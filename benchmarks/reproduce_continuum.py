@@ -11,10 +11,12 @@ published every job's duration (../shared/traces/continuum/, read from there). T
 question here, on the SWE-bench agent runs of mini-swe-agent (../shared/traces/mini-swe-agent/,
 real tool times and token counts):
 
-- `sim`: the engine model with vLLM's semantics and the declared preset
-  `vllm-llama3.1-70b-h100x4` (published figures for that model on that hardware, not measured
-  here), `--jobs` jobs with `--agents` at a time, every policy, `--replicates` times with the
-  jobs in a different seeded order (the makespan's spread), with no client timeout (the
+- `sim`: the engine model with vLLM's semantics and the preset `vllm-llama3.1-70b-h100x4`
+  (composed from published H100 kernel measurements by benchmarks/derive_presets.py; its swap,
+  pool and append fields declared), `--jobs` jobs with `--agents` at a time, every policy,
+  `--replicates` times with the jobs in a different seeded order (the makespan's spread), each
+  run cut to its first calls so that a job makes `--turns-mean` calls on average (the paper's
+  10.9; `cut_turns`: in proportion to each run's own length), with no client timeout (the
   paper's agents wait for their calls; with the harness client's 600 s most calls that wait
   for memory behind pinned contexts would fail instead);
 - `live`: `harness run` against a local CPU vLLM with the project's connector and a KV
@@ -93,6 +95,25 @@ def paper_figures(folder: Path) -> dict[str, Any]:
     return out
 
 
+PAPER_TURNS = 10.9  # the paper's traces' mean LLM calls a job
+
+
+def cut_turns(source: pd.DataFrame, mean_turns: float) -> tuple[pd.DataFrame, float]:
+    """Each run cut to its first k LLM calls (and the tool steps between them), k in
+    proportion to its own length so that the runs' mean is `mean_turns`: k = max(1,
+    round(calls x mean_turns / mean calls)). The runs keep their real tool times and token
+    counts, and their spread of lengths; nothing is invented. Returns the cut steps and the
+    mean calls a job they have."""
+    llm = source["kind"] == "llm"
+    calls = llm.groupby(source["trajectory_id"]).sum()
+    keep_calls = (calls * (mean_turns / calls.mean())).round().clip(lower=1).astype(int)
+    seen = llm.astype(int).groupby(source["trajectory_id"]).cumsum()
+    limit = source["trajectory_id"].map(keep_calls)
+    # up to and with the k-th call; a tool after it would end the job on a tool
+    kept = (seen < limit) | ((seen == limit) & llm)
+    return source[kept].reset_index(drop=True), float(keep_calls.mean())
+
+
 def jobs_trace(source: pd.DataFrame, n: int, seed: int, path: Path) -> Path:
     """The first `n` jobs of the source's trajectories in a seeded order, repeated as needed
     (each copy sends new content), written to `path`."""
@@ -136,7 +157,12 @@ def run_facts(d: Path) -> dict[str, Any]:
 
 
 def simulate_part(source: pd.DataFrame, out: Path, jobs: int, agents: int,
-                  replicates: int) -> dict[str, list[dict[str, Any]]]:
+                  replicates: int, turns_mean: float = 0.0) -> dict[str, list[dict[str, Any]]]:
+    """Every policy on the engine model with the 70B preset, `replicates` seeded orders of
+    `jobs` jobs; `turns_mean` > 0: the runs cut to that many calls a job (cut_turns)."""
+    if turns_mean > 0:
+        source, got = cut_turns(source, turns_mean)
+        print(f"runs cut to {got:.2f} calls a job on average", flush=True)
     cal = resolve_calibration(PRESET)
     assert cal.kv_capacity_tokens is not None and cal.block_size is not None
     cap = Capacity(tokens=cal.kv_capacity_tokens, engine="vllm", block_size=cal.block_size)
@@ -293,6 +319,18 @@ def paper_table(paper: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def paper_beside(paper: dict[str, Any], sim: dict[str, Any]) -> str:
+    """The simulated absolute mean JCTs beside the paper's, for vLLM's default
+    (keep-evictable) and Continuum, with each side's speedup."""
+    v, c = (float(np.mean(paper[k]["jobs"])) for k in ("vllm", "continuum"))
+    sv, sc = (sim.get(k, {}).get("jct_s", {}).get("mean") for k in (BASELINE, "continuum"))
+    rows = ["| JCT mean | paper s | simulated s | simulated / paper |", "|---|---|---|---|"]
+    for label, p, s_ in (("vLLM's default (keep-evictable)", v, sv), ("Continuum", c, sc)):
+        rows.append(f"| {label} | {p:,.1f} | {_s(s_)} | {_x(s_ / p if s_ else None)} |")
+    rows.append(f"| speedup | {v / c:.2f}x | {_x(sv / sc if sv and sc else None)} | |")
+    return "\n".join(rows)
+
+
 def _plain(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     base = results.get(BASELINE)
     out: dict[str, Any] = {}
@@ -338,6 +376,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=500)
     ap.add_argument("--agents", type=int, default=64)
     ap.add_argument("--replicates", type=int, default=5)
+    ap.add_argument("--turns-mean", type=float, default=PAPER_TURNS,
+                    help="sim: cut each run to its first calls, in proportion to its length, so "
+                         "that a job makes this many calls on average, as the paper's (0: the "
+                         "runs whole, 80 calls a job)")
     ap.add_argument("--live-jobs", type=int, default=32)
     ap.add_argument("--live-agents", type=int, default=8)
     ap.add_argument("--pool-tokens", type=int, default=2560)
@@ -369,14 +411,19 @@ def main(argv: list[str] | None = None) -> int:
                            "settings": {k: str(v) for k, v in vars(args).items()}}
     md = [paper_table(paper)]
     if "sim" in parts:
-        res = simulate_part(source, args.out / "sim", args.jobs, args.agents, args.replicates)
+        res = simulate_part(source, args.out / "sim", args.jobs, args.agents, args.replicates,
+                            args.turns_mean)
     else:  # a part not run this time is reported from what OUT holds of it
         res = stored(args.out / "sim", [f"{{}}-{r}" for r in range(args.replicates)])
     if res:
         doc["simulated"] = _plain(res)
         md.append(table(res, doc["simulated"],
                         f"Simulated: {args.jobs} jobs, {args.agents} agents, engine model "
-                        f"(vLLM) with the declared preset {PRESET}, {args.replicates} orders"))
+                        f"(vLLM) with the preset {PRESET} (composed from published H100 "
+                        f"kernel measurements), {args.replicates} orders"
+                        + (f", runs cut to {args.turns_mean:g} calls a job on average"
+                           if args.turns_mean > 0 else ", runs whole")))
+        md.append(paper_beside(paper, doc["simulated"]))
     res = (live_part(source, args.out / "live", args.live_jobs, args.live_agents,
                      args.pool_tokens, args.token_scale, args.live_bound_s, args.model,
                      {p.strip() for p in args.live_policies.split(",")}

@@ -327,3 +327,25 @@ def test_published_requests_give_ttft_tpot_and_e2e(tmp_path: Path) -> None:
     assert all(x["error"] == 0 for x in rows)
     assert vpr.main(["--llmservingsim", str(tmp_path / "none"), "--commit", "x",
                      "--out", str(tmp_path / "o")]) == 2
+
+
+def test_the_h100_runs_workload_and_step_overhead(tmp_path: Path) -> None:
+    import validate_published_h100 as h100
+
+    steps = pd.read_parquet(h100.workload(tmp_path / "w.parquet"))
+    assert len(steps) == 8 * 600 + 20 * 600
+    assert steps.start_s.iloc[:3].tolist() == pytest.approx([0.0, 0.125, 0.25])
+    assert steps.start_s.iloc[4800] == pytest.approx(600.0)
+    assert steps.start_s.iloc[4801] == pytest.approx(600.05)
+    assert steps.prefix_group.iloc[:11].tolist() == [f"system-{i % 10}" for i in range(11)]
+    assert set(steps.prefix_tokens) == {100} and set(steps.input_tokens) == {575}
+    cal = resolve_calibration(GPU_PRESETS[1])
+    slow = h100.with_step_overhead(cal, 0.002)
+    for (c, r), (c2, r2) in zip(cal.decode_points, slow.decode_points, strict=True):
+        assert c == c2 and 1 / r2 == pytest.approx(1 / r + 0.002)
+    for (n, r), (_, r2) in zip(cal.prefill_points, slow.prefill_points, strict=True):
+        assert n / r2 == pytest.approx(n / r + 0.002)
+    assert 32 / dict(slow.append_points)[2048] == pytest.approx(
+        32 / dict(cal.append_points)[2048] + 0.002)
+    assert h100.main(["--aiconfigurator", str(tmp_path), "--aic-commit", "x",
+                      "--inference-sim", str(tmp_path), "--out", str(tmp_path / "o")]) == 2

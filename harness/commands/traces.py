@@ -60,7 +60,9 @@ def describe_command(file: Path, as_json: bool) -> None:
         return
     click.echo(f"{file}")
     click.echo(f"  trajectories {d['trajectories']}, steps {d['steps']}, "
-               f"LLM calls {d['llm_calls']}, tool calls {d['tool_calls']}")
+               f"LLM calls {d['llm_calls']}, tool calls {d['tool_calls']}"
+               + (f" (and {d['gap_steps']} gap steps between back-to-back calls)"
+                  if d["gap_steps"] else ""))
     click.echo(f"  turns per trajectory p50/p95/p99: {_fmt_q(d['turns_per_trajectory'])}")
     click.echo(f"  abandoned (never return): {d['abandoned']} "
                f"({100 * d['abandoned_fraction']:.2f}% of tool calls)")

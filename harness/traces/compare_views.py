@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from harness.traces.context import context_lengths
-from harness.traces.schema import KIND_LLM, KIND_TOOL
+from harness.traces.schema import KIND_LLM, KIND_TOOL, gap_steps
 
 SHOWN_DIFFERENCES = 5  # per-call prompt differences listed per tree
 FIRST_PROMPT_TOLERANCE = 0.05  # first prompts this close (relative) confirm an order match
@@ -62,6 +62,7 @@ def _trees(df: pd.DataFrame) -> list[_Tree]:
     prompt = context_lengths(df).prompt
     tid = df["trajectory_id"].astype(object).to_numpy()
     kind = df["kind"].astype(object).to_numpy()
+    gap = gap_steps(df).to_numpy()  # pauses between back-to-back calls: no tool either side
     lat = df["latency_s"].to_numpy(dtype="float64", na_value=np.nan)
     parent = df["parent_id"].astype(object).to_numpy()
     spawn = df["spawn_step"].to_numpy(dtype="float64", na_value=np.nan)
@@ -86,7 +87,7 @@ def _trees(df: pd.DataFrame) -> list[_Tree]:
             depth=depth_of[t], start_s=float(start[first]),
             prompts=tuple(int(prompt[i]) for i in r if kind[i] == KIND_LLM),
             latencies=tuple(None if np.isnan(lat[i]) else float(lat[i])
-                            for i in r if kind[i] == KIND_TOOL)))
+                            for i in r if kind[i] == KIND_TOOL and not gap[i])))
     trees = [_Tree(tuple(sorted(m, key=lambda x: (x.depth, x.start_s, x.tid))))
              for m in members.values()]
     return sorted(trees, key=lambda tr: (tr.root.start_s, tr.first_prompt, tr.root.tid))

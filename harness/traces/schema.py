@@ -51,6 +51,11 @@ TOOL_CLASSES = (
     "subagent",
 )
 TOOL_SUBAGENT = "subagent"
+# A tool step that stands for no tool: the agent called the model again with nothing between
+# (a retried, continued or streamed-again response). It keeps LLM and tool steps alternating
+# and carries the wall time between the two calls; it is not a tool call (`gap_steps`).
+GAP_TOOL = "gap"
+GAP_TOOL_NAMES = (GAP_TOOL, "none", "no_tool")  # and the names earlier importers gave it
 # When a trajectory's prefix_group is set and prefix_tokens is not (version-1 files).
 DEFAULT_PREFIX_TOKENS = 128
 
@@ -195,3 +200,11 @@ def read_metadata(path: str | Path) -> Mapping[bytes, bytes]:
 def read_provenance(path: str | Path) -> Provenance | None:
     raw = read_metadata(path).get(META_PROVENANCE)
     return Provenance.from_json(raw) if raw else None
+
+
+def gap_steps(df: pd.DataFrame) -> pd.Series:
+    """True at each gap step (GAP_TOOL, or a name earlier importers gave it, of class
+    local_read): a pause between back-to-back calls, not a tool call."""
+    return ((df["kind"] == KIND_TOOL)
+            & df["tool_name"].astype(object).isin(GAP_TOOL_NAMES)
+            & (df["tool_class"].astype(object) == "local_read"))

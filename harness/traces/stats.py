@@ -9,7 +9,7 @@ import pandas as pd
 
 from harness.traces.context import context_lengths
 from harness.traces.reuse import ideal_reuse
-from harness.traces.schema import KIND_LLM, KIND_TOOL, TOOL_SUBAGENT, Provenance
+from harness.traces.schema import KIND_LLM, KIND_TOOL, TOOL_SUBAGENT, Provenance, gap_steps
 
 
 def quantiles(
@@ -57,8 +57,10 @@ def import_summary(provenance: Provenance | None) -> dict[str, Any] | None:
 
 def describe(df: pd.DataFrame, provenance: Provenance | None = None) -> dict[str, Any]:
     """Summary of a validated trajectory frame; keys documented in the README. With the file's
-    `provenance`, an importer's source counts are added under "import"."""
-    is_tool = df["kind"] == KIND_TOOL
+    `provenance`, an importer's source counts are added under "import". A gap step between
+    back-to-back calls (schema.gap_steps) is counted as one, not as a tool call."""
+    gaps = gap_steps(df)
+    is_tool = (df["kind"] == KIND_TOOL) & ~gaps
     tools = df[is_tool]
     tid = df["trajectory_id"].astype(object)
     abandoned = tools["latency_s"].isna() | (tools["outcome"] == "abandoned")
@@ -80,6 +82,7 @@ def describe(df: pd.DataFrame, provenance: Provenance | None = None) -> dict[str
         "steps": int(len(df)),
         "llm_calls": int((df["kind"] == KIND_LLM).sum()),
         "tool_calls": int(is_tool.sum()),
+        "gap_steps": int(gaps.sum()),
         "abandoned": int(abandoned.sum()),
         "abandoned_fraction": float(abandoned.mean()) if len(tools) else 0.0,
         "tool_calls_by_class": {k: v["calls"] for k, v in by_class.items()},

@@ -206,3 +206,21 @@ def test_cli_describe_lists_source_files(tmp_path: Path) -> None:
     assert out[out.index("    t0.json") + 1] == "    t1.json"  # t0 counted nothing
     assert "... and 2 more (--json lists them)" in r.output
     assert [ln.split() for ln in r.output.splitlines()][-1] == ["requests", "660"]
+
+
+@pytest.mark.parametrize("name", ["gap", "none", "no_tool"])
+def test_a_gap_between_back_to_back_calls_is_not_a_tool_call(name: str, tmp_path: Path) -> None:
+    # the shared marker, and the names earlier importers gave it
+    df = frame()
+    df.loc[3, "tool_name"], df.loc[3, "latency_s"], df.loc[3, "outcome"] = name, 0.0, "ok"
+    d = describe(df)
+    assert (d["tool_calls"], d["gap_steps"]) == (2, 1)
+    assert d["tool_calls_by_class"] == {"remote_read": 2}
+    assert d["abandoned_fraction"] == pytest.approx(1 / 2)
+    assert d["tool_latency_s"]["n"] == 1
+    df.loc[3, "tool_class"] = "mutating"  # a real tool that happens to be named so
+    assert describe(df)["gap_steps"] == 0
+    p = write_trajectories(frame().assign(tool_name=lambda f: f["tool_name"].where(
+        f.index != 3, name)), tmp_path / "t.parquet", Provenance("test", []))
+    res = CliRunner().invoke(main, ["traces", "describe", str(p)])
+    assert "tool calls 2 (and 1 gap steps between back-to-back calls)" in res.output

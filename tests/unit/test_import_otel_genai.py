@@ -22,7 +22,7 @@ from harness.cli import main
 from harness.errors import InputError
 from harness.traces.context import context_lengths
 from harness.traces.importers import Imported, import_trace, import_traces
-from harness.traces.schema import COLUMNS, read_provenance
+from harness.traces.schema import COLUMNS, GAP_TOOL, read_provenance
 from harness.traces.validate import check_frame, validate_file
 from tests.unit.fuzz_json import FUZZ_SETTINGS, imports_or_is_one_line, mutate
 
@@ -346,7 +346,7 @@ def test_wrapper_agents_and_nested_agents(tmp_path: Path) -> None:
     imp = import_trace(FMT, write(tmp_path, otlp(spans)), {})
     df = valid(imp)
     parent = traj(df, TRACE)
-    assert col(parent, "tool_name", "tool") == ["no_tool", "critic"]
+    assert col(parent, "tool_name", "tool") == [GAP_TOOL, "critic"]
     assert col(parent, "tool_class", "tool") == ["local_read", "subagent"]
     assert col(parent, "latency_s", "tool") == [pytest.approx(0.2), 0.0]
     child = traj(df, f"{TRACE}/{sid(5)}")
@@ -678,7 +678,7 @@ def test_public_samples_match_counts_from_the_raw_files() -> None:
         assert prompts(df) == want["prompts"], name
         assert col(df, "output_tokens", "llm") == want["outputs"], name
         if "tool_names" in want:
-            assert [n for n in col(df, "tool_name", "tool") if n != "no_tool"] == \
+            assert [n for n in col(df, "tool_name", "tool") if n != GAP_TOOL] == \
                 want["tool_names"], name
         assert df["trajectory_id"].nunique() == 1 and (df["start_s"] == 0).all()
     whole = import_trace(FMT, root, {})

@@ -31,7 +31,7 @@ from harness.traces.importers._common import LLM, Tool, Trajectory
 from harness.traces.importers.agent_tools import merge_parallel
 from harness.traces.importers.form import EXACT, INFERRED, UNKNOWN, Convo, Pause, Response
 from harness.traces.importers.prompts import cut_keep, prompt_step
-from harness.traces.schema import TOOL_SUBAGENT
+from harness.traces.schema import GAP_TOOL, TOOL_SUBAGENT
 
 # Tools whose call ends the run by design: with no model call after them nothing waits for
 # their result, so a trailing one is dropped rather than replayed as never returning.
@@ -102,7 +102,7 @@ class Builder:
     a run ends with (lower case); `keep_trailing`: a trailing step of calls is kept even when
     every call returned (the source saw the agent wait on them)."""
 
-    def __init__(self, gap_tool: str = "none", ending: frozenset[str] = frozenset(),
+    def __init__(self, gap_tool: str = GAP_TOOL, ending: frozenset[str] = frozenset(),
                  keep_trailing: bool = False) -> None:
         self.gap_tool, self.ending, self.keep_trailing = gap_tool, ending, keep_trailing
         self.taken: set[str] = set()

@@ -28,6 +28,7 @@ from harness.errors import InputError
 from harness.limits import MAX_TOKENS
 from harness.traces.importers._common import quote
 from harness.traces.importers.form import Usage
+from harness.traces.schema import GAP_TOOL as GAP_TOOL  # a call right after a call
 from harness.userfiles import read_bytes, read_lines
 
 MAX_DEPTH = 48  # nesting of an attribute value; deeper is refused, never recursed into
@@ -35,7 +36,6 @@ MAX_NS = 2**63 - 1
 NS = 1_000_000_000
 # Names of JSON Lines files, read a line at a time.
 LINE_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz")
-GAP_TOOL = "no_tool"  # the agent called the model again with no tool or user message between
 # Span events that carry the model's response (older GenAI conventions); the other message
 # events repeat the prompt, whose earlier tool calls are not this call's.
 CHOICE_EVENTS = frozenset({"gen_ai.choice"})

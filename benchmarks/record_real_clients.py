@@ -2,6 +2,7 @@
 text-free test fixtures of both views of one session.
 
     python benchmarks/record_real_clients.py codex --codex BIN [--out DIR]
+    python benchmarks/record_real_clients.py claude-code --claude BIN [--out DIR]
 
 `codex`: Codex CLI (BIN: its `codex` executable, e.g. from `npm install @openai/codex@0.171.0`)
 runs two turns of one session (`codex exec`, then `codex exec resume --last`) in a scratch
@@ -17,6 +18,17 @@ fixtures are written to DIR (default tests/data/real-clients/codex-<version>/):
   tool outputs, the environment context) replaced by as many 'x' characters, line breaks and
   the `Wall time: ... seconds` and exit-code lines kept (what the importer reads of an output).
   The scripted shell commands stay (they are this script's, not a user's).
+
+`claude-code`: Claude Code (BIN: its `claude`, e.g. from `npm install
+@anthropic-ai/claude-code@2.1.197`) runs one prompt (`claude -p`) with ANTHROPIC_BASE_URL at
+`harness record`, whose upstream is a scripted Messages API server: the main agent and each
+sub-agent down to depth CLAUDE_DEPTH (5) call the Agent tool once, with the same prompt at
+every level, and answer in text when its result comes back, so the session is a chain of
+nested sub-agents whose first calls are identical. Claude Code writes its own
+transcripts (the session's, and `subagents/agent-<id>.jsonl` with `.meta.json`) under a
+scratch CLAUDE_CONFIG_DIR; they are kept as `transcripts/`, text-free as above. As root,
+Claude Code allows --dangerously-skip-permissions only with IS_SANDBOX=1, which the run sets:
+it runs in a scratch folder and its only tool use is the Agent tool.
 
 Exits 2 when BIN is missing, 3 when the client or the proxy fails.
 """
@@ -48,7 +60,7 @@ TEXT_KEYS = frozenset({"text", "output", "base_instructions", "instructions",
                        "user_instructions", "developer_instructions", "message",
                        "last_agent_message", "summary", "encrypted_content", "cwd",
                        "aggregated_output", "formatted_output", "stdout", "stderr", "body",
-                       "filesystem"})
+                       "filesystem", "content", "addedLines", "prompt"})
 WHOLE_KEYS = frozenset({"state"})  # every string under these (the client's world state)
 KEEP_LINE = re.compile(r"^(Wall time: [0-9.]+ seconds?|Process exited with code -?\d+|"
                        r"Exit code: -?\d+)\s*$")
@@ -118,6 +130,159 @@ def scrub_rollout(src: Path, dst: Path) -> None:
     lines = [json.dumps(scrub(json.loads(line)), separators=(",", ":"))
              for line in src.read_text().splitlines() if line.strip()]
     dst.write_text("\n".join(lines) + "\n")
+
+
+CLAUDE_DEPTH = 5
+CLAUDE_PROMPT = "Start the chain."
+
+
+def anthropic_server(depth: int) -> web.Application:
+    """A Messages API server: an agent at depth d < `depth` answers its first request with one
+    Agent tool call, and with text once that call's result came back; a new agent id (Claude
+    Code's x-claude-code-agent-id) is the sub-agent of the call answered before it."""
+    state: dict[str, Any] = {"n": 0, "depth": {None: 0}, "pending": []}
+
+    def sse(ev: dict[str, Any]) -> bytes:
+        return f"event: {ev['type']}\ndata: {json.dumps(ev)}\n\n".encode()
+
+    def answered(msgs: list[Any]) -> bool:
+        """Whether a tool result came after the last assistant message."""
+        for m in reversed(msgs):
+            if not isinstance(m, dict) or m.get("role") == "assistant":
+                return False
+            c = m.get("content")
+            if isinstance(c, list) and any(isinstance(b, dict) and b.get("type") ==
+                                           "tool_result" for b in c):
+                return True
+        return False
+
+    async def count(_: web.Request) -> web.Response:
+        return web.json_response({"input_tokens": 100})
+
+    async def respond(req: web.Request) -> web.StreamResponse:
+        body = await req.json()
+        state["n"] += 1
+        n = state["n"]
+        agent = req.headers.get("x-claude-code-agent-id")
+        if agent not in state["depth"]:
+            state["depth"][agent] = state["pending"].pop(0) if state["pending"] else depth
+        d = state["depth"][agent]
+        tools = {t.get("name") for t in body.get("tools", []) if isinstance(t, dict)}
+        msgs = body.get("messages", [])
+        spawn = "Agent" if "Agent" in tools else ("Task" if "Task" in tools else None)
+        if spawn and d < depth and not answered(msgs):
+            state["pending"].append(d + 1)
+            block: dict[str, Any] = {"type": "tool_use", "id": f"toolu_{n:04d}", "name": spawn,
+                                     "input": {}}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(
+                # the same prompt at every level: the agents' first calls are identical, so
+                # only their ids (proxy) and meta files (transcripts) tell them apart
+                {"description": "next level", "prompt": "Do the next level.",
+                 "subagent_type": "general-purpose"})}
+            stop, out_tokens = "tool_use", 40  # at least what the call's JSON holds
+        else:
+            block, stop, out_tokens = {"type": "text", "text": ""}, "end_turn", 12
+            delta = {"type": "text_delta", "text": f"Done at depth {d}."}
+        usage = {"input_tokens": 50, "cache_read_input_tokens": 200 + 40 * len(msgs),
+                 "cache_creation_input_tokens": 10, "output_tokens": 1}
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(req)
+        for ev in ({"type": "message_start", "message": {
+                        "id": f"msg_{n:04d}", "type": "message", "role": "assistant",
+                        "model": body.get("model"), "content": [], "stop_reason": None,
+                        "stop_sequence": None, "usage": usage}},
+                   {"type": "content_block_start", "index": 0, "content_block": block},
+                   {"type": "content_block_delta", "index": 0, "delta": delta},
+                   {"type": "content_block_stop", "index": 0},
+                   {"type": "message_delta", "delta": {"stop_reason": stop,
+                                                       "stop_sequence": None},
+                    "usage": {"output_tokens": out_tokens}},
+                   {"type": "message_stop"}):
+            await resp.write(sse(ev))
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/messages", respond)
+    app.router.add_post("/v1/messages/count_tokens", count)
+    return app
+
+
+async def start_proxy(upstream: int, rec: Path) -> tuple[asyncio.subprocess.Process, int]:
+    """`harness record` in front of 127.0.0.1:`upstream`, and the port it listens on."""
+    proxy = await asyncio.create_subprocess_exec(
+        PY, "-m", "harness", "record", "--upstream", f"http://127.0.0.1:{upstream}",
+        "--listen", "127.0.0.1:0", "--out", str(rec), stderr=subprocess.PIPE, cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})  # its address, printed, is read here
+    assert proxy.stderr is not None
+    while True:
+        line = (await asyncio.wait_for(proxy.stderr.readline(), 60)).decode()
+        if not line:
+            raise RuntimeError("the proxy exited")
+        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+        if m:
+            return proxy, int(m.group(1))
+
+
+async def serve(app: web.Application) -> tuple[web.AppRunner, int]:
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+
+def compare(t: Path, rec: Path, fmt: str, log: Path) -> int:
+    """Import both views and print their comparison (compare-views)."""
+    for name, f, src in (("recording", "recording", rec), ("log", fmt, log)):
+        subprocess.run([PY, "-m", "harness", "traces", "import", f, str(src), "--out",
+                        str(t / f"{name}.parquet")], check=True, cwd=ROOT)
+    return subprocess.run([PY, "-m", "harness", "traces", "compare-views",
+                           str(t / "recording.parquet"), str(t / "log.parquet")],
+                          cwd=ROOT).returncode
+
+
+async def record_claude(claude: str, out: Path | None) -> int:
+    version = subprocess.run([claude, "--version"], capture_output=True, text=True,
+                             check=True).stdout.split()[0]
+    dest = out or ROOT / "tests" / "data" / "real-clients" / f"claude-code-{version}"
+    runner, up_port = await serve(anthropic_server(CLAUDE_DEPTH))
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        cfg, work, rec = t / "cfg", t / "work", t / "rec"
+        cfg.mkdir()
+        work.mkdir()
+        proxy, port = await start_proxy(up_port, rec)
+        env = {**os.environ, "CLAUDE_CONFIG_DIR": str(cfg), "IS_SANDBOX": "1",
+               "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}", "ANTHROPIC_API_KEY": "unused",
+               "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+        run = await asyncio.create_subprocess_exec(
+            claude, "-p", CLAUDE_PROMPT, "--dangerously-skip-permissions", cwd=work, env=env,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        _, err = await asyncio.wait_for(run.communicate(), 180)
+        proxy.send_signal(signal.SIGINT)
+        await proxy.wait()
+        await runner.cleanup()
+        if run.returncode != 0:
+            print(f"error: claude exited {run.returncode}: {err.decode()[-300:]}",
+                  file=sys.stderr)
+            return 3
+        projects = cfg / "projects"
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        shutil.copytree(rec, dest / "recording")
+        for f in sorted(projects.rglob("*")):
+            if f.is_file():
+                rel = f.relative_to(projects).parts  # the project folder: the scratch cwd's
+                target = dest / "transcripts" / "-work" / Path(*rel[1:])
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if f.suffix == ".jsonl":
+                    scrub_rollout(f, target)
+                else:
+                    target.write_text(json.dumps(scrub(json.loads(f.read_text()))) + "\n")
+        rc = compare(t, dest / "recording", "claude-code", dest / "transcripts")
+    print(f"fixtures of Claude Code {version} in {dest}")
+    return 0 if rc in (0, 1) else rc
 
 
 async def record_codex(codex: str, out: Path | None) -> int:
@@ -192,14 +357,18 @@ async def record_codex(codex: str, out: Path | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("client", choices=["codex"])
+    ap.add_argument("client", choices=["codex", "claude-code"])
     ap.add_argument("--codex", default="codex", help="the Codex CLI executable")
+    ap.add_argument("--claude", default="claude", help="the Claude Code executable")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
-    if shutil.which(a.codex) is None:
-        print(f"error: {a.codex}: no such executable", file=sys.stderr)
+    exe = a.codex if a.client == "codex" else a.claude
+    if shutil.which(exe) is None:
+        print(f"error: {exe}: no such executable", file=sys.stderr)
         return 2
-    return asyncio.run(record_codex(a.codex, a.out))
+    if a.client == "codex":
+        return asyncio.run(record_codex(a.codex, a.out))
+    return asyncio.run(record_claude(a.claude, a.out))
 
 
 if __name__ == "__main__":

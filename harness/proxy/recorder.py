@@ -185,6 +185,12 @@ class Recorder:
                     ) -> dict[str, Any]:
         h = self._hasher
         answer, unreadable = _read_answer(m, response)
+        if (m.outcome == "aborted" and m.sse and answer.complete and unreadable is None
+                and not m.dropped):
+            # The client went away after the stream's end event had reached it (clients close
+            # a finished stream at once, before the upstream's own end): the answer came whole.
+            m.outcome = "ok"
+            self.counts["closed_after_end"] += 1
         if m.outcome == "ok" and unreadable is not None:
             m.outcome, m.error = "unreadable", unreadable
         elif m.outcome == "ok" and m.api == OPENAI_RESPONSES and m.sse and not answer.complete:

@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from harness.traces.compare_views import compare_views
@@ -45,7 +46,8 @@ def test_the_fixtures_are_text_free(path: Path) -> None:
         doc = json.loads(line) if line.startswith("{") and path.suffix == ".jsonl" else None
         if doc is None:
             continue
-        for key in ("text", "output", "base_instructions", "user_instructions", "body"):
+        for key in ("text", "output", "base_instructions", "user_instructions", "body",
+                    "content", "prompt", "cwd"):
             assert not _prose(doc, key), (path.name, key)
 
 
@@ -83,3 +85,45 @@ def test_the_recorded_codex_session_replays(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
     assert summary["trajectories"]["succeeded"] == summary["trajectories"]["total"] == 1
+
+
+def _claude_views() -> tuple[pd.DataFrame, pd.DataFrame]:
+    folder = FIXTURES / "claude-code-2.1.197"
+    rec = import_trace("recording", folder / "recording", {})
+    log = import_trace("claude-code", folder / "transcripts", {})
+    return rec.steps, log.steps
+
+
+def test_claude_code_2_1_197_nested_subagents_agree_in_both_views() -> None:
+    metas = sorted((FIXTURES / "claude-code-2.1.197" / "transcripts").rglob("*.meta.json"))
+    assert sorted(json.loads(m.read_text())["spawnDepth"] for m in metas) == [1, 2, 3, 4, 5]
+    rec, log = _claude_views()
+    result = compare_views(rec, log)
+    assert result["summary"]["pairs"] == 1
+    fields = {f["field"]: f for f in result["trees"][0]["fields"]}
+    for name in STRUCTURE:
+        assert fields[name]["verdict"] == "same", (name, fields[name])
+    # a chain of five sub-agents whose first calls are identical: one tree, every link
+    assert (fields["sub-agents"]["a"], fields["max spawn depth"]["a"]) == (5, 5)
+    assert fields["parent links"]["a"] == fields["parent links"]["b"]
+    assert len(fields["parent links"]["a"]) == 5
+
+
+def test_claude_code_views_replay_to_the_same_kv_memory_time(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from harness.cli import main
+    from harness.traces.schema import Provenance, write_trajectories
+
+    got = []
+    for name, steps in zip(("recording", "transcripts"), _claude_views(), strict=True):
+        trace = write_trajectories(steps, tmp_path / f"{name}.parquet", Provenance(name, []))
+        res = CliRunner().invoke(main, ["simulate", "--trace", str(trace), "--policy", "keep",
+                                        "--slots", "8", "--ctx-per-slot", "8192", "--out",
+                                        str(tmp_path / name)])
+        assert res.exit_code == 0, res.output
+        s = json.loads((tmp_path / name / "summary.json").read_text())
+        assert s["trajectories"]["succeeded"] == s["trajectories"]["total"] == 1  # one task
+        got.append((s["memory_time_token_s"], s["kv_paused_peak_tokens"]))
+    (mt_a, peak_a), (mt_b, peak_b) = got
+    assert abs(mt_a / mt_b - 1) <= 0.05 and peak_a == peak_b

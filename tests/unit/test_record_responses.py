@@ -234,3 +234,25 @@ def test_the_responses_held_for_chains_are_bounded() -> None:
     chains.remember({}, "big", huge)  # past the bound alone: the newest stays
     assert chains.prior({"previous_response_id": "big"}) == (huge, "known")
     assert chains.prior({"previous_response_id": "r4"}) == ((), "unknown")
+
+
+async def test_a_client_that_closes_after_the_end_event_is_recorded_whole(
+        tmp_path: Path) -> None:
+    # Codex closes a stream once response.completed arrived, while the upstream still holds it
+    # open: the call came whole, so it is `ok` (and counted), not `aborted`.
+    async with responses_recording(tmp_path) as (fake, proxy, http):
+        fake.linger_s = 0.5
+        fake.replies.append(RReply(text="done", input_tokens=120, output=9))
+        async with http.post(proxy.url + RESPONSES, json={
+                "model": "fake", "stream": True, "input": [
+                    {"type": "message", "role": "user", "content": "hi"}]}) as resp:
+            seen = b""
+            async for chunk in resp.content.iter_any():
+                seen += chunk
+                if b"response.completed" in seen and seen.endswith(b"\n\n"):
+                    break  # leave with the connection still open upstream
+            resp.close()
+        await asyncio.sleep(0.8)
+    (call,) = calls(tmp_path / "rec")
+    assert call["outcome"] == "ok" and call["usage"]["prompt"] == 120
+    assert counts(tmp_path / "rec")["closed_after_end"] == 1

@@ -4,6 +4,7 @@ items, resending everything or chaining by `previous_response_id`. (Its own chec
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import deque
 from collections.abc import AsyncIterator
@@ -111,6 +112,7 @@ class FakeResponses:
         self.requests: list[dict[str, Any]] = []
         self.url = ""
         self._runner: web.AppRunner | None = None
+        self.linger_s = 0.0  # held open this long after the stream's end event
 
     async def start(self) -> str:
         app = web.Application()
@@ -139,6 +141,7 @@ class FakeResponses:
         await resp.prepare(request)
         for event in stream_events(r, rid):
             await resp.write(event)
+        await asyncio.sleep(self.linger_s)
         await resp.write_eof()
         return resp
 

@@ -3,6 +3,7 @@ text-free test fixtures of both views of one session.
 
     python benchmarks/record_real_clients.py codex --codex BIN [--out DIR]
     python benchmarks/record_real_clients.py claude-code --claude BIN [--out DIR]
+    python benchmarks/record_real_clients.py mini-swe-agent --mini BIN [--out DIR]
 
 `codex`: Codex CLI (BIN: its `codex` executable, e.g. from `npm install @openai/codex@0.171.0`)
 runs two turns of one session (`codex exec`, then `codex exec resume --last`) in a scratch
@@ -29,6 +30,13 @@ transcripts (the session's, and `subagents/agent-<id>.jsonl` with `.meta.json`) 
 scratch CLAUDE_CONFIG_DIR; they are kept as `transcripts/`, text-free as above. As root,
 Claude Code allows --dangerously-skip-permissions only with IS_SANDBOX=1, which the run sets:
 it runs in a scratch folder and its only tool use is the Agent tool.
+
+`mini-swe-agent`: mini-swe-agent (BIN: its `mini`, e.g. from `pip install
+mini-swe-agent==2.4.6` in a venv of its own) runs one task in yolo mode through litellm's
+OpenAI client at `harness record`, whose upstream is a scripted chat completions server: a
+bash tool call, an answer with no tool call (which 2.4.x answers with a format error and keeps
+only in that user message's `extra.response`), two more bash calls, the last one submitting.
+Its trajectory file is kept as `trajectory.traj.json`, text-free as above.
 
 Exits 2 when BIN is missing, 3 when the client or the proxy fails.
 """
@@ -60,7 +68,8 @@ TEXT_KEYS = frozenset({"text", "output", "base_instructions", "instructions",
                        "user_instructions", "developer_instructions", "message",
                        "last_agent_message", "summary", "encrypted_content", "cwd",
                        "aggregated_output", "formatted_output", "stdout", "stderr", "body",
-                       "filesystem", "content", "addedLines", "prompt"})
+                       "filesystem", "content", "addedLines", "prompt", "raw_output",
+                       "output_path"})
 WHOLE_KEYS = frozenset({"state"})  # every string under these (the client's world state)
 KEEP_LINE = re.compile(r"^(Wall time: [0-9.]+ seconds?|Process exited with code -?\d+|"
                        r"Exit code: -?\d+)\s*$")
@@ -114,13 +123,14 @@ def scripted_server(replies: list[str]) -> web.Application:
 
 
 def scrub(value: Any, key: str | None = None, whole: bool = False) -> Any:
-    """`value` with the prose under TEXT_KEYS (and every string under WHOLE_KEYS) replaced by
-    as many 'x' characters (KEEP_LINE lines kept)."""
+    """`value` with the prose under TEXT_KEYS and *_template keys (and every string under
+    WHOLE_KEYS) replaced by as many 'x' characters (KEEP_LINE lines kept)."""
     if isinstance(value, dict):
         return {k: scrub(v, k, whole or k in WHOLE_KEYS) for k, v in value.items()}
     if isinstance(value, list):
         return [scrub(v, key, whole) for v in value]
-    if isinstance(value, str) and (whole or key in TEXT_KEYS):
+    if isinstance(value, str) and (whole or key in TEXT_KEYS or (
+            key is not None and key.endswith("_template"))):
         return "\n".join(line if KEEP_LINE.match(line) else re.sub(r"[^\n]", "x", line)
                          for line in value.split("\n"))
     return value
@@ -285,6 +295,78 @@ async def record_claude(claude: str, out: Path | None) -> int:
     return 0 if rc in (0, 1) else rc
 
 
+MINI_REPLIES = ("bash:ls -la", "say:Let me think about this first.", "bash:sleep 1; echo done",
+                "bash:echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")
+
+
+def chat_server(replies: tuple[str, ...]) -> web.Application:
+    """A chat completions server answering request i with replies[i] (the last one after):
+    "bash:COMMAND", a call of the `bash` tool, or "say:TEXT", an answer with no tool call."""
+    state = {"i": 0}
+
+    async def respond(req: web.Request) -> web.Response:
+        body = await req.json()
+        step = replies[min(state["i"], len(replies) - 1)]
+        state["i"] += 1
+        i = state["i"]
+        message: dict[str, Any] = {"role": "assistant", "content": None}
+        if step.startswith("bash:"):
+            message["tool_calls"] = [{"id": f"call_{i}", "type": "function", "function": {
+                "name": "bash", "arguments": json.dumps({"command": step[5:]})}}]
+            finish, out_tokens = "tool_calls", 30
+        else:
+            message["content"], finish, out_tokens = step[4:], "stop", 12
+        n_in = 300 + 40 * len(body.get("messages", []))
+        return web.json_response({
+            "id": f"chatcmpl-{i}", "object": "chat.completion", "created": 1,
+            "model": body.get("model"), "choices": [{"index": 0, "message": message,
+                                                     "finish_reason": finish}],
+            "usage": {"prompt_tokens": n_in, "completion_tokens": out_tokens,
+                      "total_tokens": n_in + out_tokens}})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", respond)
+    return app
+
+
+async def record_mini(mini: str, out: Path | None) -> int:
+    run = subprocess.run([mini, "--help"], capture_output=True, text=True)
+    m = re.search(r"mini-swe-agent version ([0-9]+(?:\.[0-9]+)*)", run.stdout + run.stderr)
+    version = m.group(1) if m else "unknown"
+    dest = out or ROOT / "tests" / "data" / "real-clients" / f"mini-swe-agent-{version}"
+    runner, up_port = await serve(chat_server(MINI_REPLIES))
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        work, rec, traj = t / "work", t / "rec", t / "out.traj.json"
+        work.mkdir()
+        proxy, port = await start_proxy(up_port, rec)
+        env = {**os.environ, "OPENAI_API_KEY": "unused", "MSWEA_COST_TRACKING": "ignore_errors",
+               "MSWEA_CONFIGURED": "true",  # no first-run setup questions
+               "MSWEA_GLOBAL_CONFIG_DIR": str(t / "config"), "LITELLM_LOG": "ERROR"}
+        run_ = await asyncio.create_subprocess_exec(
+            mini, "-m", "openai/scripted-model", "-t", "List the files, then finish.", "-y",
+            "--exit-immediately", "-o", str(traj), "-c", "mini.yaml",
+            "-c", f"model.model_kwargs.api_base=http://127.0.0.1:{port}/v1",
+            cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE)
+        _, err = await asyncio.wait_for(run_.communicate(), 300)
+        proxy.send_signal(signal.SIGINT)
+        await proxy.wait()
+        await runner.cleanup()
+        if run_.returncode != 0 or not traj.is_file():
+            print(f"error: mini exited {run_.returncode}: {err.decode()[-500:]}",
+                  file=sys.stderr)
+            return 3
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        shutil.copytree(rec, dest / "recording")
+        (dest / "trajectory.traj.json").write_text(
+            json.dumps(scrub(json.loads(traj.read_text())), indent=1) + "\n")
+        rc = compare(t, dest / "recording", "mini-swe-agent", dest / "trajectory.traj.json")
+    print(f"fixtures of mini-swe-agent {version} in {dest}")
+    return 0 if rc in (0, 1) else rc
+
+
 async def record_codex(codex: str, out: Path | None) -> int:
     version = subprocess.run([codex, "--version"], capture_output=True, text=True,
                              check=True).stdout.split()[-1]
@@ -357,17 +439,20 @@ async def record_codex(codex: str, out: Path | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("client", choices=["codex", "claude-code"])
+    ap.add_argument("client", choices=["codex", "claude-code", "mini-swe-agent"])
     ap.add_argument("--codex", default="codex", help="the Codex CLI executable")
     ap.add_argument("--claude", default="claude", help="the Claude Code executable")
+    ap.add_argument("--mini", default="mini", help="mini-swe-agent's executable")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
-    exe = a.codex if a.client == "codex" else a.claude
+    exe = {"codex": a.codex, "claude-code": a.claude, "mini-swe-agent": a.mini}[a.client]
     if shutil.which(exe) is None:
         print(f"error: {exe}: no such executable", file=sys.stderr)
         return 2
     if a.client == "codex":
         return asyncio.run(record_codex(a.codex, a.out))
+    if a.client == "mini-swe-agent":
+        return asyncio.run(record_mini(a.mini, a.out))
     return asyncio.run(record_claude(a.claude, a.out))
 
 

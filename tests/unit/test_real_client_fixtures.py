@@ -42,10 +42,10 @@ def test_codex_0_171_recording_and_rollout_agree() -> None:
 def test_the_fixtures_are_text_free(path: Path) -> None:
     # prose is kept as 'x' runs of its length; ids, hashes, numbers and the scripted commands
     # (this project's own, not a user's) are all a fixture holds
-    for line in path.read_text().splitlines():
-        doc = json.loads(line) if line.startswith("{") and path.suffix == ".jsonl" else None
-        if doc is None:
-            continue
+    text = path.read_text()
+    docs = ([json.loads(line) for line in text.splitlines() if line.startswith("{")]
+            if path.suffix == ".jsonl" else [json.loads(text)])
+    for doc in docs:
         for key in ("text", "output", "base_instructions", "user_instructions", "body",
                     "content", "prompt", "cwd"):
             assert not _prose(doc, key), (path.name, key)
@@ -127,3 +127,22 @@ def test_claude_code_views_replay_to_the_same_kv_memory_time(tmp_path: Path) -> 
         got.append((s["memory_time_token_s"], s["kv_paused_peak_tokens"]))
     (mt_a, peak_a), (mt_b, peak_b) = got
     assert abs(mt_a / mt_b - 1) <= 0.05 and peak_a == peak_b
+
+
+def test_mini_swe_agent_2_4_6_recording_and_trajectory_agree() -> None:
+    folder = FIXTURES / "mini-swe-agent-2.4.6"
+    rec = import_trace("recording", folder / "recording", {})
+    log = import_trace("mini-swe-agent", folder / "trajectory.traj.json", {})
+    result = compare_views(rec.steps, log.steps)
+    fields = {f["field"]: f for f in result["trees"][0]["fields"]}
+    # the recording's number of calls, the answer without a tool call among them (2.4.x keeps
+    # it only in its format error's extra.response), and the same prompts
+    for name in ("llm calls", "prompt tokens (sum)", "prompt tokens per call", "sub-agents"):
+        assert fields[name]["verdict"] == "same", (name, fields[name])
+    assert fields["llm calls"]["a"] == 4
+    # the one difference: the submitting command ends the run; the proxy saw the agent wait on
+    # it (a trailing step that never returned), the agent's own log drops it
+    assert (fields["tool calls"]["a"], fields["tool calls"]["b"]) == (4, 3)
+    last = rec.steps.iloc[-1]
+    assert last["kind"] == "tool" and pd.isna(last["latency_s"])
+    assert list(log.steps["tool_class"].dropna())[1] == "human"  # the format error: a user turn

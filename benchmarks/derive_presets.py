@@ -195,7 +195,8 @@ def sums(t: KernelTables, capacity: int) -> dict[str, Any]:
     }
 
 
-def _commit(path: Path, given: str | None) -> str:
+def checkout_commit(path: Path, given: str | None) -> str:
+    """`given`, else the checkout's HEAD; exits naming `path` when it is no git checkout."""
     if given:
         return given
     try:
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--presets", type=Path, default=ROOT / "harness/model/presets")
     ap.add_argument("--sums", type=Path, default=ROOT / "benchmarks/data/h100_kernel_sums.json")
     a = ap.parse_args(argv)
-    commit = _commit(a.aiconfigurator, a.commit)
+    commit = checkout_commit(a.aiconfigurator, a.commit)
     out: dict[str, Any] = {"source": f"{REPO} at {commit}", "licence": "Apache-2.0",
                            "unit": "ms", "presets": {}}
     for p in _presets():

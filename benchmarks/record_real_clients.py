@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -53,6 +54,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -218,69 +220,109 @@ def anthropic_server(depth: int) -> web.Application:
     return app
 
 
-async def start_proxy(upstream: int, rec: Path) -> tuple[asyncio.subprocess.Process, int]:
-    """`harness record` in front of 127.0.0.1:`upstream`, and the port it listens on."""
-    proxy = await asyncio.create_subprocess_exec(
-        PY, "-m", "harness", "record", "--upstream", f"http://127.0.0.1:{upstream}",
-        "--listen", "127.0.0.1:0", "--out", str(rec), stderr=subprocess.PIPE, cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})  # its address, printed, is read here
-    assert proxy.stderr is not None
-    while True:
-        line = (await asyncio.wait_for(proxy.stderr.readline(), 60)).decode()
-        if not line:
-            raise RuntimeError("the proxy exited")
-        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-        if m:
-            return proxy, int(m.group(1))
+class ClientFailed(Exception):
+    """The client (or the proxy) did not do its part: one line says what."""
 
 
-async def serve(app: web.Application) -> tuple[web.AppRunner, int]:
+async def _relay(stream: asyncio.StreamReader) -> None:
+    """Pass a child's stderr on, so that its pipe never fills."""
+    while line := await stream.readline():
+        sys.stderr.write(line.decode(errors="replace"))
+
+
+@contextlib.asynccontextmanager
+async def recording(app: web.Application, rec: Path) -> AsyncIterator[int]:
+    """Serve the scripted `app` and `harness record` in front of it (recording to `rec`);
+    yields the proxy's port. Both are stopped however the block ends (the proxy by SIGINT,
+    which closes the recording)."""
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    proxy: asyncio.subprocess.Process | None = None
+    relay: asyncio.Task[None] | None = None
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        upstream = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        proxy = await asyncio.create_subprocess_exec(
+            PY, "-m", "harness", "record", "--upstream", f"http://127.0.0.1:{upstream}",
+            "--listen", "127.0.0.1:0", "--out", str(rec), stderr=subprocess.PIPE, cwd=ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # its address, printed, is read here
+        assert proxy.stderr is not None
+        port = None
+        while port is None:
+            line = (await asyncio.wait_for(proxy.stderr.readline(), 60)).decode()
+            if not line:
+                raise ClientFailed("the proxy exited before it listened")
+            sys.stderr.write(line)
+            found = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+            port = int(found.group(1)) if found else None
+        relay = asyncio.create_task(_relay(proxy.stderr))
+        yield port
+    finally:
+        if proxy is not None and proxy.returncode is None:
+            proxy.send_signal(signal.SIGINT)
+            await proxy.wait()
+        if relay is not None:
+            await relay
+        await runner.cleanup()
+
+
+async def run_client(name: str, cmd: list[str], cwd: Path, env: dict[str, str],
+                     timeout_s: float) -> None:
+    """Run one client command to its end; ClientFailed with its stderr's tail when it fails."""
+    run = await asyncio.create_subprocess_exec(*cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                               stdout=subprocess.DEVNULL,
+                                               stderr=subprocess.PIPE)
+    _, err = await asyncio.wait_for(run.communicate(), timeout_s)
+    if run.returncode != 0:
+        raise ClientFailed(f"{name} exited {run.returncode}: {err.decode()[-300:]}")
+
+
+def client_version(cmd: list[str], pattern: str) -> str:
+    """The version `cmd` prints (the first group of `pattern` in its output); ClientFailed
+    when it fails or prints none."""
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    found = re.search(pattern, run.stdout + run.stderr)
+    if found is None:
+        raise ClientFailed(f"{' '.join(cmd)} exited {run.returncode} without a version")
+    return found.group(1)
+
+
+def new_fixture(dest: Path, rec: Path) -> None:
+    """`dest` emptied, with the recording `rec` copied in as `recording/`."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    shutil.copytree(rec, dest / "recording")
 
 
 def compare(t: Path, rec: Path, fmt: str, log: Path) -> int:
-    """Import both views and print their comparison (compare-views)."""
+    """Import both views and print their comparison (compare-views): 0 on success."""
     for name, f, src in (("recording", "recording", rec), ("log", fmt, log)):
         subprocess.run([PY, "-m", "harness", "traces", "import", f, str(src), "--out",
                         str(t / f"{name}.parquet")], check=True, cwd=ROOT)
-    return subprocess.run([PY, "-m", "harness", "traces", "compare-views",
-                           str(t / "recording.parquet"), str(t / "log.parquet")],
-                          cwd=ROOT).returncode
+    rc = subprocess.run([PY, "-m", "harness", "traces", "compare-views",
+                         str(t / "recording.parquet"), str(t / "log.parquet")],
+                        cwd=ROOT).returncode
+    return 0 if rc in (0, 1) else rc
 
 
 async def record_claude(claude: str, out: Path | None) -> int:
-    version = subprocess.run([claude, "--version"], capture_output=True, text=True,
-                             check=True).stdout.split()[0]
+    version = client_version([claude, "--version"], r"^([0-9][0-9.]*) ")
     dest = out or ROOT / "tests" / "data" / "real-clients" / f"claude-code-{version}"
-    runner, up_port = await serve(anthropic_server(CLAUDE_DEPTH))
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
         cfg, work, rec = t / "cfg", t / "work", t / "rec"
         cfg.mkdir()
         work.mkdir()
-        proxy, port = await start_proxy(up_port, rec)
-        env = {**os.environ, "CLAUDE_CONFIG_DIR": str(cfg), "IS_SANDBOX": "1",
-               "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}", "ANTHROPIC_API_KEY": "unused",
-               "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
-        run = await asyncio.create_subprocess_exec(
-            claude, "-p", CLAUDE_PROMPT, "--dangerously-skip-permissions", cwd=work, env=env,
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        _, err = await asyncio.wait_for(run.communicate(), 180)
-        proxy.send_signal(signal.SIGINT)
-        await proxy.wait()
-        await runner.cleanup()
-        if run.returncode != 0:
-            print(f"error: claude exited {run.returncode}: {err.decode()[-300:]}",
-                  file=sys.stderr)
-            return 3
+        async with recording(anthropic_server(CLAUDE_DEPTH), rec) as port:
+            env = {**os.environ, "CLAUDE_CONFIG_DIR": str(cfg), "IS_SANDBOX": "1",
+                   "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}",
+                   "ANTHROPIC_API_KEY": "unused", "DISABLE_TELEMETRY": "1",
+                   "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+            await run_client("claude", [claude, "-p", CLAUDE_PROMPT,
+                                        "--dangerously-skip-permissions"], work, env, 180)
         projects = cfg / "projects"
-        shutil.rmtree(dest, ignore_errors=True)
-        dest.mkdir(parents=True)
-        shutil.copytree(rec, dest / "recording")
+        new_fixture(dest, rec)
         for f in sorted(projects.rglob("*")):
             if f.is_file():
                 rel = f.relative_to(projects).parts  # the project folder: the scratch cwd's
@@ -292,7 +334,7 @@ async def record_claude(claude: str, out: Path | None) -> int:
                     target.write_text(json.dumps(scrub(json.loads(f.read_text()))) + "\n")
         rc = compare(t, dest / "recording", "claude-code", dest / "transcripts")
     print(f"fixtures of Claude Code {version} in {dest}")
-    return 0 if rc in (0, 1) else rc
+    return rc
 
 
 MINI_REPLIES = ("bash:ls -la", "say:Let me think about this first.", "bash:sleep 1; echo done",
@@ -330,111 +372,59 @@ def chat_server(replies: tuple[str, ...]) -> web.Application:
 
 
 async def record_mini(mini: str, out: Path | None) -> int:
-    run = subprocess.run([mini, "--help"], capture_output=True, text=True)
-    m = re.search(r"mini-swe-agent version ([0-9]+(?:\.[0-9]+)*)", run.stdout + run.stderr)
-    version = m.group(1) if m else "unknown"
+    version = client_version([mini, "--help"], r"mini-swe-agent version ([0-9]+(?:\.[0-9]+)*)")
     dest = out or ROOT / "tests" / "data" / "real-clients" / f"mini-swe-agent-{version}"
-    runner, up_port = await serve(chat_server(MINI_REPLIES))
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
         work, rec, traj = t / "work", t / "rec", t / "out.traj.json"
         work.mkdir()
-        proxy, port = await start_proxy(up_port, rec)
-        env = {**os.environ, "OPENAI_API_KEY": "unused", "MSWEA_COST_TRACKING": "ignore_errors",
-               "MSWEA_CONFIGURED": "true",  # no first-run setup questions
-               "MSWEA_GLOBAL_CONFIG_DIR": str(t / "config"), "LITELLM_LOG": "ERROR"}
-        run_ = await asyncio.create_subprocess_exec(
-            mini, "-m", "openai/scripted-model", "-t", "List the files, then finish.", "-y",
-            "--exit-immediately", "-o", str(traj), "-c", "mini.yaml",
-            "-c", f"model.model_kwargs.api_base=http://127.0.0.1:{port}/v1",
-            cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE)
-        _, err = await asyncio.wait_for(run_.communicate(), 300)
-        proxy.send_signal(signal.SIGINT)
-        await proxy.wait()
-        await runner.cleanup()
-        if run_.returncode != 0 or not traj.is_file():
-            print(f"error: mini exited {run_.returncode}: {err.decode()[-500:]}",
-                  file=sys.stderr)
-            return 3
-        shutil.rmtree(dest, ignore_errors=True)
-        dest.mkdir(parents=True)
-        shutil.copytree(rec, dest / "recording")
+        async with recording(chat_server(MINI_REPLIES), rec) as port:
+            env = {**os.environ, "OPENAI_API_KEY": "unused",
+                   "MSWEA_COST_TRACKING": "ignore_errors",
+                   "MSWEA_CONFIGURED": "true",  # no first-run setup questions
+                   "MSWEA_GLOBAL_CONFIG_DIR": str(t / "config"), "LITELLM_LOG": "ERROR"}
+            await run_client("mini", [
+                mini, "-m", "openai/scripted-model", "-t", "List the files, then finish.", "-y",
+                "--exit-immediately", "-o", str(traj), "-c", "mini.yaml",
+                "-c", f"model.model_kwargs.api_base=http://127.0.0.1:{port}/v1"], work, env, 300)
+        if not traj.is_file():
+            raise ClientFailed(f"mini wrote no trajectory at {traj}")
+        new_fixture(dest, rec)
         (dest / "trajectory.traj.json").write_text(
             json.dumps(scrub(json.loads(traj.read_text())), indent=1) + "\n")
         rc = compare(t, dest / "recording", "mini-swe-agent", dest / "trajectory.traj.json")
     print(f"fixtures of mini-swe-agent {version} in {dest}")
-    return 0 if rc in (0, 1) else rc
+    return rc
 
 
 async def record_codex(codex: str, out: Path | None) -> int:
-    version = subprocess.run([codex, "--version"], capture_output=True, text=True,
-                             check=True).stdout.split()[-1]
+    version = client_version([codex, "--version"], r"codex-cli ([0-9][0-9.]*)")
     dest = out or ROOT / "tests" / "data" / "real-clients" / f"codex-{version}"
     replies = [r for _, rs in CODEX_TURNS for r in rs]
-    runner = web.AppRunner(scripted_server(replies))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    up_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
         home, work, rec = t / "home", t / "work", t / "rec"
         home.mkdir()
         work.mkdir()
         (work / "notes.txt").write_text("hello\n")
-        proxy = await asyncio.create_subprocess_exec(
-            PY, "-m", "harness", "record", "--upstream", f"http://127.0.0.1:{up_port}",
-            "--listen", "127.0.0.1:0", "--out", str(rec), stderr=subprocess.PIPE, cwd=ROOT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # its address, printed, is read here
-        assert proxy.stderr is not None
-        port = None
-        while port is None:
-            line = (await asyncio.wait_for(proxy.stderr.readline(), 60)).decode()
-            if not line:
-                print("error: the proxy exited", file=sys.stderr)
-                return 3
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-            port = int(m.group(1)) if m else None
-        (home / "config.toml").write_text(
-            'model = "scripted-model"\nmodel_provider = "rec"\n\n[model_providers.rec]\n'
-            f'name = "recorded"\nbase_url = "http://127.0.0.1:{port}/v1"\n'
-            'wire_api = "responses"\nenv_key = "REC_API_KEY"\n')
-        env = {**os.environ, "CODEX_HOME": str(home), "REC_API_KEY": "unused"}
-        for k, (prompt, _) in enumerate(CODEX_TURNS):
-            cmd = [codex, "exec", "--skip-git-repo-check", "-s", "danger-full-access"]
-            cmd += ["resume", "--last", prompt] if k else [prompt]
-            run = await asyncio.create_subprocess_exec(*cmd, cwd=work, env=env,
-                                                       stdin=subprocess.DEVNULL,
-                                                       stdout=subprocess.DEVNULL,
-                                                       stderr=subprocess.PIPE)
-            _, err = await asyncio.wait_for(run.communicate(), 180)
-            if run.returncode != 0:
-                print(f"error: codex turn {k + 1} exited {run.returncode}: "
-                      f"{err.decode()[-300:]}", file=sys.stderr)
-                proxy.send_signal(signal.SIGINT)
-                await proxy.wait()
-                return 3
-        proxy.send_signal(signal.SIGINT)
-        await proxy.wait()
-        await runner.cleanup()
+        async with recording(scripted_server(replies), rec) as port:
+            (home / "config.toml").write_text(
+                'model = "scripted-model"\nmodel_provider = "rec"\n\n[model_providers.rec]\n'
+                f'name = "recorded"\nbase_url = "http://127.0.0.1:{port}/v1"\n'
+                'wire_api = "responses"\nenv_key = "REC_API_KEY"\n')
+            env = {**os.environ, "CODEX_HOME": str(home), "REC_API_KEY": "unused"}
+            for k, (prompt, _) in enumerate(CODEX_TURNS):
+                cmd = [codex, "exec", "--skip-git-repo-check", "-s", "danger-full-access"]
+                cmd += ["resume", "--last", prompt] if k else [prompt]
+                await run_client(f"codex turn {k + 1}", cmd, work, env, 180)
         rollouts = sorted((home / "sessions").rglob("rollout-*.jsonl"))
         if len(rollouts) != 1:
-            print(f"error: {len(rollouts)} rollouts written, one expected", file=sys.stderr)
-            return 3
-        shutil.rmtree(dest, ignore_errors=True)
-        dest.mkdir(parents=True)
-        shutil.copytree(rec, dest / "recording")
+            raise ClientFailed(f"{len(rollouts)} rollouts written, one expected")
+        new_fixture(dest, rec)
         scrub_rollout(rollouts[0], dest / "rollout.jsonl")
-        for name, fmt, src in (("recording", "recording", dest / "recording"),
-                               ("rollout", "codex", dest / "rollout.jsonl")):
-            subprocess.run([PY, "-m", "harness", "traces", "import", fmt, str(src), "--out",
-                            str(t / f"{name}.parquet")], check=True, cwd=ROOT)
-        res = subprocess.run([PY, "-m", "harness", "traces", "compare-views",
-                              str(t / "recording.parquet"), str(t / "rollout.parquet")],
-                             cwd=ROOT)
+        rc = compare(t, dest / "recording", "codex", dest / "rollout.jsonl")
     print(f"fixtures of Codex {version} in {dest}")
-    return 0 if res.returncode in (0, 1) else res.returncode
+    return rc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -449,11 +439,14 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which(exe) is None:
         print(f"error: {exe}: no such executable", file=sys.stderr)
         return 2
-    if a.client == "codex":
-        return asyncio.run(record_codex(a.codex, a.out))
-    if a.client == "mini-swe-agent":
-        return asyncio.run(record_mini(a.mini, a.out))
-    return asyncio.run(record_claude(a.claude, a.out))
+    record = {"codex": lambda: record_codex(a.codex, a.out),
+              "claude-code": lambda: record_claude(a.claude, a.out),
+              "mini-swe-agent": lambda: record_mini(a.mini, a.out)}[a.client]
+    try:
+        return asyncio.run(record())
+    except ClientFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

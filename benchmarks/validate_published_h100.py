@@ -36,7 +36,7 @@ from typing import Any
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from derive_presets import _commit, _presets, build  # noqa: E402
+from derive_presets import _presets, build, checkout_commit  # noqa: E402
 from kernel_sums import KernelTables, ModelShape  # noqa: E402
 
 from harness.model.calibration import Calibration  # noqa: E402
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"validate_published_h100: {exc}", file=sys.stderr)
         return 2
-    base = build(p, tables, _commit(a.aiconfigurator, a.aic_commit))
+    base = build(p, tables, checkout_commit(a.aiconfigurator, a.aic_commit))
     want = measured(a.inference_sim)
     a.out.mkdir(parents=True, exist_ok=True)
     trace = workload(a.out / "h100-requests.parquet")

@@ -33,7 +33,6 @@ import argparse
 import json
 import math
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.model.calibration import Calibration, write_calibration
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from derive_presets import checkout_commit  # noqa: E402
+
+from harness.model.calibration import Calibration, write_calibration  # noqa: E402
 from harness.model.iteration import APPEND_TOKENS, DECODE_CONTEXT, LONG_APPEND_TOKENS
 from harness.plan.planner import Arrivals
 from harness.records.store import read_records
@@ -200,16 +202,6 @@ def compare(measured: pd.DataFrame, simulated: pd.DataFrame) -> list[dict[str, A
     return rows
 
 
-def _commit(path: Path, given: str | None) -> str:
-    if given:
-        return given
-    try:
-        return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], check=True,
-                              capture_output=True, text=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        raise SystemExit(f"{path}: not a git checkout; give its commit with --commit") from None
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--llmservingsim", type=Path, required=True)
@@ -223,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"validate_published_runs: missing {', '.join(missing)}", file=sys.stderr)
         return 2
-    commit = _commit(a.llmservingsim, a.commit)
+    commit = checkout_commit(a.llmservingsim, a.commit)
     a.out.mkdir(parents=True, exist_ok=True)
     meta = json.loads((a.llmservingsim / RUN / "meta.json").read_text())
     measured = requests_frame(a.llmservingsim / RUN / "requests.jsonl")

@@ -27,7 +27,7 @@ from harness.traces.importers.base import Format, Imported
 from harness.traces.importers.builder import ENDING_TOOLS, Builder, Built, assign_starts, publish
 from harness.traces.importers.otel_files import files_in_tree
 from harness.traces.importers.otel_genai import PUBLISHED
-from harness.traces.importers.otel_read import GAP_TOOL, NS
+from harness.traces.importers.otel_read import NS
 from harness.userfiles import read_json
 
 FORMAT = "atif"
@@ -110,7 +110,7 @@ def import_paths(paths: Sequence[Path], options: dict[str, str]) -> Imported:
     resolver = Resolver(docs)
     referenced = _referenced(docs, resolver)
     reader = Reader(resolver, opt)
-    builder, built = Builder(GAP_TOOL, ENDING_TOOLS), Built()
+    builder, built = Builder(ENDING_TOOLS), Built()
     for d in docs:
         reader.counter(d)
     if all(id(d) in referenced for d in docs):

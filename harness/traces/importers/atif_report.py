@@ -9,8 +9,7 @@ from typing import Any
 from harness.traces.importers._common import share, summarize
 from harness.traces.importers.atif_read import Doc
 from harness.traces.importers.builder import ENDING_TOOLS
-from harness.traces.importers.otel_read import GAP_TOOL
-from harness.traces.schema import Provenance
+from harness.traces.schema import GAP_TOOL, Provenance
 from harness.userfiles import TOKEN_RULE
 
 # Every count of a file's entry (0 when nothing happened).

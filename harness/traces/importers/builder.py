@@ -98,13 +98,13 @@ class Built:
 
 
 class Builder:
-    """Turns conversations into trajectories; `gap_tool` names a gap step, `ending` the tools
-    a run ends with (lower case); `keep_trailing`: a trailing step of calls is kept even when
-    every call returned (the source saw the agent wait on them)."""
+    """Turns conversations into trajectories (a call right after a call gets a GAP_TOOL step);
+    `ending` names the tools a run ends with (lower case); `keep_trailing`: a trailing step of
+    calls is kept even when every call returned (the source saw the agent wait on them)."""
 
-    def __init__(self, gap_tool: str = GAP_TOOL, ending: frozenset[str] = frozenset(),
+    def __init__(self, ending: frozenset[str] = frozenset(),
                  keep_trailing: bool = False) -> None:
-        self.gap_tool, self.ending, self.keep_trailing = gap_tool, ending, keep_trailing
+        self.ending, self.keep_trailing = ending, keep_trailing
         self.taken: set[str] = set()
 
     def unique(self, tid: str) -> str:
@@ -196,7 +196,7 @@ class Builder:
         # Nothing between two calls (a retried or continued response): an instant step keeps
         # LLM and tool steps alternating.
         c["back_to_back_calls"] += 1
-        return Tool(self.gap_tool, "local_read", round(p.latency_s or 0.0, 6))
+        return Tool(GAP_TOOL, "local_read", round(p.latency_s or 0.0, 6))
 
     @staticmethod
     def _calls(p: Pause, c: Counter[str]) -> Tool:

@@ -22,9 +22,9 @@ from harness.traces.importers._common import build_frame, share, summarize, take
 from harness.traces.importers.base import Format, Imported
 from harness.traces.importers.builder import ENDING_TOOLS, Builder, Built, assign_starts, publish
 from harness.traces.importers.otel_files import files_in_tree, read_spans
-from harness.traces.importers.otel_read import GAP_TOOL, NS, FileSpans, Span
+from harness.traces.importers.otel_read import NS, FileSpans, Span
 from harness.traces.importers.otel_trace import read_trace
-from harness.traces.schema import Provenance
+from harness.traces.schema import GAP_TOOL, Provenance
 
 FORMAT = "otel-genai"
 OPTIONS: dict[str, str] = {}
@@ -66,7 +66,7 @@ def import_paths(paths: Sequence[Path], options: dict[str, str]) -> Imported:
         for s in f.spans:
             traces.setdefault(s.trace, (i, []))[1].append(s)
     counts = [Counter[str]() for _ in files]
-    builder, built = Builder(GAP_TOOL, ENDING_TOOLS), Built()
+    builder, built = Builder(ENDING_TOOLS), Built()
     for trace, (i, spans) in traces.items():
         c = counts[i]
         c["traces"] += 1

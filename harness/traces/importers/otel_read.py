@@ -28,7 +28,6 @@ from harness.errors import InputError
 from harness.limits import MAX_TOKENS
 from harness.traces.importers._common import quote
 from harness.traces.importers.form import Usage
-from harness.traces.schema import GAP_TOOL as GAP_TOOL  # a call right after a call
 from harness.userfiles import read_bytes, read_lines
 
 MAX_DEPTH = 48  # nesting of an attribute value; deeper is refused, never recursed into

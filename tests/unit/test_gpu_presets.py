@@ -37,6 +37,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_kernel_model  # noqa: E402
 import kernel_sums  # noqa: E402
+import validate_published_h100 as h100  # noqa: E402
+import validate_published_runs as vpr  # noqa: E402
 
 GPU_PRESETS = ("sglang-llama3.1-8b-h100", "vllm-llama3.1-70b-h100x4", "vllm-llama3.1-8b-h100")
 SUMS = ROOT / "benchmarks/data/h100_kernel_sums.json"
@@ -261,8 +263,6 @@ def _profiles(folder: Path) -> Path:
     """LLMServingSim's layout with small tables: each dense op 1 + 0.01 t us at t tokens (the
     GEMMs 10 + 0.1 t), attention 2 + 0.001 (chunk x (chunk + cached)) + 0.01 decode x kv us,
     the logits 100 + s us and the sampler 5 us at s sequences."""
-    import validate_published_runs as vpr
-
     folder.mkdir(parents=True)
     ops = set(vpr.PER_LAYER) | set(vpr.ONCE)
     pd.DataFrame([{"layer": op, "tokens": t,
@@ -285,8 +285,6 @@ def _profiles(folder: Path) -> Path:
 
 
 def test_published_profiles_compose_into_a_calibration(tmp_path: Path) -> None:
-    import validate_published_runs as vpr
-
     p = vpr.Profiles(_profiles(tmp_path / "prof"), step_s=0.002)
     dense_1 = 32 * (4 * (10 + 0.1) + 4 * (1 + 0.01)) + 2 * (1 + 0.01) + 101 + 5  # us
     assert p.dense_s(1, 1) == pytest.approx(dense_1 / 1e6 + 0.002)
@@ -305,8 +303,6 @@ def test_published_profiles_compose_into_a_calibration(tmp_path: Path) -> None:
 
 
 def test_published_requests_give_ttft_tpot_and_e2e(tmp_path: Path) -> None:
-    import validate_published_runs as vpr
-
     f = tmp_path / "requests.jsonl"
     f.write_text("\n".join(json.dumps(r) for r in (
         {"request_id": "a", "input_toks": 100, "output_toks": 11, "arrival_time": 0,
@@ -330,8 +326,6 @@ def test_published_requests_give_ttft_tpot_and_e2e(tmp_path: Path) -> None:
 
 
 def test_the_h100_runs_workload_and_step_overhead(tmp_path: Path) -> None:
-    import validate_published_h100 as h100
-
     steps = pd.read_parquet(h100.workload(tmp_path / "w.parquet"))
     assert len(steps) == 8 * 600 + 20 * 600
     assert steps.start_s.iloc[:3].tolist() == pytest.approx([0.0, 0.125, 0.25])

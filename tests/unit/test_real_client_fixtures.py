@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from click.testing import CliRunner
 
+from harness.cli import main
 from harness.traces.compare_views import compare_views
 from harness.traces.importers import import_trace
+from harness.traces.schema import Provenance, write_trajectories
 
 FIXTURES = Path(__file__).resolve().parents[1] / "data" / "real-clients"
 STRUCTURE = ("llm calls", "tool calls", "sub-agents", "max spawn depth", "parent links",
@@ -69,9 +72,6 @@ def _has_words(text: str) -> bool:
 
 
 def test_the_recorded_codex_session_replays(tmp_path: Path) -> None:
-    from click.testing import CliRunner
-
-    from harness.cli import main
 
     trace = tmp_path / "codex.parquet"
     runner = CliRunner()
@@ -110,11 +110,6 @@ def test_claude_code_2_1_197_nested_subagents_agree_in_both_views() -> None:
 
 
 def test_claude_code_views_replay_to_the_same_kv_memory_time(tmp_path: Path) -> None:
-    from click.testing import CliRunner
-
-    from harness.cli import main
-    from harness.traces.schema import Provenance, write_trajectories
-
     got = []
     for name, steps in zip(("recording", "transcripts"), _claude_views(), strict=True):
         trace = write_trajectories(steps, tmp_path / f"{name}.parquet", Provenance(name, []))

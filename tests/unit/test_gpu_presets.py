@@ -331,8 +331,10 @@ def test_the_h100_runs_workload_and_step_overhead(tmp_path: Path) -> None:
     assert steps.start_s.iloc[:3].tolist() == pytest.approx([0.0, 0.125, 0.25])
     assert steps.start_s.iloc[4800] == pytest.approx(600.0)
     assert steps.start_s.iloc[4801] == pytest.approx(600.05)
-    assert steps.prefix_group.iloc[:11].tolist() == [f"system-{i % 10}" for i in range(11)]
-    assert set(steps.prefix_tokens) == {100} and set(steps.input_tokens) == {575}
+    # inference-perf sends its 100 prompts in turn: request i repeats request i - 100's prompt
+    assert steps.prefix_group.iloc[:3].tolist() == ["prompt-0", "prompt-1", "prompt-2"]
+    assert steps.prefix_group.iloc[100] == "prompt-0" and steps.prefix_group.nunique() == 100
+    assert set(steps.prefix_tokens) == {575} and set(steps.input_tokens) == {575}
     cal = resolve_calibration(GPU_PRESETS[1])
     slow = h100.with_step_overhead(cal, 0.002)
     for (c, r), (c2, r2) in zip(cal.decode_points, slow.decode_points, strict=True):

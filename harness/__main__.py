@@ -1,5 +1,5 @@
 """`python -m harness` runs the command line."""
 
-from harness.cli import main
+from harness.entry import main
 
 main()

@@ -76,11 +76,21 @@ def _on_sigint(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt()
 
 
+def stop_while_starting(signum: int, _frame: FrameType | None) -> None:
+    """The handler from the command's first instruction until `install`: importing the command
+    line takes a second or two, in which nothing has been started or written, so a stop
+    signal ends it at once, in one line (not Python's KeyboardInterrupt traceback)."""
+    os.write(2, f"error: stopped by {signal.Signals(signum).name} while starting; nothing "
+             "ran\n".encode())
+    os._exit(EXIT_CODES.get(signal.Signals(signum), 1))
+
+
 def install() -> None:
-    """Make SIGTERM unwind like Ctrl-C, and a second signal force the exit (main thread)."""
+    """Make SIGTERM unwind like Ctrl-C, and a second signal force the exit (main thread). A
+    SIGINT handler of the caller's own (a test runner's) is left in place."""
     _received.clear()
     signal.signal(signal.SIGTERM, _on_sigterm)
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    if signal.getsignal(signal.SIGINT) in (signal.default_int_handler, stop_while_starting):
         signal.signal(signal.SIGINT, _on_sigint)
 
 

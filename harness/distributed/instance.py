@@ -35,6 +35,23 @@ def import_ray() -> Any:
     return ray
 
 
+# Ray puts its sockets at FOLDER/session_<date>_<time>_<micros>_<pid>/sockets/<name>, and a
+# Unix socket's path holds at most 107 bytes: the run's folder must leave Ray about 68 of them.
+RAY_SOCKET_SUFFIX_CHARS = 68
+UNIX_SOCKET_PATH_MAX = 107
+
+
+def ray_temp_parent(tmp: str | None = None) -> str | None:
+    """Where the local Ray instance's folder goes: the temporary folder (TMPDIR's), unless
+    its path is too long for Ray's sockets, then /tmp (None: the default, to let Ray say what
+    is wrong when neither fits)."""
+    tmp = tmp or tempfile.gettempdir()
+    folder_chars = len("/harness-ray-") + 8  # mkdtemp's random part
+    if len(tmp) + folder_chars + RAY_SOCKET_SUFFIX_CHARS <= UNIX_SOCKET_PATH_MAX:
+        return tmp
+    return "/tmp" if os.path.isdir("/tmp") and os.access("/tmp", os.W_OK) else None
+
+
 @contextmanager
 def fleet(ray: Any, address: str | None, workers: int, started: Callable[[str | None], None],
            stop: Callable[[], None]) -> Iterator[list[Any]]:
@@ -44,7 +61,7 @@ def fleet(ray: Any, address: str | None, workers: int, started: Callable[[str | 
     however it ends (a stop signal while Ray starts included: `stop` raises it once Ray has
     started). `started` is told the local instance's folder (None: a cluster's) before
     anything of it starts. Runs under signals.deferred (`stop` is its check)."""
-    temp = None if address else tempfile.mkdtemp(prefix="harness-ray-")
+    temp = None if address else tempfile.mkdtemp(prefix="harness-ray-", dir=ray_temp_parent())
     started(temp)
     if address:
         kwargs: dict[str, Any] = {"address": address, "include_dashboard": False,

@@ -142,3 +142,13 @@ def test_forget_at_force_exit() -> None:
 def _alive_after(thread: threading.Thread, wait_s: float) -> bool:
     thread.join(wait_s)
     return thread.is_alive()
+
+
+def test_the_ray_folder_goes_where_ray_s_socket_paths_fit() -> None:
+    """Ray's sockets live about 68 characters below the run's folder and a Unix socket path
+    holds 107 bytes: a TMPDIR too long for that sends the folder to /tmp."""
+    fits = "/" + "t" * (instance.UNIX_SOCKET_PATH_MAX - instance.RAY_SOCKET_SUFFIX_CHARS
+                        - len("/harness-ray-") - 8 - 1)
+    assert instance.ray_temp_parent(fits) == fits
+    assert instance.ray_temp_parent(fits + "x") == "/tmp"
+    assert instance.ray_temp_parent("/tmp") == "/tmp"

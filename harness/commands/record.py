@@ -10,7 +10,7 @@ import click
 from harness.commands.options import Command
 from harness.errors import InputError
 from harness.proxy.proxy import DEFAULT_AGENT_HEADERS, DEFAULT_SESSION_HEADERS, ProxyConfig
-from harness.proxy.serve import describe_summary, parse_listen, run
+from harness.proxy.serve import check_upstream, describe_summary, parse_listen, run
 from harness.specs.shared import check_url
 
 _HEADER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_!#$%&'*+.^`|~")
@@ -42,7 +42,7 @@ def record_command(upstream: str, listen: str, out: Path, keep_text: bool, allow
                    session_headers: tuple[str, ...], agent_headers: tuple[str, ...],
                    connect_timeout: float) -> None:
     """Record an agent's LLM calls through a proxy, for `harness traces import recording`."""
-    check_url(upstream, "--upstream")
+    check_upstream(check_url(upstream, "--upstream") or upstream)
     host, port = parse_listen(listen, allow_remote)
     if not 0 < connect_timeout <= 3600:
         raise InputError(f"--connect-timeout must be in (0, 3600] seconds, got {connect_timeout:g}")

@@ -235,6 +235,10 @@ class Proxy:
             # An absolute-form target (a forward proxy's), `OPTIONS *`, CONNECT's authority:
             # this proxy forwards paths to one upstream only.
             return self._refused(request, "the request target is not a path")
+        if request.version < (1, 0):
+            # HTTP/0.9 (a request line without a version): no headers, no body, no status
+            # line; the answer could not be relayed as HTTP/0.9 anyway.
+            return self._refused(request, "HTTP/0.9 is not supported")
         rec = self.recorder
         arrival = rec.now()
         api = api_of(request.method, request.path)

@@ -57,6 +57,17 @@ def parse_listen(value: str, allow_remote: bool) -> tuple[str, int]:
     return host, int(port)
 
 
+def check_upstream(url: str) -> str:
+    """`url` (an http(s) URL already) unless its host is neither an IP address nor a name
+    of letters, digits, '-', '_' and dots (a space, a '%', ...: no server could be reached
+    there, and every call would be a 502): then InputError naming --upstream."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if _ip(host) is None and not all(c.isalnum() or c in "-_." for c in host):
+        raise InputError(f"--upstream {public_url(url)!r}: {host!r} is not a host name or "
+                         "an IP address")
+    return url
+
+
 def public_url(url: str) -> str:
     """`url` without user, password, query or fragment (what recording.json may hold)."""
     p = urllib.parse.urlsplit(url)

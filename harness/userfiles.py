@@ -41,6 +41,9 @@ def check_regular(path: Path) -> None:
     except OSError as exc:  # e.g. a folder above it that cannot be searched
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
     if not regular:
+        if path.is_symlink() and not path.exists():  # found in a folder: say what it is
+            real_path(path)  # a loop is named as one
+            raise InputError(f"{path}: symbolic link to nothing")
         raise InputError(f"{path}: not a regular file")
 
 

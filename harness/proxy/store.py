@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from harness.errors import InputError
-from harness.userfiles import check_regular
+from harness.userfiles import check_regular, read_lines
 
 FORMAT_NAME = "harness-recording"
 FORMAT_VERSION = 1
@@ -151,24 +151,20 @@ def read_recording(folder: Path) -> Recording:
                          "--out` wrote)")
     meta_path, events_path = folder / META, folder / EVENTS
     for p in (meta_path, events_path):
-        if not p.exists():
+        if not p.exists() and not p.is_symlink():
             raise InputError(f"{folder}: no {p.name}: not a recording")
-        check_regular(p)
+        check_regular(p)  # a link that loops or leads nowhere is named as one
     meta = _read_meta(meta_path)
-    try:
-        raw = events_path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"{events_path}: cannot read: {exc.strerror or exc}") from None
-    lines = raw.split(b"\n")
     cut = False
     events: list[tuple[int, dict[str, Any]]] = []
-    for n, line in enumerate(lines, start=1):
+    # A line at a time, within the line cap every JSON Lines input has (harness.limits).
+    for n, line in read_lines(events_path):
         if not line.strip():
             continue
         try:
             obj = orjson.loads(line)
         except orjson.JSONDecodeError:
-            if n == len(lines):  # the last line, with no line break after it
+            if not line.endswith(b"\n"):  # the last line, with no line break after it
                 cut = True
                 continue
             raise InputError(f"{events_path}: line {n}: not valid JSON") from None

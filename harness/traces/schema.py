@@ -19,6 +19,7 @@ A version-1 file reads as version 2 with these columns null (`upgrade`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
@@ -29,6 +30,8 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from harness.errors import InputError
 
 SCHEMA_VERSION = "2"
 # Versions a file may have: older ones are upgraded on read (`upgrade`).
@@ -179,8 +182,13 @@ def write_trajectories(
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    pq.write_table(table, tmp, use_dictionary=list(DICTIONARY_COLUMNS), compression="zstd")
-    tmp.replace(out)
+    try:
+        pq.write_table(table, tmp, use_dictionary=list(DICTIONARY_COLUMNS), compression="zstd")
+        tmp.replace(out)
+    except OSError as exc:  # a folder nobody may write in (/proc), a full disk: the user's to fix
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise InputError(f"{out}: cannot write: {exc.strerror or exc}") from None
     return out
 
 

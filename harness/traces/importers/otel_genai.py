@@ -77,8 +77,10 @@ def import_paths(paths: Sequence[Path], options: dict[str, str]) -> Imported:
     for c in counts:
         publish(c, PUBLISHED)
     if not built.trajectories:
+        named = ", ".join(str(f.path) for f in files[:3]) + (", ..." if len(files) > 3 else "")
         raise InputError(f"{FORMAT} import: no LLM call in {len(files)} file(s) "
-                         f"({sum(len(f.spans) for f in files)} spans): nothing to replay")
+                         f"({sum(len(f.spans) for f in files)} spans): nothing to replay "
+                         f"({named})")
     assign_starts(built, opts["priority"], opts["tenant"], NS)
     return Imported(build_frame(built.trajectories), _provenance(files, counts, opts),
                     _warnings(files, counts))

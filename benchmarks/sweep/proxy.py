@@ -68,7 +68,7 @@ def _startup_cases() -> list[Case]:
         ("no-scheme", "127.0.0.1:8080"), ("ftp", "ftp://127.0.0.1/"), ("empty-host", "http://"),
         ("port-only", "http://:8080"), ("space-in-host", "http://exa mple.com"),
         ("port-99999", "http://127.0.0.1:99999"), ("empty", ""), ("newline", "http://a\nb"),
-        ("unclosed-ipv6", "http://[::1:8080"))]
+        ("unclosed-ipv6", "http://[::1:8080"), ("bang-in-host", "http://exa!mple.com"))]
 
     def nonempty(w: Path) -> None:
         (w / "rec").mkdir()

@@ -34,6 +34,8 @@ def policy_names(policies: str, runtime: Runtime | None = None) -> list[str]:
     if not names:
         raise InputError(f"--policies {policies!r} names no policy; give one or more of "
                          f"{', '.join(known_policies(runtime))}")
+    if len(names) != len(policies.split(",")):  # "keep,,swap", "keep,": a name left out?
+        raise InputError(f"--policies {policies!r}: an empty name between commas")
     for p in names:
         per_pause_policy(p, runtime)
     if len(set(names)) != len(names):

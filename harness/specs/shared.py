@@ -46,7 +46,7 @@ def check_url(url: str | None, label: str = "--url") -> str | None:
         parts.port  # noqa: B018 - urllib checks the port when it is read
     except ValueError:  # an unclosed IPv6 literal, a port that is not a number or too large
         ok = False
-    if not ok or any(c in url for c in _CONTROL):
+    if not ok or any(c in _CONTROL or c.isspace() for c in url):  # no URL holds a space
         raise InputError(f"{label} must be http://host[:port] or https://..., got {url[:80]!r}")
     return url
 

@@ -129,3 +129,17 @@ def test_bench_refuses_an_empty_policies(tmp_path: Path) -> None:
                       "--out", str(tmp_path / "b"))
         _one_line_exit_2(res, f"--policies {empty!r} names no policy")
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("names", ["keep,,swap", "keep,", ",keep"])
+def test_bench_refuses_an_empty_name_between_commas(tmp_path: Path, names: str) -> None:
+    res = _invoke("bench", "--url", NOWHERE, "--trace", str(TRACE), "--policies", names,
+                  "--out", str(tmp_path / "b"))
+    _one_line_exit_2(res, f"--policies {names!r}: an empty name between commas")
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9/v1 x", "http://127.0.0.1:9/\tv1"])
+def test_a_url_with_a_space_is_refused_before_any_connection(tmp_path: Path, url: str) -> None:
+    res = _invoke("run", "--url", url, "--trace", str(TRACE), "--policy", "keep",
+                  "--out", str(tmp_path / "o"))
+    _one_line_exit_2(res, "--url must be http://host[:port]")

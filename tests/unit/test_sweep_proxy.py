@@ -14,8 +14,9 @@ from tests.unit.test_record_fakes import recording
 from tests.unit.test_record_requests import _send
 
 
-@pytest.mark.parametrize("url", ["http://exa mple.com", "http://a%20b:8080", "http://a,b",
-                                 "http://host\u3000name/"])
+# (A space anywhere in a URL is refused before, as by every --url: harness.specs.shared.)
+@pytest.mark.parametrize("url", ["http://exa!mple.com", "http://a%20b:8080", "http://a,b",
+                                 "http://host*name/"])
 def test_an_upstream_host_that_is_no_host_name_is_refused(tmp_path: Path, url: str) -> None:
     # was: the proxy started, and every call got a 502 (the name could never resolve)
     res = CliRunner().invoke(main, ["record", "--upstream", url, "--out",

@@ -37,7 +37,7 @@ WIDE_FUNCTIONS: dict[str, str] = {}
 
 # Higher imports lower or equal, never higher.
 LAYERS: dict[str, int] = {
-    "commands": 7, "cli": 7, "__main__": 7,
+    "commands": 7, "cli": 7, "__main__": 7, "entry": 7,
     "bench": 6, "capacity": 6, "advise": 6, "calibrate": 6, "distributed": 6, "selftest": 6,
     "specs": 6,
     "replay": 5, "simulate": 5,

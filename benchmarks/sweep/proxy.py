@@ -367,9 +367,9 @@ def cases() -> list[Case]:
     """The proxy family."""
     out: list[Case] = _startup_cases() + _auth_cases() + _client_cases() + _hostile_cases()
     out += [
-        case("memory-1gib-stream", driven(_big(1024, False, 300 << 10), good_after=False),
+        case("memory-1gib-stream", driven(_big(1024, False, 96 << 10), good_after=False),
              timeout_s=300, solo=True),
-        case("memory-256mib-whole-answer", driven(_big(256, True, 300 << 10), good_after=False),
+        case("memory-256mib-whole-answer", driven(_big(256, True, 96 << 10), good_after=False),
              timeout_s=300, solo=True),
         case("slow-headers-closed-after-30s", driven(_slow_headers), solo=True),
         case("full-disk-tmpfs", _full_disk(True)),

@@ -3,14 +3,10 @@ warnings, provenance counts) and, for inputs built to exhaust memory, the comman
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import time
+import dataclasses
 from collections.abc import Callable
-from pathlib import Path
 
-from sweep.core import HARNESS, Case, Result, judge
+from sweep.core import Case, Result
 
 OUT = "out.parquet"
 MAX_RSS_KIB = 1 << 20  # 1 GiB: a gzip bomb is refused long before it is held whole
@@ -61,38 +57,5 @@ def both(*checks: Callable[[Result], str | None]) -> Callable[[Result], str | No
 
 
 def measured(case: Case) -> Case:
-    """`case` run by a driver that also reads the command's peak memory (wait4's rusage)."""
-    def driver(work: Path, env: dict[str, str]) -> str | None:
-        t0 = time.monotonic()
-        with open(work / ".stdout", "wb") as out, open(work / ".stderr", "wb") as err:
-            proc = subprocess.Popen([HARNESS, *case.argv], cwd=work, env=env, stdout=out,
-                                    stderr=err, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
-            while True:
-                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-                if pid:
-                    break
-                if time.monotonic() - t0 > case.timeout_s:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                    return f"still running after {case.timeout_s:g} s"
-                time.sleep(0.02)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        res = Result(proc.returncode, (work / ".stdout").read_text(errors="replace"),
-                     (work / ".stderr").read_text(errors="replace"), work,
-                     time.monotonic() - t0)
-        (work / ".stdout").unlink()
-        (work / ".stderr").unlink()
-        problems = judge(case, res)
-        if usage.ru_maxrss > MAX_RSS_KIB:
-            problems.append(f"peak RSS {usage.ru_maxrss >> 10} MiB, over 1 GiB")
-        try:
-            os.killpg(proc.pid, 0)
-            problems.append("processes of its session still running after it ended")
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        return "; ".join(problems) or None
-    return Case(case.family, case.name, case.argv, case.expect, case.must_say, case.check,
-                driver=driver, setup=case.setup, timeout_s=case.timeout_s, solo=True)
-
+    """`case`, its command's peak memory bounded (MAX_RSS_KIB), run alone."""
+    return dataclasses.replace(case, max_rss_kib=MAX_RSS_KIB, solo=True)

@@ -56,3 +56,10 @@ def test_every_family_is_collected_with_unique_names() -> None:
     cases = hardening_sweep.collect(hardening_sweep.families())
     assert {c.family for c in cases} == set(hardening_sweep.families())
     assert len({c.key for c in cases}) == len(cases) >= 447
+
+
+def test_a_case_s_memory_bound_is_judged() -> None:
+    case = Case("f", "n", expect=expect(0), max_rss_kib=1 << 20)
+    assert judge(case, Result(0, "", "", Path("."), 0.1, peak_kib=(1 << 20) + 1)) == [
+        "peak RSS 1024 MiB, over 1024 MiB"]
+    assert judge(case, Result(0, "", "", Path("."), 0.1, peak_kib=1 << 20)) == []
